@@ -1,0 +1,1 @@
+"""modelcast host agent: reliable chunked multicast transfer of model files."""

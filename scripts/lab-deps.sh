@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Install and start what the Open vSwitch lab needs (Debian/Ubuntu, root). Used by
+# .ci/run, `make demo` and the Vagrant VM, so the one recipe is exercised on every CI run.
+set -euo pipefail
+pkgs="openvswitch-switch mininet iproute2 ethtool uftp iperf3 tcpdump"
+missing=""
+for p in $pkgs; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
+if [ -n "$missing" ]; then
+  echo "lab-deps: installing$missing"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -q
+  apt-get install -y -q $missing
+fi
+if ! ovs-vsctl --timeout=3 show >/dev/null 2>&1; then
+  echo "lab-deps: starting Open vSwitch"
+  # No systemd here; the kernel-module warning is harmless: labs use datapath_type=netdev.
+  /usr/share/openvswitch/scripts/ovs-ctl start --system-id=random || true
+  ovs-vsctl --timeout=10 show >/dev/null
+fi
+echo "lab-deps: Open vSwitch $(ovs-vsctl --version | head -1 | awk '{print $NF}') running"

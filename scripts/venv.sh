@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Build the project's virtualenv at .venv (idempotent). Ryu 4.34 does not build with a
+# current setuptools (see README "Install notes"), so it is installed first with an old
+# setuptools and no build isolation; everything else then installs normally.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+VENV=.venv
+if [ ! -x "$VENV/bin/python" ]; then
+  echo "venv: creating $VENV with $($PYTHON --version)"
+  "$PYTHON" -m venv "$VENV"
+fi
+PIP="$VENV/bin/pip --disable-pip-version-check -q"
+if ! "$VENV/bin/python" -c 'import ryu' 2>/dev/null; then
+  echo "venv: installing ryu 4.34 (setuptools<58, no build isolation)"
+  $PIP install "setuptools<58" wheel
+  $PIP install --no-build-isolation ryu==4.34
+fi
+echo "venv: installing modelcast and test dependencies"
+$PIP install -e '.[test]'
+# Mininet comes from Debian for /usr/bin/python3; expose only the mininet package to
+# the venv (not all of Debian's dist-packages) when it is installed.
+site=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+if [ -d /usr/lib/python3/dist-packages/mininet ]; then
+  mkdir -p "$VENV/mininet-path"
+  ln -sfn /usr/lib/python3/dist-packages/mininet "$VENV/mininet-path/mininet"
+  echo "$PWD/$VENV/mininet-path" > "$site/modelcast-mininet.pth"
+fi
+touch "$VENV/.installed"
+echo "venv: ready ($VENV)"
