@@ -7,7 +7,12 @@ object works. This module must be imported before anything imports ``ryu.app.wsg
 the controller entry point and the test suite do so. It is the only place with this fix.
 """
 
-import eventlet.wsgi
+import warnings
+
+# eventlet announces its own deprecation on import; Ryu 4.34 has no other event loop.
+warnings.filterwarnings("ignore", message=r"\s*Eventlet is deprecated", category=Warning)
+
+import eventlet.wsgi  # noqa: E402
 
 if not hasattr(eventlet.wsgi, "ALREADY_HANDLED"):
     eventlet.wsgi.ALREADY_HANDLED = object()  # type: ignore[attr-defined]

@@ -1,0 +1,131 @@
+"""Controller benchmark (not a test): tree computation and failure handling at scale.
+
+    python -m controller.bench --topology fat-tree:16 --groups 1000 --receivers 64 --json
+
+Prints one JSON object. ``max_link_load_ratio`` compares links that are alternatives to
+each other (same tier pair and direction, e.g. every aggregation->edge link): multicast
+trees fan out downwards, so comparing an edge uplink with an aggregation downlink says
+nothing about balance. The global ratio and a load-blind baseline, measured in the same
+run, are printed beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import re
+import statistics
+import sys
+import time
+from collections import defaultdict
+from typing import Any
+
+from controller.core import MulticastCore
+from controller.topoview import TopologyView
+from topologies import Topology, TopologyError, parse
+
+
+def _tier(name: str) -> str:
+    return re.sub(r"[\d_]+", "", name) or "s"
+
+
+def load_ratios(core: MulticastCore, topo: Topology) -> tuple[float, float]:
+    """(max over tier classes of max/mean, global max/mean) over used inter-switch links."""
+    used = {link: n for link, n in core.load.items() if n > 0}
+    if not used:
+        return 0.0, 0.0
+    classes: dict[tuple[str, str], list[int]] = defaultdict(list)
+    for (u, v), n in used.items():
+        classes[(_tier(topo.switches[u]), _tier(topo.switches[v]))].append(n)
+    per_class = max(max(v) / statistics.mean(v) for v in classes.values())
+    return per_class, max(used.values()) / statistics.mean(used.values())
+
+
+def build(topo: Topology, groups: int, receivers: int, seed: int, algorithm: str,
+          balance: bool) -> tuple[MulticastCore, float, int]:
+    core = MulticastCore(TopologyView.from_topology(topo), algorithm=algorithm, balance=balance)
+    for dpid in topo.switches:
+        core.installed[dpid] = {}
+    rng = random.Random(seed)
+    ips = [h.ip for h in topo.hosts]
+    if receivers >= len(ips):
+        raise SystemExit(f"error: --receivers {receivers} needs more than {len(ips)} hosts")
+    work = []
+    for i in range(groups):  # sources spread over the hosts, receivers random
+        src = ips[(i * 37) % len(ips)]
+        work.append((f"model-{i}", src, rng.sample([x for x in ips if x != src], receivers)))
+    start = time.perf_counter()
+    messages = 0
+    for model, src, rcv in work:
+        _, plan = core.create_group(model, src, rcv)
+        messages += len(plan)
+    return core, time.perf_counter() - start, messages
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    topo = parse(args.topology)
+    core, total_s, messages = build(topo, args.groups, args.receivers, args.seed, args.algorithm, True)
+    ratio, ratio_global = load_ratios(core, topo)
+    blind, _, _ = build(topo, args.groups, args.receivers, args.seed, args.algorithm, False)
+    blind_ratio, _ = load_ratios(blind, topo)
+
+    # Fail links that carry trees, one at a time: core/aggregation links first.
+    rng = random.Random(args.seed + 1)
+    names = topo.switches
+    upper = [k for k in core.view.links
+             if {_tier(names[k.a]), _tier(names[k.b])} == {"c", "a"}] or sorted(core.view.links)
+    rng.shuffle(upper)
+    times, affected, msgs = [], [], []
+    for k in upper[: args.failures]:
+        before = {g.gid: g.tree for g in core.groups.values()}
+        t0 = time.perf_counter()
+        plan = core.link_remove(k.a, k.a_port, k.b, k.b_port)
+        times.append((time.perf_counter() - t0) * 1000)
+        affected.append(sum(1 for g in core.groups.values() if g.tree is not before[g.gid]))
+        msgs.append(len(plan))
+        unreach = sum(len(g.tree.unreachable) for g in core.groups.values() if g.tree)
+        if unreach:
+            raise SystemExit(f"error: {unreach} receivers unreachable after one link failure")
+        core.link_add(k.a, k.a_port, k.b, k.b_port)
+    times.sort()
+    return {
+        "topology": topo.name, "switches": len(topo.switches), "hosts": len(topo.hosts),
+        "groups": args.groups, "receivers": args.receivers, "algorithm": args.algorithm,
+        "trees_total_s": round(total_s, 3), "messages_total": messages,
+        "link_failures": len(times),
+        "link_failure_ms_p50": round(statistics.median(times), 2) if times else None,
+        "link_failure_ms_p99": round(times[min(len(times) - 1, int(0.99 * len(times)))], 2) if times else None,
+        "affected_groups": round(statistics.mean(affected), 1) if affected else 0,
+        "messages_per_failure": round(statistics.mean(msgs), 1) if msgs else 0,
+        "max_link_load_ratio": round(ratio, 3),
+        "max_link_load_ratio_global": round(ratio_global, 3),
+        "max_link_load_ratio_load_blind": round(blind_ratio, 3),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m controller.bench", description=__doc__.split("\n")[0])
+    ap.add_argument("--topology", default="fat-tree:16", help="family:args, e.g. fat-tree:16")
+    ap.add_argument("--groups", type=int, default=1000)
+    ap.add_argument("--receivers", type=int, default=64)
+    ap.add_argument("--algorithm", choices=["spt", "steiner"], default="spt")
+    ap.add_argument("--failures", type=int, default=100, help="link failures to time")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--json", action="store_true", help="print one JSON object")
+    args = ap.parse_args(argv)
+    try:
+        result = run(args)
+    except TopologyError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(result))
+    else:
+        for k, v in result.items():
+            print(f"{k:32} {v}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,403 @@
+"""The controller's pure core: groups, trees, and what each switch must be told.
+
+Inputs are method calls (topology events, group requests); outputs are ``Plan``s of
+OpenFlow messages. Nothing here touches Ryu's event loop or a socket, so the same code
+runs in the Ryu app, the simulated fabric tests and the benchmark.
+
+The core keeps ``installed``: what it believes each switch holds for each group. Every
+change computes the desired per-switch state and diffs it against that belief, so group
+edits, topology changes and a switch returning with empty tables are one mechanism.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Iterator
+
+from controller import ofmsgs
+from controller.addressing import check_model, check_ssm, ssm_address
+from controller.errors import Conflict, CoreError, ReceiverIsSource, UnknownGroup
+from controller.topoview import TopologyView, check_unicast
+from controller.trees import ALGORITHMS, DirectedLink, PathCache, SwitchEntry, Tree, compute_tree
+
+log = logging.getLogger("modelcast.core")
+DEFAULT_PORT = 5500
+MAX_GID = 0xFFFFFF00  # OFPG_MAX
+
+
+@dataclass
+class Group:
+    gid: int
+    model: str
+    source: str
+    address: str
+    port: int
+    algorithm: str
+    receivers: set[str] = field(default_factory=set)
+    tree: Tree | None = None
+
+    def receiver_state(self, ip: str) -> str:
+        """'routed' when the tree reaches the receiver, else 'unreachable'."""
+        return "routed" if self.tree is not None and ip in self.tree.reached else "unreachable"
+
+    def to_dict(self) -> dict[str, Any]:
+        """The persistent definition (trees are recomputed, never stored)."""
+        return {"id": self.gid, "model": self.model, "source": self.source,
+                "address": self.address, "port": self.port, "algorithm": self.algorithm,
+                "receivers": sorted(self.receivers)}
+
+
+@dataclass
+class Plan:
+    """Messages in phases: every phase must be acknowledged (barrier) by the switches
+    before the next starts. Phase 0 builds the new paths, phase 1 switches traffic onto
+    them in place, phase 2 removes what no tree uses any more (make-before-break)."""
+
+    phases: list[list[tuple[int, Any]]] = field(default_factory=lambda: [[], [], []])
+    groups: set[int] = field(default_factory=set)  # groups whose switch state this changes
+
+    def messages(self) -> list[tuple[int, Any]]:
+        return [m for phase in self.phases for m in phase]
+
+    def switches(self) -> set[int]:
+        return {dpid for dpid, _ in self.messages()}
+
+    def extend(self, other: "Plan") -> "Plan":
+        for mine, theirs in zip(self.phases, other.phases):
+            mine.extend(theirs)
+        self.groups |= other.groups
+        return self
+
+    def __len__(self) -> int:
+        return sum(len(p) for p in self.phases)
+
+    def __iter__(self) -> Iterator[tuple[int, Any]]:
+        return iter(self.messages())
+
+
+class MulticastCore:
+    def __init__(self, view: TopologyView | None = None, algorithm: str = "spt",
+                 udp_port: int = DEFAULT_PORT, balance: bool = True) -> None:
+        if algorithm not in ALGORITHMS:
+            raise ValueError(f"unknown tree algorithm {algorithm!r}; use one of {ALGORITHMS}")
+        self.view = view or TopologyView()
+        self.algorithm = algorithm
+        self.udp_port = udp_port
+        self.balance = balance  # False: load-blind trees (the benchmark's baseline)
+        self.groups: dict[int, Group] = {}
+        self.installed: dict[int, dict[int, SwitchEntry]] = {}  # dpid -> gid -> entry
+        self.load: Counter[DirectedLink] = Counter()  # directed link -> groups crossing it
+        self.switch_users: defaultdict[int, set[int]] = defaultdict(set)  # dpid -> gids
+        self.link_users: defaultdict[tuple[int, int], set[int]] = defaultdict(set)  # (lo, hi)
+        self.cache = PathCache(self.view)
+        self._next_gid = 1
+
+    # -- groups ------------------------------------------------------------------------
+    def group(self, gid: int) -> Group:
+        try:
+            return self.groups[int(gid)]
+        except (KeyError, ValueError, TypeError):
+            raise UnknownGroup(f"no group with id {gid!r}") from None
+
+    def find(self, model: str, source: str) -> Group | None:
+        for g in self.groups.values():
+            if g.model == model and g.source == source:
+                return g
+        return None
+
+    def create_group(self, model: str, source: str, receivers: Iterable[str] = (),
+                     algorithm: str | None = None, address: str | None = None,
+                     port: int | None = None, gid: int | None = None) -> tuple[Group, Plan]:
+        """Create the (source, model) group, or return the existing one unchanged.
+        The source must be a known host; receivers may be added now or later."""
+        model = check_model(model)
+        source = check_unicast(source, "source")
+        algorithm = algorithm or self.algorithm
+        if algorithm not in ALGORITHMS:
+            raise CoreError(f"unknown tree algorithm {algorithm!r}; use one of {', '.join(ALGORITHMS)}")
+        rset = {check_unicast(r, "receiver") for r in receivers}
+        if source in rset:
+            raise ReceiverIsSource(f"receiver {source} is the group's source")
+        self.view.host(source)
+        for r in rset:
+            self.view.host(r)
+        existing = self.find(model, source)
+        if existing is not None:
+            return existing, Plan()
+        if address is None:
+            address = self._address_for(model)
+        else:
+            address = check_ssm(address)
+            clash = self._by_address(address)
+            if clash is not None and clash.model != model:
+                raise Conflict(f"address {address} is used by model {clash.model!r}")
+        if gid is None:
+            gid = self._next_gid
+        elif gid in self.groups:
+            raise Conflict(f"group id {gid} is in use")
+        if not 1 <= gid <= MAX_GID:
+            raise CoreError(f"group id {gid} outside 1..{MAX_GID}")
+        self._next_gid = max(self._next_gid, gid + 1)
+        g = Group(gid, model, source, address, port or self.udp_port, algorithm, rset)
+        self.groups[gid] = g
+        return g, self._sync([gid])
+
+    def delete_group(self, gid: int) -> Plan:
+        g = self.group(gid)
+        self._set_tree(g, None)
+        plan = self._diff([g.gid])
+        del self.groups[g.gid]
+        return plan
+
+    def join(self, gid: int, ip: str) -> Plan:
+        g = self.group(gid)
+        ip = check_unicast(ip, "receiver")
+        if ip == g.source:
+            raise ReceiverIsSource(f"receiver {ip} is the group's source")
+        self.view.host(ip)
+        if ip in g.receivers:
+            return Plan()
+        g.receivers.add(ip)
+        return self._sync([g.gid])
+
+    def leave(self, gid: int, ip: str) -> Plan:
+        g = self.group(gid)
+        ip = check_unicast(ip, "receiver")
+        if ip not in g.receivers:
+            return Plan()
+        g.receivers.discard(ip)
+        return self._sync([g.gid])
+
+    # -- topology events ---------------------------------------------------------------
+    def switch_enter(self, dpid: int) -> Plan:
+        """A switch (re)connected and is assumed empty: reroute groups that were cut off
+        and give it its share of every tree. If it may still hold state (a controller
+        restart), ``reconcile_switch`` with what it reports fixes only the differences."""
+        self.installed[dpid] = {}
+        plan = self._after_up() if self.view.add_switch(dpid) else Plan()
+        return plan.extend(self.sync_switch(dpid))
+
+    def switch_leave(self, dpid: int) -> Plan:
+        self.installed.pop(dpid, None)
+        if not self.view.remove_switch(dpid):
+            return Plan()
+        return self._after_down(self.switch_users[dpid])
+
+    def link_add(self, a: int, a_port: int, b: int, b_port: int) -> Plan:
+        return self._after_up() if self.view.add_link(a, a_port, b, b_port) else Plan()
+
+    def link_remove(self, a: int, a_port: int, b: int, b_port: int) -> Plan:
+        if not self.view.remove_link(a, a_port, b, b_port):
+            return Plan()
+        return self._after_down(self.link_users[(min(a, b), max(a, b))])
+
+    def port_down(self, dpid: int, port: int) -> Plan:
+        if not self.view.port_down(dpid, port):
+            return Plan()
+        link = self.view.port_link.get((dpid, port))
+        if link is not None:
+            return self._after_down(self.link_users[(link.a, link.b) if link.a < link.b else (link.b, link.a)])
+        hosts = set(self.view.hosts_at(dpid, port))
+        return self._after_down({g.gid for g in self.groups.values()
+                                 if g.source in hosts or hosts & g.receivers})
+
+    def port_up(self, dpid: int, port: int) -> Plan:
+        return self._after_up() if self.view.port_up(dpid, port) else Plan()
+
+    def host_add(self, ip: str, mac: str, dpid: int, port: int) -> Plan:
+        if not self.view.add_host(ip, mac, dpid, port):
+            return Plan()
+        return self._sync([g.gid for g in self.groups.values()
+                           if ip == g.source or ip in g.receivers])
+
+    def host_remove(self, ip: str) -> Plan:
+        if not self.view.remove_host(ip):
+            return Plan()
+        # the host's groups keep it: the receiver is unreachable until it is seen again
+        return self._sync([g.gid for g in self.groups.values()
+                           if ip == g.source or ip in g.receivers])
+
+    def sync_switch(self, dpid: int) -> Plan:
+        """Whatever the switch lacks of the trees, by the core's belief (idempotent)."""
+        return self._diff(list(self.groups), only={dpid})
+
+    def reconcile_switch(self, dpid: int, groups: dict[int, SwitchEntry | None],
+                         flows: set[tuple[int, int]]) -> Plan:
+        """Fix only differences between what a reconnecting switch reports and what it
+        should hold: ``groups`` maps our group ids on it to their entry (None when the
+        buckets are not ours to interpret), ``flows`` holds (gid, in_port) of our (S,G)
+        flows. Healthy state is left untouched, so delivery never stops."""
+        belief: dict[int, SwitchEntry] = {}
+        stale = Plan()
+        for gid, entry in groups.items():
+            want = self.groups[gid].tree.entries.get(dpid) if (
+                gid in self.groups and self.groups[gid].tree is not None) else None
+            g = self.groups.get(gid)
+            flow_ins = {ip for fg, ip in flows if fg == gid}
+            if g is None or want is None:
+                for in_port in flow_ins:
+                    if g is not None:
+                        stale.phases[2].append((dpid, ofmsgs.flow_delete(
+                            dpid, gid, in_port, g.source, g.address)))
+                stale.phases[2].append((dpid, ofmsgs.group_delete(dpid, gid)))
+                continue
+            if entry is not None and flow_ins == {entry.in_port}:
+                belief[gid] = entry
+            else:  # group exists but its buckets or flows differ: rewrite in place
+                stale.phases[1].append((dpid, ofmsgs.group_modify(
+                    dpid, gid, want.in_port, want.out_ports)))
+                for in_port in flow_ins - {want.in_port}:
+                    stale.phases[2].append((dpid, ofmsgs.flow_delete(
+                        dpid, gid, in_port, g.source, g.address)))
+                if want.in_port not in flow_ins:
+                    stale.phases[0].append((dpid, ofmsgs.flow_add(
+                        dpid, gid, want.in_port, g.source, g.address)))
+                belief[gid] = want
+        for fg, in_port in flows:  # flows of ours whose group is absent on the switch
+            if fg not in groups and fg in self.groups:
+                g = self.groups[fg]
+                stale.phases[2].append((dpid, ofmsgs.flow_delete(dpid, fg, in_port, g.source, g.address)))
+        self.installed[dpid] = belief
+        return stale.extend(self._diff(list(self.groups), only={dpid}))
+
+    # -- internals ---------------------------------------------------------------------
+    def _address_for(self, model: str) -> str:
+        for g in self.groups.values():  # same model from another source shares G: (S,G) differs
+            if g.model == model:
+                return g.address
+        used = {g.address for g in self.groups.values()}
+        return ssm_address(model, used.__contains__)
+
+    def _by_address(self, address: str) -> Group | None:
+        return next((g for g in self.groups.values() if g.address == address), None)
+
+    def _after_down(self, candidates: Iterable[int]) -> Plan:
+        """Reroute those of ``candidates`` whose tree crosses something no longer live."""
+        g_live = self.view.graph
+        affected = []
+        for gid in sorted(candidates):
+            t = self.groups[gid].tree
+            if t is None:
+                continue
+            if any(n not in g_live for n in t.parent) or any(
+                    not g_live.has_edge(p, c) for p, c in t.links()) or self._edge_lost(self.groups[gid]):
+                affected.append(gid)
+        return self._sync(affected)
+
+    def _edge_lost(self, g: Group) -> bool:
+        locs = [self.view.hosts.get(ip) for ip in [g.source, *(g.tree.reached if g.tree else ())]]
+        return any(loc is None or not self.view.host_attached(loc) for loc in locs)
+
+    def _after_up(self) -> Plan:
+        """Something came back: retry groups that have unreachable receivers."""
+        return self._sync([g.gid for g in self.groups.values()
+                           if g.receivers and (g.tree is None or g.tree.unreachable)])
+
+    def _set_tree(self, g: Group, tree: Tree | None) -> None:
+        """Swap a group's tree, keeping link load and the usage indexes in step."""
+        if g.tree is not None:
+            links = g.tree.links()
+            self.load.subtract(links)
+            for p, c in links:
+                self.link_users[(min(p, c), max(p, c))].discard(g.gid)
+            for n in g.tree.parent:
+                self.switch_users[n].discard(g.gid)
+        g.tree = tree
+        if tree is not None:
+            links = tree.links()
+            self.load.update(links)
+            for p, c in links:
+                self.link_users[(min(p, c), max(p, c))].add(g.gid)
+            for n in tree.parent:
+                self.switch_users[n].add(g.gid)
+
+    def _sync(self, gids: Iterable[int]) -> Plan:
+        gids = list(gids)
+        for gid in gids:
+            g = self.groups[gid]
+            if not g.receivers:
+                self._set_tree(g, None)
+                continue
+            keep = g.tree.parent if g.tree is not None else None
+            self._set_tree(g, None)  # its own old tree must not bias it away from itself
+            load = self.load if self.balance else Counter()
+            try:
+                tree = compute_tree(self.view, g.source, g.receivers, g.algorithm, load,
+                                    self.cache, keep=keep)
+            except CoreError:  # e.g. the source or a receiver is no longer known
+                known = {r for r in g.receivers if r in self.view.hosts}
+                tree = None
+                if g.source in self.view.hosts and known:
+                    tree = compute_tree(self.view, g.source, known, g.algorithm, load,
+                                        self.cache, keep=keep)
+                    tree.unreachable = frozenset(g.receivers - tree.reached)
+            self._set_tree(g, tree)
+        return self._diff(gids)
+
+    def _diff(self, gids: Iterable[int], only: set[int] | None = None) -> Plan:
+        """Messages taking the switches from ``installed`` to the groups' trees."""
+        plan = Plan()
+        build, switch, remove = plan.phases
+        live = self.view.switches
+        for gid in gids:
+            g = self.groups[gid]
+            want = g.tree.entries if g.tree is not None else {}
+            have = {dpid: st[gid] for dpid, st in self.installed.items() if gid in st}
+            dpids = (set(want) | set(have)) & live
+            if only is not None:
+                dpids &= only
+            depth = {d: g.tree.depth(d) for d in want} if g.tree is not None else {}
+            for dpid in sorted(dpids, key=lambda d: -depth.get(d, 0)):  # leaves first
+                old, new = have.get(dpid), want.get(dpid)
+                if old == new:
+                    continue
+                plan.groups.add(gid)
+                if old is None:
+                    build.append((dpid, ofmsgs.group_add(dpid, gid, new.in_port, new.out_ports)))
+                    build.append((dpid, ofmsgs.flow_add(dpid, gid, new.in_port, g.source, g.address)))
+                elif new is None:
+                    remove.append((dpid, ofmsgs.flow_delete(dpid, gid, old.in_port, g.source, g.address)))
+                    remove.append((dpid, ofmsgs.group_delete(dpid, gid)))
+                else:
+                    if new.out_ports != old.out_ports or (
+                            new.in_port != old.in_port and new.in_port in new.out_ports | old.out_ports):
+                        switch.append((dpid, ofmsgs.group_modify(dpid, gid, new.in_port, new.out_ports)))
+                    if new.in_port != old.in_port:
+                        build.append((dpid, ofmsgs.flow_add(dpid, gid, new.in_port, g.source, g.address)))
+                        remove.append((dpid, ofmsgs.flow_delete(dpid, gid, old.in_port, g.source, g.address)))
+                if new is None:
+                    self.installed[dpid].pop(gid, None)
+                else:
+                    self.installed.setdefault(dpid, {})[gid] = new
+        return plan
+
+    # -- persistence ---------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return {"version": 1, "groups": [g.to_dict() for g in self.groups.values()]}
+
+    def restore(self, data: dict[str, Any]) -> list[str]:
+        """Recreate saved groups (their trees follow as hosts and switches reappear).
+        Returns one problem line per group that could not be restored."""
+        problems = []
+        for d in data.get("groups", []):
+            try:
+                model, source = check_model(d["model"]), check_unicast(d["source"], "source")
+                gid = int(d["id"])
+                if gid in self.groups:
+                    raise Conflict(f"group id {gid} is in use")
+                g = Group(gid, model, source, check_ssm(d["address"]), int(d["port"]),
+                          d.get("algorithm", self.algorithm),
+                          {check_unicast(r, "receiver") for r in d.get("receivers", [])})
+                self.groups[gid] = g
+                self._next_gid = max(self._next_gid, gid + 1)
+            except (KeyError, TypeError, ValueError) as exc:
+                problems.append(f"group {d!r}: {exc}")
+        return problems
+
+    def refresh(self) -> Plan:
+        """Recompute every group whose tree is missing or incomplete."""
+        return self._sync([g.gid for g in self.groups.values()
+                           if g.receivers and (g.tree is None or g.tree.unreachable
+                                               or self._edge_lost(g))])

@@ -1,0 +1,197 @@
+"""The controller's view of the fabric, fed by discovery events (switch/link/port/host
+up and down). Kept separate from tree logic so both can be driven by tests directly."""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass
+from functools import lru_cache
+
+import networkx as nx
+
+from controller.errors import InvalidAddress, UnknownHost
+from topologies.spec import Topology
+
+
+@dataclass(frozen=True)
+class HostLoc:
+    ip: str
+    mac: str
+    dpid: int
+    port: int
+
+
+@dataclass(frozen=True, order=True)
+class LinkKey:
+    """An inter-switch link, normalised so that ``a < b`` (or ``a == b``: port order)."""
+
+    a: int
+    a_port: int
+    b: int
+    b_port: int
+
+    @staticmethod
+    def make(a: int, a_port: int, b: int, b_port: int) -> "LinkKey":
+        if (a, a_port) <= (b, b_port):
+            return LinkKey(a, a_port, b, b_port)
+        return LinkKey(b, b_port, a, a_port)
+
+    def port_of(self, dpid: int) -> int:
+        return self.a_port if dpid == self.a else self.b_port
+
+
+@lru_cache(maxsize=1 << 16)  # the same few thousand host addresses are checked constantly
+def check_unicast(ip: str, what: str = "host") -> str:
+    """Normalise an IPv4 unicast address or raise InvalidAddress naming the field."""
+    try:
+        addr = ipaddress.IPv4Address(str(ip).strip())
+    except ValueError as exc:
+        raise InvalidAddress(f"{what} address {ip!r} is not an IPv4 address") from exc
+    if addr.is_multicast or addr.is_unspecified or str(addr) == "255.255.255.255":
+        raise InvalidAddress(f"{what} address {ip} is not a unicast host address")
+    return str(addr)
+
+
+class TopologyView:
+    """Switches, links (with port numbers), port state and host attachment points.
+
+    ``graph`` holds only what can forward right now: live switches joined by links whose
+    both ports are up. Link and host knowledge survives a switch leaving, so the switch's
+    return restores its links without waiting for rediscovery. ``version`` increases on
+    every change that can alter paths (used to cache per-source shortest-path DAGs)."""
+
+    def __init__(self) -> None:
+        self.switches: set[int] = set()
+        self.links: set[LinkKey] = set()
+        self.port_link: dict[tuple[int, int], LinkKey] = {}  # either end -> its link
+        self.ports_down: set[tuple[int, int]] = set()
+        self.hosts: dict[str, HostLoc] = {}
+        self.graph: nx.Graph = nx.Graph()
+        self.version = 0
+
+    @classmethod
+    def from_topology(cls, topo: Topology) -> "TopologyView":
+        view = cls()
+        for dpid in topo.switches:
+            view.add_switch(dpid)
+        for link in topo.links:
+            view.add_link(link.a, link.a_port, link.b, link.b_port)
+        for h in topo.hosts:
+            view.add_host(h.ip, h.mac, h.dpid, h.port)
+        return view
+
+    # -- queries ---------------------------------------------------------------------
+    def host(self, ip: str) -> HostLoc:
+        ip = check_unicast(ip)
+        try:
+            return self.hosts[ip]
+        except KeyError:
+            raise UnknownHost(f"host {ip} is not known to the controller "
+                              "(not yet seen on an edge port, nor declared)") from None
+
+    def host_attached(self, loc: HostLoc) -> bool:
+        """A host can send/receive iff its switch is live and its edge port is up."""
+        return loc.dpid in self.switches and (loc.dpid, loc.port) not in self.ports_down
+
+    def link_port(self, dpid: int, neighbour: int) -> int:
+        return self.graph.edges[dpid, neighbour]["ports"][dpid]
+
+    def edge_port(self, dpid: int, port: int) -> bool:
+        """True for a port with no known inter-switch link: where hosts are learned."""
+        return (dpid, port) not in self.port_link
+
+    def hosts_at(self, dpid: int, port: int | None = None) -> list[str]:
+        return [h.ip for h in self.hosts.values()
+                if h.dpid == dpid and (port is None or h.port == port)]
+
+    # -- events (each returns True when forwarding paths may have changed) -------------
+    def add_switch(self, dpid: int) -> bool:
+        if dpid in self.switches:
+            return False
+        self.switches.add(dpid)
+        self.graph.add_node(dpid)
+        for link in self.links:
+            self._refresh(link)
+        self.version += 1
+        return True
+
+    def remove_switch(self, dpid: int) -> bool:
+        if dpid not in self.switches:
+            return False
+        self.switches.discard(dpid)
+        self.graph.remove_node(dpid)
+        self.ports_down = {p for p in self.ports_down if p[0] != dpid}
+        self.version += 1
+        return True
+
+    def add_link(self, a: int, a_port: int, b: int, b_port: int) -> bool:
+        key = LinkKey.make(a, a_port, b, b_port)
+        if key in self.links:
+            return False
+        # A port holds one link: a rediscovered port replaces its stale link.
+        for end in ((a, a_port), (b, b_port)):
+            k = self.port_link.get(end)
+            if k is not None:
+                self.remove_link(k.a, k.a_port, k.b, k.b_port)
+        self.links.add(key)
+        self.port_link[(a, a_port)] = self.port_link[(b, b_port)] = key
+        # A host wrongly learned on what is now known to be a link port is forgotten.
+        for ip, loc in list(self.hosts.items()):
+            if (loc.dpid, loc.port) in ((a, a_port), (b, b_port)):
+                del self.hosts[ip]
+        self._refresh(key)
+        self.version += 1
+        return True
+
+    def remove_link(self, a: int, a_port: int, b: int, b_port: int) -> bool:
+        key = LinkKey.make(a, a_port, b, b_port)
+        if key not in self.links:
+            return False
+        self.links.discard(key)
+        del self.port_link[(key.a, key.a_port)], self.port_link[(key.b, key.b_port)]
+        self._refresh(key)
+        self.version += 1
+        return True
+
+    def port_down(self, dpid: int, port: int) -> bool:
+        if (dpid, port) in self.ports_down:
+            return False
+        self.ports_down.add((dpid, port))
+        if (dpid, port) in self.port_link:
+            self._refresh(self.port_link[(dpid, port)])
+        self.version += 1
+        return True
+
+    def port_up(self, dpid: int, port: int) -> bool:
+        if (dpid, port) not in self.ports_down:
+            return False
+        self.ports_down.discard((dpid, port))
+        if (dpid, port) in self.port_link:
+            self._refresh(self.port_link[(dpid, port)])
+        self.version += 1
+        return True
+
+    def add_host(self, ip: str, mac: str, dpid: int, port: int) -> bool:
+        ip = check_unicast(ip)
+        loc = HostLoc(ip, mac.lower(), dpid, port)
+        if self.hosts.get(ip) == loc:
+            return False
+        self.hosts[ip] = loc
+        self.version += 1
+        return True
+
+    def remove_host(self, ip: str) -> bool:
+        if self.hosts.pop(check_unicast(ip), None) is None:
+            return False
+        self.version += 1
+        return True
+
+    def _refresh(self, link: LinkKey) -> None:
+        live = (link in self.links and link.a in self.switches and link.b in self.switches
+                and (link.a, link.a_port) not in self.ports_down
+                and (link.b, link.b_port) not in self.ports_down)
+        if live:
+            self.graph.add_edge(link.a, link.b, ports={link.a: link.a_port, link.b: link.b_port},
+                                key=link)
+        elif self.graph.has_edge(link.a, link.b) and self.graph.edges[link.a, link.b]["key"] == link:
+            self.graph.remove_edge(link.a, link.b)

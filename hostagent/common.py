@@ -1,0 +1,215 @@
+"""Pieces shared by the sender and receiver state machines: file layout arithmetic,
+storage interfaces, counters and events. Nothing here does I/O or reads a clock."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Hashable, Protocol, Union
+
+Addr = Hashable  # whatever the transport uses for a peer (a (host, port) tuple in net.py)
+GROUP = "group"  # destination meaning "the multicast group"
+Dest = Union[str, Addr]
+
+MIN_CHUNK_SIZE = 1024
+MAX_CHUNK_SIZE = 1024 * 1024
+
+
+class ChunkSource(Protocol):
+    """Random-access read of the file being sent, so the file is never held in memory."""
+
+    @property
+    def size(self) -> int: ...
+
+    def read(self, offset: int, length: int) -> bytes: ...
+
+
+class ChunkSink(Protocol):
+    """Random-access write of the file being received, plus a slot for the resume record."""
+
+    def write(self, offset: int, data: bytes) -> None: ...
+
+    def read(self, offset: int, length: int) -> bytes: ...
+
+    def save_state(self, state: bytes) -> None: ...
+
+
+class MemorySource:
+    """In-memory ChunkSource for tests and small payloads."""
+
+    def __init__(self, data: bytes) -> None:
+        self._data = bytes(data)
+
+    @property
+    def size(self) -> int:
+        return len(self._data)
+
+    def read(self, offset: int, length: int) -> bytes:
+        return self._data[offset : offset + length]
+
+
+class MemorySink:
+    """In-memory ChunkSink; keeps the last saved resume record like a state file would."""
+
+    def __init__(self) -> None:
+        self.data = bytearray()
+        self.state: bytes | None = None
+        self.writes = 0
+
+    def write(self, offset: int, data: bytes) -> None:
+        end = offset + len(data)
+        if len(self.data) < end:
+            self.data.extend(b"\0" * (end - len(self.data)))
+        self.data[offset:end] = data
+        self.writes += 1
+
+    def read(self, offset: int, length: int) -> bytes:
+        return bytes(self.data[offset : offset + length])
+
+    def save_state(self, state: bytes) -> None:
+        self.state = state
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How a file maps to chunks and sequence numbers.
+
+    Chunk c owns sequence numbers ``[c*F, c*F + frags(c))`` where F is the fragment count
+    of a full chunk; only the last chunk may have fewer, so seqs stay contiguous."""
+
+    file_size: int
+    chunk_size: int
+    payload_size: int
+
+    @property
+    def chunk_count(self) -> int:
+        return -(-self.file_size // self.chunk_size)
+
+    @property
+    def frags_per_chunk(self) -> int:
+        return -(-self.chunk_size // self.payload_size)
+
+    @property
+    def total_seq(self) -> int:
+        count = self.chunk_count
+        if count == 0:
+            return 0
+        return (count - 1) * self.frags_per_chunk + self.chunk_frags(count - 1)
+
+    def chunk_len(self, chunk: int) -> int:
+        return min(self.chunk_size, self.file_size - chunk * self.chunk_size)
+
+    def chunk_frags(self, chunk: int) -> int:
+        return -(-self.chunk_len(chunk) // self.payload_size)
+
+    def chunk_seqs(self, chunk: int) -> tuple[int, int]:
+        start = chunk * self.frags_per_chunk
+        return start, start + self.chunk_frags(chunk)
+
+    def locate(self, seq: int) -> tuple[int, int, int]:
+        """(chunk, offset in chunk, length) of a sequence number."""
+        chunk, frag = divmod(seq, self.frags_per_chunk)
+        offset = frag * self.payload_size
+        return chunk, offset, min(self.payload_size, self.chunk_len(chunk) - offset)
+
+    def chunks_of_seqs(self, start: int, end: int) -> range:
+        return range(start // self.frags_per_chunk, (end - 1) // self.frags_per_chunk + 1)
+
+
+@dataclass
+class Stats:
+    """Counters both ends keep; tests and the CLI read them, nothing decides on them."""
+
+    datagrams_in: int = 0
+    bytes_in: int = 0
+    datagrams_out: int = 0
+    bytes_out: int = 0
+    data_sent: int = 0
+    data_bytes_sent: int = 0
+    data_received: int = 0
+    manifests_sent: int = 0
+    nacks_sent: int = 0
+    nacks_received: int = 0
+    nack_seqs_requested: int = 0
+    nacks_suppressed: int = 0
+    repairs_unicast: int = 0
+    repairs_multicast: int = 0
+    repair_bytes_unicast: int = 0
+    repair_bytes_multicast: int = 0
+    repairs_received: int = 0
+    duplicates: int = 0
+    corrupt_chunks: int = 0
+    rate_decreases: int = 0
+    drops: Counter = field(default_factory=Counter)
+
+    @property
+    def repair_bytes(self) -> int:
+        return self.repair_bytes_unicast + self.repair_bytes_multicast
+
+    @property
+    def dropped(self) -> int:
+        return sum(self.drops.values())
+
+
+# ----------------------------------------------------------------------------- events
+
+
+@dataclass(frozen=True)
+class ReceiverJoined:
+    receiver_id: int
+    addr: Addr
+
+
+@dataclass(frozen=True)
+class ReceiverCompleted:
+    receiver_id: int
+    addr: Addr
+
+
+@dataclass(frozen=True)
+class ReceiverFailed:
+    receiver_id: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class StreamFinished:
+    """First pass over the file is out; from now on only repairs."""
+
+    total_seq: int
+
+
+@dataclass(frozen=True)
+class TransferFinished:
+    ok: bool
+    completed: tuple[int, ...]
+    failed: tuple[int, ...]
+    missing: int  # expected receivers never heard from
+
+
+@dataclass(frozen=True)
+class ManifestReceived:
+    session: int
+    name: str
+    file_size: int
+    chunk_count: int
+    resumed_chunks: int
+
+
+@dataclass(frozen=True)
+class ChunkCorrupt:
+    chunk: int
+
+
+@dataclass(frozen=True)
+class FileComplete:
+    file_digest: bytes
+
+
+@dataclass(frozen=True)
+class Failed:
+    reason: str
+
+
+SenderEvent = Union[ReceiverJoined, ReceiverCompleted, ReceiverFailed, StreamFinished, TransferFinished]
+ReceiverEvent = Union[ManifestReceived, ChunkCorrupt, FileComplete, Failed]

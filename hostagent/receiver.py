@@ -1,0 +1,445 @@
+"""Receiver state machine (sans-IO).
+
+Writes fragments straight to the sink at their file offset (so lost fragments never pin
+a chunk in memory), verifies each chunk against the manifest digest when its last
+fragment lands, and NACKs gaps after a randomised backoff. The backoff follows an
+exponential distribution truncated at ``nack_backoff`` (Nonnenmacher & Biersack) with
+a group-size hint from the sender, so when a loss is shared by the whole group only a
+few receivers NACK before the multicast repair arrives and suppresses the rest.
+
+Every detected gap carries its own timer (as in SRM), so a gap that another receiver
+already got repaired by multicast is simply found filled when its timer fires; a single
+shared timer would let new gaps ride on old timers and fire in lockstep.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import random
+from collections import deque
+from dataclasses import dataclass
+from typing import Optional
+
+import blake3
+import msgpack
+
+from . import wire
+from .common import (
+    Addr, ChunkCorrupt, ChunkSink, Failed, FileComplete, Layout, ManifestReceived,
+    ReceiverEvent, Stats,
+)
+from .rangeset import RangeSet
+
+STATE_VERSION = 1
+
+
+@dataclass
+class ReceiverConfig:
+    receiver_id: Optional[int] = None  # None: random 64-bit id
+    session_id: Optional[int] = None  # None: lock onto the first session whose manifest arrives
+    key: Optional[bytes] = None
+    # Upper bound of the random NACK delay. Must exceed the sender's aggregation window
+    # plus a round trip, or the first multicast repair comes too late to suppress anyone.
+    nack_backoff: float = 0.3
+    nack_retry: float = 0.6  # re-request what is still missing after this long
+    max_nacks_per_round: int = 4  # NACK datagrams per timer expiry; the rest waits
+    complete_interval: float = 0.2
+    complete_attempts: int = 20
+    idle_timeout: float = 10.0  # sender silent this long: give up
+    max_datagram: int = 1472
+    state_save_every: int = 64  # verified chunks between resume-record saves
+    verify_resume: bool = False  # re-hash chunks claimed by a resume record
+
+
+class Receiver:
+    """Receives one file from one sender session."""
+
+    def __init__(
+        self,
+        sink: ChunkSink,
+        config: ReceiverConfig,
+        now: float,
+        state: Optional[bytes] = None,
+        rng: Optional[random.Random] = None,
+    ) -> None:
+        self.config = config
+        self._rng = rng or random.Random()
+        self.receiver_id = config.receiver_id if config.receiver_id is not None else self._rng.getrandbits(64)
+        self._sink = sink
+        self._key = config.key
+        self.stats = Stats()
+        self._events: deque[ReceiverEvent] = deque()
+        self._out: list[tuple[bytes, Addr]] = []
+        self._resume = _parse_state(state)
+
+        self.session: Optional[int] = config.session_id
+        self.sender_addr: Optional[Addr] = None
+        self.layout: Optional[Layout] = None
+        self.manifest: Optional[wire.Manifest] = None
+        self._digests = bytearray()
+        self._digests_known = RangeSet()
+        self.have = RangeSet()  # sequence numbers written
+        self.verified = RangeSet()  # chunks whose digest checked out
+        self._unverified = RangeSet()  # complete chunks waiting for their manifest page
+        self.resumed_chunks = 0
+        self._highest = -1  # highest first-transmission seq seen
+        self._total_seq: Optional[int] = None  # from END
+        self._group_hint = 1
+        self._last_heard = now
+        self._since_save = 0
+
+        self._gap_timers: list[tuple[float, int, int, bool]] = []  # heap of (deadline, start, end, retry)
+        self._rounds: deque[tuple[float, RangeSet]] = deque()  # NACKs still awaiting repair
+        self._loss = 0.0
+        self._loss_mark: Optional[tuple[int, int]] = None  # (highest, data_received) at last NACK
+
+        self.complete = False
+        self.failed = False
+        self.acked = False
+        self._complete_at: Optional[float] = None
+        self._complete_tries = 0
+
+    # ------------------------------------------------------------------ public API
+
+    def receive_datagram(self, data: bytes, addr: Addr, now: float) -> None:
+        """Process one datagram; bad, foreign or duplicate input is counted and dropped."""
+        self.stats.datagrams_in += 1
+        self.stats.bytes_in += len(data)
+        if self.failed:
+            self.stats.drops["after_failure"] += 1
+            return
+        try:
+            msg = wire.decode(data, self._key)
+        except wire.WireError as exc:
+            self.stats.drops[exc.reason] += 1
+            return
+        if isinstance(msg, wire.Manifest) and self.session is None:
+            self.session = msg.session
+        if self.session is None:
+            self.stats.drops["no_manifest"] += 1
+            return
+        if msg.session != self.session:
+            self.stats.drops["wrong_session"] += 1
+            return
+        if self.sender_addr is None and isinstance(msg, (wire.Manifest, wire.Data, wire.End)):
+            self.sender_addr = addr
+        self._last_heard = now
+        if isinstance(msg, wire.Data):
+            self._on_data(msg, now)
+        elif isinstance(msg, wire.Manifest):
+            self._on_manifest(msg, now)
+        elif isinstance(msg, wire.End):
+            self._on_end(msg, now)
+        elif isinstance(msg, wire.CompleteAck):
+            if msg.receiver_id == self.receiver_id:
+                self.acked = True
+        else:
+            self.stats.drops["unexpected_type"] += 1
+
+    def datagrams_to_send(self, now: float) -> list[tuple[bytes, Addr]]:
+        out, self._out = self._out, []
+        self.stats.datagrams_out += len(out)
+        self.stats.bytes_out += sum(len(d) for d, _ in out)
+        return out
+
+    def get_timer(self) -> Optional[float]:
+        if self.failed or (self.complete and (self.acked or self._complete_at is None)):
+            return None
+        if self.complete:
+            return self._complete_at
+        times = [self._last_heard + self.config.idle_timeout]
+        if self._gap_timers:
+            times.append(self._gap_timers[0][0])
+        return min(times)
+
+    def handle_timer(self, now: float) -> None:
+        if self.failed:
+            return
+        if self.complete:
+            if not self.acked and self._complete_at is not None and now >= self._complete_at:
+                self._send_complete(now)
+            return
+        if now >= self._last_heard + self.config.idle_timeout:
+            self._fail("sender silent")
+            return
+        if self._gap_timers and now >= self._gap_timers[0][0]:
+            self._fire_nack(now)
+
+    def next_event(self) -> Optional[ReceiverEvent]:
+        return self._events.popleft() if self._events else None
+
+    def snapshot_state(self) -> bytes:
+        """Resume record: which chunks of which file are already verified on disk."""
+        if self.manifest is None:
+            return b""
+        return msgpack.packb(
+            {
+                "v": STATE_VERSION,
+                "digest": self.manifest.file_digest,
+                "size": self.manifest.file_size,
+                "chunk": self.manifest.chunk_size,
+                "verified": self.verified.to_list(),
+                "complete": self.complete,
+            }
+        )
+
+    @property
+    def missing_seqs(self) -> int:
+        return 0 if self.layout is None else self.layout.total_seq - self.have.count
+
+    # ------------------------------------------------------------------ handlers
+
+    def _on_manifest(self, msg: wire.Manifest, now: float) -> None:
+        self._group_hint = max(self._group_hint, msg.receivers_hint)
+        if self.manifest is None:
+            self._start(msg, now)
+        elif (msg.file_digest, msg.file_size, msg.chunk_size, msg.payload_size) != (
+            self.manifest.file_digest, self.manifest.file_size, self.manifest.chunk_size, self.manifest.payload_size
+        ):
+            self.stats.drops["manifest_mismatch"] += 1
+            return
+        count = len(msg.digests) // wire.CHUNK_DIGEST_LEN
+        if count == 0 or self._digests_known.contains_range(msg.first_chunk, msg.first_chunk + count):
+            return
+        lo = msg.first_chunk * wire.CHUNK_DIGEST_LEN
+        self._digests[lo : lo + len(msg.digests)] = msg.digests
+        self._digests_known.add(msg.first_chunk, msg.first_chunk + count)
+        for start, end in list(self._unverified):
+            s, e = max(start, msg.first_chunk), min(end, msg.first_chunk + count)
+            for chunk in range(s, e):
+                self._unverified.discard(chunk)
+                self._verify_chunk(chunk, now)
+        self._check_done(now)
+
+    def _start(self, msg: wire.Manifest, now: float) -> None:
+        self.manifest = msg
+        layout = self.layout = Layout(msg.file_size, msg.chunk_size, msg.payload_size)
+        self._digests = bytearray(layout.chunk_count * wire.CHUNK_DIGEST_LEN)
+        resume = self._resume
+        if (
+            resume is not None
+            and resume.get("digest") == msg.file_digest
+            and resume.get("size") == msg.file_size
+            and resume.get("chunk") == msg.chunk_size
+        ):
+            for s, e in RangeSet.from_list(resume.get("verified", [])):
+                for chunk in range(s, min(e, layout.chunk_count)):
+                    if self.config.verify_resume:
+                        continue  # re-hash once the digest page arrives
+                    self.verified.add(chunk)
+                    self.have.add(*layout.chunk_seqs(chunk))
+                if self.config.verify_resume:
+                    for chunk in range(s, min(e, layout.chunk_count)):
+                        self.have.add(*layout.chunk_seqs(chunk))
+                        self._unverified.add(chunk)
+            self.resumed_chunks = self.verified.count + self._unverified.count
+        self._events.append(
+            ManifestReceived(msg.session, msg.name, msg.file_size, layout.chunk_count, self.resumed_chunks)
+        )
+        self._send(wire.Hello(msg.session, self.receiver_id))
+        if self.have.count:
+            self._highest = max(self._highest, max(e for _, e in self.have) - 1)
+        self._check_done(now)
+
+    def _on_data(self, msg: wire.Data, now: float) -> None:
+        layout = self.layout
+        if layout is None:
+            self.stats.drops["no_manifest"] += 1
+            return
+        if msg.seq >= layout.total_seq or layout.locate(msg.seq) != (msg.chunk, msg.offset, len(msg.payload)):
+            self.stats.drops["inconsistent"] += 1
+            return
+        if msg.repair:
+            self.stats.repairs_received += 1
+        else:
+            self.stats.data_received += 1
+            if self._loss_mark is None:
+                self._loss_mark = (msg.seq - 1, 0)  # joined here: earlier seqs are not loss
+            if msg.seq > self._highest + 1:
+                self._add_gap(now, self._highest + 1, msg.seq)
+            self._highest = max(self._highest, msg.seq)
+        if msg.seq in self.have or self.complete:
+            self.stats.duplicates += 1
+            return
+        self._sink.write(msg.chunk * layout.chunk_size + msg.offset, msg.payload)
+        self.have.add(msg.seq)
+        start, end = layout.chunk_seqs(msg.chunk)
+        if self.have.contains_range(start, end):
+            self._verify_chunk(msg.chunk, now)
+            self._check_done(now)
+
+    def _on_end(self, msg: wire.End, now: float) -> None:  # noqa: C901
+        self._group_hint = max(1, msg.receivers_hint)
+        if self.complete:
+            if msg.closing:
+                self.acked = True  # the sender is gone; nobody left to tell
+            return
+        if self.layout is not None and msg.total_seq != self.layout.total_seq:
+            self.stats.drops["inconsistent"] += 1
+            return
+        if msg.closing:
+            self._fail("sender closed before the file was complete")
+            return
+        self._total_seq = msg.total_seq
+        if self.layout is None:
+            return
+        if msg.total_seq > self._highest + 1:
+            self._add_gap(now, self._highest + 1, msg.total_seq)  # lost tail
+            self._highest = msg.total_seq - 1
+        elif self.have.count < msg.total_seq and not self._gap_timers:
+            # Safety net: something is missing yet nothing is scheduled (e.g. fragments
+            # dropped before the manifest arrived when no later gap exposed them).
+            self._add_gap(now, 0, msg.total_seq)
+
+    # ------------------------------------------------------------------ verification
+
+    def _verify_chunk(self, chunk: int, now: float) -> None:
+        layout = self.layout
+        assert layout is not None
+        if chunk in self.verified:
+            return
+        if chunk not in self._digests_known:
+            self._unverified.add(chunk)
+            return
+        data = self._sink.read(chunk * layout.chunk_size, layout.chunk_len(chunk))
+        expected = bytes(self._digests[chunk * wire.CHUNK_DIGEST_LEN : (chunk + 1) * wire.CHUNK_DIGEST_LEN])
+        if wire.chunk_digest(data) == expected:
+            self.verified.add(chunk)
+            self._since_save += 1
+            if self._since_save >= self.config.state_save_every:
+                self._save_state()
+            return
+        # Corrupt (forged or damaged fragment): forget the whole chunk and ask again.
+        self.stats.corrupt_chunks += 1
+        start, end = layout.chunk_seqs(chunk)
+        self.have.discard(start, end)
+        self._events.append(ChunkCorrupt(chunk))
+        self._add_gap(now, start, end)
+
+    def _check_done(self, now: float) -> None:
+        layout = self.layout
+        if layout is None or self.complete or self.verified.count < layout.chunk_count:
+            return
+        assert self.manifest is not None
+        whole = blake3.blake3()
+        step = max(layout.chunk_size, 1 << 20)
+        for offset in range(0, layout.file_size, step):
+            whole.update(self._sink.read(offset, min(step, layout.file_size - offset)))
+        digest = whole.digest()
+        if digest != self.manifest.file_digest:
+            self._fail("whole-file digest mismatch")
+            return
+        self.complete = True
+        self._gap_timers.clear()
+        self._save_state()
+        self._events.append(FileComplete(digest))
+        self._send_complete(now)
+
+    def _send_complete(self, now: float) -> None:
+        assert self.manifest is not None
+        if self._complete_tries >= self.config.complete_attempts:
+            self._complete_at = None
+            return
+        self._complete_tries += 1
+        self._send(wire.Complete(self.manifest.session, self.receiver_id, self.manifest.file_digest))
+        self._complete_at = now + self.config.complete_interval
+
+    def _save_state(self) -> None:
+        self._since_save = 0
+        self._sink.save_state(self.snapshot_state())
+
+    def _fail(self, reason: str) -> None:
+        if not self.failed:
+            self.failed = True
+            self._gap_timers.clear()
+            self._save_state()
+            self._events.append(Failed(reason))
+
+    # ------------------------------------------------------------------ NACKs
+
+    def _backoff(self) -> float:
+        """Truncated exponential delay: with N receivers sharing a loss, expected NACKs
+        before suppression stay O(1) instead of O(N)."""
+        lam = math.log(self._group_hint) + 1.0
+        u = self._rng.random()
+        return self.config.nack_backoff / lam * math.log1p(u * math.expm1(lam))
+
+    def _add_gap(self, now: float, start: int, end: int, delay: Optional[float] = None) -> None:
+        if end > start:
+            when = now + (self._backoff() if delay is None else delay)
+            heapq.heappush(self._gap_timers, (when, start, end, delay is not None))
+
+    def _fire_nack(self, now: float) -> None:
+        """Gaps whose timers expired: NACK what is still missing and not already asked for."""
+        layout = self.layout
+        if layout is None or self.complete:
+            self._gap_timers.clear()
+            return
+        while self._rounds and now >= self._rounds[0][0] + self.config.nack_retry:
+            self._rounds.popleft()
+        requested = RangeSet()
+        for _, ranges in self._rounds:
+            for s, e in ranges:
+                requested.add(s, e)
+        due = RangeSet()
+        while self._gap_timers and now >= self._gap_timers[0][0]:
+            _, start, end, retry = heapq.heappop(self._gap_timers)
+            if self.have.contains_range(start, end):
+                if not retry:
+                    self.stats.nacks_suppressed += 1  # repaired (for someone else) before we asked
+                continue
+            due.add(start, end)
+        wanted: list[tuple[int, int]] = []
+        for ds, de in due:
+            for gs, ge in self.have.missing(ds, de):
+                wanted.extend(requested.missing(gs, ge) if requested else [(gs, ge)])
+        keyed = self._key is not None
+        for _ in range(self.config.max_nacks_per_round):
+            if not wanted:
+                break
+            fit = max(1, wire.nack_fit(wanted, self.config.max_datagram, keyed))
+            sent, wanted = wanted[:fit], wanted[fit:]
+            self._send_nack(now, sent)
+        for s, e in wanted:  # did not fit this round
+            self._add_gap(now, s, e)
+
+    def _send_nack(self, now: float, ranges: list[tuple[int, int]]) -> None:
+        mark = self._loss_mark or (self._highest, self.stats.data_received)
+        expected = self._highest - mark[0]
+        got = self.stats.data_received - mark[1]
+        if expected > 0:
+            sample = max(0.0, min(1.0, 1 - got / expected))
+            # Smooth: a NACK every few dozen datagrams makes single samples noisy.
+            weight = min(1.0, expected / 256)
+            self._loss = (1 - weight) * self._loss + weight * sample
+        loss = round(1000 * self._loss)
+        self._loss_mark = (self._highest, self.stats.data_received)
+        assert self.session is not None
+        self._send(wire.Nack(self.session, self.receiver_id, tuple(ranges), loss))
+        self.stats.nacks_sent += 1
+        self.stats.nack_seqs_requested += sum(e - s for s, e in ranges)
+        self._rounds.append((now, RangeSet(ranges)))
+        for s, e in ranges:  # ask again if the repair does not arrive
+            self._add_gap(now, s, e, delay=self.config.nack_retry)
+
+    def _send(self, msg: wire.Message) -> None:
+        if self.sender_addr is None:
+            return
+        self._out.append((wire.encode(msg, self._key), self.sender_addr))
+
+
+def _parse_state(state: Optional[bytes]) -> Optional[dict]:
+    """A damaged resume record means "start over", never a crash."""
+    if not state:
+        return None
+    try:
+        obj = msgpack.unpackb(state, raw=False)
+    except Exception:
+        return None
+    if not isinstance(obj, dict) or obj.get("v") != STATE_VERSION:
+        return None
+    verified = obj.get("verified")
+    if not isinstance(verified, list) or len(verified) % 2 or not all(type(x) is int and x >= 0 for x in verified):
+        return None
+    return obj

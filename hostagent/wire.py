@@ -1,0 +1,516 @@
+"""The one versioned wire format of modelcast.
+
+Every other module deals in the message dataclasses below; only this module packs and
+unpacks bytes, so a format change is a change here and nowhere else.
+
+Layout of every datagram::
+
+    magic "MC" | version u8 | type u8 | flags u8 | pad u8 | session u64 | body | [MAC 16]
+
+DATA and REPAIR bodies are a fixed struct followed by the raw payload (the fast path);
+MANIFEST and NACK bodies are msgpack arrays (variable length, rare). When the
+``FLAG_MAC`` bit is set the last 16 bytes are a keyed BLAKE3 MAC over everything before
+them. ``decode`` raises only ``WireError`` (subclasses name the reason) on anything it
+does not like, so callers can drop and count with one ``except``.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import Union
+
+import blake3
+import msgpack
+
+VERSION = 1
+MAGIC = b"MC"
+
+# Datagram types.
+T_MANIFEST = 1
+T_DATA = 2
+T_REPAIR = 3
+T_NACK = 4
+T_PARITY = 5
+T_COMPLETE = 6
+T_COMPLETE_ACK = 7
+T_END = 8
+T_HELLO = 9
+
+# Header flag bits.
+FLAG_MAC = 0x01  # trailing 16-byte MAC present
+FLAG_CLOSING = 0x02  # END: the sender is going away; stop waiting
+FLAG_MULTICAST = 0x04  # REPAIR/PARITY: sent to the group (lets receivers suppress NACKs)
+_KNOWN_FLAGS = FLAG_MAC | FLAG_CLOSING | FLAG_MULTICAST
+
+MAC_LEN = 16
+KEY_LEN = 32
+CHUNK_DIGEST_LEN = 16
+FILE_DIGEST_LEN = 32
+
+# Largest datagram we will build or accept (the UDP/IPv4 maximum payload).
+MAX_DATAGRAM = 65507
+# Limits the decoder enforces on header fields (wider than sender config limits so that
+# a future sender with other settings still decodes).
+MAX_CHUNK_SIZE = 16 * 1024 * 1024
+MAX_PAYLOAD = MAX_DATAGRAM - 64
+MAX_FILE_SIZE = (1 << 63) - 1
+MAX_NAME_BYTES = 255
+U64_MAX = (1 << 64) - 1
+
+_HEADER = struct.Struct("!2sBBBxQ")  # magic, version, type, flags, session
+HEADER_LEN = _HEADER.size  # 14
+_DATA = struct.Struct("!QIIH")  # seq, chunk, fragment offset, payload length
+DATA_HEADER_LEN = HEADER_LEN + _DATA.size  # 32
+_COMPLETE = struct.Struct("!Q32s")  # receiver id, whole-file digest
+_RID = struct.Struct("!Q")  # receiver id (HELLO, COMPLETE_ACK)
+_END = struct.Struct("!QI")  # total sequence numbers, receivers hint
+_PARITY = struct.Struct("!QHHHH")  # first seq of block, k, m, parity index, payload len
+
+
+class WireError(Exception):
+    """Any datagram we refuse. ``reason`` is a short stable label for drop counters."""
+
+    reason = "malformed"
+
+
+class Truncated(WireError):
+    reason = "truncated"
+
+
+class Oversized(WireError):
+    reason = "oversized"
+
+
+class BadMagic(WireError):
+    reason = "bad_magic"
+
+
+class BadVersion(WireError):
+    reason = "bad_version"
+
+
+class BadType(WireError):
+    reason = "bad_type"
+
+
+class BadLength(WireError):
+    reason = "bad_length"
+
+
+class BadField(WireError):
+    reason = "bad_field"
+
+
+class BadMac(WireError):
+    reason = "bad_mac"
+
+
+class Unauthenticated(WireError):
+    reason = "unauthenticated"
+
+
+# --------------------------------------------------------------------------- messages
+
+
+@dataclass(frozen=True, slots=True)
+class Manifest:
+    """One page of the file description; every page repeats the file-level fields so
+    a late joiner can start writing from whichever page it hears first."""
+
+    session: int
+    file_size: int
+    chunk_size: int
+    payload_size: int
+    chunk_count: int
+    file_digest: bytes
+    page_index: int
+    page_count: int
+    first_chunk: int
+    digests: bytes  # CHUNK_DIGEST_LEN bytes per chunk, starting at first_chunk
+    name: str = ""
+    receivers_hint: int = 0  # group size estimate: scales receivers' NACK backoff
+
+
+@dataclass(frozen=True, slots=True)
+class Data:
+    """One fragment of one chunk; ``repair`` marks a retransmission."""
+
+    session: int
+    seq: int
+    chunk: int
+    offset: int
+    payload: bytes
+    repair: bool = False
+    multicast: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Nack:
+    """Receiver's list of missing sequence ranges (half-open, sorted, disjoint).
+
+    Sequence numbers are chunk aligned (chunk c owns seqs [c*F, c*F+frags(c))), so a
+    whole chunk is re-requested by its seq range and a single lost fragment costs one
+    fragment of repair, not a whole chunk."""
+
+    session: int
+    receiver_id: int
+    ranges: tuple[tuple[int, int], ...]
+    loss_permille: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Parity:
+    """One zfec parity block for the k data datagrams starting at ``first_seq``."""
+
+    session: int
+    first_seq: int
+    k: int
+    m: int
+    index: int
+    payload: bytes
+    multicast: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Complete:
+    session: int
+    receiver_id: int
+    file_digest: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class CompleteAck:
+    session: int
+    receiver_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class End:
+    """Stream finished: there are ``total_seq`` sequence numbers; NACK the tail."""
+
+    session: int
+    total_seq: int
+    receivers_hint: int = 0
+    closing: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Hello:
+    session: int
+    receiver_id: int
+
+
+Message = Union[Manifest, Data, Nack, Parity, Complete, CompleteAck, End, Hello]
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def derive_key(secret: bytes) -> bytes:
+    """Turn an operator-supplied secret of any length into a 32-byte MAC key."""
+    return blake3.blake3(secret, derive_key_context="modelcast 2024 session MAC key").digest()
+
+
+def chunk_digest(data: bytes) -> bytes:
+    """Per-chunk digest carried in the manifest."""
+    return blake3.blake3(data).digest(length=CHUNK_DIGEST_LEN)
+
+
+def _mac(key: bytes, data: bytes | memoryview) -> bytes:
+    return blake3.blake3(data, key=key).digest(length=MAC_LEN)
+
+
+def _check_key(key: bytes | None) -> None:
+    if key is not None and len(key) != KEY_LEN:
+        raise ValueError(f"MAC key must be {KEY_LEN} bytes (use derive_key)")
+
+
+def _u(value: object, limit: int = U64_MAX) -> int:
+    """Validate an unsigned integer decoded from msgpack."""
+    if type(value) is not int or value < 0 or value > limit:
+        raise BadField("integer field out of range")
+    return value
+
+
+def _finish(mtype: int, flags: int, session: int, body: bytes, key: bytes | None) -> bytes:
+    _check_key(key)
+    if key is not None:
+        flags |= FLAG_MAC
+    out = _HEADER.pack(MAGIC, VERSION, mtype, flags, session) + body
+    if key is not None:
+        out += _mac(key, out)
+    if len(out) > MAX_DATAGRAM:
+        raise ValueError("datagram would exceed MAX_DATAGRAM")
+    return out
+
+
+# --------------------------------------------------------------------------- encode
+
+
+def encode_data(msg: Data, key: bytes | None = None) -> bytes:
+    """Fast path: fixed header + payload (+ MAC)."""
+    if len(msg.payload) > MAX_PAYLOAD:
+        raise ValueError("payload too large")
+    mtype = T_REPAIR if msg.repair else T_DATA
+    flags = FLAG_MULTICAST if (msg.repair and msg.multicast) else 0
+    if key is None:
+        return (
+            _HEADER.pack(MAGIC, VERSION, mtype, flags, msg.session)
+            + _DATA.pack(msg.seq, msg.chunk, msg.offset, len(msg.payload))
+            + msg.payload
+        )
+    body = _DATA.pack(msg.seq, msg.chunk, msg.offset, len(msg.payload)) + msg.payload
+    return _finish(mtype, flags, msg.session, body, key)
+
+
+def encode_manifest(msg: Manifest, key: bytes | None = None) -> bytes:
+    body = msgpack.packb(
+        [
+            msg.file_size,
+            msg.chunk_size,
+            msg.payload_size,
+            msg.chunk_count,
+            msg.file_digest,
+            msg.page_index,
+            msg.page_count,
+            msg.first_chunk,
+            msg.digests,
+            msg.name,
+            msg.receivers_hint,
+        ],
+        use_bin_type=True,
+    )
+    return _finish(T_MANIFEST, 0, msg.session, body, key)
+
+
+def _nack_values(ranges: tuple[tuple[int, int], ...] | list[tuple[int, int]]) -> list[int]:
+    values: list[int] = []
+    prev = 0
+    for start, end in ranges:
+        values.append(start - prev)
+        values.append(end - start)
+        prev = end
+    return values
+
+
+def encode_nack(msg: Nack, key: bytes | None = None) -> bytes:
+    """Ranges are delta-encoded (gap, length, gap, length...) so small numbers dominate."""
+    body = msgpack.packb([msg.receiver_id, msg.loss_permille, _nack_values(msg.ranges)])
+    return _finish(T_NACK, 0, msg.session, body, key)
+
+
+def nack_fit(ranges: list[tuple[int, int]], max_datagram: int, keyed: bool) -> int:
+    """How many leading ranges fit in one NACK datagram of ``max_datagram`` bytes."""
+    budget = max_datagram - HEADER_LEN - (MAC_LEN if keyed else 0)
+    budget -= 9 + 9 + 3 + 5  # receiver id, loss, outer array header, inner array header
+    used = 0
+    prev = 0
+    for n, (start, end) in enumerate(ranges):
+        cost = len(msgpack.packb(start - prev)) + len(msgpack.packb(end - start))
+        if used + cost > budget:
+            return n
+        used += cost
+        prev = end
+    return len(ranges)
+
+
+def encode_parity(msg: Parity, key: bytes | None = None) -> bytes:
+    flags = FLAG_MULTICAST if msg.multicast else 0
+    body = _PARITY.pack(msg.first_seq, msg.k, msg.m, msg.index, len(msg.payload)) + msg.payload
+    return _finish(T_PARITY, flags, msg.session, body, key)
+
+
+def encode(msg: Message, key: bytes | None = None) -> bytes:
+    """Encode any message; ``key`` (32 bytes) appends a MAC."""
+    if isinstance(msg, Data):
+        return encode_data(msg, key)
+    if isinstance(msg, Manifest):
+        return encode_manifest(msg, key)
+    if isinstance(msg, Nack):
+        return encode_nack(msg, key)
+    if isinstance(msg, Parity):
+        return encode_parity(msg, key)
+    if isinstance(msg, Complete):
+        return _finish(T_COMPLETE, 0, msg.session, _COMPLETE.pack(msg.receiver_id, msg.file_digest), key)
+    if isinstance(msg, CompleteAck):
+        return _finish(T_COMPLETE_ACK, 0, msg.session, _RID.pack(msg.receiver_id), key)
+    if isinstance(msg, Hello):
+        return _finish(T_HELLO, 0, msg.session, _RID.pack(msg.receiver_id), key)
+    if isinstance(msg, End):
+        flags = FLAG_CLOSING if msg.closing else 0
+        return _finish(T_END, flags, msg.session, _END.pack(msg.total_seq, msg.receivers_hint), key)
+    raise TypeError(f"not a wire message: {type(msg).__name__}")
+
+
+# --------------------------------------------------------------------------- decode
+
+
+def peek_type(data: bytes) -> int | None:
+    """Datagram type without validation (for counters); None if not even a header."""
+    if len(data) < HEADER_LEN or data[:2] != MAGIC:
+        return None
+    return data[3]
+
+
+def decode(data: bytes | bytearray | memoryview, key: bytes | None = None) -> Message:
+    """Parse and validate one datagram.
+
+    With ``key`` set, datagrams without a valid MAC are refused (``BadMac`` or
+    ``Unauthenticated``). Without a key, a MAC that is present is stripped unchecked.
+    Raises only ``WireError`` subclasses.
+    """
+    try:
+        return _decode(bytes(data), key)
+    except WireError:
+        raise
+    except Exception as exc:  # defensive: any library surprise is still a WireError
+        raise WireError(f"undecodable datagram: {type(exc).__name__}") from None
+
+
+def _decode(data: bytes, key: bytes | None) -> Message:
+    if len(data) > MAX_DATAGRAM:
+        raise Oversized(f"{len(data)} bytes")
+    if len(data) < HEADER_LEN:
+        raise Truncated(f"{len(data)} bytes is shorter than the header")
+    magic, version, mtype, flags, session = _HEADER.unpack_from(data)
+    if magic != MAGIC:
+        raise BadMagic("not a modelcast datagram")
+    if version != VERSION:
+        raise BadVersion(f"version {version}")
+    if flags & ~_KNOWN_FLAGS:
+        raise BadField(f"unknown flags {flags:#x}")
+    if flags & FLAG_MAC:
+        if len(data) < HEADER_LEN + MAC_LEN:
+            raise Truncated("no room for MAC")
+        tag = data[-MAC_LEN:]
+        data = data[:-MAC_LEN]
+        if key is not None and _mac(key, data) != tag:
+            raise BadMac("MAC does not verify")
+    elif key is not None:
+        raise Unauthenticated("datagram carries no MAC")
+    body = memoryview(data)[HEADER_LEN:]
+    multicast = bool(flags & FLAG_MULTICAST)
+    if mtype in (T_DATA, T_REPAIR):
+        return _decode_data(session, mtype, multicast, body)
+    if flags & FLAG_MULTICAST and mtype != T_PARITY:
+        raise BadField("multicast flag on a non-repair datagram")
+    if flags & FLAG_CLOSING and mtype != T_END:
+        raise BadField("closing flag on a non-END datagram")
+    if mtype == T_MANIFEST:
+        return _decode_manifest(session, body)
+    if mtype == T_NACK:
+        return _decode_nack(session, body)
+    if mtype == T_PARITY:
+        return _decode_parity(session, multicast, body)
+    if mtype == T_COMPLETE:
+        _exact(body, _COMPLETE.size)
+        rid, digest = _COMPLETE.unpack(body)
+        return Complete(session, rid, digest)
+    if mtype == T_COMPLETE_ACK:
+        _exact(body, _RID.size)
+        return CompleteAck(session, _RID.unpack(body)[0])
+    if mtype == T_HELLO:
+        _exact(body, _RID.size)
+        return Hello(session, _RID.unpack(body)[0])
+    if mtype == T_END:
+        _exact(body, _END.size)
+        total, hint = _END.unpack(body)
+        return End(session, total, hint, bool(flags & FLAG_CLOSING))
+    raise BadType(f"type {mtype}")
+
+
+def _exact(body: memoryview, size: int) -> None:
+    if len(body) < size:
+        raise Truncated("body too short")
+    if len(body) > size:
+        raise BadLength("trailing bytes")
+
+
+def _decode_data(session: int, mtype: int, multicast: bool, body: memoryview) -> Data:
+    if len(body) < _DATA.size:
+        raise Truncated("DATA header too short")
+    seq, chunk, offset, plen = _DATA.unpack_from(body)
+    if len(body) - _DATA.size != plen:
+        raise BadLength("payload length mismatch")
+    if plen == 0:
+        raise BadLength("empty payload")
+    if offset + plen > MAX_CHUNK_SIZE:
+        raise BadField("fragment beyond maximum chunk size")
+    if mtype == T_DATA and multicast:
+        raise BadField("multicast flag on DATA")
+    return Data(session, seq, chunk, offset, bytes(body[_DATA.size :]), mtype == T_REPAIR, multicast if mtype == T_REPAIR else True)
+
+
+def _unpack_array(body: memoryview, length: int) -> list:
+    obj = msgpack.unpackb(body, raw=False, strict_map_key=True, use_list=True)
+    if type(obj) is not list or len(obj) != length:
+        raise BadField("unexpected msgpack shape")
+    return obj
+
+
+def _decode_manifest(session: int, body: memoryview) -> Manifest:
+    fields = _unpack_array(body, 11)
+    file_size = _u(fields[0], MAX_FILE_SIZE)
+    chunk_size = _u(fields[1], MAX_CHUNK_SIZE)
+    payload_size = _u(fields[2], MAX_PAYLOAD)
+    chunk_count = _u(fields[3], 1 << 32)
+    file_digest = fields[4]
+    page_index = _u(fields[5], 1 << 32)
+    page_count = _u(fields[6], 1 << 32)
+    first_chunk = _u(fields[7], 1 << 32)
+    digests = fields[8]
+    name = fields[9]
+    hint = _u(fields[10], (1 << 32) - 1)
+    if chunk_size == 0 or payload_size == 0:
+        raise BadField("zero chunk or payload size")
+    if chunk_count != -(-file_size // chunk_size):
+        raise BadField("chunk count does not match file size")
+    if type(file_digest) is not bytes or len(file_digest) != FILE_DIGEST_LEN:
+        raise BadField("file digest")
+    if type(digests) is not bytes or len(digests) % CHUNK_DIGEST_LEN:
+        raise BadField("chunk digests")
+    if first_chunk + len(digests) // CHUNK_DIGEST_LEN > chunk_count:
+        raise BadField("digest page beyond chunk count")
+    if page_index >= page_count:
+        raise BadField("page index")
+    if type(name) is not str or len(name.encode()) > MAX_NAME_BYTES:
+        raise BadField("name")
+    return Manifest(
+        session, file_size, chunk_size, payload_size, chunk_count, file_digest,
+        page_index, page_count, first_chunk, digests, name, hint,
+    )
+
+
+def _decode_nack(session: int, body: memoryview) -> Nack:
+    fields = _unpack_array(body, 3)
+    rid = _u(fields[0])
+    loss = _u(fields[1], 1000)
+    values = fields[2]
+    if type(values) is not list or len(values) % 2:
+        raise BadField("NACK ranges")
+    ranges: list[tuple[int, int]] = []
+    pos = 0
+    for i in range(0, len(values), 2):
+        gap = _u(values[i])
+        length = _u(values[i + 1])
+        if length == 0 or (gap == 0 and i > 0):
+            raise BadField("NACK ranges not disjoint and non-empty")
+        start = pos + gap
+        end = start + length
+        if end > U64_MAX:
+            raise BadField("NACK range overflow")
+        ranges.append((start, end))
+        pos = end
+    return Nack(session, rid, tuple(ranges), loss)
+
+
+def _decode_parity(session: int, multicast: bool, body: memoryview) -> Parity:
+    if len(body) < _PARITY.size:
+        raise Truncated("PARITY header too short")
+    first, k, m, index, plen = _PARITY.unpack_from(body)
+    if len(body) - _PARITY.size != plen or plen == 0:
+        raise BadLength("parity payload length")
+    if k == 0 or m <= k or m > 256 or index < k or index >= m:
+        raise BadField("FEC parameters")
+    return Parity(session, first, k, m, index, bytes(body[_PARITY.size :]), multicast)

@@ -1,0 +1,695 @@
+"""A simulated OpenFlow 1.3 fabric: switches that apply the controller's real Ryu messages
+with OF1.3 semantics, wired as a ``Topology``, so tests can *trace a packet* and assert
+where copies arrive instead of asserting that some flow exists.
+
+The idea follows faucet's ``clib/fakeoftable.py``; unlike it, group types are simulated
+as the spec says (fast-failover takes the first live bucket, not every bucket), and a
+switch answers malformed requests with the ``OFError`` a real switch would send.
+
+Behaviour worth knowing (each is tested in ``test_fakeof.py``):
+
+* Lookup: highest priority wins; among *equal-priority overlapping* entries the one
+  installed first wins (OF1.3 leaves this undefined; an ADD that replaces an entry with
+  the same match and priority keeps the old entry's position).
+* ``DELETE``/``DELETE_STRICT`` honour ``out_port``/``out_group`` literally, as OVS does:
+  only ``OFPP_ANY``/``OFPG_ANY`` mean "no filter". Ryu's defaults are 0, so a delete built
+  without them removes nothing here, exactly as on a real switch.
+* A flow or bucket naming a group that does not exist is refused (``OFPBAC_BAD_OUT_GROUP``);
+  ipv4/ip_proto matches without the matching ``eth_type`` are refused (``OFPBMC_BAD_PREREQ``).
+* A packet is never sent back out its ingress port unless the action says ``OFPP_IN_PORT``.
+* SELECT groups pick the first live bucket (deterministic, where a real switch hashes).
+* Messages sent to a switch that is down are discarded (the connection is gone) and
+  counted in ``FakeFabric.discarded``; a switch coming back up has empty tables.
+"""
+
+from __future__ import annotations
+
+import collections
+import ipaddress
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, NamedTuple
+
+from ryu.ofproto import ofproto_v1_3 as ofp
+from ryu.ofproto import ofproto_v1_3_parser as parser
+
+from topologies.spec import Host, Topology
+
+# --------------------------------------------------------------------------- errors
+
+_CODE_PREFIX = {
+    ofp.OFPET_BAD_REQUEST: "OFPBRC_",
+    ofp.OFPET_BAD_ACTION: "OFPBAC_",
+    ofp.OFPET_BAD_INSTRUCTION: "OFPBIC_",
+    ofp.OFPET_BAD_MATCH: "OFPBMC_",
+    ofp.OFPET_FLOW_MOD_FAILED: "OFPFMFC_",
+    ofp.OFPET_GROUP_MOD_FAILED: "OFPGMFC_",
+}
+
+
+def _const_name(prefix: str, value: int) -> str:
+    for name in dir(ofp):
+        if name.startswith(prefix) and getattr(ofp, name) == value:
+            return name
+    return str(value)
+
+
+class OFError(Exception):
+    """What a real switch would answer with an OFPT_ERROR; ``type``/``code`` are the
+    ``ofp.OFPET_*`` / per-type code constants so tests compare against the spec's names."""
+
+    def __init__(self, type: int, code: int, detail: str = "", dpid: int | None = None) -> None:
+        self.type = type
+        self.code = code
+        self.detail = detail
+        self.dpid = dpid
+        super().__init__(str(self))
+
+    def __str__(self) -> str:
+        where = f"dpid {self.dpid}: " if self.dpid is not None else ""
+        prefix = _CODE_PREFIX.get(self.type)
+        code = _const_name(prefix, self.code) if prefix else str(self.code)
+        return (f"{where}{_const_name('OFPET_', self.type)}/{code}"
+                + (f": {self.detail}" if self.detail else ""))
+
+    def __repr__(self) -> str:
+        return f"OFError({self})"
+
+
+# --------------------------------------------------------------------------- match fields
+
+_IPV4_FIELDS = ("ipv4_src", "ipv4_dst")
+_MAC_FIELDS = ("eth_src", "eth_dst")
+_WIDTH = {"in_port": 32, "eth_type": 16, "ip_proto": 8, "ipv4_src": 32, "ipv4_dst": 32,
+          "eth_src": 48, "eth_dst": 48}
+#: Fields a traced packet carries; a flow matching any other field never matches it.
+MODELLED_FIELDS = frozenset(_WIDTH)
+_SETTABLE = frozenset(("ipv4_src", "ipv4_dst", "eth_src", "eth_dst", "ip_proto"))
+
+
+def _to_int(fname: str, value: Any) -> int:
+    if fname in _IPV4_FIELDS:
+        return int(ipaddress.IPv4Address(value))
+    if fname in _MAC_FIELDS:
+        return int(str(value).replace(":", "").replace("-", ""), 16)
+    return int(value)
+
+
+def _from_int(fname: str, value: int) -> Any:
+    if fname in _IPV4_FIELDS:
+        return str(ipaddress.IPv4Address(value))
+    if fname in _MAC_FIELDS:
+        return ":".join(f"{b:02x}" for b in value.to_bytes(6, "big"))
+    return value
+
+
+def _compile(fname: str, value: Any) -> tuple[Any, int | None]:
+    """Field value as ``(int value, int mask)``; unmodelled fields as ``(raw, None)``, which
+    only ever compare by equality."""
+    if fname not in _WIDTH:
+        return (value, None)
+    full = (1 << _WIDTH[fname]) - 1
+    if isinstance(value, tuple):
+        val, mask = _to_int(fname, value[0]), _to_int(fname, value[1])
+    else:
+        val, mask = _to_int(fname, value), full
+    return (val & mask, mask)
+
+
+def _readable(fname: str, compiled: tuple[Any, int | None]) -> Any:
+    """Canonical readable form stored in ``FlowEntry.match``: equal semantics, equal value."""
+    val, mask = compiled
+    if mask is None:
+        return val
+    if mask == (1 << _WIDTH[fname]) - 1:
+        return _from_int(fname, val)
+    return (_from_int(fname, val), _from_int(fname, mask))
+
+
+def _normalise_match(match: Any) -> dict[str, Any]:
+    if match is None:
+        return {}
+    items = match.items() if hasattr(match, "items") else dict(match).items()
+    return {k: _readable(k, _compile(k, v)) for k, v in items}
+
+
+def _check_prereqs(match: dict[str, Any]) -> None:
+    """OF1.3 §7.2.3.6: ipv4 fields need eth_type=IPv4, ip_proto needs an IP eth_type."""
+    eth_type = match.get("eth_type")
+    if any(f in match for f in _IPV4_FIELDS) and eth_type != 0x0800:
+        raise OFError(ofp.OFPET_BAD_MATCH, ofp.OFPBMC_BAD_PREREQ,
+                      f"ipv4 match without eth_type=0x0800: {match}")
+    if "ip_proto" in match and eth_type not in (0x0800, 0x86DD):
+        raise OFError(ofp.OFPET_BAD_MATCH, ofp.OFPBMC_BAD_PREREQ,
+                      f"ip_proto match without an IP eth_type: {match}")
+
+
+def _packet_matches(match: dict[str, Any], pkt: dict[str, int]) -> bool:
+    for fname, value in match.items():
+        if fname not in pkt:
+            return False
+        val, mask = _compile(fname, value)
+        if mask is None or (pkt[fname] & mask) != val:
+            return False
+    return True
+
+
+def _covers(general: dict[str, Any], specific: dict[str, Any]) -> bool:
+    """True if every packet matching ``specific`` matches ``general`` (non-strict
+    MODIFY/DELETE select entries this way)."""
+    for fname, value in general.items():
+        if fname not in specific:
+            return False
+        gv, gm = _compile(fname, value)
+        sv, sm = _compile(fname, specific[fname])
+        if gm is None or sm is None:
+            if (gv, gm) != (sv, sm):
+                return False
+        elif (sm & gm) != gm or (sv & gm) != gv:
+            return False
+    return True
+
+
+def _overlaps(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    for fname in a.keys() & b.keys():
+        av, am = _compile(fname, a[fname])
+        bv, bm = _compile(fname, b[fname])
+        if am is None or bm is None:
+            if (av, am) != (bv, bm):
+                return False
+        elif (av & am & bm) != (bv & am & bm):
+            return False
+    return True
+
+
+# --------------------------------------------------------------------------- actions
+
+Action = tuple  # ("output", port) | ("group", group_id) | ("set_field", field, value)
+Instruction = tuple  # ("apply", actions) | ("write", actions) | ("clear", ()) | ("goto", table)
+
+_RESERVED_OUT = frozenset((ofp.OFPP_IN_PORT, ofp.OFPP_FLOOD, ofp.OFPP_ALL, ofp.OFPP_CONTROLLER))
+_UNMODELLED_OUT = {ofp.OFPP_TABLE: "OFPP_TABLE", ofp.OFPP_NORMAL: "OFPP_NORMAL",
+                   ofp.OFPP_LOCAL: "OFPP_LOCAL"}
+
+
+def _normalise_actions(actions: Iterable[Any] | None) -> tuple[Action, ...]:
+    out: list[Action] = []
+    for act in actions or ():
+        if isinstance(act, parser.OFPActionOutput):
+            port = act.port
+            if port in _UNMODELLED_OUT:
+                raise TypeError(f"fake fabric does not model output to {_UNMODELLED_OUT[port]}")
+            if port == 0 or (port > ofp.OFPP_MAX and port not in _RESERVED_OUT):
+                raise OFError(ofp.OFPET_BAD_ACTION, ofp.OFPBAC_BAD_OUT_PORT, f"output to {port:#x}")
+            out.append(("output", port))
+        elif isinstance(act, parser.OFPActionGroup):
+            out.append(("group", act.group_id))
+        elif isinstance(act, parser.OFPActionSetField):
+            if act.key not in _SETTABLE:
+                raise TypeError(f"fake fabric does not model set_field {act.key}")
+            out.append(("set_field", act.key, _readable(act.key, _compile(act.key, act.value))))
+        else:
+            raise TypeError(f"fake fabric does not model action {type(act).__name__}")
+    return tuple(out)
+
+
+_INSTRUCTION_ORDER = {"apply": 0, "clear": 1, "write": 2, "goto": 3}  # OF1.3 §5.9
+
+
+def _normalise_instructions(instructions: Iterable[Any] | None) -> tuple[Instruction, ...]:
+    out: list[Instruction] = []
+    for ins in instructions or ():
+        if isinstance(ins, parser.OFPInstructionActions):
+            kind = {ofp.OFPIT_APPLY_ACTIONS: "apply", ofp.OFPIT_WRITE_ACTIONS: "write",
+                    ofp.OFPIT_CLEAR_ACTIONS: "clear"}[ins.type]
+            out.append((kind, _normalise_actions(ins.actions)))
+        elif isinstance(ins, parser.OFPInstructionGotoTable):
+            out.append(("goto", ins.table_id))
+        else:
+            raise TypeError(f"fake fabric does not model instruction {type(ins).__name__}")
+    kinds = [i[0] for i in out]
+    if len(set(kinds)) != len(kinds):
+        raise OFError(ofp.OFPET_BAD_INSTRUCTION, ofp.OFPBIC_DUP_INST, f"{kinds}")
+    return tuple(sorted(out, key=lambda i: _INSTRUCTION_ORDER[i[0]]))
+
+
+def _actions_of(instructions: Iterable[Instruction]) -> Iterable[Action]:
+    for kind, payload in instructions:
+        if kind in ("apply", "write"):
+            yield from payload
+
+
+def _sort_key(obj: Any) -> str:
+    return repr(obj)
+
+
+# --------------------------------------------------------------------------- tables
+
+class FlowEntry(NamedTuple):
+    """One installed flow. ``match`` holds canonical readable values ('10.0.0.1', or
+    (value, mask) when masked); ``instructions`` are normalised tuples such as
+    ``(("apply", (("group", 7),)),)`` so tests can read them and snapshots can compare them."""
+
+    priority: int
+    match: dict[str, Any]
+    instructions: tuple[Instruction, ...]
+    cookie: int
+    table_id: int
+
+    def key(self) -> tuple:
+        return (self.table_id, self.priority, tuple(sorted(self.match.items())),
+                self.instructions, self.cookie)
+
+
+class Bucket(NamedTuple):
+    actions: tuple[Action, ...]
+    watch_port: int = ofp.OFPP_ANY
+    watch_group: int = ofp.OFPG_ANY
+    weight: int = 0
+
+
+class GroupEntry(NamedTuple):
+    type: int
+    buckets: tuple[Bucket, ...]
+
+
+@dataclass
+class _Result:
+    """What one switch did with one packet: (port, packet) outputs before port resolution."""
+
+    outputs: list[tuple[int, dict[str, int]]] = field(default_factory=list)
+    misses: int = 0
+    notes: list[str] = field(default_factory=list)
+
+
+class FakeSwitch:
+    """Flow and group tables of one switch, changed only through OpenFlow messages.
+
+    ``port_live`` tells fast-failover/select groups whether a watched port is up; the
+    fabric supplies it, a standalone switch treats every port as live."""
+
+    _IGNORED = (parser.OFPBarrierRequest, parser.OFPEchoRequest, parser.OFPFeaturesRequest,
+                parser.OFPGetConfigRequest, parser.OFPSetConfig, parser.OFPSetAsync,
+                parser.OFPGetAsyncRequest, parser.OFPRoleRequest, parser.OFPMultipartRequest)
+
+    def __init__(self, dpid: int, port_live: Callable[[int], bool] | None = None) -> None:
+        self.dpid = dpid
+        self.flows: list[FlowEntry] = []
+        self.groups: dict[int, GroupEntry] = {}
+        self.up = True
+        self._port_live = port_live or (lambda port: True)
+
+    def reset(self) -> None:
+        """Empty every table, as a rebooted switch is."""
+        self.flows = []
+        self.groups = {}
+
+    # ---- messages
+
+    def apply(self, msg: Any) -> None:
+        """Apply one message atomically: on ``OFError`` the tables are unchanged."""
+        try:
+            if isinstance(msg, parser.OFPFlowMod):
+                self._flow_mod(msg)
+            elif isinstance(msg, parser.OFPGroupMod):
+                self._group_mod(msg)
+            elif isinstance(msg, self._IGNORED):
+                return
+            else:
+                raise TypeError(f"fake switch does not model {type(msg).__name__}")
+        except OFError as err:
+            err.dpid = self.dpid
+            raise
+
+    def _check_groups_exist(self, actions: Iterable[Action], groups: dict[int, GroupEntry]) -> None:
+        for act in actions:
+            if act[0] == "group" and act[1] not in groups:
+                raise OFError(ofp.OFPET_BAD_ACTION, ofp.OFPBAC_BAD_OUT_GROUP,
+                              f"group {act[1]} does not exist")
+
+    def _selected(self, msg: Any, match: dict[str, Any], strict: bool) -> list[int]:
+        """Indices of entries a MODIFY/DELETE addresses (table, match, cookie, out filters)."""
+        hits = []
+        for i, entry in enumerate(self.flows):
+            if msg.table_id != ofp.OFPTT_ALL and entry.table_id != msg.table_id:
+                continue
+            if (entry.cookie & msg.cookie_mask) != (msg.cookie & msg.cookie_mask):
+                continue
+            if strict:
+                if entry.priority != msg.priority or entry.match != match:
+                    continue
+            elif not _covers(match, entry.match):
+                continue
+            if msg.command in (ofp.OFPFC_DELETE, ofp.OFPFC_DELETE_STRICT):
+                acts = list(_actions_of(entry.instructions))
+                if msg.out_port != ofp.OFPP_ANY and ("output", msg.out_port) not in acts:
+                    continue
+                if msg.out_group != ofp.OFPG_ANY and ("group", msg.out_group) not in acts:
+                    continue
+            hits.append(i)
+        return hits
+
+    def _flow_mod(self, msg: Any) -> None:
+        match = _normalise_match(msg.match)
+        _check_prereqs(match)
+        cmd = msg.command
+        if cmd in (ofp.OFPFC_DELETE, ofp.OFPFC_DELETE_STRICT):
+            doomed = set(self._selected(msg, match, cmd == ofp.OFPFC_DELETE_STRICT))
+            self.flows = [e for i, e in enumerate(self.flows) if i not in doomed]
+            return
+        if cmd not in (ofp.OFPFC_ADD, ofp.OFPFC_MODIFY, ofp.OFPFC_MODIFY_STRICT):
+            raise OFError(ofp.OFPET_FLOW_MOD_FAILED, ofp.OFPFMFC_BAD_COMMAND, f"command {cmd}")
+        if msg.table_id > ofp.OFPTT_MAX:
+            raise OFError(ofp.OFPET_FLOW_MOD_FAILED, ofp.OFPFMFC_BAD_TABLE_ID,
+                          f"table {msg.table_id} is only valid for deletes")
+        instructions = _normalise_instructions(msg.instructions)
+        for kind, payload in instructions:
+            if kind == "goto" and payload <= msg.table_id:
+                raise OFError(ofp.OFPET_BAD_INSTRUCTION, ofp.OFPBIC_BAD_TABLE_ID,
+                              f"goto {payload} from table {msg.table_id}")
+        self._check_groups_exist(_actions_of(instructions), self.groups)
+        if cmd != ofp.OFPFC_ADD:
+            # OF1.3: modify changes instructions only (cookie kept) and never adds.
+            for i in self._selected(msg, match, cmd == ofp.OFPFC_MODIFY_STRICT):
+                self.flows[i] = self.flows[i]._replace(instructions=instructions)
+            return
+        new = FlowEntry(msg.priority, match, instructions, msg.cookie, msg.table_id)
+        for i, entry in enumerate(self.flows):
+            if (entry.table_id, entry.priority, entry.match) == (new.table_id, new.priority, match):
+                self.flows[i] = new  # identical match+priority: replaced in place
+                return
+        if msg.flags & ofp.OFPFF_CHECK_OVERLAP:
+            for entry in self.flows:
+                if (entry.table_id == new.table_id and entry.priority == new.priority
+                        and _overlaps(entry.match, match)):
+                    raise OFError(ofp.OFPET_FLOW_MOD_FAILED, ofp.OFPFMFC_OVERLAP, f"{match}")
+        self.flows.append(new)
+
+    def _group_mod(self, msg: Any) -> None:
+        gid, cmd = msg.group_id, msg.command
+        if cmd == ofp.OFPGC_DELETE:
+            gone = set(self.groups) if gid == ofp.OFPG_ALL else {gid} & set(self.groups)
+            for g in gone:
+                del self.groups[g]
+            # OF1.3 §6.5: flows forwarding to a deleted group are removed too.
+            self.flows = [e for e in self.flows
+                          if not any(a[0] == "group" and a[1] in gone
+                                     for a in _actions_of(e.instructions))]
+            return
+        if cmd not in (ofp.OFPGC_ADD, ofp.OFPGC_MODIFY):
+            raise OFError(ofp.OFPET_GROUP_MOD_FAILED, ofp.OFPGMFC_BAD_COMMAND, f"command {cmd}")
+        if gid > ofp.OFPG_MAX:
+            raise OFError(ofp.OFPET_GROUP_MOD_FAILED, ofp.OFPGMFC_INVALID_GROUP, f"group {gid:#x}")
+        if msg.type not in (ofp.OFPGT_ALL, ofp.OFPGT_SELECT, ofp.OFPGT_INDIRECT, ofp.OFPGT_FF):
+            raise OFError(ofp.OFPET_GROUP_MOD_FAILED, ofp.OFPGMFC_BAD_TYPE, f"type {msg.type}")
+        if cmd == ofp.OFPGC_ADD and gid in self.groups:
+            raise OFError(ofp.OFPET_GROUP_MOD_FAILED, ofp.OFPGMFC_GROUP_EXISTS, f"group {gid}")
+        if cmd == ofp.OFPGC_MODIFY and gid not in self.groups:
+            raise OFError(ofp.OFPET_GROUP_MOD_FAILED, ofp.OFPGMFC_UNKNOWN_GROUP, f"group {gid}")
+        buckets = tuple(Bucket(_normalise_actions(b.actions), b.watch_port, b.watch_group,
+                               b.weight) for b in msg.buckets or ())
+        if msg.type == ofp.OFPGT_INDIRECT and len(buckets) != 1:
+            raise OFError(ofp.OFPET_GROUP_MOD_FAILED, ofp.OFPGMFC_INVALID_GROUP,
+                          f"indirect group {gid} needs exactly one bucket, got {len(buckets)}")
+        for b in buckets:
+            self._check_groups_exist(b.actions, self.groups)
+            if b.watch_group != ofp.OFPG_ANY and b.watch_group not in self.groups:
+                raise OFError(ofp.OFPET_GROUP_MOD_FAILED, ofp.OFPGMFC_INVALID_GROUP,
+                              f"watch_group {b.watch_group} does not exist")
+        self.groups[gid] = GroupEntry(msg.type, buckets)
+
+    # ---- state
+
+    def snapshot(self) -> tuple:
+        """Tables as a comparable value, independent of installation order."""
+        flows = tuple(sorted((e.key() for e in self.flows), key=_sort_key))
+        return (flows, tuple(sorted(self.groups.items())))
+
+    # ---- forwarding
+
+    def _bucket_live(self, bucket: Bucket, depth: int = 0) -> bool:
+        # As OVS does: a bucket watching nothing is live.
+        if bucket.watch_port == ofp.OFPP_ANY and bucket.watch_group == ofp.OFPG_ANY:
+            return True
+        if bucket.watch_port != ofp.OFPP_ANY and self._port_live(bucket.watch_port):
+            return True
+        return bucket.watch_group != ofp.OFPG_ANY and self._group_live(bucket.watch_group, depth)
+
+    def _group_live(self, gid: int, depth: int = 0) -> bool:
+        group = self.groups.get(gid)
+        if group is None or depth > 16:
+            return False
+        return any(self._bucket_live(b, depth + 1) for b in group.buckets)
+
+    def _run_actions(self, actions: Iterable[Action], pkt: dict[str, int], res: _Result,
+                     depth: int) -> None:
+        for act in actions:
+            if act[0] == "output":
+                res.outputs.append((act[1], dict(pkt)))
+            elif act[0] == "group":
+                self._run_group(act[1], dict(pkt), res, depth + 1)
+            else:
+                pkt[act[1]] = _compile(act[1], act[2])[0]
+
+    def _run_group(self, gid: int, pkt: dict[str, int], res: _Result, depth: int) -> None:
+        group = self.groups.get(gid)
+        if group is None:
+            res.notes.append(f"s{self.dpid}: group {gid} missing, dropped")
+            return
+        if depth > 16:
+            res.notes.append(f"s{self.dpid}: group chain too deep at {gid}, dropped")
+            return
+        if group.type == ofp.OFPGT_ALL:
+            chosen = list(group.buckets)
+        elif group.type == ofp.OFPGT_INDIRECT:
+            chosen = list(group.buckets[:1])
+        else:  # FF and SELECT: the first live bucket (SELECT: deterministic stand-in for hashing)
+            chosen = [b for b in group.buckets if self._bucket_live(b)][:1]
+            if not chosen:
+                res.notes.append(f"s{self.dpid}: group {gid} has no live bucket, dropped")
+        for b in chosen:
+            self._run_actions(b.actions, dict(pkt), res, depth)
+
+    def process(self, pkt: dict[str, int]) -> _Result:
+        """Run one packet (``pkt['in_port']`` set) through the pipeline from table 0."""
+        res = _Result()
+        pkt = dict(pkt)
+        action_set: dict[Any, Action] = {}
+        table = 0
+        while True:
+            entry = self._lookup(table, pkt)
+            if entry is None:
+                res.misses += 1
+                res.notes.append(f"s{self.dpid}: table {table} miss for {describe(pkt)}")
+                return res
+            goto = None
+            for kind, payload in entry.instructions:
+                if kind == "apply":
+                    self._run_actions(payload, pkt, res, 0)
+                elif kind == "clear":
+                    action_set.clear()
+                elif kind == "write":
+                    for act in payload:
+                        action_set[act[1] if act[0] == "set_field" else act[0]] = act
+                else:
+                    goto = payload
+            if goto is None:
+                break
+            table = goto
+        sets = [a for a in action_set.values() if a[0] == "set_field"]
+        self._run_actions(sets, pkt, res, 0)
+        if "group" in action_set:  # OF1.3 §5.10: a group in the set overrides output
+            self._run_actions([action_set["group"]], pkt, res, 0)
+        elif "output" in action_set:
+            self._run_actions([action_set["output"]], pkt, res, 0)
+        return res
+
+    def _lookup(self, table: int, pkt: dict[str, int]) -> FlowEntry | None:
+        best: FlowEntry | None = None
+        for entry in self.flows:  # strict ">" keeps the first-installed among equals
+            if entry.table_id == table and (best is None or entry.priority > best.priority) \
+                    and _packet_matches(entry.match, pkt):
+                best = entry
+        return best
+
+
+# --------------------------------------------------------------------------- fabric
+
+def describe(pkt: dict[str, int]) -> str:
+    return " ".join(f"{k}={_from_int(k, v)}" for k, v in sorted(pkt.items()))
+
+
+@dataclass
+class Trace:
+    """Where the copies of one injected packet went."""
+
+    #: host IP -> copies that reached its port (whatever their destination; the source too)
+    delivered: collections.Counter[str] = field(default_factory=collections.Counter)
+    #: directed (from dpid, to dpid) -> copies that crossed that link
+    link_copies: collections.Counter[tuple[int, int]] = field(default_factory=collections.Counter)
+    loops: bool = False
+    dropped_at: list[int] = field(default_factory=list)
+    #: dpid -> copies sent to OFPP_CONTROLLER (never counted as delivered)
+    to_controller: collections.Counter[int] = field(default_factory=collections.Counter)
+    #: human-readable notes (drops, misses, loops): put ``trace.log`` in assert messages
+    log: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class _Copy:
+    dpid: int
+    pkt: tuple[tuple[str, int], ...]  # includes in_port
+    path: frozenset  # (dpid, pkt) pairs this copy's ancestors were processed at
+    hops: int
+
+
+class FakeFabric:
+    """Switches of a ``Topology`` joined by its links, with hosts on their ports."""
+
+    def __init__(self, topology: Topology) -> None:
+        self.topology = topology
+        self.switches: dict[int, FakeSwitch] = {
+            dpid: FakeSwitch(dpid, port_live=lambda port, d=dpid: self.port_live(d, port))
+            for dpid in topology.switches}
+        self.hosts: dict[str, Host] = {h.ip: h for h in topology.hosts}
+        # (dpid, port) -> Host, or (peer dpid, peer port)
+        self._attached: dict[tuple[int, int], Host | tuple[int, int]] = {}
+        self._link_up: dict[frozenset[int], bool] = {}
+        for link in topology.links:
+            self._attached[(link.a, link.a_port)] = (link.b, link.b_port)
+            self._attached[(link.b, link.b_port)] = (link.a, link.a_port)
+            self._link_up[frozenset((link.a, link.b))] = True
+        for h in topology.hosts:
+            self._attached[(h.dpid, h.port)] = h
+        #: dpid -> messages discarded because the switch was down
+        self.discarded: collections.Counter[int] = collections.Counter()
+
+    # ---- control
+
+    def apply(self, dpid: int, msg: Any) -> None:
+        sw = self.switches[dpid]
+        if not sw.up:
+            self.discarded[dpid] += 1
+            return
+        sw.apply(msg)
+
+    def apply_all(self, msgs: Iterable[tuple[int, Any]]) -> list[OFError]:
+        """Apply in order; a switch's error does not stop later messages (as on the wire)."""
+        errors: list[OFError] = []
+        for dpid, msg in msgs:
+            try:
+                self.apply(dpid, msg)
+            except OFError as err:
+                errors.append(err)
+        return errors
+
+    def set_link(self, a: int, b: int, up: bool) -> None:
+        key = frozenset((a, b))
+        if key not in self._link_up:
+            raise KeyError(f"no link between {a} and {b} in {self.topology.name}")
+        self._link_up[key] = up
+
+    def set_switch(self, dpid: int, up: bool) -> None:
+        """Down: forwards nothing and its links are dead. Up again: rebooted, empty tables."""
+        sw = self.switches[dpid]
+        if up and not sw.up:
+            sw.reset()
+        sw.up = up
+
+    def port_live(self, dpid: int, port: int) -> bool:
+        """A host port is live while its switch is; a link port while the link and both ends are."""
+        peer = self._attached.get((dpid, port))
+        if peer is None or not self.switches[dpid].up:
+            return False
+        if isinstance(peer, Host):
+            return True
+        return self._link_up[frozenset((dpid, peer[0]))] and self.switches[peer[0]].up
+
+    def snapshot(self) -> tuple:
+        return (tuple((dpid, sw.up, sw.snapshot()) for dpid, sw in sorted(self.switches.items())),
+                tuple(sorted((tuple(sorted(k)), v) for k, v in self._link_up.items())))
+
+    # ---- data plane
+
+    def _headers(self, src: Host, dst_ip: str, eth_type: int, ip_proto: int) -> dict[str, int]:
+        dst_addr = ipaddress.IPv4Address(dst_ip)
+        if dst_addr.is_multicast:  # RFC 1112: 01:00:5e + low 23 bits of the group
+            eth_dst = 0x01005E000000 | (int(dst_addr) & 0x7FFFFF)
+        elif dst_ip in self.hosts:
+            eth_dst = _to_int("eth_dst", self.hosts[dst_ip].mac)
+        else:
+            eth_dst = 0xFFFFFFFFFFFF
+        pkt = {"in_port": src.port, "eth_type": eth_type, "eth_src": _to_int("eth_src", src.mac),
+               "eth_dst": eth_dst}
+        if eth_type in (0x0800, 0x86DD):
+            pkt["ip_proto"] = ip_proto
+        if eth_type == 0x0800:
+            pkt["ipv4_src"] = _to_int("ipv4_src", src.ip)
+            pkt["ipv4_dst"] = int(dst_addr)
+        return pkt
+
+    def trace(self, src_ip: str, dst_ip: str, eth_type: int = 0x0800, ip_proto: int = 17,
+              max_hops: int = 64, max_copies: int = 100_000) -> Trace:
+        """Inject one packet at ``src_ip``'s port and follow every copy to its end.
+
+        A copy that revisits a (switch, in_port) with the same headers, or crosses more than
+        ``max_hops`` switches, ends and sets ``loops``; so does exhausting ``max_copies``."""
+        src = self.hosts[src_ip]
+        result = Trace()
+        start = self._headers(src, dst_ip, eth_type, ip_proto)
+        queue = deque([_Copy(src.dpid, tuple(sorted(start.items())), frozenset(), 0)])
+        processed = 0
+        while queue:
+            copy = queue.popleft()
+            processed += 1
+            if processed > max_copies:
+                result.loops = True
+                result.log.append(f"gave up after {max_copies} copies (a storm)")
+                break
+            sw = self.switches[copy.dpid]
+            if not sw.up:
+                result.log.append(f"s{copy.dpid} is down: copy lost")
+                continue
+            here = (copy.dpid, copy.pkt)
+            if here in copy.path or copy.hops >= max_hops:
+                result.loops = True
+                result.log.append(f"loop at s{copy.dpid}: {describe(dict(copy.pkt))}")
+                continue
+            pkt = dict(copy.pkt)
+            in_port = pkt["in_port"]
+            res = sw.process(pkt)
+            result.log.extend(res.notes)
+            result.dropped_at.extend([copy.dpid] * res.misses)
+            path = copy.path | {here}
+            for port, out in res.outputs:
+                if port == ofp.OFPP_CONTROLLER:
+                    result.to_controller[copy.dpid] += 1
+                    continue
+                if port in (ofp.OFPP_FLOOD, ofp.OFPP_ALL):
+                    ports = sorted(p for (d, p) in self._attached
+                                   if d == copy.dpid and p != in_port and self.port_live(d, p))
+                elif port == ofp.OFPP_IN_PORT:
+                    ports = [in_port]
+                elif port == in_port:
+                    result.log.append(f"s{copy.dpid}: output to ingress port {port} "
+                                      "without OFPP_IN_PORT: dropped")
+                    continue
+                else:
+                    ports = [port]
+                for p in ports:
+                    self._emit(copy.dpid, p, out, path, copy.hops + 1, result, queue)
+        return result
+
+    def _emit(self, dpid: int, port: int, pkt: dict[str, int], path: frozenset, hops: int,
+              result: Trace, queue: deque) -> None:
+        peer = self._attached.get((dpid, port))
+        if peer is None:
+            result.log.append(f"s{dpid}: output to unused port {port}: dropped")
+        elif isinstance(peer, Host):
+            result.delivered[peer.ip] += 1
+        elif not self.port_live(dpid, port):
+            result.log.append(f"s{dpid}: port {port} to s{peer[0]} is down: dropped")
+        else:
+            result.link_copies[(dpid, peer[0])] += 1
+            moved = dict(pkt, in_port=peer[1])
+            queue.append(_Copy(peer[0], tuple(sorted(moved.items())), path, hops))

@@ -1,0 +1,131 @@
+"""The socket layer and CLI on loopback only (interface 127.0.0.1, TTL 0)."""
+
+from __future__ import annotations
+
+import os
+import json
+import random
+import socket
+import struct
+import subprocess
+import sys
+
+import pytest
+
+from hostagent.cli import main
+from hostagent.net import FileSink, FileSource, parse_group
+
+LOOPBACK = "127.0.0.1"
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.bind((LOOPBACK, 0))
+        return probe.getsockname()[1]
+
+
+def _loopback_multicast_works(group: str, port: int) -> bool:
+    try:
+        rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        rx.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        rx.bind((group, port))
+        mreq = struct.pack("4s4s4s", socket.inet_aton(group), socket.inet_aton(LOOPBACK), socket.inet_aton(LOOPBACK))
+        rx.setsockopt(socket.IPPROTO_IP, 39, mreq)
+        rx.settimeout(1.0)
+        tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        tx.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_IF, socket.inet_aton(LOOPBACK))
+        tx.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_TTL, 0)
+        tx.bind((LOOPBACK, 0))
+        tx.sendto(b"probe", (group, port))
+        ok = rx.recvfrom(16)[0] == b"probe"
+        rx.close()
+        tx.close()
+        return ok
+    except OSError:
+        return False
+
+
+def _cli(*args: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "hostagent.cli", *args],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+    )
+
+
+def test_send_and_receive_over_loopback_multicast(tmp_path) -> None:
+    group = f"239.255.{random.randint(1, 254)}.{random.randint(1, 254)}"
+    port = _free_port()
+    if not _loopback_multicast_works(group, port):
+        pytest.skip("multicast on the loopback interface is not available here")
+    model = tmp_path / "model.bin"
+    model.write_bytes(random.Random(4).randbytes(1_500_000))
+    addr = f"{group}:{port}"
+    common = ["--group", addr, "--interface", LOOPBACK, "--json"]
+    receivers = [
+        _cli("recv", *common, "--source", LOOPBACK, "--out", str(tmp_path / f"out{i}.bin"), "--timeout", "20")
+        for i in range(2)
+    ]
+    try:
+        import time
+
+        time.sleep(0.5)  # let the receivers join before the stream starts (not a pass/fail timing)
+        sender = _cli("send", str(model), *common, "--ttl", "0", "--receivers", "2", "--rate", "200",
+                      "--chunk-size", "65536", "--timeout", "20")
+        out, err = sender.communicate(timeout=60)
+        results = [json.loads(r.communicate(timeout=60)[0]) for r in receivers]
+    finally:
+        for proc in receivers:
+            if proc.poll() is None:
+                proc.kill()
+    assert sender.returncode == 0, err
+    summary = json.loads(out)
+    assert summary["ok"] and len(summary["completed"]) == 2
+    for i, (proc, result) in enumerate(zip(receivers, results)):
+        assert proc.returncode == 0
+        assert result["ok"] and result["file_digest"] == summary["file_digest"]
+        assert (tmp_path / f"out{i}.bin").read_bytes() == model.read_bytes()
+        assert not (tmp_path / f"out{i}.bin.modelcast-state").exists()
+
+
+def test_cli_errors_are_one_line_and_nonzero(tmp_path, capsys) -> None:
+    assert main(["send", str(tmp_path / "missing.bin"), "--group", "239.1.2.3:5000"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no such file" in err
+
+    model = tmp_path / "m.bin"
+    model.write_bytes(b"x" * 10)
+    for bad in ("10.0.0.1:5000", "239.1.2.3", "239.1.2.3:99999", "nonsense:5000"):
+        assert main(["send", str(model), "--group", bad]) == 1
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.startswith("modelcast: error:")
+
+    assert main(["recv", "--group", "239.1.2.3:5000", "--source", "127.0.0.1",
+                 "--out", str(tmp_path / "no" / "such" / "dir" / "out.bin")]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "cannot write" in err
+    assert main(["recv", "--group", "239.1.2.3:5000", "--source", "not-an-ip", "--out", str(tmp_path / "o")]) == 1
+
+
+def test_parse_group_accepts_only_multicast() -> None:
+    assert parse_group("232.1.2.3:7000") == ("232.1.2.3", 7000)
+    with pytest.raises(ValueError):
+        parse_group("127.0.0.1:7000")
+
+
+def test_file_source_and_sink_positional_io(tmp_path) -> None:
+    path = tmp_path / "f.bin"
+    path.write_bytes(bytes(range(256)) * 4)
+    src = FileSource(str(path))
+    assert src.size == 1024 and src.read(250, 10) == bytes(range(250, 256)) + bytes(range(4))
+    src.close()
+    sink = FileSink(str(tmp_path / "o.bin"))
+    sink.write(10, b"late")
+    sink.write(0, b"early")
+    sink.save_state(b"state")
+    assert sink.load_state() == b"state"
+    assert sink.read(0, 5) == b"early" and sink.read(10, 4) == b"late"
+    sink.finish(14)
+    assert sink.load_state() is None
+    sink.close()
+    assert (tmp_path / "o.bin").stat().st_size == 14

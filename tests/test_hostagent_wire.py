@@ -1,0 +1,166 @@
+"""The decoder is the attack surface: it must round-trip what we send and refuse
+everything else with a WireError (never another exception)."""
+
+import struct
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from hostagent import wire
+from hostagent.wire import (
+    Complete, CompleteAck, Data, End, Hello, Manifest, Nack, Parity, WireError,
+    decode, encode,
+)
+
+KEY = wire.derive_key(b"test secret")
+u64 = st.integers(0, wire.U64_MAX)
+u32 = st.integers(0, (1 << 32) - 1)
+
+
+@st.composite
+def manifests(draw):
+    chunk_size = draw(st.integers(1, 1 << 20))
+    chunk_count = draw(st.integers(0, 50))
+    file_size = 0 if chunk_count == 0 else draw(
+        st.integers((chunk_count - 1) * chunk_size + 1, chunk_count * chunk_size))
+    first = draw(st.integers(0, chunk_count))
+    n = draw(st.integers(0, chunk_count - first))
+    page_count = draw(st.integers(1, 100))
+    return Manifest(
+        session=draw(u64), file_size=file_size, chunk_size=chunk_size,
+        payload_size=draw(st.integers(1, 9000)), chunk_count=chunk_count,
+        file_digest=draw(st.binary(min_size=32, max_size=32)),
+        page_index=draw(st.integers(0, page_count - 1)), page_count=page_count,
+        first_chunk=first, digests=draw(st.binary(min_size=16 * n, max_size=16 * n)),
+        name=draw(st.text(max_size=40)), receivers_hint=draw(u32),
+    )
+
+
+@st.composite
+def nack_ranges(draw):
+    points = sorted(draw(st.sets(st.integers(0, 1 << 40), max_size=40)))
+    ranges = []
+    for i in range(0, len(points) - 1, 2):
+        ranges.append((points[i], points[i + 1]))
+    # Canonical form: non-adjacent.
+    merged = []
+    for s, e in ranges:
+        if merged and merged[-1][1] == s:
+            merged[-1] = (merged[-1][0], e)
+        else:
+            merged.append((s, e))
+    return tuple(merged)
+
+
+@st.composite
+def datas(draw):
+    repair = draw(st.booleans())
+    return Data(
+        session=draw(u64), seq=draw(u64), chunk=draw(u32),
+        offset=draw(st.integers(0, 1 << 20)), payload=draw(st.binary(min_size=1, max_size=1500)),
+        repair=repair, multicast=draw(st.booleans()) if repair else True,
+    )
+
+
+messages = st.one_of(
+    datas(),
+    manifests(),
+    st.builds(Nack, session=u64, receiver_id=u64, ranges=nack_ranges(), loss_permille=st.integers(0, 1000)),
+    st.builds(Complete, session=u64, receiver_id=u64, file_digest=st.binary(min_size=32, max_size=32)),
+    st.builds(CompleteAck, session=u64, receiver_id=u64),
+    st.builds(Hello, session=u64, receiver_id=u64),
+    st.builds(End, session=u64, total_seq=u64, receivers_hint=u32, closing=st.booleans()),
+    st.builds(lambda s, f, k, extra, i, p, mc: Parity(s, f, k, k + extra, k + i % extra, p, mc),
+              u64, u64, st.integers(1, 100), st.integers(1, 100), st.integers(0, 1000),
+              st.binary(min_size=1, max_size=1400), st.booleans()),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(messages, st.booleans())
+def test_round_trip(msg, keyed) -> None:
+    key = KEY if keyed else None
+    assert decode(encode(msg, key), key) == msg
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.binary(max_size=2000))
+def test_random_bytes_only_raise_wire_error(data) -> None:
+    for key in (None, KEY):
+        try:
+            decode(data, key)
+        except WireError:
+            pass
+
+
+@settings(max_examples=500, deadline=None)
+@given(messages, st.data())
+def test_mutated_datagrams_only_raise_wire_error(msg, data) -> None:
+    raw = bytearray(encode(msg))
+    kind = data.draw(st.sampled_from(["flip", "truncate", "extend", "splice"]))
+    if kind == "flip" and raw:
+        for _ in range(data.draw(st.integers(1, 4))):
+            i = data.draw(st.integers(0, len(raw) - 1))
+            raw[i] ^= data.draw(st.integers(1, 255))
+    elif kind == "truncate":
+        raw = raw[: data.draw(st.integers(0, len(raw)))]
+    elif kind == "extend":
+        raw += data.draw(st.binary(min_size=1, max_size=50))
+    else:
+        i = data.draw(st.integers(0, len(raw)))
+        raw[i:i] = data.draw(st.binary(min_size=1, max_size=20))
+    try:
+        decode(bytes(raw))
+    except WireError:
+        pass
+
+
+@settings(max_examples=200, deadline=None)
+@given(messages, st.data())
+def test_any_tampering_fails_the_mac(msg, data) -> None:
+    raw = bytearray(encode(msg, KEY))
+    i = data.draw(st.integers(0, len(raw) - 1))
+    raw[i] ^= data.draw(st.integers(1, 255))
+    with pytest.raises(WireError):
+        decode(bytes(raw), KEY)
+
+
+def test_specific_refusals_name_their_reason() -> None:
+    good = encode(Data(7, 1, 0, 0, b"abc"))
+    assert decode(good).payload == b"abc"
+    cases = {
+        "truncated": good[:10],
+        "bad_length": good[:-1],
+        "oversized": good + b"\0" * wire.MAX_DATAGRAM,
+        "bad_version": good[:2] + b"\x09" + good[3:],
+        "bad_type": good[:3] + b"\x63" + good[4:],
+        "bad_magic": b"XX" + good[2:],
+    }
+    for reason, raw in cases.items():
+        with pytest.raises(WireError) as info:
+            decode(raw)
+        assert info.value.reason == reason, reason
+    with pytest.raises(WireError) as info:
+        decode(good, KEY)
+    assert info.value.reason == "unauthenticated"
+    forged = encode(Data(7, 1, 0, 0, b"abc"), wire.derive_key(b"other"))
+    with pytest.raises(WireError) as info:
+        decode(forged, KEY)
+    assert info.value.reason == "bad_mac"
+
+
+def test_data_is_a_fixed_header_plus_raw_payload() -> None:
+    payload = bytes(range(200))
+    raw = encode(Data(1, 2, 3, 4, payload))
+    assert len(raw) == wire.DATA_HEADER_LEN + len(payload)
+    assert raw[-len(payload):] == payload
+    assert struct.unpack_from("!QIIH", raw, wire.HEADER_LEN) == (2, 3, 4, len(payload))
+
+
+def test_nack_is_capped_to_one_datagram() -> None:
+    ranges = [(i * 1000, i * 1000 + 3) for i in range(10_000)]
+    n = wire.nack_fit(ranges, 1400, keyed=True)
+    assert 100 < n < 10_000
+    raw = encode(Nack(1, 2, tuple(ranges[:n])), KEY)
+    assert len(raw) <= 1400
+    assert len(encode(Nack(1, 2, tuple(ranges[: n + 1])), KEY)) > 1400 - 30
