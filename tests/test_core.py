@@ -3,6 +3,7 @@ emits are applied to fake switches and packets are traced through them."""
 
 from __future__ import annotations
 
+import os
 import random
 from collections import Counter
 
@@ -93,9 +94,12 @@ def apply(fabric: FakeFabric, plan) -> None:
 
 
 def our_state(fabric: FakeFabric) -> list:
-    """Flows and groups of ours on any switch, excluding the per-switch base flows."""
+    """Flows and groups of ours on any live switch (a down one returns empty), excluding
+    the per-switch base flows."""
     left = []
     for dpid, sw in fabric.switches.items():
+        if not sw.up:
+            continue
         left += [(dpid, f) for f in sw.flows
                  if f.cookie & ofmsgs.COOKIE_MASK == ofmsgs.COOKIE_TAG and f.cookie != ofmsgs.COOKIE_TAG]
         left += [(dpid, gid) for gid in sw.groups]
@@ -376,11 +380,13 @@ class FabricMachine(RuleBasedStateMachine):
             self.fabric.set_switch(dpid, True)  # comes back rebooted, with empty tables
             apply(self.fabric, self.core.switch_enter(dpid))
             apply(self.fabric, ofmsgs_base(dpid))
-            # its ports came back up too
+            # it reports its ports' state, and its neighbours see their ports to it come up
             for k in self.topo.links:
-                for d, p in ((k.a, k.a_port), (k.b, k.b_port)):
-                    if d == dpid:
-                        apply(self.fabric, self.core.port_up(d, p))
+                if dpid in (k.a, k.b):
+                    for d, p in ((k.a, k.a_port), (k.b, k.b_port)):
+                        if self.fabric.switches[d].up:
+                            live = self.fabric.port_live(d, p)
+                            apply(self.fabric, self.core.port_up(d, p) if live else self.core.port_down(d, p))
             apply(self.fabric, self.core.sync_switch(dpid))
 
     @invariant()
@@ -399,6 +405,6 @@ def ofmsgs_base(dpid: int) -> list:
     return [(dpid, m) for m in ofmsgs.base_flows(dpid)]
 
 
-FabricMachine.TestCase.settings = settings(max_examples=40, stateful_step_count=20, deadline=None,
+FabricMachine.TestCase.settings = settings(max_examples=int(os.environ.get("MC_STATEFUL_EXAMPLES", 150)), stateful_step_count=30, deadline=None,
                                            suppress_health_check=[HealthCheck.too_slow])
 TestFabricMachine = FabricMachine.TestCase
