@@ -25,6 +25,42 @@ from controller.trees import ALGORITHMS, DirectedLink, PathCache, SwitchEntry, T
 log = logging.getLogger("modelcast.core")
 DEFAULT_PORT = 5500
 MAX_GID = 0xFFFFFF00  # OFPG_MAX
+UNKNOWN_PORT = -1  # in a believed entry: "whatever is there is wrong", never sent
+
+
+@dataclass
+class SwitchState:
+    """What a switch reports holding of ours: group id -> entry (None when its buckets
+    are not plain outputs), and the (group id, in_port) of each (S,G) flow."""
+
+    groups: dict[int, SwitchEntry | None] = field(default_factory=dict)
+    flows: set[tuple[int, int]] = field(default_factory=set)
+
+    @classmethod
+    def from_tables(cls, flows: Iterable[tuple[int, int, int | None]],
+                    groups: dict[int, tuple[int, list[list[int]]]],
+                    known: Iterable[int] = ()) -> "SwitchState":
+        """Read our state out of a switch's tables: ``flows`` as (cookie, priority, in_port),
+        ``groups`` as group id -> (type, per-bucket output ports). A group is ours when one
+        of our (S,G) flows points at it or the core knows its id; others are left alone."""
+        state = cls()
+        for ck, prio, in_port in flows:
+            if ck & ofmsgs.COOKIE_MASK == ofmsgs.COOKIE_TAG and prio == ofmsgs.PRIO_SG \
+                    and ck != ofmsgs.COOKIE_TAG and in_port is not None:
+                state.flows.add((ck & ~ofmsgs.COOKIE_MASK, in_port))
+        ours = {gid for gid, _ in state.flows} | set(known)
+        for gid, (gtype, bucket_ports) in groups.items():
+            if gid not in ours:
+                continue
+            ins = {p for fg, p in state.flows if fg == gid}
+            ports = [b[0] if len(b) == 1 else None for b in bucket_ports]
+            if gtype != ofmsgs.ofp.OFPGT_ALL or None in ports or (
+                    ofmsgs.ofp.OFPP_IN_PORT in ports and len(ins) != 1):
+                state.groups[gid] = None
+            else:
+                out = {next(iter(ins)) if p == ofmsgs.ofp.OFPP_IN_PORT else p for p in ports}
+                state.groups[gid] = SwitchEntry(min(ins) if ins else UNKNOWN_PORT, frozenset(out))
+        return state
 
 
 @dataclass
@@ -87,7 +123,10 @@ class MulticastCore:
         self.udp_port = udp_port
         self.balance = balance  # False: load-blind trees (the benchmark's baseline)
         self.groups: dict[int, Group] = {}
-        self.installed: dict[int, dict[int, SwitchEntry]] = {}  # dpid -> gid -> entry
+        # dpid -> gid -> entry, for switches with a live control channel: messages go only
+        # to these. A restored controller knows the topology before switches reconnect;
+        # until one does, nothing is sent to it and nothing of it is torn down.
+        self.installed: dict[int, dict[int, SwitchEntry]] = {}
         self.load: Counter[DirectedLink] = Counter()  # directed link -> groups crossing it
         self.switch_users: defaultdict[int, set[int]] = defaultdict(set)  # dpid -> gids
         self.link_users: defaultdict[tuple[int, int], set[int]] = defaultdict(set)  # (lo, hi)
@@ -171,15 +210,36 @@ class MulticastCore:
         return self._sync([g.gid])
 
     # -- topology events ---------------------------------------------------------------
-    def switch_enter(self, dpid: int) -> Plan:
-        """A switch (re)connected and is assumed empty: reroute groups that were cut off
-        and give it its share of every tree. If it may still hold state (a controller
-        restart), ``reconcile_switch`` with what it reports fixes only the differences."""
+    def switch_enter(self, dpid: int, present: "SwitchState | None" = None) -> Plan:
+        """A switch (re)connected. Without ``present`` it is assumed empty and gets its
+        whole share of every tree. With ``present`` (what the switch reported holding of
+        ours, after a controller restart or a control-channel flap) only the differences
+        are fixed, so delivery through a healthy switch never stops."""
         self.installed[dpid] = {}
+        stale = Plan()
+        if present is not None:
+            for gid, entry in present.groups.items():
+                g = self.groups.get(gid)
+                if g is None:  # a group we no longer have: deleting it deletes its flows
+                    stale.phases[2].append((dpid, ofmsgs.group_delete(dpid, gid)))
+                    continue
+                ins = sorted(p for fg, p in present.flows if fg == gid)
+                # An unreadable entry or several flows: believe "wrong", so the diff rewrites it.
+                self.installed[dpid][gid] = SwitchEntry(
+                    ins[0] if len(ins) == 1 else UNKNOWN_PORT,
+                    entry.out_ports if entry is not None else frozenset({UNKNOWN_PORT}))
         plan = self._after_up() if self.view.add_switch(dpid) else Plan()
-        return plan.extend(self.sync_switch(dpid))
+        plan.extend(self.sync_switch(dpid))
+        if present is not None:  # flows on ingress ports the tree no longer uses
+            for gid, in_port in sorted(present.flows):
+                have = self.installed[dpid].get(gid)
+                g = self.groups.get(gid)
+                if g is not None and gid in present.groups and (have is None or have.in_port != in_port):
+                    stale.phases[2].append((dpid, ofmsgs.flow_delete(dpid, gid, in_port, g.source, g.address)))
+        return plan.extend(stale)
 
     def switch_leave(self, dpid: int) -> Plan:
+        """The switch is gone (or its control channel is, past the app's grace period)."""
         self.installed.pop(dpid, None)
         if not self.view.remove_switch(dpid):
             return Plan()
@@ -222,45 +282,6 @@ class MulticastCore:
     def sync_switch(self, dpid: int) -> Plan:
         """Whatever the switch lacks of the trees, by the core's belief (idempotent)."""
         return self._diff(list(self.groups), only={dpid})
-
-    def reconcile_switch(self, dpid: int, groups: dict[int, SwitchEntry | None],
-                         flows: set[tuple[int, int]]) -> Plan:
-        """Fix only differences between what a reconnecting switch reports and what it
-        should hold: ``groups`` maps our group ids on it to their entry (None when the
-        buckets are not ours to interpret), ``flows`` holds (gid, in_port) of our (S,G)
-        flows. Healthy state is left untouched, so delivery never stops."""
-        belief: dict[int, SwitchEntry] = {}
-        stale = Plan()
-        for gid, entry in groups.items():
-            want = self.groups[gid].tree.entries.get(dpid) if (
-                gid in self.groups and self.groups[gid].tree is not None) else None
-            g = self.groups.get(gid)
-            flow_ins = {ip for fg, ip in flows if fg == gid}
-            if g is None or want is None:
-                for in_port in flow_ins:
-                    if g is not None:
-                        stale.phases[2].append((dpid, ofmsgs.flow_delete(
-                            dpid, gid, in_port, g.source, g.address)))
-                stale.phases[2].append((dpid, ofmsgs.group_delete(dpid, gid)))
-                continue
-            if entry is not None and flow_ins == {entry.in_port}:
-                belief[gid] = entry
-            else:  # group exists but its buckets or flows differ: rewrite in place
-                stale.phases[1].append((dpid, ofmsgs.group_modify(
-                    dpid, gid, want.in_port, want.out_ports)))
-                for in_port in flow_ins - {want.in_port}:
-                    stale.phases[2].append((dpid, ofmsgs.flow_delete(
-                        dpid, gid, in_port, g.source, g.address)))
-                if want.in_port not in flow_ins:
-                    stale.phases[0].append((dpid, ofmsgs.flow_add(
-                        dpid, gid, want.in_port, g.source, g.address)))
-                belief[gid] = want
-        for fg, in_port in flows:  # flows of ours whose group is absent on the switch
-            if fg not in groups and fg in self.groups:
-                g = self.groups[fg]
-                stale.phases[2].append((dpid, ofmsgs.flow_delete(dpid, fg, in_port, g.source, g.address)))
-        self.installed[dpid] = belief
-        return stale.extend(self._diff(list(self.groups), only={dpid}))
 
     # -- internals ---------------------------------------------------------------------
     def _address_for(self, model: str) -> str:
@@ -340,7 +361,7 @@ class MulticastCore:
         """Messages taking the switches from ``installed`` to the groups' trees."""
         plan = Plan()
         build, switch, remove = plan.phases
-        live = self.view.switches
+        live = self.view.switches & self.installed.keys()
         for gid in gids:
             g = self.groups[gid]
             want = g.tree.entries if g.tree is not None else {}
@@ -357,8 +378,7 @@ class MulticastCore:
                 if old is None:
                     build.append((dpid, ofmsgs.group_add(dpid, gid, new.in_port, new.out_ports)))
                     build.append((dpid, ofmsgs.flow_add(dpid, gid, new.in_port, g.source, g.address)))
-                elif new is None:
-                    remove.append((dpid, ofmsgs.flow_delete(dpid, gid, old.in_port, g.source, g.address)))
+                elif new is None:  # deleting the group deletes the flows that point to it
                     remove.append((dpid, ofmsgs.group_delete(dpid, gid)))
                 else:
                     if new.out_ports != old.out_ports or (
@@ -366,7 +386,8 @@ class MulticastCore:
                         switch.append((dpid, ofmsgs.group_modify(dpid, gid, new.in_port, new.out_ports)))
                     if new.in_port != old.in_port:
                         build.append((dpid, ofmsgs.flow_add(dpid, gid, new.in_port, g.source, g.address)))
-                        remove.append((dpid, ofmsgs.flow_delete(dpid, gid, old.in_port, g.source, g.address)))
+                        if old.in_port != UNKNOWN_PORT:
+                            remove.append((dpid, ofmsgs.flow_delete(dpid, gid, old.in_port, g.source, g.address)))
                 if new is None:
                     self.installed[dpid].pop(gid, None)
                 else:
@@ -375,12 +396,28 @@ class MulticastCore:
 
     # -- persistence ---------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        return {"version": 1, "groups": [g.to_dict() for g in self.groups.values()]}
+        """Groups and the last known topology: a restarted controller routes at once and
+        reconciles switches as they reconnect instead of tearing trees down meanwhile."""
+        v = self.view
+        return {"version": 1, "groups": [g.to_dict() for g in self.groups.values()],
+                "topology": {"switches": sorted(v.switches),
+                             "links": [[k.a, k.a_port, k.b, k.b_port] for k in sorted(v.links)],
+                             "hosts": [[h.ip, h.mac, h.dpid, h.port] for h in v.hosts.values()]}}
 
     def restore(self, data: dict[str, Any]) -> list[str]:
-        """Recreate saved groups (their trees follow as hosts and switches reappear).
-        Returns one problem line per group that could not be restored."""
+        """Recreate the saved topology and groups and compute their trees; nothing is sent
+        until switches reconnect. Returns one problem line per entry not restored."""
         problems = []
+        topo = data.get("topology", {})
+        try:
+            for dpid in topo.get("switches", []):
+                self.view.add_switch(int(dpid))
+            for a, ap, b, bp in topo.get("links", []):
+                self.view.add_link(int(a), int(ap), int(b), int(bp))
+            for ip, mac, dpid, port in topo.get("hosts", []):
+                self.view.add_host(ip, mac, int(dpid), int(port))
+        except (TypeError, ValueError) as exc:
+            problems.append(f"topology: {exc}")
         for d in data.get("groups", []):
             try:
                 model, source = check_model(d["model"]), check_unicast(d["source"], "source")
@@ -394,6 +431,7 @@ class MulticastCore:
                 self._next_gid = max(self._next_gid, gid + 1)
             except (KeyError, TypeError, ValueError) as exc:
                 problems.append(f"group {d!r}: {exc}")
+        self.refresh()
         return problems
 
     def refresh(self) -> Plan:

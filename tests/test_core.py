@@ -408,3 +408,67 @@ def ofmsgs_base(dpid: int) -> list:
 FabricMachine.TestCase.settings = settings(max_examples=int(os.environ.get("MC_STATEFUL_EXAMPLES", 150)), stateful_step_count=30, deadline=None,
                                            suppress_health_check=[HealthCheck.too_slow])
 TestFabricMachine = FabricMachine.TestCase
+
+
+# ---------------------------------------------------------------------- controller restart
+
+
+def read_state(core: MulticastCore, sw) -> "SwitchState":
+    """What the Ryu app reads from flow/group stats, taken from a fake switch."""
+    from controller.core import SwitchState
+    flows = [(f.cookie, f.priority, f.match.get("in_port")) for f in sw.flows]
+    groups = {gid: (g.type, [[a[1] for a in b.actions if a[0] == "output"] for b in g.buckets])
+              for gid, g in sw.groups.items()}
+    return SwitchState.from_tables(flows, groups, core.groups)
+
+
+def restarted(core: MulticastCore, topo: T.Topology) -> MulticastCore:
+    fresh = MulticastCore()
+    assert fresh.restore(core.to_dict()) == []
+    return fresh
+
+
+def test_controller_restart_on_a_healthy_fabric_sends_nothing():
+    topo = T.leaf_spine(2, 3, 2)
+    core, fabric = new_core(topo)
+    hosts = [h.ip for h in topo.hosts]
+    for i in range(3):
+        apply(fabric, core.create_group(f"m{i}", hosts[i], hosts[3:])[1])
+    fresh = restarted(core, topo)
+    for dpid, sw in fabric.switches.items():
+        plan = fresh.switch_enter(dpid, read_state(fresh, sw))
+        assert len(plan) == 0, [m for m in plan]
+    assert fresh.installed == core.installed
+    assert_delivery(fresh, fabric, topo)
+
+
+def test_controller_restart_repairs_only_what_differs():
+    topo = T.leaf_spine(2, 3, 2)
+    core, fabric = new_core(topo)
+    hosts = [h.ip for h in topo.hosts]
+    g, plan = core.create_group("m", hosts[0], hosts[2:])
+    apply(fabric, plan)
+    gone, _ = core.create_group("old", hosts[1], hosts[4:])
+    apply(fabric, _)
+    leaf = topo.host(hosts[0]).dpid
+    sw = fabric.switches[leaf]
+    # damage: wrong buckets on one switch, an extra (S,G) flow on a wrong port
+    entry = core.installed[leaf][g.gid]
+    apply(fabric, [(leaf, ofmsgs.group_modify(leaf, g.gid, entry.in_port, frozenset({99})))])
+    apply(fabric, [(leaf, ofmsgs.flow_add(leaf, g.gid, 77, g.source, g.address))])
+    state = core.to_dict()
+    state["groups"] = [d for d in state["groups"] if d["model"] != "old"]  # deleted meanwhile
+    fresh = MulticastCore()
+    assert fresh.restore(state) == []
+    touched = set()
+    for dpid, s in fabric.switches.items():
+        plan = fresh.switch_enter(dpid, read_state(fresh, s))
+        touched |= plan.switches()
+        apply(fabric, plan)
+    assert_delivery(fresh, fabric, topo)
+    assert our_state(fabric) and not any(gid == gone.gid for _, gid in our_state(fabric))
+    assert not any(f.match.get("in_port") == 77 for f in sw.flows)
+    assert leaf in touched
+    for gid in list(fresh.groups):
+        apply(fabric, fresh.delete_group(gid))
+    assert our_state(fabric) == []
