@@ -82,7 +82,10 @@ class Group:
         """The persistent definition (trees are recomputed, never stored)."""
         return {"id": self.gid, "model": self.model, "source": self.source,
                 "address": self.address, "port": self.port, "algorithm": self.algorithm,
-                "receivers": sorted(self.receivers)}
+                "receivers": sorted(self.receivers),
+                # the tree's shape (child, parent), so a restart keeps the installed tree
+                "tree": sorted([c, p] for c, p in self.tree.parent.items() if p is not None)
+                if self.tree is not None else []}
 
 
 @dataclass
@@ -132,6 +135,7 @@ class MulticastCore:
         self.link_users: defaultdict[tuple[int, int], set[int]] = defaultdict(set)  # (lo, hi)
         self.cache = PathCache(self.view)
         self._next_gid = 1
+        self._saved_trees: dict[int, dict[int, int | None]] = {}  # restored, not yet rebuilt
 
     # -- groups ------------------------------------------------------------------------
     def group(self, gid: int) -> Group:
@@ -341,7 +345,7 @@ class MulticastCore:
             if not g.receivers:
                 self._set_tree(g, None)
                 continue
-            keep = g.tree.parent if g.tree is not None else None
+            keep = g.tree.parent if g.tree is not None else self._saved_trees.pop(gid, None)
             self._set_tree(g, None)  # its own old tree must not bias it away from itself
             load = self.load if self.balance else Counter()
             try:
@@ -429,6 +433,12 @@ class MulticastCore:
                           {check_unicast(r, "receiver") for r in d.get("receivers", [])})
                 self.groups[gid] = g
                 self._next_gid = max(self._next_gid, gid + 1)
+                tree = d.get("tree") or []
+                if tree:
+                    children = {int(c) for c, _ in tree}
+                    parent: dict[int, int | None] = {int(c): int(p) for c, p in tree}
+                    parent.update({int(p): None for _, p in tree if int(p) not in children})
+                    self._saved_trees[gid] = parent
             except (KeyError, TypeError, ValueError) as exc:
                 problems.append(f"group {d!r}: {exc}")
         self.refresh()

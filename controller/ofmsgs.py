@@ -17,15 +17,16 @@ from ryu.ofproto import ofproto_v1_3_parser as parser
 
 COOKIE_TAG = 0x4D43 << 48  # "MC"
 COOKIE_MASK = 0xFFFF << 48
+COOKIE_UNICAST = COOKIE_TAG | (1 << 47)  # group ids stay below 2**32
+FULL_MASK = (1 << 64) - 1
 TABLE = 0
 PRIO_SG = 1000  # (S,G) multicast forwarding
-PRIO_LLDP = 900  # discovery to the controller
 PRIO_IGMP = 800  # membership reports to the controller
+PRIO_UNICAST = 500  # learned host-to-host paths (NACKs, repairs, REST)
 PRIO_SSM_DROP = 100  # unknown (S,G) in 232/8: drop, never flood or punt
 PRIO_MISS = 0  # learning: to the controller
 SSM_NET = ("232.0.0.0", "255.0.0.0")
 ETH_IPV4 = 0x0800
-ETH_LLDP = 0x88CC
 IPPROTO_IGMP = 2
 Msg = Any  # a ryu.ofproto.ofproto_v1_3_parser message object
 
@@ -93,25 +94,16 @@ def flow_add(dpid: int, gid: int, in_port: int, source: str, group: str) -> Msg:
 
 
 def flow_delete(dpid: int, gid: int, in_port: int, source: str, group: str) -> Msg:
-    return parser.OFPFlowMod(datapath(dpid), cookie=cookie(gid), cookie_mask=(1 << 64) - 1,
+    return parser.OFPFlowMod(datapath(dpid), cookie=cookie(gid), cookie_mask=FULL_MASK,
                              table_id=TABLE, command=ofp.OFPFC_DELETE_STRICT,
                              priority=PRIO_SG, out_port=ofp.OFPP_ANY, out_group=ofp.OFPG_ANY,
                              match=sg_match(in_port, source, group))
 
 
-def delete_all_ours(dpid: int) -> list[Msg]:
-    """Remove every flow and group modelcast could have put on a switch (stale state after
-    a controller restart with no saved groups). Groups of ours hold no other app's ids."""
-    dp = datapath(dpid)
-    return [parser.OFPFlowMod(dp, cookie=COOKIE_TAG, cookie_mask=COOKIE_MASK, table_id=ofp.OFPTT_ALL,
-                              command=ofp.OFPFC_DELETE, out_port=ofp.OFPP_ANY,
-                              out_group=ofp.OFPG_ANY, match=parser.OFPMatch())]
-
-
 def base_flows(dpid: int) -> list[Msg]:
-    """Installed when a switch connects: discovery and IGMP to the controller, unknown
-    SSM traffic dropped (no flooding of multicast), everything else to the controller
-    for host learning and unicast forwarding."""
+    """Installed when a switch connects: IGMP to the controller, unknown SSM traffic
+    dropped (multicast is never flooded), everything else to the controller for host
+    learning and unicast forwarding. (Ryu's topology app adds its own LLDP flow.)"""
     dp = datapath(dpid)
     to_ctrl = [parser.OFPInstructionActions(ofp.OFPIT_APPLY_ACTIONS, [
         parser.OFPActionOutput(ofp.OFPP_CONTROLLER, ofp.OFPCML_NO_BUFFER)])]
@@ -121,11 +113,25 @@ def base_flows(dpid: int) -> list[Msg]:
                                  priority=prio, match=match, instructions=inst)
 
     return [
-        add(PRIO_LLDP, parser.OFPMatch(eth_type=ETH_LLDP), to_ctrl),
         add(PRIO_IGMP, parser.OFPMatch(eth_type=ETH_IPV4, ip_proto=IPPROTO_IGMP), to_ctrl),
         add(PRIO_SSM_DROP, parser.OFPMatch(eth_type=ETH_IPV4, ipv4_dst=SSM_NET), []),
         add(PRIO_MISS, parser.OFPMatch(), to_ctrl),
     ]
+
+
+def unicast_flow(dpid: int, eth_dst: str, out_port: int, idle_timeout: int = 120) -> Msg:
+    return parser.OFPFlowMod(datapath(dpid), cookie=COOKIE_UNICAST, table_id=TABLE,
+                             command=ofp.OFPFC_ADD, priority=PRIO_UNICAST, idle_timeout=idle_timeout,
+                             match=parser.OFPMatch(eth_dst=eth_dst), instructions=[
+                                 parser.OFPInstructionActions(ofp.OFPIT_APPLY_ACTIONS,
+                                                              [parser.OFPActionOutput(out_port, 0)])])
+
+
+def unicast_flush(dpid: int) -> Msg:
+    """Forget learned unicast paths (after a topology change they may cross a dead link)."""
+    return parser.OFPFlowMod(datapath(dpid), cookie=COOKIE_UNICAST, cookie_mask=FULL_MASK,
+                             table_id=ofp.OFPTT_ALL, command=ofp.OFPFC_DELETE, out_port=ofp.OFPP_ANY,
+                             out_group=ofp.OFPG_ANY, match=parser.OFPMatch())
 
 
 def barrier(dpid: int) -> Msg:

@@ -432,9 +432,12 @@ def test_controller_restart_on_a_healthy_fabric_sends_nothing():
     topo = T.leaf_spine(2, 3, 2)
     core, fabric = new_core(topo)
     hosts = [h.ip for h in topo.hosts]
-    for i in range(3):
-        apply(fabric, core.create_group(f"m{i}", hosts[i], hosts[3:])[1])
+    for i in range(4):
+        apply(fabric, core.create_group(f"m{i}", hosts[i], hosts[4:])[1])
+    apply(fabric, core.delete_group(1))  # restored groups see other loads: trees must not move
     fresh = restarted(core, topo)
+    assert {g.gid: g.tree.parent for g in fresh.groups.values()} == {
+        g.gid: g.tree.parent for g in core.groups.values()}
     for dpid, sw in fabric.switches.items():
         plan = fresh.switch_enter(dpid, read_state(fresh, sw))
         assert len(plan) == 0, [m for m in plan]

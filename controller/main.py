@@ -1,0 +1,77 @@
+"""``modelcast-controller``: Ryu's manager with the modelcast app, LLDP link discovery and
+the eventlet compatibility shim loaded first.
+
+Our options are parsed here; everything else (``--ofp-tcp-listen-port``, ``--wsapi-port``,
+``--verbose``, ...) is passed through to ryu-manager unchanged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from controller import settings
+from controller.trees import ALGORITHMS
+
+
+def parse(argv: list[str]) -> tuple[settings.Settings, list[str]]:
+    ap = argparse.ArgumentParser(
+        prog="modelcast-controller", add_help=False,
+        description="OpenFlow 1.3 multicast controller for model distribution "
+                    "(other options are ryu-manager's: --ofp-tcp-listen-port, --wsapi-host, "
+                    "--wsapi-port, --verbose, ...)")
+    ap.add_argument("-h", "--help", action="store_true")
+    ap.add_argument("--token", help="REST bearer token for mutating calls (env MODELCAST_TOKEN)")
+    ap.add_argument("--state-file", type=Path, help="where groups and topology are saved "
+                    "(env MODELCAST_STATE_FILE); restored at start")
+    ap.add_argument("--algorithm", help=f"tree algorithm: {' or '.join(ALGORITHMS)} (default spt)")
+    ap.add_argument("--udp-port", type=int, help="UDP port announced for new groups (default 5500)")
+    ours, rest = ap.parse_known_args(argv)
+    if ours.help:
+        ap.print_help()
+        raise SystemExit(0)
+    conf = settings.Settings()
+    if ours.token is not None:
+        conf.token = ours.token or None
+    if ours.state_file is not None:
+        conf.state_file = ours.state_file
+    if ours.algorithm is not None:
+        conf.algorithm = ours.algorithm
+    if ours.udp_port is not None:
+        conf.udp_port = ours.udp_port
+    if conf.algorithm not in ALGORITHMS:
+        ap.error(f"--algorithm must be one of {', '.join(ALGORITHMS)}, not {conf.algorithm!r}")
+    if not 1 <= conf.udp_port <= 65535:
+        ap.error(f"--udp-port must be 1..65535, not {conf.udp_port}")
+    if conf.state_file is not None:
+        parent = conf.state_file.expanduser().resolve().parent
+        if not parent.is_dir():
+            ap.error(f"--state-file: directory {parent} does not exist")
+    return conf, rest
+
+
+def main(argv: list[str] | None = None) -> int:
+    conf, rest = parse(list(sys.argv[1:] if argv is None else argv))
+    settings.current = conf
+    import controller.compat  # noqa: F401  (must precede any import of ryu.app.wsgi)
+    from ryu import cfg
+    from ryu.cmd import manager
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    args = ["--observe-links", *rest, "controller.app"]
+    try:
+        cfg.CONF(args=args, project="ryu", prog="modelcast-controller")
+    except (cfg.Error, SystemExit) as exc:  # bad ryu option: one line, non-zero
+        print(f"modelcast-controller: {exc}", file=sys.stderr)
+        return 2
+    print(f"modelcast-controller: OpenFlow on {cfg.CONF.ofp_listen_host or '0.0.0.0'}:"
+          f"{cfg.CONF.ofp_tcp_listen_port}, REST on http://{cfg.CONF.wsapi_host}:"
+          f"{cfg.CONF.wsapi_port}/v1, state file {conf.state_file or '(none)'}", flush=True)
+    manager.main(args=args, prog="modelcast-controller")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,22 @@
+"""The controller's own settings: one definition, read from command-line options (see
+``controller.main``) with environment-variable fallbacks, shared by the entry point and
+the Ryu app (which Ryu instantiates itself, so it cannot take constructor arguments)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass
+class Settings:
+    token: str | None = field(default_factory=lambda: os.environ.get("MODELCAST_TOKEN") or None)
+    state_file: Path | None = field(default_factory=lambda: Path(p) if (
+        p := os.environ.get("MODELCAST_STATE_FILE")) else None)
+    algorithm: str = field(default_factory=lambda: os.environ.get("MODELCAST_ALGORITHM", "spt"))
+    udp_port: int = 5500
+    barrier_timeout_s: float = 5.0  # a switch that does not confirm a phase by then: error
+
+
+current = Settings()
