@@ -24,10 +24,10 @@ from ryu.ofproto import ofproto_v1_3_parser as parser
 from ryu.topology import event as topo_event
 
 from controller import ofmsgs, settings
-from controller.core import MulticastCore, Plan, SwitchState
+from controller.core import MulticastCore, Plan, SwitchState, tune_gc
 from controller.errors import CoreError
 from controller.rest import RestApi
-from controller.service import Service
+from controller.service import Service, StateFileError
 
 app_manager.require_app("ryu.topology.switches", api_style=True)
 log = logging.getLogger("modelcast.app")
@@ -44,6 +44,7 @@ class ModelcastApp(app_manager.RyuApp):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         conf = settings.current
+        tune_gc()
         self.dps: dict[int, Any] = {}
         self._stats: dict[int, dict[str, Any]] = {}
         self._waiters: dict[tuple[int, int], Any] = {}  # (dpid, barrier xid) -> hub.Event
@@ -51,9 +52,16 @@ class ModelcastApp(app_manager.RyuApp):
         self._queue: Any = hub.Queue()
         core = MulticastCore(algorithm=conf.algorithm, udp_port=conf.udp_port)
         self.service = Service(core, installer=self, state_path=conf.state_file, token=conf.token)
-        for problem in self.service.load():
+        try:
+            problems = self.service.load()  # before any switch connects
+        except StateFileError as exc:
+            # Starting empty would overwrite the file (and the groups' keys) on next save.
+            log.critical("%s", exc)
+            raise SystemExit(2) from None
+        for problem in problems:
             log.error("state file %s: %s", conf.state_file, problem)
-        kwargs["wsgi"].register(RestApi, {"service": self.service})
+        kwargs["wsgi"].register(RestApi, {"service": self.service,
+                                          "barrier_timeout": 3 * conf.barrier_timeout_s + 2})
         hub.spawn(self._install_loop)
         if not conf.token:
             log.warning("no REST token configured (--token or MODELCAST_TOKEN): "

@@ -21,7 +21,7 @@ import time
 from collections import defaultdict
 from typing import Any
 
-from controller.core import MulticastCore
+from controller.core import MulticastCore, tune_gc
 from controller.topoview import TopologyView
 from topologies import Topology, TopologyError, parse
 
@@ -64,6 +64,7 @@ def build(topo: Topology, groups: int, receivers: int, seed: int, algorithm: str
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    tune_gc()  # as the controller does
     topo = parse(args.topology)
     core, total_s, messages = build(topo, args.groups, args.receivers, args.seed, args.algorithm, True)
     ratio, ratio_global = load_ratios(core, topo)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import copy
 import types
 from functools import lru_cache
-from typing import Any
+from typing import Any, Iterable
 
 from ryu.ofproto import ofproto_v1_3 as ofp
 from ryu.ofproto import ofproto_v1_3_parser as parser
@@ -67,18 +67,18 @@ def _to_group(gid: int) -> list:
     return [parser.OFPInstructionActions(ofp.OFPIT_APPLY_ACTIONS, [parser.OFPActionGroup(gid)])]
 
 
-def buckets(in_port: int, out_ports: frozenset[int]) -> list[parser.OFPBucket]:
+def buckets(in_port: int, out_ports: Iterable[int]) -> list[parser.OFPBucket]:
     """One bucket per output port; a receiver behind the ingress port itself needs
     OFPP_IN_PORT, because a switch never sends a packet back out where it came in."""
     return [_bucket(ofp.OFPP_IN_PORT if p == in_port else p) for p in sorted(out_ports)]
 
 
-def group_add(dpid: int, gid: int, in_port: int, out_ports: frozenset[int]) -> Msg:
+def group_add(dpid: int, gid: int, in_port: int, out_ports: Iterable[int]) -> Msg:
     return parser.OFPGroupMod(datapath(dpid), ofp.OFPGC_ADD, ofp.OFPGT_ALL, gid,
                               buckets(in_port, out_ports))
 
 
-def group_modify(dpid: int, gid: int, in_port: int, out_ports: frozenset[int]) -> Msg:
+def group_modify(dpid: int, gid: int, in_port: int, out_ports: Iterable[int]) -> Msg:
     return parser.OFPGroupMod(datapath(dpid), ofp.OFPGC_MODIFY, ofp.OFPGT_ALL, gid,
                               buckets(in_port, out_ports))
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Iterable, NamedTuple
 
 import networkx as nx
 from networkx.algorithms.approximation import steiner_tree
@@ -24,12 +24,12 @@ ALGORITHMS = ("spt", "steiner")
 DirectedLink = tuple[int, int]
 
 
-@dataclass(frozen=True)
-class SwitchEntry:
-    """What one switch does for one group: accept on ``in_port``, copy to ``out_ports``."""
+class SwitchEntry(NamedTuple):
+    """What one switch does for one group: accept on ``in_port``, copy to ``out_ports``
+    (sorted, so equal entries compare equal)."""
 
     in_port: int
-    out_ports: frozenset[int]
+    out_ports: tuple[int, ...]
 
 
 @dataclass
@@ -229,4 +229,4 @@ def _fill_entries(view: TopologyView, tree: Tree, source_port: int, receivers: I
     for n, ports in outs.items():
         par = tree.parent[n]
         in_port = source_port if par is None else adj[n][par]["ports"][n]
-        tree.entries[n] = SwitchEntry(in_port, frozenset(ports))
+        tree.entries[n] = SwitchEntry(in_port, tuple(sorted(ports)))

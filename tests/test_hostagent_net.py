@@ -9,6 +9,7 @@ import socket
 import struct
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -62,8 +63,14 @@ def test_send_and_receive_over_loopback_multicast(tmp_path) -> None:
     model.write_bytes(random.Random(4).randbytes(1_500_000))
     addr = f"{group}:{port}"
     common = ["--group", addr, "--interface", LOOPBACK, "--json"]
+    # One output in /dev/shm (tmpfs, where a loader would mmap it from) when present.
+    shm = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else str(tmp_path)
+    outs = [Path(shm) / f"modelcast-test-{os.getpid()}-{random.getrandbits(32):08x}.bin", tmp_path / "out1.bin"]
+    marker = tmp_path / "loaded.txt"
+    hook = f"{sys.executable} -c \"import sys, pathlib; pathlib.Path(sys.argv[1]).write_text(str(pathlib.Path(sys.argv[2]).stat().st_size))\" {marker}"
     receivers = [
-        _cli("recv", *common, "--source", LOOPBACK, "--out", str(tmp_path / f"out{i}.bin"), "--timeout", "20")
+        _cli("recv", *common, "--source", LOOPBACK, "--out", str(outs[i]), "--timeout", "20",
+             *(["--on-complete", hook] if i == 0 else []))
         for i in range(2)
     ]
     try:
@@ -74,18 +81,24 @@ def test_send_and_receive_over_loopback_multicast(tmp_path) -> None:
                       "--chunk-size", "65536", "--timeout", "20")
         out, err = sender.communicate(timeout=60)
         results = [json.loads(r.communicate(timeout=60)[0]) for r in receivers]
+        assert sender.returncode == 0, err
+        summary = json.loads(out)
+        assert summary["ok"] and [r["ok"] for r in summary["receivers"]] == [True, True]
+        assert summary["bytes"] == 1_500_000 and summary["goodput_mbit"] > 0
+        for key in ("seconds", "datagrams_sent", "repair_bytes", "nacks"):
+            assert key in summary
+        for i, (proc, result) in enumerate(zip(receivers, results)):
+            assert proc.returncode == 0
+            assert result["ok"] and result["digest_ok"] and result["file_digest"] == summary["file_digest"]
+            assert outs[i].read_bytes() == model.read_bytes()
+            assert not Path(str(outs[i]) + ".modelcast-state").exists()
+        assert results[0]["on_complete"]["exit_status"] == 0 and results[1]["on_complete"] is None
+        assert marker.read_text() == "1500000"  # the hook ran on the finished, full-size file
     finally:
         for proc in receivers:
             if proc.poll() is None:
                 proc.kill()
-    assert sender.returncode == 0, err
-    summary = json.loads(out)
-    assert summary["ok"] and len(summary["completed"]) == 2
-    for i, (proc, result) in enumerate(zip(receivers, results)):
-        assert proc.returncode == 0
-        assert result["ok"] and result["file_digest"] == summary["file_digest"]
-        assert (tmp_path / f"out{i}.bin").read_bytes() == model.read_bytes()
-        assert not (tmp_path / f"out{i}.bin.modelcast-state").exists()
+        outs[0].unlink(missing_ok=True)
 
 
 def test_cli_errors_are_one_line_and_nonzero(tmp_path, capsys) -> None:

@@ -1,0 +1,291 @@
+"""The REST API: a thin Ryu WSGI controller over ``controller.service.Service``.
+
+Registered by the app: ``wsgi.register(RestApi, {"service": service})`` (optionally with
+``"barrier_timeout": seconds`` for DELETE). ``controller/openapi.json`` is the one source
+of truth for request bodies: they are validated against its component schemas. Every
+answer is JSON (except /metrics); every error is ``{"error": sentence, "detail": any}``
+with its status, never a traceback.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import re
+from pathlib import Path
+from typing import Any, Callable
+
+from jsonschema import Draft202012Validator, FormatChecker
+from jsonschema.exceptions import best_match
+from referencing import Registry
+from referencing.jsonschema import DRAFT202012
+from ryu.app.wsgi import ControllerBase, Response, route
+from ryu.lib import hub
+
+from controller.core import MAX_GID
+from controller.errors import CoreError
+from controller.service import Service
+from controller.topoview import check_unicast
+
+log = logging.getLogger("modelcast.rest")
+
+OPENAPI_PATH = Path(__file__).with_name("openapi.json")
+OPENAPI_URI = "urn:modelcast:openapi"
+DEFAULT_BARRIER_TIMEOUT = 10.0
+MAX_BODY = 4 << 20
+_METHODS = ("GET", "POST", "PUT", "DELETE")
+_MUTATING = frozenset(("POST", "PUT", "DELETE"))
+
+
+class ApiError(Exception):
+    """An HTTP-level error (bad JSON, bad path parameter, timeout) with its status."""
+
+    def __init__(self, status: int, message: str, detail: Any = None,
+                 headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.detail = detail
+        self.headers = headers or {}
+
+
+# -- the OpenAPI document and its schemas ------------------------------------------------
+@functools.lru_cache(maxsize=1)
+def openapi_bytes() -> bytes:
+    return OPENAPI_PATH.read_bytes()
+
+
+@functools.lru_cache(maxsize=1)
+def openapi() -> dict[str, Any]:
+    """The parsed document, loaded once."""
+    return json.loads(openapi_bytes())
+
+
+@functools.lru_cache(maxsize=None)
+def validator(schema: str) -> Draft202012Validator:
+    """A validator for ``#/components/schemas/<schema>``; its ``$ref``s resolve inside
+    the same document."""
+    doc = openapi()
+    if schema not in doc["components"]["schemas"]:
+        raise KeyError(f"no schema {schema!r} in {OPENAPI_PATH.name}")
+    registry = Registry().with_resource(OPENAPI_URI, DRAFT202012.create_resource(doc))
+    return Draft202012Validator({"$ref": f"{OPENAPI_URI}#/components/schemas/{schema}"},
+                                registry=registry, format_checker=FormatChecker())
+
+
+def validate(schema: str, instance: Any) -> None:
+    """Raise a 400 ApiError naming the first (most relevant) violation and where it is."""
+    err = best_match(validator(schema).iter_errors(instance))
+    if err is None:
+        return
+    where = "/" + "/".join(str(p) for p in err.absolute_path)
+    raise ApiError(400, f"request body does not match the {schema} schema at {where}: {err.message}",
+                   {"message": err.message, "path": where,
+                    "schema_path": "/".join(str(p) for p in err.absolute_schema_path)})
+
+
+# -- helpers -----------------------------------------------------------------------------
+def json_response(status: int, body: Any, headers: dict[str, str] | None = None) -> Response:
+    resp = Response(status=status, content_type="application/json",
+                    body=json.dumps(body, sort_keys=False).encode() + b"\n")
+    for k, v in (headers or {}).items():
+        resp.headers[k] = v
+    return resp
+
+
+def error_response(status: int, message: str, detail: Any = None,
+                   headers: dict[str, str] | None = None) -> Response:
+    return json_response(status, {"error": message, "detail": detail}, headers)
+
+
+def parse_gid(text: str) -> int:
+    if not re.fullmatch(r"[0-9]{1,10}", text or "") or not 1 <= int(text) <= MAX_GID:
+        raise ApiError(400, f"group id {text!r} is not a positive integer")
+    return int(text)
+
+
+def parse_ip(text: str, what: str = "host") -> str:
+    return check_unicast(text, what)  # InvalidAddress -> 400
+
+
+def endpoint(mutating: bool = False) -> Callable[[Callable[..., Response]], Callable[..., Response]]:
+    """Wrap a handler: auth for mutating calls, errors as JSON with their status, a 500
+    with a log line (not a traceback) for bugs, and the request counted in metrics."""
+
+    def wrap(func: Callable[..., Response]) -> Callable[..., Response]:
+        @functools.wraps(func)
+        def handler(self: "RestApi", req: Any, **kwargs: Any) -> Response:
+            try:
+                if mutating:
+                    self.service.check_auth(req.headers.get("Authorization"))
+                resp = func(self, req, **kwargs)
+            except ApiError as exc:
+                resp = error_response(exc.status, exc.message, exc.detail, exc.headers)
+            except CoreError as exc:
+                status = getattr(exc, "status", 400)
+                headers = {}
+                if status == 401:
+                    invalid = ', error="invalid_token"' if req.headers.get("Authorization") else ""
+                    headers["WWW-Authenticate"] = f'Bearer realm="modelcast"{invalid}'
+                resp = error_response(status, str(exc), None, headers)
+            except Exception:  # a bug: log it, tell the client one sentence
+                log.exception("%s %s failed", req.method, req.path_qs)
+                resp = error_response(500, "internal error; the controller log has the details")
+            status = resp.status_code
+            self.service.count_request(req.method, status)
+            level = logging.WARNING if status >= 500 else (
+                logging.INFO if req.method in _MUTATING else logging.DEBUG)
+            log.log(level, "%s %s -> %d", req.method, req.path_qs, status)
+            return resp
+
+        return handler
+
+    return wrap
+
+
+class RestApi(ControllerBase):
+    """Routes under /v1 (plus /metrics). Route methods are matched by the mapper; a
+    wrong method or unknown path under /v1 reaches the fallbacks, which answer JSON
+    405/404 (they are named ``zz_*`` so ``wsgi.register`` connects them last)."""
+
+    def __init__(self, req: Any, link: Any, data: dict[str, Any], **config: Any) -> None:
+        super().__init__(req, link, data, **config)
+        self.service: Service = data["service"]
+        self.barrier_timeout = float(data.get("barrier_timeout", DEFAULT_BARRIER_TIMEOUT))
+
+    # -- body ------------------------------------------------------------------------
+    def _body(self, req: Any, schema: str) -> dict[str, Any]:
+        ctype = (req.content_type or "").lower()
+        if ctype and ctype != "application/json" and not ctype.endswith("+json"):
+            raise ApiError(415, f"request body must be application/json, not {ctype}")
+        if req.content_length is not None and req.content_length > MAX_BODY:
+            raise ApiError(413, f"request body larger than {MAX_BODY} bytes")
+        raw = req.body
+        if not raw.strip():
+            raise ApiError(400, "request body is empty; send a JSON object")
+        try:
+            data = json.loads(raw)
+        except UnicodeDecodeError as exc:
+            raise ApiError(400, "request body is not UTF-8 JSON", str(exc)) from None
+        except json.JSONDecodeError as exc:
+            raise ApiError(400, "request body is not valid JSON",
+                           {"message": exc.msg, "line": exc.lineno, "column": exc.colno}) from None
+        validate(schema, data)
+        return data
+
+    # -- groups ----------------------------------------------------------------------
+    @route("modelcast_groups_list", "/v1/groups", methods=["GET"])
+    @endpoint()
+    def list_groups(self, req: Any, **_: Any) -> Response:
+        unknown = sorted(set(req.GET) - {"model", "source"})
+        if unknown:
+            raise ApiError(400, f"unknown query parameter {unknown[0]!r}; use model and source",
+                           {"unknown": unknown})
+        source = req.GET.get("source")
+        return json_response(200, self.service.list_groups(
+            req.GET.get("model"), parse_ip(source, "source") if source is not None else None))
+
+    @route("modelcast_groups_create", "/v1/groups", methods=["POST"])
+    @endpoint(mutating=True)
+    def create_group(self, req: Any, **_: Any) -> Response:
+        group, created = self.service.create_group(self._body(req, "GroupCreate"))
+        return json_response(201 if created else 200, group,
+                             {"Location": f"/v1/groups/{group['id']}"})
+
+    @route("modelcast_group_get", "/v1/groups/{id}", methods=["GET"])
+    @endpoint()
+    def get_group(self, req: Any, id: str, **_: Any) -> Response:
+        return json_response(200, self.service.get_group(parse_gid(id)))
+
+    @route("modelcast_group_delete", "/v1/groups/{id}", methods=["DELETE"])
+    @endpoint(mutating=True)
+    def delete_group(self, req: Any, id: str, **_: Any) -> Response:
+        """Answers once the switches confirmed the removal: the handler's green thread
+        waits on an event the installer's done callback sets (at once in tests)."""
+        gid = parse_gid(id)
+        confirmed = hub.Event()
+        self.service.delete_group(gid, done=confirmed.set)
+        if not confirmed.wait(timeout=self.barrier_timeout):
+            raise ApiError(504, f"group {gid} was deleted but the switches did not confirm "
+                                f"the removal within {self.barrier_timeout:g} s",
+                           {"id": gid, "timeout_s": self.barrier_timeout})
+        return Response(status=204)
+
+    @route("modelcast_receiver_join", "/v1/groups/{id}/receivers/{ip}", methods=["PUT"])
+    @endpoint(mutating=True)
+    def join(self, req: Any, id: str, ip: str, **_: Any) -> Response:
+        return json_response(200, self.service.join(parse_gid(id), parse_ip(ip, "receiver")))
+
+    @route("modelcast_receiver_leave", "/v1/groups/{id}/receivers/{ip}", methods=["DELETE"])
+    @endpoint(mutating=True)
+    def leave(self, req: Any, id: str, ip: str, **_: Any) -> Response:
+        return json_response(200, self.service.leave(parse_gid(id), parse_ip(ip, "receiver")))
+
+    # -- hosts, topology, health -----------------------------------------------------
+    @route("modelcast_hosts_declare", "/v1/hosts", methods=["POST"])
+    @endpoint(mutating=True)
+    def declare_host(self, req: Any, **_: Any) -> Response:
+        b = self._body(req, "HostDeclare")
+        return json_response(201, self.service.declare_host(b["ip"], b["mac"], b["dpid"], b["port"]))
+
+    @route("modelcast_host_remove", "/v1/hosts/{ip}", methods=["DELETE"])
+    @endpoint(mutating=True)
+    def remove_host(self, req: Any, ip: str, **_: Any) -> Response:
+        self.service.remove_host(parse_ip(ip))
+        return Response(status=204)
+
+    @route("modelcast_topology", "/v1/topology", methods=["GET"])
+    @endpoint()
+    def topology(self, req: Any, **_: Any) -> Response:
+        return json_response(200, self.service.topology())
+
+    @route("modelcast_health", "/v1/health", methods=["GET"])
+    @endpoint()
+    def health(self, req: Any, **_: Any) -> Response:
+        return json_response(200, self.service.health())
+
+    @route("modelcast_metrics", "/metrics", methods=["GET"])
+    @endpoint()
+    def metrics(self, req: Any, **_: Any) -> Response:
+        resp = Response(status=200, body=self.service.metrics_text())
+        resp.headers["Content-Type"] = "text/plain; version=0.0.4; charset=utf-8"
+        return resp
+
+    @route("modelcast_openapi", "/v1/openapi.json", methods=["GET"])
+    @endpoint()
+    def openapi_doc(self, req: Any, **_: Any) -> Response:
+        return Response(status=200, content_type="application/json", body=openapi_bytes())
+
+    # -- fallbacks: connected last (register() sorts handlers by name) -----------------
+    @route("modelcast_fallback_v1", "/v1/{rest:.*}")
+    @endpoint()
+    def zz_fallback_v1(self, req: Any, **_: Any) -> Response:
+        return self._no_route(req)
+
+    @route("modelcast_fallback_metrics", "/metrics")
+    @endpoint()
+    def zz_fallback_metrics(self, req: Any, **_: Any) -> Response:
+        return self._no_route(req)
+
+    def _no_route(self, req: Any) -> Response:
+        allowed = []
+        for method in _METHODS:
+            env = dict(req.environ, REQUEST_METHOD=method)
+            match = self.parent.mapper.match(environ=env) if self.parent is not None else None
+            if match and not str(match.get("action", "")).startswith("zz_"):
+                allowed.append(method)
+        if allowed:
+            raise ApiError(405, f"{req.method} is not allowed on {req.path}; use {', '.join(allowed)}",
+                           {"allowed": allowed}, {"Allow": ", ".join(allowed)})
+        raise ApiError(404, f"no such route: {req.method} {req.path}")
+
+
+def routes() -> list[tuple[str, str]]:
+    """(METHOD, path) of every API route, for the docs test and the app's log line."""
+    out = []
+    for name in sorted(vars(RestApi)):
+        info = getattr(getattr(RestApi, name), "routing_info", None)
+        if info and info.get("methods") and not name.startswith("zz_"):
+            out += [(m, info["path"]) for m in info["methods"]]
+    return out

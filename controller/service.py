@@ -1,0 +1,465 @@
+"""Everything the controller does that is neither Ryu nor tree computation: the group
+lifecycle as REST users see it, which plans are still in flight, persistence, metrics
+and authentication.
+
+The Ryu app is a shim over this class: topology events go to ``core`` and the plans that
+come back go through ``apply``; the REST layer (``controller.rest``) calls the group
+methods. Nothing here touches a socket or the event loop, so tests drive it with an
+``Installer`` backed by the simulated fabric.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import os
+import re
+import secrets
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any, Callable, Protocol
+
+import prometheus_client
+from prometheus_client import CollectorRegistry, Counter as PCounter, Gauge, Histogram
+
+from controller.addressing import check_model
+from controller.core import Group, MulticastCore, Plan
+from controller.errors import Conflict, CoreError, InvalidAddress
+from controller.topoview import check_unicast
+from controller.trees import ALGORITHMS
+
+log = logging.getLogger("modelcast.service")
+
+STATE_VERSION = 1
+RECEIVER_STATES = ("installed", "pending", "unreachable")
+_MAC = re.compile(r"^[0-9a-f]{2}(:[0-9a-f]{2}){5}$")
+MAX_DPID = (1 << 64) - 1
+MAX_PORT = 0xFFFFFF00  # OFPP_MAX
+
+
+class Unauthorized(CoreError):
+    """A mutating call without the configured bearer token."""
+
+    status = 401
+
+
+class StateFileError(Exception):
+    """The state file exists but cannot be used at all (not JSON, wrong shape or version).
+    The controller must not start over it: saving would overwrite the groups and keys."""
+
+
+class Installer(Protocol):
+    def install(self, plan: Plan, done: Callable[[list[str]], None]) -> None:
+        """Send ``plan`` phase by phase, each phase confirmed by a barrier; call
+        ``done(errors)`` once the plan's last barrier has replied, with the OpenFlow error
+        strings the switches answered to this plan's messages."""
+        ...
+
+
+class Metrics:
+    """Every metric of the controller, declared in one place on an injected registry
+    (faucet_metrics' pattern) so tests read values from their own registry."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        self.groups = Gauge("modelcast_groups", "Multicast groups defined",
+                            registry=registry)
+        self.receivers = Gauge("modelcast_receivers", "Group receivers by delivery state",
+                               ["state"], registry=registry)
+        self.installs = PCounter("modelcast_installs", "Plans sent to the switches",
+                                 registry=registry)
+        self.reroutes = PCounter("modelcast_reroutes",
+                                 "Plans moving trees off failed links or switches",
+                                 registry=registry)
+        self.openflow_errors = PCounter("modelcast_openflow_errors",
+                                        "OpenFlow errors switches answered to our plans",
+                                        registry=registry)
+        self.rest_requests = PCounter("modelcast_rest_requests", "REST requests served",
+                                      ["method", "status"], registry=registry)
+        self.install_seconds = Histogram(
+            "modelcast_install_seconds", "Time from sending a plan to its last barrier reply",
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+            registry=registry)
+
+
+class Service:
+    """Group lifecycle, install state, persistence, metrics and auth over a core."""
+
+    def __init__(self, core: MulticastCore, installer: Installer, state_path: Path | None = None,
+                 token: str | None = None, registry: CollectorRegistry | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.core = core
+        self.installer = installer
+        self.state_path = Path(state_path) if state_path is not None else None
+        self.token = token or None
+        self.clock = clock
+        self.metrics = Metrics(registry if registry is not None else CollectorRegistry())
+        self.keys: dict[int, str] = {}  # gid -> hex session key for host agents
+        self._inflight: Counter[int] = Counter()  # gid -> plans sent, not yet confirmed
+        self._errors: dict[int, list[str]] = {}  # gid -> errors of its last confirmed plan
+        self._started = clock()
+        self.metrics.groups.set_function(lambda: len(self.core.groups))
+        for state in RECEIVER_STATES:
+            self.metrics.receivers.labels(state=state).set_function(
+                lambda state=state: self._count_receivers(state))
+
+    # -- plans -------------------------------------------------------------------------
+    def apply(self, plan: Plan, reason: str, done: Callable[[list[str]], None] | None = None) -> None:
+        """Send a plan and track it: the groups it touches are ``pending`` until the
+        installer confirms it. Every plan of the core must pass here, topology-driven
+        ones too, or receiver states would claim what the switches do not hold."""
+        if not len(plan):
+            if done is not None:
+                done([])
+            return
+        gids = sorted(plan.groups)
+        for gid in gids:
+            self._inflight[gid] += 1
+        self.metrics.installs.inc()
+        if reason == "reroute":
+            self.metrics.reroutes.inc()
+        start = self.clock()
+        log.info("install %s: %d messages to %d switches for groups %s",
+                 reason, len(plan), len(plan.switches()), _ids(gids))
+        confirmed = False
+
+        def _done(errors: list[str]) -> None:
+            nonlocal confirmed
+            if confirmed:  # an installer must confirm once; ignore a repeat
+                log.warning("install %s for groups %s confirmed twice", reason, _ids(gids))
+                return
+            confirmed = True
+            errors = [str(e) for e in errors]
+            elapsed = max(0.0, self.clock() - start)
+            self.metrics.install_seconds.observe(elapsed)
+            for gid in gids:
+                self._inflight[gid] -= 1
+                if self._inflight[gid] <= 0:
+                    del self._inflight[gid]
+                if gid not in self.core.groups:  # deleted meanwhile: nothing to report on
+                    self._errors.pop(gid, None)
+                elif errors:
+                    self._errors[gid] = errors
+                else:
+                    self._errors.pop(gid, None)
+            if errors:
+                self.metrics.openflow_errors.inc(len(errors))
+                log.warning("install %s for groups %s: %d OpenFlow errors: %s",
+                            reason, _ids(gids), len(errors), "; ".join(errors[:20]))
+            else:
+                log.debug("install %s for groups %s confirmed in %.1f ms",
+                          reason, _ids(gids), elapsed * 1000)
+            if done is not None:
+                done(errors)
+
+        self.installer.install(plan, _done)
+
+    # -- groups ------------------------------------------------------------------------
+    def create_group(self, body: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+        """Create the (model, source) group or return the existing one (created False).
+        The existing group is returned unchanged (receivers join with ``join``), but an
+        explicitly requested different algorithm is a conflict, not silently ignored."""
+        model = check_model(body.get("model"))
+        source = check_unicast(body.get("source"), "source")
+        algorithm = body.get("algorithm")
+        if algorithm is not None and algorithm not in ALGORITHMS:
+            raise CoreError(f"unknown tree algorithm {algorithm!r}; use one of {', '.join(ALGORITHMS)}")
+        receivers = body.get("receivers") or []
+        if not isinstance(receivers, list):
+            raise CoreError("receivers must be a list of IPv4 addresses")
+        existing = self.core.find(model, source)
+        if existing is not None and algorithm is not None and algorithm != existing.algorithm:
+            raise Conflict(f"group {existing.gid} for model {model!r} from {source} already "
+                           f"exists with algorithm {existing.algorithm!r}")
+        g, plan = self.core.create_group(model, source, receivers, algorithm=algorithm)
+        if existing is not None:
+            return self.group_json(g), False
+        self.keys[g.gid] = secrets.token_hex(32)
+        log.info("group %d created: model %r from %s to %d receivers at %s:%d (%s)", g.gid,
+                 g.model, g.source, len(g.receivers), g.address, g.port, g.algorithm)
+        self.apply(plan, "create")
+        self.save()
+        return self.group_json(g), True
+
+    def get_group(self, gid: int) -> dict[str, Any]:
+        return self.group_json(self.core.group(gid))
+
+    def list_groups(self, model: str | None = None, source: str | None = None) -> list[dict[str, Any]]:
+        if source is not None:
+            source = check_unicast(source, "source")
+        return [self.group_json(g) for gid, g in sorted(self.core.groups.items())
+                if (model is None or g.model == model) and (source is None or g.source == source)]
+
+    def delete_group(self, gid: int, done: Callable[[], None] | None = None) -> None:
+        """Remove the group and its switch state; ``done`` runs once the switches have
+        confirmed the removal (at once when nothing was installed)."""
+        plan = self.core.delete_group(gid)
+        gid = int(gid)
+        self.keys.pop(gid, None)
+        self._errors.pop(gid, None)
+        log.info("group %d deleted", gid)
+        self.apply(plan, "delete", (lambda errors: done()) if done is not None else None)
+        self.save()
+
+    def join(self, gid: int, ip: str) -> dict[str, Any]:
+        g = self.core.group(gid)
+        plan = self.core.join(g.gid, ip)
+        self.apply(plan, "join")
+        self.save()
+        return self.group_json(g)
+
+    def leave(self, gid: int, ip: str) -> dict[str, Any]:
+        g = self.core.group(gid)
+        plan = self.core.leave(g.gid, ip)
+        self.apply(plan, "leave")
+        self.save()
+        return self.group_json(g)
+
+    # -- hosts and topology ------------------------------------------------------------
+    def declare_host(self, ip: str, mac: str, dpid: int, port: int) -> dict[str, Any]:
+        """A host declared by an operator (it may not have sent a packet yet). Declaring
+        an address already known elsewhere, or on an inter-switch link port, is a
+        conflict: a declaration must not silently move a live receiver."""
+        ip = check_unicast(ip)
+        if not isinstance(mac, str) or not _MAC.match(mac.lower()):
+            raise InvalidAddress(f"mac {mac!r} is not a MAC address like 00:00:00:00:00:01")
+        mac = mac.lower()
+        if not isinstance(dpid, int) or isinstance(dpid, bool) or not 0 < dpid <= MAX_DPID:
+            raise CoreError(f"dpid {dpid!r} is not a datapath id (1..2^64-1)")
+        if not isinstance(port, int) or isinstance(port, bool) or not 0 < port <= MAX_PORT:
+            raise CoreError(f"port {port!r} is not a switch port number (1..{MAX_PORT})")
+        view = self.core.view
+        known = view.hosts.get(ip)
+        if known is not None and (known.mac, known.dpid, known.port) != (mac, dpid, port):
+            raise Conflict(f"host {ip} is already known at {known.mac} on switch {known.dpid} "
+                           f"port {known.port}")
+        if not view.edge_port(dpid, port):
+            raise Conflict(f"switch {dpid} port {port} is an inter-switch link, not a host port")
+        log.info("host %s declared at %s on switch %d port %d", ip, mac, dpid, port)
+        self.apply(self.core.host_add(ip, mac, dpid, port), "host")
+        self.save()
+        return {"ip": ip, "mac": mac, "dpid": dpid, "port": port}
+
+    def remove_host(self, ip: str) -> None:
+        """Forget a host (e.g. before declaring it somewhere else); its groups keep it
+        as an unreachable receiver until it is seen again."""
+        ip = check_unicast(ip)
+        self.core.view.host(ip)  # UnknownHost -> 404
+        self.apply(self.core.host_remove(ip), "host")
+        self.save()
+
+    def topology(self) -> dict[str, Any]:
+        view = self.core.view
+        links = []
+        for k in sorted(view.links):
+            edge = view.graph.get_edge_data(k.a, k.b)
+            links.append({"a": k.a, "a_port": k.a_port, "b": k.b, "b_port": k.b_port,
+                          "up": bool(edge) and edge.get("key") == k})
+        return {"switches": sorted(view.switches), "links": links,
+                "hosts": [self._host_json(h) for _, h in sorted(view.hosts.items(),
+                                                                  key=lambda kv: _ip_key(kv[0]))]}
+
+    def health(self) -> dict[str, Any]:
+        return {"status": "ok", "switches": len(self.core.view.switches),
+                "groups": len(self.core.groups),
+                "uptime_s": round(max(0.0, self.clock() - self._started), 3)}
+
+    # -- metrics -----------------------------------------------------------------------
+    def metrics_text(self) -> bytes:
+        return prometheus_client.generate_latest(self.metrics.registry)
+
+    def count_request(self, method: str, status: int) -> None:
+        self.metrics.rest_requests.labels(method=method, status=str(status)).inc()
+
+    # -- auth --------------------------------------------------------------------------
+    def check_auth(self, header: str | None) -> None:
+        """Raise Unauthorized unless no token is configured or ``header`` is exactly
+        ``Bearer <token>`` (compared in constant time)."""
+        if self.token is None:
+            return
+        if not header:
+            raise Unauthorized("this call needs an 'Authorization: Bearer <token>' header")
+        scheme, _, given = header.strip().partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(
+                given.strip().encode("utf-8", "replace"), self.token.encode("utf-8")):
+            raise Unauthorized("the bearer token is not valid")
+
+    # -- views -------------------------------------------------------------------------
+    def receiver_state(self, g: Group, ip: str) -> str:
+        """installed: the tree reaches ``ip``, no plan of the group is in flight or
+        failed, and every switch on the path holds its entry (a restored controller has
+        trees before its switches reconnect: those receivers are still pending)."""
+        if g.tree is None or ip not in g.tree.reached:
+            return "unreachable"
+        if self._inflight.get(g.gid) or g.gid in self._errors:
+            return "pending"
+        return "installed" if self._on_switches(g, ip) else "pending"
+
+    def _on_switches(self, g: Group, ip: str) -> bool:
+        loc = self.core.view.hosts.get(ip)
+        if loc is None or g.tree is None:
+            return False
+        dpid: int | None = loc.dpid
+        installed = self.core.installed
+        while dpid is not None:
+            want = g.tree.entries.get(dpid)
+            if want is None or installed.get(dpid, {}).get(g.gid) != want:
+                return False
+            dpid = g.tree.parent.get(dpid)
+        return True
+
+    def group_state(self, g: Group) -> str:
+        if self._inflight.get(g.gid):
+            return "pending"
+        if g.gid in self._errors:
+            return "error"
+        if not g.receivers:
+            return "idle"
+        if any(self.receiver_state(g, ip) == "pending" for ip in g.receivers):
+            return "pending"
+        return "installed"
+
+    def group_json(self, g: Group) -> dict[str, Any]:
+        t = g.tree
+        tree: dict[str, Any] = {"switches": [], "links": [], "out_ports": {}, "in_ports": {}}
+        if t is not None:
+            tree = {"switches": sorted(set(t.parent) | set(t.entries)),
+                    "links": [[p, c] for p, c in sorted(t.links())],
+                    "out_ports": {str(d): sorted(e.out_ports) for d, e in sorted(t.entries.items())},
+                    "in_ports": {str(d): e.in_port for d, e in sorted(t.entries.items())}}
+        return {"id": g.gid, "model": g.model, "source": g.source, "address": g.address,
+                "port": g.port, "algorithm": g.algorithm, "state": self.group_state(g),
+                "receivers": {ip: self.receiver_state(g, ip)
+                              for ip in sorted(g.receivers, key=_ip_key)},
+                "tree": tree, "errors": list(self._errors.get(g.gid, [])),
+                "key": self.keys.get(g.gid, "")}
+
+    def _count_receivers(self, state: str) -> int:
+        return sum(1 for g in self.core.groups.values() for ip in g.receivers
+                   if self.receiver_state(g, ip) == state)
+
+    @staticmethod
+    def _host_json(h: Any) -> dict[str, Any]:
+        return {"ip": h.ip, "mac": h.mac, "dpid": h.dpid, "port": h.port}
+
+    # -- persistence -------------------------------------------------------------------
+    def state(self) -> dict[str, Any]:
+        """What a restarted controller needs: ``core.to_dict()`` (groups and the last
+        known switches, links and hosts, so it routes as soon as switches reconnect) with
+        each group's session key added."""
+        data = self.core.to_dict()
+        for d in data.get("groups", []):
+            d["key"] = self.keys.get(d["id"], "")
+        return data
+
+    def save(self) -> bool:
+        """Write the state file atomically: a crash leaves the old file or the new one,
+        never a torn one (temp file in the same directory, fsync, rename, fsync dir).
+        Returns False, after logging the reason, when the disk refuses: the change the
+        switches already received stands and the next save retries."""
+        if self.state_path is None:
+            return True
+        try:
+            self._write(self.state_path, json.dumps(self.state(), indent=1, sort_keys=True).encode())
+        except OSError as exc:
+            log.error("cannot save state to %s: %s", self.state_path, exc)
+            return False
+        return True
+
+    @staticmethod
+    def _write(path: Path, payload: bytes) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                os.fchmod(f.fileno(), 0o600)  # it holds the groups' session keys
+                f.write(payload)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except FileNotFoundError:
+                pass
+            raise
+        try:  # make the rename itself durable
+            dfd = os.open(path.parent, os.O_RDONLY)
+        except OSError:
+            return
+        try:
+            os.fsync(dfd)
+        except OSError:
+            pass
+        finally:
+            os.close(dfd)
+
+    def load(self) -> list[str]:
+        """Restore groups (with their keys) and the last known topology from the state
+        file. Call once at start, before switches connect: nothing is sent until they do.
+        Returns one line per item that could not be restored; a missing file is a fresh
+        start. Raises StateFileError, one clear sentence, for a file that cannot be used
+        at all (the caller should stop rather than overwrite it)."""
+        if self.state_path is None or not self.state_path.exists():
+            return []
+        path = self.state_path
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError) as exc:
+            raise StateFileError(f"cannot read state file {path}: {exc}") from None
+        except json.JSONDecodeError as exc:
+            raise StateFileError(f"state file {path} is not valid JSON ({exc}); "
+                                 "fix it or move it aside to start empty") from None
+        if not isinstance(data, dict) or not isinstance(data.get("groups", []), list) \
+                or not isinstance(data.get("topology", {}), dict):
+            raise StateFileError(f"state file {path} does not hold a modelcast state object")
+        if data.get("version") != STATE_VERSION:
+            raise StateFileError(f"state file {path} has version {data.get('version')!r}; "
+                                 f"this controller reads version {STATE_VERSION}")
+        problems: list[str] = []
+        groups = []
+        for d in data.get("groups", []):
+            if isinstance(d, dict):
+                groups.append(d)
+            else:
+                problems.append(f"group {d!r}: not an object")
+        before = set(self.core.groups)
+        # keys stay out of restore(): its problem lines quote the group and get logged
+        problems += self.core.restore(dict(data, groups=[
+            {k: v for k, v in d.items() if k != "key"} for d in groups]))
+        for d in groups:
+            try:
+                gid = int(d["id"])
+            except (KeyError, TypeError, ValueError):
+                continue
+            if gid not in self.core.groups or gid in before:
+                continue
+            key = d.get("key")
+            if isinstance(key, str) and re.fullmatch(r"[0-9a-f]{64}", key):
+                self.keys[gid] = key
+            else:
+                self.keys[gid] = secrets.token_hex(32)
+                problems.append(f"group {gid}: no valid session key saved; issued a new one")
+        for p in problems:
+            log.warning("state file %s: %s", path, p)
+        view = self.core.view
+        log.info("restored %d groups, %d switches, %d links, %d hosts from %s",
+                 len(set(self.core.groups) - before), len(view.switches), len(view.links),
+                 len(view.hosts), path)
+        return problems
+
+
+def _ids(gids: list[int], limit: int = 10) -> str:
+    """Group ids for a log line: a big reroute touches thousands."""
+    head = ", ".join(map(str, gids[:limit]))
+    return f"[{head}]" if len(gids) <= limit else f"[{head}, ... {len(gids)} in all]"
+
+
+def _ip_key(ip: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in ip.split("."))
+    except ValueError:
+        return (1 << 32,)

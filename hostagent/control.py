@@ -1,0 +1,180 @@
+"""Client for the modelcast controller's REST API (``/v1/groups``).
+
+The controller owns the multicast tree: it hands out the group address/port and the
+session MAC key, and installs flows as receivers join. The host agent only needs four
+calls (create-or-get, get, join, leave) and one wait loop, so this is a thin layer over
+``requests`` whose job is to turn every failure into one clear ``ControllerError`` line.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import socket
+import time
+from typing import Any, Callable, Optional
+
+import requests
+
+from . import wire
+
+TOKEN_ENV = "MODELCAST_TOKEN"
+
+
+class ControllerError(Exception):
+    """Anything that stops us using the controller; ``str()`` is one printable line."""
+
+
+class ControllerClient:
+    """One controller base URL (e.g. ``http://10.0.0.254:8080``) and optional bearer token."""
+
+    def __init__(
+        self,
+        base_url: str,
+        token: Optional[str] = None,
+        request_timeout: float = 10.0,
+        session: Optional[requests.Session] = None,
+    ) -> None:
+        if not base_url.startswith(("http://", "https://")):
+            raise ControllerError(f"controller URL must start with http:// or https://, got {base_url!r}")
+        self.base_url = base_url.rstrip("/")
+        self.token = token if token is not None else os.environ.get(TOKEN_ENV) or None
+        self.request_timeout = request_timeout
+        self._http = session or requests.Session()
+
+    # ------------------------------------------------------------------ calls
+
+    def create_group(self, model: str, source: str, receivers: Optional[list[str]] = None) -> dict:
+        """POST /v1/groups: create the group, or get the existing one for (model, source)."""
+        body: dict[str, Any] = {"model": model, "source": source}
+        if receivers:
+            body["receivers"] = list(receivers)
+        return self._call("POST", "/v1/groups", body)
+
+    def get_group(self, group_id: int) -> dict:
+        return self._call("GET", f"/v1/groups/{group_id}")
+
+    def join(self, group_id: int, ip: str) -> dict:
+        """PUT /v1/groups/{id}/receivers/{ip}: add ``ip`` to the tree; returns the group."""
+        return self._call("PUT", f"/v1/groups/{group_id}/receivers/{ip}")
+
+    def leave(self, group_id: int, ip: str) -> Optional[dict]:
+        return self._call("DELETE", f"/v1/groups/{group_id}/receivers/{ip}")
+
+    def wait_installed(
+        self,
+        group: dict,
+        receivers: Optional[int] = None,
+        timeout: float = 30.0,
+        poll: float = 0.5,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> dict:
+        """Poll the group until its state is ``installed`` and, if ``receivers`` is set,
+        at least that many receivers are ``installed``. Raises on ``error`` or timeout."""
+        deadline = clock() + timeout
+        while True:
+            state = group.get("state")
+            if state == "error":
+                errors = "; ".join(str(e) for e in group.get("errors") or []) or "no detail"
+                raise ControllerError(f"controller reports group {group.get('id')} in error: {errors}")
+            ready = installed_receivers(group)
+            if state == "installed" and (receivers is None or ready >= receivers):
+                return group
+            if clock() >= deadline:
+                want = f", {ready}/{receivers} receivers installed" if receivers is not None else ""
+                raise ControllerError(
+                    f"timed out after {timeout:g}s waiting for group {group.get('id')} to be installed "
+                    f"(state {state}{want})"
+                )
+            sleep(poll)
+            group = self.get_group(int(group["id"]))
+
+    # ------------------------------------------------------------------ plumbing
+
+    def _call(self, method: str, path: str, body: Optional[dict] = None) -> Any:
+        headers = {"Accept": "application/json"}
+        if self.token:
+            headers["Authorization"] = f"Bearer {self.token}"
+        url = self.base_url + path
+        try:
+            resp = self._http.request(method, url, json=body, headers=headers, timeout=self.request_timeout)
+        except requests.Timeout:
+            raise ControllerError(f"controller at {self.base_url} did not answer {method} {path} "
+                                  f"within {self.request_timeout:g}s") from None
+        except requests.RequestException as exc:
+            raise ControllerError(f"cannot reach controller at {self.base_url}: {_reason(exc)}") from None
+        if resp.status_code >= 400:
+            raise ControllerError(f"controller refused {method} {path} ({resp.status_code}): {_error_text(resp)}")
+        if resp.status_code == 204 or not resp.content:
+            return None
+        try:
+            return resp.json()
+        except ValueError:
+            raise ControllerError(f"controller sent non-JSON for {method} {path} ({resp.status_code})") from None
+
+
+def _reason(exc: requests.RequestException) -> str:
+    """The innermost OS-level cause ("Connection refused"), not urllib3's nested repr."""
+    cause: Optional[BaseException] = exc
+    while cause is not None:
+        if isinstance(cause, OSError) and cause.strerror:
+            return cause.strerror
+        cause = cause.__cause__ or cause.__context__
+    text = str(exc)
+    return text.splitlines()[0][:200] if text else type(exc).__name__
+
+
+def _error_text(resp: requests.Response) -> str:
+    try:
+        obj = resp.json()
+    except ValueError:
+        return (resp.text or resp.reason or "").strip().splitlines()[0][:200] if (resp.text or resp.reason) else "no detail"
+    if isinstance(obj, dict) and obj.get("error"):
+        return str(obj["error"]).splitlines()[0]
+    return str(obj)[:200]
+
+
+# ---------------------------------------------------------------------- group helpers
+
+
+def installed_receivers(group: dict) -> int:
+    return sum(1 for s in (group.get("receivers") or {}).values() if s == "installed")
+
+
+def group_endpoint(group: dict) -> tuple[str, int]:
+    """(address, port) of a group, validated: a bad controller answer is a clear error."""
+    try:
+        addr = ipaddress.IPv4Address(group["address"])
+        port = int(group["port"])
+    except (KeyError, TypeError, ValueError):
+        raise ControllerError(f"controller returned a group without a valid address/port: {group!r:.200}") from None
+    if not addr.is_multicast or not 0 < port < 65536:
+        raise ControllerError(f"controller returned an unusable group {addr}:{port}")
+    return str(addr), port
+
+
+def session_key(group: dict) -> Optional[bytes]:
+    """MAC key for the group: the controller's 32-byte hex ``key`` run through
+    ``wire.derive_key`` (sender and receiver both call this, so they agree)."""
+    text = group.get("key")
+    if not text:
+        return None
+    try:
+        raw = bytes.fromhex(text)
+    except (TypeError, ValueError):
+        raise ControllerError("controller returned a malformed group key") from None
+    if len(raw) != wire.KEY_LEN:
+        raise ControllerError(f"controller group key is {len(raw)} bytes, expected {wire.KEY_LEN}")
+    return wire.derive_key(raw)
+
+
+def local_ip_towards(host: str, port: int = 9) -> str:
+    """The local address the kernel would use to reach ``host`` (UDP connect sends
+    nothing; it only consults the routing table)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect((host, port))
+        except OSError as exc:
+            raise ControllerError(f"no route to {host}: {exc.strerror}") from None
+        return probe.getsockname()[0]

@@ -1,0 +1,409 @@
+"""The REST API through a real Ryu ``WSGIApplication`` without a server (ryu's
+test_ofctl_rest pattern: ``Request.blank(...).get_response(app)``), over a Service whose
+plans land on the simulated fabric: tests assert where packets arrive."""
+
+from __future__ import annotations
+
+import ast
+import json
+import logging
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from ryu.app.wsgi import WSGIApplication
+from webob import Request
+
+import controller.rest as rest
+from controller import ofmsgs
+from controller.rest import RestApi
+from tests.test_service import R1, R2, R3, S, Env, make_env
+
+TOKEN = "t0ken-for-tests"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+class Api:
+    """A WSGI app with RestApi registered as the Ryu app does, and a JSON client."""
+
+    def __init__(self, env: Env, **data: Any) -> None:
+        self.env = env
+        self.app = WSGIApplication()
+        self.app.register(RestApi, {"service": env.service, **data})
+
+    def call(self, method: str, path: str, body: Any = None, headers: dict | None = None,
+             auth: bool = True, raw: bytes | None = None, content_type: str = "application/json"):
+        h = dict(AUTH if auth else {})
+        h.update(headers or {})
+        if raw is None and body is not None:
+            raw = json.dumps(body).encode()
+        if raw is not None:
+            h.setdefault("Content-Type", content_type)
+        resp = Request.blank(path, method=method, body=raw or b"", headers=h).get_response(self.app)
+        if resp.status_code != 204 and not (path == "/metrics" and resp.status_code == 200):
+            assert resp.content_type == "application/json", (path, resp.status, resp.body)
+        return resp
+
+    def json(self, method: str, path: str, body: Any = None, status: int = 200, **kw: Any) -> Any:
+        resp = self.call(method, path, body, **kw)
+        assert resp.status_code == status, (method, path, resp.status, resp.body)
+        data = resp.json
+        if status >= 400:
+            assert set(data) == {"error", "detail"} and isinstance(data["error"], str), data
+            assert "Traceback" not in resp.text
+        return data
+
+
+def valid(schema: str, data: Any) -> Any:
+    errors = list(rest.validator(schema).iter_errors(data))
+    assert not errors, [e.message for e in errors]
+    return data
+
+
+@pytest.fixture
+def env() -> Env:
+    return make_env(token=TOKEN)
+
+
+@pytest.fixture
+def api(env: Env) -> Api:
+    return Api(env)
+
+
+def create(api: Api, status: int = 201, **body: Any) -> dict:
+    body.setdefault("model", "llama-70b")
+    body.setdefault("source", S)
+    return api.json("POST", "/v1/groups", body, status)
+
+
+# ---------------------------------------------------------------------- groups
+
+
+def test_create_and_idempotent_create(api):
+    resp = api.call("POST", "/v1/groups", {"model": "llama-70b", "source": S, "receivers": [R1]})
+    assert resp.status_code == 201 and resp.headers["Location"].endswith("/v1/groups/1")
+    g = valid("Group", resp.json)
+    assert g["id"] == 1 and g["state"] == "installed" and g["receivers"] == {R1: "installed"}
+    assert re.fullmatch(r"232\.\d+\.\d+\.\d+", g["address"]) and re.fullmatch("[0-9a-f]{64}", g["key"])
+    assert g["tree"]["switches"] and g["tree"]["in_ports"]["3"] == 3  # source port on leaf 3
+    again = create(api, 200, receivers=[R2])
+    assert again == g  # the existing group, unchanged
+    assert api.json("POST", "/v1/groups", {"model": "llama-70b", "source": S,
+                                           "algorithm": "steiner"}, 409)["error"]
+    steiner = valid("Group", create(api, model="other", algorithm="steiner", receivers=[R1, R2]))
+    assert steiner["algorithm"] == "steiner" and steiner["id"] == 2
+
+
+def test_list_filter_and_get(api):
+    a = create(api, receivers=[R1])
+    b = create(api, model="mistral", source=R1)
+    c = create(api, model="mistral", source=S)
+    assert [g["id"] for g in valid("GroupList", api.json("GET", "/v1/groups"))] == [1, 2, 3]
+    assert [g["id"] for g in api.json("GET", "/v1/groups?model=mistral")] == [b["id"], c["id"]]
+    assert [g["id"] for g in api.json("GET", f"/v1/groups?source={S}")] == [a["id"], c["id"]]
+    assert [g["id"] for g in api.json("GET", f"/v1/groups?model=mistral&source={R1}")] == [b["id"]]
+    assert api.json("GET", "/v1/groups?model=none") == []
+    assert api.json("GET", "/v1/groups?source=10.0.0.300", status=400)["error"]
+    assert api.json("GET", "/v1/groups?modle=x", status=400)["detail"] == {"unknown": ["modle"]}
+    assert api.json("GET", "/v1/groups/2", auth=False) == b
+    assert "no group" in api.json("GET", "/v1/groups/99", status=404)["error"]
+    for bad in ("abc", "0", "-1", "1.5", "99999999999"):
+        assert api.json("GET", f"/v1/groups/{bad}", status=400)["error"]
+
+
+def test_join_and_leave_change_delivery(api, env):
+    g = create(api, receivers=[R1])
+    src, addr = g["source"], g["address"]
+    assert dict(env.fabric.trace(src, addr).delivered) == {R1: 1}
+    g = valid("Group", api.json("PUT", f"/v1/groups/{g['id']}/receivers/{R2}"))
+    assert g["receivers"] == {R1: "installed", R2: "installed"} and g["state"] == "installed"
+    tr = env.fabric.trace(src, addr)
+    assert dict(tr.delivered) == {R1: 1, R2: 1} and not tr.loops
+    assert api.json("PUT", f"/v1/groups/{g['id']}/receivers/{R2}") == g  # idempotent
+    g = api.json("DELETE", f"/v1/groups/{g['id']}/receivers/{R1}")
+    assert g["receivers"] == {R2: "installed"}
+    assert dict(env.fabric.trace(src, addr).delivered) == {R2: 1}
+    g = api.json("DELETE", f"/v1/groups/{g['id']}/receivers/{R2}")
+    assert g["receivers"] == {} and g["state"] == "idle" and g["tree"]["switches"] == []
+    assert dict(env.fabric.trace(src, addr).delivered) == {}
+
+
+def test_delete_group_waits_and_removes_everything(api, env):
+    g = create(api, receivers=[R1, R2, R3])
+    assert env.ours(g["id"])
+    resp = api.call("DELETE", f"/v1/groups/{g['id']}")
+    assert resp.status_code == 204 and resp.body == b""
+    assert env.ours(g["id"]) == []
+    assert dict(env.fabric.trace(S, g["address"]).delivered) == {}
+    api.json("GET", f"/v1/groups/{g['id']}", status=404)
+    api.json("DELETE", f"/v1/groups/{g['id']}", status=404)
+
+
+def test_delete_answers_504_when_the_barrier_does_not_come():
+    env = make_env(token=TOKEN, deferred=True)
+    api = Api(env, barrier_timeout=0.05)
+    g = create(api, receivers=[R1])
+    env.installer.flush()
+    err = api.json("DELETE", f"/v1/groups/{g['id']}", status=504)
+    assert "did not confirm" in err["error"] and err["detail"]["id"] == g["id"]
+    env.installer.flush()  # the barrier arrives late: the group is gone all the same
+    assert env.ours(g["id"]) == []
+    api.json("GET", f"/v1/groups/{g['id']}", status=404)
+
+
+def test_delete_waits_for_a_barrier_confirmed_by_another_green_thread():
+    """As in the Ryu app: the installer's done runs later in another green thread
+    (the barrier reply), and the DELETE handler's green thread waits for it."""
+    from ryu.lib import hub
+
+    env = make_env(token=TOKEN)
+    api = Api(env, barrier_timeout=5)
+    g = create(api, receivers=[R1, R2])
+    order = []
+
+    class GreenInstaller:
+        def install(self, plan, done):
+            def later():
+                hub.sleep(0.02)
+                order.append("barrier")
+                done([str(e) for e in env.fabric.apply_all(plan)])
+            hub.spawn(later)
+
+    env.service.installer = GreenInstaller()
+    resp = api.call("DELETE", f"/v1/groups/{g['id']}")
+    order.append("response")
+    assert resp.status_code == 204 and order == ["barrier", "response"]
+    assert env.ours(g["id"]) == []
+
+
+def test_receiver_states_pending_then_installed():
+    env = make_env(token=TOKEN, deferred=True)
+    api = Api(env)
+    g = create(api, receivers=[R1, R2])
+    assert g["state"] == "pending" and g["receivers"] == {R1: "pending", R2: "pending"}
+    assert api.json("GET", f"/v1/groups/{g['id']}")["state"] == "pending"
+    env.installer.flush()
+    g = api.json("GET", f"/v1/groups/{g['id']}")
+    assert g["state"] == "installed" and g["receivers"] == {R1: "installed", R2: "installed"}
+    g = api.json("PUT", f"/v1/groups/{g['id']}/receivers/{R3}")
+    assert g["state"] == "pending" and set(g["receivers"].values()) == {"pending"}
+    env.installer.flush()
+    assert set(api.json("GET", f"/v1/groups/{g['id']}")["receivers"].values()) == {"installed"}
+
+
+def test_openflow_error_shows_as_error_state(api, env):
+    env.fabric.apply(3, ofmsgs.group_add(3, 1, 3, frozenset({4})))  # id 1 taken on leaf 3
+    g = valid("Group", create(api, receivers=[R1]))
+    assert g["state"] == "error" and g["receivers"] == {R1: "pending"}
+    assert any("OFPGMFC_GROUP_EXISTS" in e for e in g["errors"])
+    text = api.call("GET", "/metrics").text
+    assert re.search(r"^modelcast_openflow_errors_total [1-9]", text, re.M)
+
+
+# ---------------------------------------------------------------------- hosts, topology
+
+
+def test_declare_host_then_receive():
+    env = make_env(token=TOKEN, unknown_hosts=(R3,))
+    api = Api(env)
+    g = create(api, receivers=[R1])
+    err = api.json("PUT", f"/v1/groups/{g['id']}/receivers/{R3}", status=404)
+    assert "not known" in err["error"]
+    host = {"ip": R3, "mac": "00:00:00:00:00:06", "dpid": 5, "port": 4}
+    assert valid("Host", api.json("POST", "/v1/hosts", host, 201)) == host
+    assert api.json("POST", "/v1/hosts", host, 201) == host  # the same declaration again
+    api.json("PUT", f"/v1/groups/{g['id']}/receivers/{R3}")
+    assert dict(env.fabric.trace(S, g["address"]).delivered) == {R1: 1, R3: 1}
+    # an address already at another place, or a link port: conflicts
+    assert "already known" in api.json("POST", "/v1/hosts", dict(host, dpid=4), 409)["error"]
+    assert "link" in api.json("POST", "/v1/hosts", dict(host, ip="10.0.0.50", port=1), 409)["error"]
+    # forgetting the host makes it unreachable; it can then be declared elsewhere
+    assert api.call("DELETE", f"/v1/hosts/{R3}").status_code == 204
+    assert api.json("GET", f"/v1/groups/{g['id']}")["receivers"][R3] == "unreachable"
+    api.json("DELETE", f"/v1/hosts/{R3}", status=404)
+    api.json("POST", "/v1/hosts", dict(host, dpid=4, port=9), 201)
+    assert api.json("GET", "/v1/groups/1")["receivers"][R3] == "installed"
+
+
+def test_topology_and_health(api, env):
+    topo = valid("Topology", api.json("GET", "/v1/topology", auth=False))
+    assert topo["switches"] == [1, 2, 3, 4, 5] and len(topo["links"]) == 6
+    assert all(link["up"] for link in topo["links"])
+    assert [h["ip"] for h in topo["hosts"]] == env.ips
+    env.service.apply(env.core.port_down(3, 1), "reroute")
+    down = [l for l in api.json("GET", "/v1/topology")["links"] if not l["up"]]
+    assert down == [{"a": 1, "a_port": 1, "b": 3, "b_port": 1, "up": False}]
+    create(api)
+    h = valid("Health", api.json("GET", "/v1/health", auth=False))
+    assert h["status"] == "ok" and h["switches"] == 5 and h["groups"] == 1
+
+
+# ---------------------------------------------------------------------- errors
+
+
+def test_malformed_json(api):
+    err = api.json("POST", "/v1/groups", raw=b'{"model": "m", ', status=400)
+    assert err["error"] == "request body is not valid JSON" and err["detail"]["line"] == 1
+    assert api.json("POST", "/v1/groups", raw=b"", status=400)["error"].startswith("request body is empty")
+    assert api.json("POST", "/v1/groups", raw=b"\xff\xfe", status=400)["error"]
+    assert api.json("POST", "/v1/hosts", raw=b"[1,", status=400)["error"]
+
+
+@pytest.mark.parametrize("body, path, words", [
+    ({"source": S}, "/", "'model' is a required property"),
+    ({"model": "m", "source": S, "colour": "blue"}, "/", "Additional properties"),
+    ({"model": 7, "source": S}, "/model", "is not of type 'string'"),
+    ({"model": "", "source": S}, "/model", "should be non-empty"),
+    ({"model": "m", "source": S, "receivers": R1}, "/receivers", "is not of type 'array'"),
+    ({"model": "m", "source": S, "receivers": ["10.0.0.1000"]}, "/receivers/0", "is not a 'ipv4'"),
+    ({"model": "m", "source": S, "algorithm": "fastest"}, "/algorithm", "is not one of"),
+    ({"model": "m", "source": "h1"}, "/source", "is not a 'ipv4'"),
+    ([{"model": "m"}], "/", "is not of type 'object'"),
+])
+def test_schema_violations(api, body, path, words):
+    err = api.json("POST", "/v1/groups", body, 400)
+    assert err["detail"]["path"] == path and words in err["detail"]["message"], err
+    assert "GroupCreate" in err["error"]
+
+
+@pytest.mark.parametrize("body, path", [
+    ({"ip": R1, "mac": "00:00:00:00:00:01", "dpid": 3}, "/"),
+    ({"ip": R1, "mac": "zz", "dpid": 3, "port": 3}, "/mac"),
+    ({"ip": R1, "mac": "00:00:00:00:00:01", "dpid": "3", "port": 3}, "/dpid"),
+    ({"ip": R1, "mac": "00:00:00:00:00:01", "dpid": 3, "port": 0}, "/port"),
+])
+def test_host_schema_violations(api, body, path):
+    assert api.json("POST", "/v1/hosts", body, 400)["detail"]["path"] == path
+
+
+def test_bad_addresses(api):
+    g = create(api, receivers=[R1])
+    for bad in ("10.0.0.999", "232.1.1.1", "0.0.0.0", "not-an-ip"):
+        err = api.json("PUT", f"/v1/groups/{g['id']}/receivers/{bad}", status=400)
+        assert "receiver address" in err["error"]
+        api.json("DELETE", f"/v1/groups/{g['id']}/receivers/{bad}", status=400)
+    assert "source address" in create(api, 400, model="x", source="224.0.0.5")["error"]
+    assert "source" in create(api, 400, model="x", source=S, receivers=[S])["error"]
+    api.json("PUT", f"/v1/groups/abc/receivers/{R1}", status=400)
+
+
+def test_unsupported_media_type(api):
+    resp = api.call("POST", "/v1/groups", {"model": "m", "source": S}, content_type="text/plain")
+    assert resp.status_code == 415 and "application/json" in resp.json["error"]
+
+
+def test_auth_required_for_mutating_calls(api, env):
+    body = {"model": "m", "source": S, "receivers": [R1]}
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": f"Basic {TOKEN}"}):
+        resp = api.call("POST", "/v1/groups", body, headers=headers, auth=False)
+        assert resp.status_code == 401 and resp.headers["WWW-Authenticate"].startswith("Bearer")
+        assert set(resp.json) == {"error", "detail"}
+    assert env.core.groups == {}
+    create(api, receivers=[R1])
+    for method, path in (("PUT", f"/v1/groups/1/receivers/{R2}"), ("DELETE", f"/v1/groups/1/receivers/{R1}"),
+                         ("DELETE", "/v1/groups/1"), ("POST", "/v1/hosts"), ("DELETE", f"/v1/hosts/{R1}")):
+        assert api.call(method, path, auth=False).status_code == 401, (method, path)
+    # auth is checked before anything else, so it reveals nothing about groups
+    assert api.call("DELETE", "/v1/groups/77", auth=False).status_code == 401
+    for path in ("/v1/groups", "/v1/groups/1", "/v1/topology", "/v1/health", "/metrics",
+                 "/v1/openapi.json"):
+        assert api.call("GET", path, auth=False).status_code == 200, path
+    assert api.json("GET", "/v1/groups/1")["receivers"] == {R1: "installed"}
+
+
+def test_no_token_means_open(env):
+    env.service.token = None
+    api = Api(env)
+    assert api.call("POST", "/v1/groups", {"model": "m", "source": S}, auth=False).status_code == 201
+
+
+def test_unknown_route_and_wrong_method(api):
+    for path in ("/v1/nope", "/v1/groups/1/members", "/v1/", "/v1/groups/1/receivers/"):
+        assert "no such route" in api.json("GET", path, status=404)["error"], path
+    resp = api.call("PATCH", "/v1/groups/1")
+    assert resp.status_code == 405 and resp.headers["Allow"] == "GET, DELETE"
+    assert resp.json["detail"] == {"allowed": ["GET", "DELETE"]}
+    assert api.call("PUT", "/v1/groups").headers["Allow"] == "GET, POST"
+    assert api.call("POST", "/metrics").headers["Allow"] == "GET"
+    assert api.call("GET", "/v1/hosts").status_code == 405
+    # outside /v1 and /metrics the path is not ours (other Ryu apps may route there):
+    # Ryu's WSGIApplication answers its own plain 404
+    assert Request.blank("/elsewhere").get_response(api.app).status_code == 404
+
+
+def test_unexpected_exception_is_a_json_500(api, env, monkeypatch, caplog):
+    def broken() -> dict:
+        raise RuntimeError("secret internals")
+
+    monkeypatch.setattr(env.service, "topology", broken)
+    with caplog.at_level(logging.ERROR, logger="modelcast.rest"):
+        resp = api.call("GET", "/v1/topology")
+    assert resp.status_code == 500 and resp.json == {
+        "error": "internal error; the controller log has the details", "detail": None}
+    assert "secret internals" not in resp.text and "secret internals" in caplog.text
+
+
+# ---------------------------------------------------------------------- metrics and docs
+
+
+def test_metrics(api, env):
+    g = create(api, receivers=[R1, R2])
+    api.json("GET", "/v1/groups/77", status=404)
+    env.service.apply(env.core.port_down(4, 1), "reroute")
+    resp = api.call("GET", "/metrics")
+    assert resp.status_code == 200
+    assert resp.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+    text = resp.text
+    expect = {
+        "modelcast_groups": 1,
+        'modelcast_receivers{state="installed"}': 2,
+        'modelcast_receivers{state="pending"}': 0,
+        "modelcast_installs_total": 2,
+        "modelcast_reroutes_total": 1,
+        "modelcast_openflow_errors_total": 0,
+        'modelcast_rest_requests_total{method="POST",status="201"}': 1,
+        'modelcast_rest_requests_total{method="GET",status="404"}': 1,
+        "modelcast_install_seconds_count": 2,
+    }
+    for name, value in expect.items():
+        m = re.search(rf"^{re.escape(name)} (\S+)$", text, re.M)
+        assert m and float(m.group(1)) == value, (name, m and m.group(1))
+    assert dict(env.fabric.trace(S, g["address"]).delivered) == {R1: 1, R2: 1}
+
+
+def _routes_in_source() -> set[tuple[str, str]]:
+    """(METHOD, path) from the @route(...) decorators in rest.py, read with ast."""
+    tree = ast.parse(Path(rest.__file__).read_text())
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "route":
+            path = ast.literal_eval(node.args[1])
+            methods = next((ast.literal_eval(k.value) for k in node.keywords if k.arg == "methods"), None)
+            for m in methods or ():  # routes without methods are the JSON 404/405 fallbacks
+                out.add((m, path))
+    return out
+
+
+def test_openapi_documents_every_route(api):
+    resp = api.call("GET", "/v1/openapi.json")
+    doc = resp.json
+    assert doc == json.loads(Path(rest.OPENAPI_PATH).read_text())
+    assert doc["openapi"].startswith("3.1")
+    documented = {(m.upper(), p) for p, ops in doc["paths"].items()
+                  for m in ops if m in ("get", "put", "post", "delete", "patch")}
+    in_code = _routes_in_source()
+    assert in_code == set(rest.routes())
+    assert len(in_code) == 12
+    assert in_code == documented
+    # every $ref resolves and every operation's error responses use the Error schema
+    refs = re.findall(r'"\$ref": "#/components/(\w+)/(\w+)"', resp.text)
+    for kind, name in refs:
+        assert name in doc["components"][kind], (kind, name)
+    for path, ops in doc["paths"].items():
+        for method, op in ops.items():
+            if method == "parameters":
+                continue
+            assert op["responses"] and op["operationId"], (method, path)
+            if op.get("security"):
+                assert (method.upper(), path) in {(m, p) for m, p in in_code if m != "GET"}
