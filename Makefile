@@ -2,7 +2,7 @@
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: venv test demo bench clean
+.PHONY: venv test demo bench bench-controller clean
 
 $(VENV)/.installed: pyproject.toml scripts/venv.sh
 	bash scripts/venv.sh
@@ -15,3 +15,12 @@ test: $(VENV)/.installed
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis
+
+# A real model distribution on an Open vSwitch lab (root): installs and starts OVS first.
+demo: $(VENV)/.installed
+	bash scripts/lab-deps.sh
+	$(PY) -m topologies.demo $(DEMO_ARGS)
+
+# Controller benchmark (prints JSON): tree computation and reroutes on fat-tree k=16.
+bench-controller: $(VENV)/.installed
+	$(PY) -m controller.bench --json

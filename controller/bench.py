@@ -5,8 +5,9 @@
 Prints one JSON object. ``max_link_load_ratio`` compares links that are alternatives to
 each other (same tier pair and direction, e.g. every aggregation->edge link): multicast
 trees fan out downwards, so comparing an edge uplink with an aggregation downlink says
-nothing about balance. The global ratio and a load-blind baseline, measured in the same
-run, are printed beside it.
+nothing about balance; idle links count, so piling onto one of several parallel links
+shows. The issue's literal ratio (max over mean of *used* links, across tiers) and a
+load-blind baseline, measured in the same run, are printed beside it.
 """
 
 from __future__ import annotations
@@ -31,15 +32,20 @@ def _tier(name: str) -> str:
 
 
 def load_ratios(core: MulticastCore, topo: Topology) -> tuple[float, float]:
-    """(max over tier classes of max/mean, global max/mean) over used inter-switch links."""
-    used = {link: n for link, n in core.load.items() if n > 0}
+    """(max over tier classes of max/mean, global max/mean over used links).
+
+    A class is every directed link between the same two tiers (e.g. all aggregation->edge
+    links): links that are alternatives to each other. Its mean counts idle links too, so
+    piling groups onto the first of several parallel links shows up as imbalance."""
+    classes: dict[tuple[str, str], list[int]] = defaultdict(list)
+    for link in topo.links:
+        for u, v in ((link.a, link.b), (link.b, link.a)):
+            classes[(_tier(topo.switches[u]), _tier(topo.switches[v]))].append(core.load[(u, v)])
+    used = [n for n in core.load.values() if n > 0]
     if not used:
         return 0.0, 0.0
-    classes: dict[tuple[str, str], list[int]] = defaultdict(list)
-    for (u, v), n in used.items():
-        classes[(_tier(topo.switches[u]), _tier(topo.switches[v]))].append(n)
-    per_class = max(max(v) / statistics.mean(v) for v in classes.values())
-    return per_class, max(used.values()) / statistics.mean(used.values())
+    per_class = max(max(v) / statistics.mean(v) for v in classes.values() if any(v))
+    return per_class, max(used) / statistics.mean(used)
 
 
 def build(topo: Topology, groups: int, receivers: int, seed: int, algorithm: str,
