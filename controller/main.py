@@ -8,7 +8,6 @@ Our options are parsed here; everything else (``--ofp-tcp-listen-port``, ``--wsa
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 from pathlib import Path
 
@@ -55,17 +54,24 @@ def parse(argv: list[str]) -> tuple[settings.Settings, list[str]]:
 def main(argv: list[str] | None = None) -> int:
     conf, rest = parse(list(sys.argv[1:] if argv is None else argv))
     settings.current = conf
+    # Green the standard library before anything creates locks (logging does on import),
+    # as ryu-manager would; otherwise eventlet warns about un-greened RLocks.
     import controller.compat  # noqa: F401  (must precede any import of ryu.app.wsgi)
+    import eventlet
+
+    eventlet.monkey_patch()
+    from oslo_config import cfg as oslo_cfg
     from ryu import cfg
     from ryu.cmd import manager
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     args = ["--observe-links", *rest, "controller.app"]
     try:
         cfg.CONF(args=args, project="ryu", prog="modelcast-controller")
-    except (cfg.Error, SystemExit) as exc:  # bad ryu option: one line, non-zero
+    except oslo_cfg.Error as exc:  # bad ryu option value: one line, non-zero
         print(f"modelcast-controller: {exc}", file=sys.stderr)
         return 2
+    except SystemExit as exc:  # argparse inside oslo.config already printed the reason
+        return int(exc.code or 0) if isinstance(exc.code, int) else 2
     print(f"modelcast-controller: OpenFlow on {cfg.CONF.ofp_listen_host or '0.0.0.0'}:"
           f"{cfg.CONF.ofp_tcp_listen_port}, REST on http://{cfg.CONF.wsapi_host}:"
           f"{cfg.CONF.wsapi_port}/v1, state file {conf.state_file or '(none)'}", flush=True)
