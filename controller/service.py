@@ -174,7 +174,12 @@ class Service:
         if existing is not None and algorithm is not None and algorithm != existing.algorithm:
             raise Conflict(f"group {existing.gid} for model {model!r} from {source} already "
                            f"exists with algorithm {existing.algorithm!r}")
-        g, plan = self.core.create_group(model, source, receivers, algorithm=algorithm)
+        address = body.get("address")
+        if existing is not None and address is not None and address != existing.address:
+            raise Conflict(f"group {existing.gid} for model {model!r} from {source} already "
+                           f"exists at {existing.address}")
+        g, plan = self.core.create_group(model, source, receivers, algorithm=algorithm,
+                                         address=address)
         if existing is not None:
             return self.group_json(g), False
         self.keys[g.gid] = secrets.token_hex(32)

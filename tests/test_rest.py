@@ -407,3 +407,12 @@ def test_openapi_documents_every_route(api):
             assert op["responses"] and op["operationId"], (method, path)
             if op.get("security"):
                 assert (method.upper(), path) in {(m, p) for m, p in in_code if m != "GET"}
+
+
+def test_create_with_an_explicit_ssm_address(api, env):
+    g = create(api, model="uftp-run", receivers=[R1], address="232.9.9.9")
+    assert g["address"] == "232.9.9.9"
+    assert dict(env.fabric.trace(S, "232.9.9.9").delivered) == {R1: 1}
+    assert "SSM" in create(api, 400, model="other", address="239.1.1.1")["error"]
+    assert create(api, 409, model="other", address="232.9.9.9")["error"]
+    assert create(api, 409, model="uftp-run", address="232.9.9.10")["error"]
