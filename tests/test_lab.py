@@ -352,3 +352,25 @@ def test_mininet_custom_topo(lab_env: None) -> None:
     want |= {f"s{h.dpid}-eth{h.port}": str(h.port) for h in topo.hosts}
     assert {k: got.get(k) for k in want} == want, out
     assert left == [], f"mn left {left} behind (removed now)"
+
+
+def test_management_network_reaches_the_root_namespace(lab_env):
+    """Agents in the hosts reach a service listening on the management gateway."""
+    import socket
+    import threading
+
+    with Lab(linear(2), controller=None, fail_mode="standalone", mgmt=True) as lab:
+        gw = lab.mgmt_gateway
+        srv = socket.create_server((gw, 0))
+        port = srv.getsockname()[1]
+        got: list[bytes] = []
+        t = threading.Thread(target=lambda: got.append(srv.accept()[0].recv(16)))
+        t.start()
+        code = f"import socket; socket.create_connection(({gw!r}, {port}), 5).sendall(b'hello')"
+        lab.run("h2", sys.executable, "-c", code)
+        t.join(5)
+        srv.close()
+        assert got == [b"hello"]
+        assert lab.mgmt_ip("h2") != lab.mgmt_ip("h1")
+        base = lab.base
+    assert leftovers(base) == []

@@ -46,6 +46,7 @@ log = logging.getLogger("modelcast.lab")
 IFNAMSIZ = 15  # Linux interface names are at most 15 characters
 STATE_DIR = Path(os.environ.get("MODELCAST_LAB_STATE", "/run/modelcast-lab"))
 HOST_IFACE = "eth0"
+MGMT_IFACE = "mgmt0"
 _VSCTL = ("ovs-vsctl", "--timeout=20")
 
 
@@ -171,7 +172,8 @@ class Lab:
     down. Not thread-safe: build, use and stop it from one thread."""
 
     def __init__(self, topology: Topology, controller: str | None = "tcp:127.0.0.1:6653",
-                 prefix: str = "mc", fail_mode: str = "secure", stp: bool | None = None) -> None:
+                 prefix: str = "mc", fail_mode: str = "secure", stp: bool | None = None,
+                 mgmt: bool = False) -> None:
         if fail_mode not in ("secure", "standalone"):
             raise LabError(f"fail_mode must be 'secure' or 'standalone', got {fail_mode!r}")
         if not prefix.isalnum() or not 1 <= len(prefix) <= 4:
@@ -183,6 +185,12 @@ class Lab:
         # A standalone (learning-switch) fabric with a loop floods forever; RSTP breaks the
         # loop (converges in ~3 s here; classic STP takes ~30 s). Default: on exactly then.
         self.stp = (fail_mode == "standalone" and has_loop(topology)) if stp is None else stp
+        # A management network (root-namespace Linux bridge, one ``mgmt0`` per host) lets
+        # agents in the hosts reach the controller's REST API, as they would over a real
+        # out-of-band network; the data plane stays on the OpenFlow fabric.
+        self.mgmt = mgmt
+        if mgmt and len(topology.hosts) > 253:
+            raise LabError("the management network holds at most 253 hosts")
         self.tag = ""
         self.started = False
         self._created: list[tuple[str, str]] = []  # (kind, name), in creation order
@@ -241,6 +249,18 @@ class Lab:
             if (link.a, link.b) in ((a, b), (b, a)):
                 return link
         raise LabError(f"lab {self.base}: no link between switches {a} and {b}")
+
+    @property
+    def mgmt_gateway(self) -> str:
+        """The root namespace's address on the management network (where the controller's
+        REST API should listen for agents in the hosts)."""
+        if not self.mgmt or not self.tag:
+            raise LabError(f"lab {self.base or '(not started)'} has no management network")
+        return f"169.254.{int(self.tag, 16) % 250 + 1}.254"
+
+    def mgmt_ip(self, host: str) -> str:
+        index = self.topology.hosts.index(self.topology.host(host)) + 1
+        return self.mgmt_gateway.rsplit(".", 1)[0] + f".{index}"
 
     # ---------------------------------------------------------------- bookkeeping
 
@@ -353,6 +373,27 @@ class Lab:
         for dpid in sorted(topo.switches):
             self._build_bridge(dpid, bridge_ports[dpid])
         self._verify_ofports()
+        if self.mgmt:
+            self._build_mgmt()
+
+    def _build_mgmt(self) -> None:
+        br, gw = f"{self.base}mg", self.mgmt_gateway
+        log.info("lab %s: management network %s/24 on bridge %s", self.base, gw, br)
+        self._record("link", br)
+        _sh(["ip", "link", "add", br, "type", "bridge"], what="create management bridge")
+        _sh(["ip", "addr", "add", f"{gw}/24", "dev", br], what="management gateway address")
+        self._root_if_up(br)
+        for i, h in enumerate(self.topology.hosts, start=1):
+            root_if, ns = f"{self.base}m{i}", self._netns[h.name]
+            self._record("link", root_if)
+            _sh(["ip", "link", "add", root_if, "type", "veth", "peer", "name", MGMT_IFACE,
+                 "netns", ns], what=f"{h.name}: management veth")
+            _sh(["ip", "link", "set", root_if, "master", br], what=f"{h.name}: attach mgmt")
+            self._root_if_up(root_if)
+            x = ["ip", "netns", "exec", ns]
+            _sh([*x, "ip", "addr", "add", f"{self.mgmt_ip(h.name)}/24", "dev", MGMT_IFACE],
+                what=f"{h.name}: management address")
+            _sh([*x, "ip", "link", "set", MGMT_IFACE, "up"], what=f"{h.name}: mgmt0 up")
 
     def _root_if_up(self, ifname: str) -> None:
         # No IPv6 on lab links: router solicitations and MLD reports would otherwise reach
