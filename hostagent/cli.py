@@ -29,7 +29,9 @@ from .common import (
 from .control import (
     ControllerClient, ControllerError, group_endpoint, local_ip_towards, session_key,
 )
-from .net import FileSink, FileSource, parse_group, parse_ipv4, receiver_sockets, run, sender_socket
+from .net import (
+    FileSink, FileSource, parse_group, parse_ipv4, path_mtu, receiver_sockets, run, sender_socket,
+)
 from .receiver import Receiver, ReceiverConfig
 from .sender import Sender, SenderConfig, build_manifest_pages
 
@@ -136,9 +138,24 @@ def cmd_send(args: argparse.Namespace) -> int:
         source.close()
 
 
+def _datagram_sizes(args: argparse.Namespace, interface: str) -> tuple[int, int]:
+    """(payload bytes, max datagram): ``--payload-size`` or, by default, what fills one
+    frame on the multicast route (the group is not known yet with a controller: any SSM
+    address takes the same multicast route)."""
+    probe = parse_group(args.group)[0] if args.group else "232.0.1.1"
+    # Capped at a 9000-byte jumbo frame: loopback's 64 KiB "MTU" is no wire's.
+    mtu = min(path_mtu(probe, 9, interface), 9000)
+    max_datagram = mtu - 28  # IPv4 + UDP headers
+    if args.payload_size is not None:
+        return args.payload_size, max(max_datagram, args.payload_size + wire.DATA_HEADER_LEN + wire.MAC_LEN)
+    return max_datagram - wire.DATA_HEADER_LEN - wire.MAC_LEN, max_datagram
+
+
 def _send(args: argparse.Namespace, source: FileSource, interface: str) -> int:
+    payload_size, max_datagram = _datagram_sizes(args, interface)
     config = SenderConfig(
-        chunk_size=args.chunk_size, payload_size=args.payload_size, rate_bps=args.rate * 1e6,
+        chunk_size=args.chunk_size, payload_size=payload_size, max_datagram=max_datagram,
+        rate_bps=args.rate * 1e6,
         expected_receivers=args.receivers, key=_key(args.key_file),
         name=os.path.basename(args.path)[:100], linger_timeout=args.timeout,
         session_id=random.SystemRandom().getrandbits(64),
@@ -424,7 +441,8 @@ def build_parser() -> argparse.ArgumentParser:
     send.add_argument("--poll", type=float, default=0.5, help="controller polling interval, seconds")
     send.add_argument("--rate", type=float, default=1000.0, help="rate cap in Mbit/s (starts at 70%%)")
     send.add_argument("--chunk-size", type=int, default=1024 * 1024)
-    send.add_argument("--payload-size", type=int, default=1400)
+    send.add_argument("--payload-size", type=int, default=None,
+                      help="data bytes per datagram (default: fill one frame of the route's MTU)")
     send.add_argument("--ttl", type=int, default=1)
     send.add_argument("--gso", action="store_true",
                       help="batch datagrams with UDP GSO (faster sends, burstier: measure with bench_net)")

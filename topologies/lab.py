@@ -173,7 +173,7 @@ class Lab:
 
     def __init__(self, topology: Topology, controller: str | None = "tcp:127.0.0.1:6653",
                  prefix: str = "mc", fail_mode: str = "secure", stp: bool | None = None,
-                 mgmt: bool = False) -> None:
+                 mgmt: bool = False, mtu: int = 1500) -> None:
         if fail_mode not in ("secure", "standalone"):
             raise LabError(f"fail_mode must be 'secure' or 'standalone', got {fail_mode!r}")
         if not prefix.isalnum() or not 1 <= len(prefix) <= 4:
@@ -189,6 +189,9 @@ class Lab:
         # agents in the hosts reach the controller's REST API, as they would over a real
         # out-of-band network; the data plane stays on the OpenFlow fabric.
         self.mgmt = mgmt
+        if not 1280 <= mtu <= 9000:
+            raise LabError(f"mtu must be 1280..9000, got {mtu}")
+        self.mtu = mtu  # 9000: the jumbo frames GPU fabrics run; every data-plane link gets it
         if mgmt and len(topology.hosts) > 253:
             raise LabError("the management network holds at most 253 hosts")
         self.tag = ""
@@ -357,8 +360,8 @@ class Lab:
                      a_if, b_if)
             self._record("link", a_if)
             self._record("link", b_if)
-            _sh(["ip", "link", "add", a_if, "type", "veth", "peer", "name", b_if],
-                what="create inter-switch veth")
+            _sh(["ip", "link", "add", a_if, "mtu", str(self.mtu), "type", "veth", "peer", "name",
+                 b_if, "mtu", str(self.mtu)], what="create inter-switch veth")
             for ifname, dpid, port in ((a_if, link.a, link.a_port), (b_if, link.b, link.b_port)):
                 self._ports[(dpid, port)] = ifname
                 bridge_ports[dpid].append((ifname, port))
@@ -415,8 +418,9 @@ class Lab:
         self._record("link", sw_if)
         # Create the host end directly inside the namespace so "eth0" never exists in (or
         # collides with anything in) the root namespace.
-        _sh(["ip", "link", "add", sw_if, "type", "veth", "peer", "name", HOST_IFACE,
-             "address", h.mac, "netns", ns], what=f"create veth for {h.name}")
+        _sh(["ip", "link", "add", sw_if, "mtu", str(self.mtu), "type", "veth", "peer", "name",
+             HOST_IFACE, "address", h.mac, "mtu", str(self.mtu), "netns", ns],
+            what=f"create veth for {h.name}")
         self._ports[(h.dpid, h.port)] = sw_if
         self._root_if_up(sw_if)
         x = ["ip", "netns", "exec", ns]
@@ -444,7 +448,7 @@ class Lab:
             cmd += ["rstp_enable=true"]
         for ifname, port in sorted(ports, key=lambda x: x[1]):
             cmd += ["--", "add-port", br, ifname, "--", "set", "Interface", ifname,
-                    f"ofport_request={port}"]
+                    f"ofport_request={port}", f"mtu_request={self.mtu}"]
         if self.controller:
             cmd += ["--", "set-controller", br, self.controller]
         _sh(cmd, what=f"create bridge {br}")
