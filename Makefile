@@ -18,6 +18,7 @@ clean:
 
 # A real model distribution on an Open vSwitch lab (root): installs and starts OVS first.
 demo: $(VENV)/.installed
+	@if [ "$$(id -u)" != 0 ]; then echo "make demo: must run as root (it creates OVS bridges and network namespaces): sudo make demo" >&2; exit 1; fi
 	bash scripts/lab-deps.sh
 	$(PY) -m topologies.demo $(DEMO_ARGS)
 

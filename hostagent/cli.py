@@ -155,7 +155,7 @@ def _send(args: argparse.Namespace, source: FileSource, interface: str) -> int:
     payload_size, max_datagram = _datagram_sizes(args, interface)
     config = SenderConfig(
         chunk_size=args.chunk_size, payload_size=payload_size, max_datagram=max_datagram,
-        rate_bps=args.rate * 1e6,
+        rate_bps=args.rate * 1e6, fec_k=args.fec_k, fec_overhead=args.fec_overhead,
         expected_receivers=args.receivers, key=_key(args.key_file),
         name=os.path.basename(args.path)[:100], linger_timeout=args.timeout,
         session_id=random.SystemRandom().getrandbits(64),
@@ -441,6 +441,11 @@ def build_parser() -> argparse.ArgumentParser:
     send.add_argument("--poll", type=float, default=0.5, help="controller polling interval, seconds")
     send.add_argument("--rate", type=float, default=1000.0, help="rate cap in Mbit/s (starts at 70%%)")
     send.add_argument("--chunk-size", type=int, default=1024 * 1024)
+    send.add_argument("--fec-k", type=int, default=32,
+                      help="datagrams per FEC parity block: one multicast parity datagram repairs "
+                           "different losses at different receivers (0 = off)")
+    send.add_argument("--fec-overhead", type=float, default=0.0,
+                      help="proactive parity per data datagram, e.g. 0.02 (needs --fec-k)")
     send.add_argument("--payload-size", type=int, default=None,
                       help="data bytes per datagram (default: fill one frame of the route's MTU)")
     send.add_argument("--ttl", type=int, default=1)

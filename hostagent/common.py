@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Hashable, Protocol, Union
 
 Addr = Hashable  # whatever the transport uses for a peer (a (host, port) tuple in net.py)
@@ -81,15 +82,16 @@ class Layout:
     chunk_size: int
     payload_size: int
 
-    @property
+    # Cached: these sit on every datagram's path (frozen, so they never go stale).
+    @cached_property
     def chunk_count(self) -> int:
         return -(-self.file_size // self.chunk_size)
 
-    @property
+    @cached_property
     def frags_per_chunk(self) -> int:
         return -(-self.chunk_size // self.payload_size)
 
-    @property
+    @cached_property
     def total_seq(self) -> int:
         count = self.chunk_count
         if count == 0:
@@ -136,7 +138,15 @@ class Stats:
     repairs_multicast: int = 0
     repair_bytes_unicast: int = 0
     repair_bytes_multicast: int = 0
+    repairs_parity: int = 0  # on-demand parity shares sent (sender) ...
+    repair_bytes_parity: int = 0
+    parity_proactive: int = 0  # ... and shares sent with the stream (fec_overhead)
+    parity_bytes_proactive: int = 0
     repairs_received: int = 0
+    parity_received: int = 0  # receiver: parity shares accepted (well-formed, for us)
+    parity_unneeded: int = 0  # ... of which arrived for a block already whole
+    fec_decodes: int = 0  # blocks rebuilt from parity
+    fec_recovered: int = 0  # data datagrams those decodes filled in
     duplicates: int = 0
     corrupt_chunks: int = 0
     rate_decreases: int = 0
@@ -144,7 +154,8 @@ class Stats:
 
     @property
     def repair_bytes(self) -> int:
-        return self.repair_bytes_unicast + self.repair_bytes_multicast
+        """Everything sent in answer to NACKs (proactive parity is not counted)."""
+        return self.repair_bytes_unicast + self.repair_bytes_multicast + self.repair_bytes_parity
 
     @property
     def dropped(self) -> int:

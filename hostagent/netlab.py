@@ -14,6 +14,7 @@ with ``numgen random``, bursty loss as a two-state model on a dynamic set).
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -156,53 +157,91 @@ class BridgeLab:
         return proc
 
     def add_loss(self, host: int, kind: str, port: Optional[int] = None) -> str:
-        """Drop datagrams towards ``host``: kind "random" (1%) or "bursty" (Gilbert-Elliott,
-        netem ``gemodel 1% 20% 70% 0.1%``; see _nft_loss for the fallback's shape).
+        """Drop datagrams towards ``host`` (see the module function ``add_loss``).
         Returns a description of the method used."""
-        if kind not in ("random", "bursty"):
-            raise ValueError(kind)
-        spec = ["loss", "1%"] if kind == "random" else ["loss", "gemodel", "1%", "20%", "70%", "0.1%"]
-        netem = _sh(["tc", "qdisc", "add", "dev", self.veth(host), "root", "netem", *spec], check=False)
-        if netem.returncode == 0:
-            desc = "netem " + " ".join(spec)
-        elif "unknown" in netem.stderr.lower():  # kernel built without sch_netem
-            desc = self._nft_loss(host, kind, port)
-        else:
-            raise NetLabError(f"tc netem on {self.veth(host)}: {netem.stderr.strip()}")
+        desc = add_loss(self.ns(host), self.veth(host), kind, port)
         self.loss_method[host] = desc
         return desc
 
-    def _nft_loss(self, host: int, kind: str, port: Optional[int]) -> str:
-        if shutil.which("nft") is None:
-            raise NetLabError("kernel has no sch_netem and `nft` is not installed (apt-get install nftables)")
-        match = f"udp dport {port} " if port else "meta l4proto udp "
-        if kind == "random":
-            rules = f"{match}numgen random mod 1000 < 10 counter drop"
-        else:
-            # Two-state burst model. Every 500th packet (the first one included, so even
-            # a short test sees a burst) enters the bad state by adding a timed set
-            # element; while it lives (~one jiffy, up to 4 ms) 70% of packets drop. At
-            # lab rates that is runs of tens of datagrams: longer, rarer bursts than
-            # netem's gemodel 1% 20% 70% (mean run ~5). Note a "packet" here may be a
-            # GSO/GRO train of up to 44 datagrams (so may netem's, on the veth).
-            rules = (
-                f"{match}ip protocol @bad numgen random mod 100 < 70 counter drop\n"
-                f"    {match}numgen inc mod 500 < 1 add @bad {{ ip protocol timeout 1ms }} counter drop"
-            )
-        script = (
-            "table inet mcloss {\n"
-            "  set bad { type inet_proto; flags dynamic,timeout; }\n"
-            "  chain pre {\n"
-            "    type filter hook prerouting priority -300; policy accept;\n"
-            f"    {rules}\n"
-            "  }\n"
-            "}\n"
-        )
-        _sh(["ip", "netns", "exec", self.ns(host), "nft", "-f", "-"], input=script)
-        return f"nft {kind}"
-
     def loss_counters(self, host: int) -> str:
         """The loss rules with their counters (for failure messages)."""
-        if self.loss_method.get(host, "").startswith("netem"):
-            return _sh(["tc", "-s", "qdisc", "show", "dev", self.veth(host)], check=False).stdout
-        return _sh(["ip", "netns", "exec", self.ns(host), "nft", "list", "table", "inet", "mcloss"], check=False).stdout
+        return loss_counters(self.ns(host), self.veth(host), self.loss_method.get(host, ""))
+
+
+# ---------------------------------------------------------------------- loss injection
+# Module functions so any lab (this bridge lab, the OVS lab in topologies/) can use them:
+# all they need is a host's namespace and the root-namespace end of the link towards it.
+
+LOSS_KINDS = ("random", "bursty")
+
+
+def add_loss(netns: str, iface: str, kind: str, port: Optional[int] = None) -> str:
+    """Drop datagrams towards the host in ``netns``: kind "random" (1%) or "bursty"
+    (Gilbert-Elliott, netem ``gemodel 1% 20% 70% 0.1%``; see _nft_loss for the fallback).
+
+    ``iface`` is the root-namespace end of the host's link (netem shapes its egress, i.e.
+    traffic towards the host); kernels without ``sch_netem`` get nftables rules inside
+    ``netns`` instead (UDP only, or only ``udp dport PORT``). Returns the method used."""
+    if kind not in LOSS_KINDS:
+        raise ValueError(f"loss kind must be one of {LOSS_KINDS}, got {kind!r}")
+    spec = ["loss", "1%"] if kind == "random" else ["loss", "gemodel", "1%", "20%", "70%", "0.1%"]
+    netem = _sh(["tc", "qdisc", "add", "dev", iface, "root", "netem", *spec], check=False)
+    if netem.returncode == 0:
+        return "netem " + " ".join(spec)
+    if "unknown" in netem.stderr.lower():  # kernel built without sch_netem
+        return _nft_loss(netns, kind, port)
+    raise NetLabError(f"tc netem on {iface}: {netem.stderr.strip()}")
+
+
+def clear_loss(netns: str, iface: str) -> None:
+    """Remove what ``add_loss`` installed (either method); absent rules are fine."""
+    _sh(["tc", "qdisc", "del", "dev", iface, "root"], check=False)
+    if shutil.which("nft"):
+        _sh(["ip", "netns", "exec", netns, "nft", "delete", "table", "inet", "mcloss"], check=False)
+
+
+def _nft_loss(netns: str, kind: str, port: Optional[int]) -> str:
+    if shutil.which("nft") is None:
+        raise NetLabError("kernel has no sch_netem and `nft` is not installed (apt-get install nftables)")
+    match = f"udp dport {port} " if port else "meta l4proto udp "
+    if kind == "random":
+        rules = f"{match}numgen random mod 1000 < 10 counter drop"
+    else:
+        # Two-state burst model. Every 500th packet (the first one included, so even
+        # a short test sees a burst) enters the bad state by adding a timed set
+        # element; while it lives (~one jiffy, up to 4 ms) 70% of packets drop. At
+        # lab rates that is runs of tens of datagrams: longer, rarer bursts than
+        # netem's gemodel 1% 20% 70% (mean run ~5). Note a "packet" here may be a
+        # GSO/GRO train of up to 44 datagrams (so may netem's, on the veth).
+        rules = (
+            f"{match}ip protocol @bad numgen random mod 100 < 70 counter drop\n"
+            f"    {match}numgen inc mod 500 < 1 add @bad {{ ip protocol timeout 1ms }} counter drop"
+        )
+    script = (
+        "table inet mcloss {\n"
+        "  set bad { type inet_proto; flags dynamic,timeout; }\n"
+        "  chain pre {\n"
+        "    type filter hook prerouting priority -300; policy accept;\n"
+        f"    {rules}\n"
+        "  }\n"
+        "}\n"
+    )
+    _sh(["ip", "netns", "exec", netns, "nft", "-f", "-"], input=script)
+    return f"nft {kind}"
+
+
+def loss_counters(netns: str, iface: str, method: str = "") -> str:
+    """The loss rules with their counters (for failure messages and reports)."""
+    if method.startswith("netem"):
+        return _sh(["tc", "-s", "qdisc", "show", "dev", iface], check=False).stdout
+    return _sh(["ip", "netns", "exec", netns, "nft", "list", "table", "inet", "mcloss"], check=False).stdout
+
+
+def loss_dropped(netns: str, iface: str, method: str = "") -> Optional[int]:
+    """Packets the loss rules dropped so far (None if unknown): proof loss was injected."""
+    text = loss_counters(netns, iface, method)
+    if method.startswith("netem"):
+        m = re.search(r"dropped (\d+)", text)
+        return int(m.group(1)) if m else None
+    counts = [int(x) for x in re.findall(r"counter packets (\d+)", text)]
+    return sum(counts) if counts else None

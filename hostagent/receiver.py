@@ -10,6 +10,11 @@ few receivers NACK before the multicast repair arrives and suppresses the rest.
 Every detected gap carries its own timer (as in SRM), so a gap that another receiver
 already got repaired by multicast is simply found filled when its timer fires; a single
 shared timer would let new gaps ride on old timers and fire in lockstep.
+
+PARITY shares are kept per FEC block while the block has holes; as soon as data plus
+shares reach the block's k, the missing datagrams are rebuilt (``hostagent.fec``) and
+written like any fragment, so the chunk digest still decides what is good. A NACK asks
+only for as many datagrams of a block as the held shares do not already cover.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from typing import Optional
 import blake3
 import msgpack
 
-from . import wire
+from . import fec, wire
 from .common import (
     Addr, ChunkCorrupt, ChunkSink, Failed, FileComplete, Layout, ManifestReceived,
     ReceiverEvent, Stats,
@@ -32,6 +37,7 @@ from .common import (
 from .rangeset import RangeSet
 
 STATE_VERSION = 1
+MAX_PARITY_BLOCKS = 4096  # blocks with held shares; bounds memory (a late joiner sees many)
 
 
 @dataclass
@@ -94,6 +100,11 @@ class Receiver:
         self._loss = 0.0
         self._loss_mark: Optional[tuple[int, int]] = None  # (highest, data_received) at last NACK
 
+        # FEC: block first seq -> (block end, share index -> payload); nominal k of the sender
+        self._parity: dict[int, tuple[int, dict[int, bytes]]] = {}
+        self._fec_k = 0
+        self._fec_chunks: set[int] = set()  # chunks holding rebuilt data not yet verified
+
         self.complete = False
         self.failed = False
         self.acked = False
@@ -131,6 +142,8 @@ class Receiver:
             self._on_manifest(msg, now)
         elif isinstance(msg, wire.End):
             self._on_end(msg, now)
+        elif isinstance(msg, wire.Parity):
+            self._on_parity(msg, now)
         elif isinstance(msg, wire.CompleteAck):
             if msg.receiver_id == self.receiver_id:
                 self.acked = True
@@ -264,10 +277,96 @@ class Receiver:
             return
         self._sink.write(msg.chunk * layout.chunk_size + msg.offset, msg.payload)
         self.have.add(msg.seq)
+        if self._parity:
+            first = fec.block_of(layout, msg.seq, self._fec_k)[2]
+            if first in self._parity:
+                self._try_decode(first)  # one more data share may complete the block
         start, end = layout.chunk_seqs(msg.chunk)
         if self.have.contains_range(start, end):
             self._verify_chunk(msg.chunk, now)
             self._check_done(now)
+
+    def _on_parity(self, msg: wire.Parity, now: float) -> None:
+        layout = self.layout
+        if layout is None:
+            self.stats.drops["no_manifest"] += 1
+            return
+        first, end = fec.block_bounds(layout, msg.chunk, msg.block, msg.k)
+        if (
+            end <= first
+            or msg.index < end - first
+            or len(msg.payload) != fec.symbol_size(layout, first)
+        ):
+            self.stats.drops["bad_parity"] += 1
+            return
+        if msg.k != self._fec_k:
+            # The sender's block size changed (or first share): old shares index other blocks.
+            self._parity.clear()
+            self._fec_k = msg.k
+        self.stats.parity_received += 1
+        if self.complete or self.have.contains_range(first, end):
+            self.stats.parity_unneeded += 1
+            return
+        entry = self._parity.get(first)
+        if entry is None:
+            if len(self._parity) >= MAX_PARITY_BLOCKS:
+                self.stats.drops["parity_overflow"] += 1
+                return
+            entry = self._parity[first] = (end, {})
+        if msg.index in entry[1]:
+            self.stats.duplicates += 1
+            return
+        entry[1][msg.index] = msg.payload
+        chunk = msg.chunk
+        if self._try_decode(first):
+            start, stop = layout.chunk_seqs(chunk)
+            if self.have.contains_range(start, stop):
+                self._verify_chunk(chunk, now)
+                self._check_done(now)
+
+    def _try_decode(self, first: int) -> bool:
+        """Rebuild a block's missing datagrams once data + shares reach k; True if done."""
+        layout = self.layout
+        assert layout is not None
+        end, shares = self._parity[first]
+        k_eff = end - first
+        missing = k_eff - self.have.count_in(first, end)
+        if missing == 0:
+            del self._parity[first]
+            return False
+        if len(shares) < missing:
+            return False
+        del self._parity[first]
+        chunk, offset, _ = layout.locate(first)
+        base = chunk * layout.chunk_size + offset
+        _, last_off, last_len = layout.locate(end - 1)
+        raw = self._sink.read(base, last_off + last_len - offset)
+        size = fec.symbol_size(layout, first)
+        step = layout.payload_size
+        use: dict[int, bytes] = {}
+        holes: list[int] = []
+        for i in range(k_eff):
+            if first + i in self.have:
+                if len(use) < k_eff - missing:
+                    use[i] = fec.pad(raw[i * step : (i + 1) * step], size)
+            else:
+                holes.append(i)
+        for index in sorted(shares)[:missing]:
+            use[index] = shares[index]
+        try:
+            symbols = fec.decode(k_eff, use)
+        except ValueError:
+            self.stats.drops["bad_parity"] += 1
+            return False
+        for i in holes:
+            seq = first + i
+            length = layout.locate(seq)[2]
+            self._sink.write(base + i * step, symbols[i][:length])
+            self.have.add(seq)
+        self._fec_chunks.add(chunk)
+        self.stats.fec_decodes += 1
+        self.stats.fec_recovered += len(holes)
+        return True
 
     def _on_end(self, msg: wire.End, now: float) -> None:  # noqa: C901
         self._group_hint = max(1, msg.receivers_hint)
@@ -304,16 +403,24 @@ class Receiver:
             return
         data = self._sink.read(chunk * layout.chunk_size, layout.chunk_len(chunk))
         expected = bytes(self._digests[chunk * wire.CHUNK_DIGEST_LEN : (chunk + 1) * wire.CHUNK_DIGEST_LEN])
+        rebuilt = chunk in self._fec_chunks
+        self._fec_chunks.discard(chunk)
         if wire.chunk_digest(data) == expected:
             self.verified.add(chunk)
             self._since_save += 1
             if self._since_save >= self.config.state_save_every:
                 self._save_state()
             return
-        # Corrupt (forged or damaged fragment): forget the whole chunk and ask again.
+        # Corrupt (forged or damaged fragment or parity share): forget the whole chunk,
+        # and any shares held for it, and ask again.
         self.stats.corrupt_chunks += 1
+        if rebuilt:
+            self.stats.drops["corrupt_parity"] += 1
         start, end = layout.chunk_seqs(chunk)
         self.have.discard(start, end)
+        if self._parity and self._fec_k:
+            for first in range(start, end, self._fec_k):
+                self._parity.pop(first, None)
         self._events.append(ChunkCorrupt(chunk))
         self._add_gap(now, start, end)
 
@@ -332,6 +439,7 @@ class Receiver:
             return
         self.complete = True
         self._gap_timers.clear()
+        self._parity.clear()
         self._save_state()
         self._events.append(FileComplete(digest))
         self._send_complete(now)
@@ -394,6 +502,8 @@ class Receiver:
         for ds, de in due:
             for gs, ge in self.have.missing(ds, de):
                 wanted.extend(requested.missing(gs, ge) if requested else [(gs, ge)])
+        if self._parity and wanted:
+            wanted = self._credit_parity(wanted, requested)
         keyed = self._key is not None
         for _ in range(self.config.max_nacks_per_round):
             if not wanted:
@@ -403,6 +513,27 @@ class Receiver:
             self._send_nack(now, sent)
         for s, e in wanted:  # did not fit this round
             self._add_gap(now, s, e)
+
+    def _credit_parity(self, wanted: list[tuple[int, int]], requested: RangeSet) -> list[tuple[int, int]]:
+        """A block with p shares held and r holes needs only r - p more datagrams (any
+        of them), so ask for no more than that, less what is already on request; the
+        rest get rebuilt when those arrive."""
+        asked = RangeSet(wanted)
+        for first, (end, shares) in self._parity.items():
+            inside = asked.count_in(first, end)
+            if not inside:
+                continue
+            allowed = self.have.missing_count(first, end) - len(shares)
+            if requested:
+                allowed -= sum(self.have.missing_count(s, e) for s, e in _covered(requested, first, end))
+            surplus = inside - max(0, allowed)
+            for s, e in reversed(_covered(asked, first, end)):
+                if surplus <= 0:
+                    break
+                cut = min(surplus, e - s)
+                asked.discard(e - cut, e)
+                surplus -= cut
+        return asked.ranges()
 
     def _send_nack(self, now: float, ranges: list[tuple[int, int]]) -> None:
         mark = self._loss_mark or (self._highest, self.stats.data_received)
@@ -427,6 +558,17 @@ class Receiver:
         if self.sender_addr is None:
             return
         self._out.append((wire.encode(msg, self._key), self.sender_addr))
+
+
+def _covered(rs: RangeSet, start: int, end: int) -> list[tuple[int, int]]:
+    """Parts of ``[start, end)`` present in ``rs``."""
+    parts: list[tuple[int, int]] = []
+    pos = start
+    for s, e in rs.missing(start, end) + [(end, end)]:
+        if s > pos:
+            parts.append((pos, s))
+        pos = e
+    return parts
 
 
 def _parse_state(state: Optional[bytes]) -> Optional[dict]:

@@ -6,6 +6,13 @@ window are merged: a range missed by one receiver is repaired by unicast to it, 
 missed by ``multicast_threshold`` or more receivers by one multicast. Pacing is a token
 bucket whose rate follows AIMD below a hard cap.
 
+With ``fec_k`` set, the window is first swept per FEC block (k consecutive datagrams of
+a chunk): when several receivers miss *different* datagrams of one block, m parity
+shares are multicast instead (m chosen to minimise m + the leftovers of receivers that
+need more than m; see ``fec.plan_shares``). One share repairs a different single loss
+at every receiver, which is what makes independent loss at large group sizes cheap.
+``fec_overhead`` additionally sends parity with the stream, before anyone asks.
+
 Like aioquic's QuicConnection it never touches a socket or a clock: feed it
 ``receive_datagram(data, addr, now)``, drain ``datagrams_to_send(now)``, and call
 ``handle_timer(now)`` at ``get_timer()``.
@@ -15,13 +22,14 @@ from __future__ import annotations
 
 import dataclasses
 import random
+from bisect import bisect_right
 from collections import deque
 from dataclasses import dataclass
 from typing import Optional
 
 import blake3
 
-from . import wire
+from . import fec, wire
 from .common import (
     GROUP, MAX_CHUNK_SIZE, MIN_CHUNK_SIZE, Addr, ChunkSource, Dest, Layout, ReceiverCompleted,
     ReceiverFailed, ReceiverJoined, SenderEvent, Stats, StreamFinished, TransferFinished,
@@ -59,6 +67,12 @@ class SenderConfig:
     session_id: Optional[int] = None
     key: Optional[bytes] = None
     name: str = ""
+    # FEC: datagrams per parity block (0: off, plain per-datagram repair only).
+    fec_k: int = 0
+    fec_overhead: float = 0.0  # proactive parity shares per data datagram (e.g. 0.02)
+    # One receiver asks for part of a block, but the others' reported loss says more
+    # will: answer with (multicast) parity instead of unicast. Same cost to the sender.
+    fec_anticipate: bool = True
 
     def validate(self) -> None:
         """Refuse settings that would break the wire format or the pacing maths."""
@@ -72,6 +86,13 @@ class SenderConfig:
             raise ValueError("rate fractions must be in (0, 1]")
         if self.multicast_threshold < 1:
             raise ValueError("multicast_threshold must be >= 1")
+        if not 0 <= self.fec_k <= fec.MAX_K:
+            raise ValueError(f"fec_k must be 0..{fec.MAX_K}")
+        if not 0 <= self.fec_overhead <= 1 or (self.fec_overhead and not self.fec_k):
+            raise ValueError("fec_overhead must be in [0, 1] and needs fec_k")
+        if fec.MAX_SHARES - self.fec_k - (int(self.fec_overhead * self.fec_k) + 2) < 32:
+            # keep share indices free for several on-demand repair rounds per block
+            raise ValueError("fec_overhead too large for fec_k")
 
 
 @dataclass
@@ -81,6 +102,7 @@ class _Peer:
     last_heard: float
     completed: bool = False
     failed: bool = False
+    loss: float = 0.0  # first-transmission loss it reported in its last NACK
 
 
 def build_manifest_pages(source: ChunkSource, config: SenderConfig, session: int) -> list[wire.Manifest]:
@@ -169,6 +191,19 @@ class Sender:
         self._recent_uc_set = RangeSet()  # unicast-repaired lately: a second asker means shared loss
         self._recent_uc_by: dict[int, RangeSet] = {}
 
+        # FEC
+        self._fec_k = config.fec_k
+        self._parity_pending: dict[int, int] = {}  # block first seq -> shares queued, unsent
+        self._next_share: dict[int, int] = {}  # block first seq -> next on-demand share index
+        self._proactive: deque[list] = deque()  # parity jobs riding with the stream
+        self._fec_credit = 0.0
+        # Blocks where parity was recently counted on to repair a receiver: if it asks
+        # again there (lost the shares, or cannot decode), serve it plain instead.
+        self._parity_for: dict[int, RangeSet] = {}
+        self._parity_for_log: deque[tuple[float, int, int, int]] = deque()  # (time, rid, first, end)
+        # Share indices [k_eff, k_eff + reserve) belong to proactive parity.
+        self._share_reserve = (int(config.fec_overhead * config.fec_k) + 2) if config.fec_overhead else 0
+
         # receivers
         self.peers: dict[int, _Peer] = {}
         self._last_activity = now
@@ -215,7 +250,7 @@ class Sender:
                 break
             self._tokens -= len(item[0])
             out.append(item)
-        if self._next_seq >= self.layout.total_seq and self._stream_done_at is None:
+        if self._next_seq >= self.layout.total_seq and self._stream_done_at is None and not self._proactive:
             self._stream_done_at = now
             self._events.append(StreamFinished(self.layout.total_seq))
             out.append((self._end(False), GROUP))
@@ -341,6 +376,7 @@ class Sender:
         self.stats.nacks_received += 1
         if peer.completed or peer.failed:
             return
+        peer.loss = msg.loss_permille / 1000
         limit = self._next_seq  # cannot repair what has not been sent yet
         requests = self._window.setdefault(msg.receiver_id, RangeSet())
         self._expire_recent(now)
@@ -364,8 +400,9 @@ class Sender:
         """Record one receiver's request. With a threshold of 2, a second asker (in this
         window, or one we recently repaired by unicast) makes the loss shared: multicast
         at once instead of waiting for the window, so the repair arrives before most
-        receivers' NACK timers fire and suppresses them."""
-        if self.config.multicast_threshold <= 2:
+        receivers' NACK timers fire and suppresses them. (With FEC on, everything waits
+        for the window: a per-block sweep of all askers picks parity or plain repair.)"""
+        if self.config.multicast_threshold <= 2 and not self._fec_k:
             own = self._recent_uc_by.get(rid)
             for known in (self._window_any, self._recent_uc_set):
                 if not known:
@@ -392,6 +429,8 @@ class Sender:
         self._expire_recent(now)
         window, self._window = self._window, {}
         self._window_any = RangeSet()
+        if self._fec_k:
+            window = self._plan_parity(window, now)
         points: list[tuple[int, int, int]] = []  # (position, +1/-1, receiver)
         for rid, ranges in window.items():
             for s, e in ranges:
@@ -418,6 +457,22 @@ class Sender:
 
     def _queue_repair(self, start: int, end: int, receivers: set[int]) -> None:
         threshold = self.config.multicast_threshold
+        if self._fec_k and threshold <= 2 and len(receivers) < threshold and self._recent_uc_set:
+            # FEC mode skips _request's early escalation; do it here: a range recently
+            # repaired by unicast to someone *else* is a shared loss.
+            own = RangeSet()
+            for rid in receivers:
+                for s, e in self._recent_uc_by.get(rid, ()):
+                    own.add(s, e)
+            parts = [p for s, e in _covered(self._recent_uc_set, start, end) for p in own.missing(s, e)]
+            pos = start
+            for s, e in parts + [(end, end)]:
+                if s > pos:
+                    self._queue_repair_split(pos, s, receivers, shared=False)
+                if e > s:
+                    self._queue_repair_split(s, e, receivers, shared=True)
+                pos = e
+            return
         if threshold > 2 and len(receivers) + 1 >= threshold and self._recent_uc_set:
             # (threshold <= 2 escalates as NACKs arrive, in _request)
             # Parts someone else recently needed too: the loss is shared, go multicast.
@@ -473,9 +528,14 @@ class Sender:
         self._last_refill = now
 
     def _has_paced_work(self) -> bool:
-        return bool(self._repairs) or self._next_seq < self.layout.total_seq
+        return bool(self._repairs) or bool(self._proactive) or self._next_seq < self.layout.total_seq
 
     def _next_paced(self, now: float) -> Optional[tuple[bytes, Dest]]:
+        if self._proactive:
+            raw = self._pop_parity(self._proactive)
+            self.stats.parity_proactive += 1
+            self.stats.parity_bytes_proactive += len(raw)
+            return raw, GROUP
         streaming = self._next_seq < self.layout.total_seq
         if streaming and self._since_manifest >= self.config.manifest_every:
             self._since_manifest = 0
@@ -499,11 +559,24 @@ class Sender:
         data = self._data(seq, repair=False, multicast=True)
         self.stats.data_sent += 1
         self.stats.data_bytes_sent += len(data)
+        if self.config.fec_overhead:
+            self._maybe_proactive(seq)
         return data, GROUP
 
     def _pop_repair(self, now: float) -> Optional[tuple[bytes, Dest]]:
         while self._repairs:
             entry = self._repairs[0]
+            if entry[0] is _PARITY_JOB:
+                first = fec.block_bounds(self.layout, entry[1], entry[2], self._fec_k)[0]
+                raw = self._pop_parity(self._repairs)
+                left = self._parity_pending.get(first, 0) - 1
+                if left > 0:
+                    self._parity_pending[first] = left
+                else:
+                    self._parity_pending.pop(first, None)
+                self.stats.repairs_parity += 1
+                self.stats.repair_bytes_parity += len(raw)
+                return raw, GROUP
             rid, seq, end = entry
             entry[1] += 1
             if entry[1] >= end:
@@ -529,6 +602,147 @@ class Sender:
             self.stats.repair_bytes_unicast += len(raw)
             return raw, peer.addr
         return None
+
+    # ------------------------------------------------------------------ FEC
+
+    def _plan_parity(self, window: dict[int, RangeSet], now: float) -> dict[int, RangeSet]:
+        """Per FEC block of this window's requests: queue parity where it is cheaper
+        than per-datagram repair and take the covered requests out of the window."""
+        k = self._fec_k
+        layout = self.layout
+        log = self._parity_for_log
+        while log and now - log[0][0] > self.config.shared_loss_memory:
+            _, rid, first, end = log.popleft()
+            served = self._parity_for.get(rid)
+            if served is not None:
+                served.discard(first, end)
+                if not served:
+                    del self._parity_for[rid]
+        # Candidate blocks: those with a request boundary inside them. A block only ever
+        # asked for whole (a late joiner, a blackout) is no cheaper with parity.
+        blocks: dict[int, tuple[int, int, int]] = {}  # first -> (end, chunk, block)
+        for ranges in window.values():
+            for s, e in ranges:
+                for seq in (s, e - 1):
+                    chunk, block, first, end = fec.block_of(layout, seq, k)
+                    if end <= self._next_seq and first not in blocks and (s > first or e < end):
+                        blocks[first] = (end, chunk, block)
+        if not blocks:
+            return window
+        firsts = sorted(blocks)
+        ends = [blocks[f][0] for f in firsts]
+        # needs[first][rid] = that receiver's requested seqs inside the block
+        needs: dict[int, dict[int, list[tuple[int, int]]]] = {}
+        for rid, ranges in window.items():
+            served = self._parity_for.get(rid)
+            for s, e in ranges:
+                i = bisect_right(ends, s)
+                while i < len(firsts) and firsts[i] < e:
+                    f = firsts[i]
+                    if served is None or f not in served:
+                        needs.setdefault(f, {}).setdefault(rid, []).append((max(s, f), min(e, ends[i])))
+                    i += 1
+        active = [p for p in self.peers.values() if not (p.completed or p.failed)]
+        group_loss = sum(p.loss for p in active)
+        threshold = self.config.multicast_threshold
+        for first, asks in needs.items():
+            end, chunk, block = blocks[first]
+            k_eff = end - first
+            pending = self._parity_pending.get(first, 0)
+            counts = {rid: sum(e - s for s, e in parts) - pending for rid, parts in asks.items()}
+            wanting = {rid: r for rid, r in counts.items() if r > 0}
+            if not wanting:  # shares already queued cover everyone
+                for rid in asks:
+                    window[rid].discard(first, end)
+                continue
+            span = fec.MAX_SHARES - k_eff - self._share_reserve
+            m, cost = fec.plan_shares(wanting.values(), span)
+            if m == 0:
+                continue
+            askers = [0] * k_eff
+            for rid in wanting:
+                for s, e in asks[rid]:
+                    for seq in range(s, e):
+                        askers[seq - first] += 1
+            plain = sum(1 if c >= threshold else c for c in askers)
+            others = k_eff * (group_loss - sum(self.peers[r].loss for r in asks if r in self.peers))
+            anticipate = self.config.fec_anticipate and others >= 0.5
+            if not (cost < plain or (cost == plain and anticipate)):
+                continue
+            self._repairs.append([_PARITY_JOB, chunk, block, m, None])
+            self._parity_pending[first] = pending + m
+            for rid, parts in asks.items():
+                window[rid].discard(first, end)
+                self._parity_for.setdefault(rid, RangeSet()).add(first, end)
+                log.append((now, rid, first, end))
+                extra = counts[rid] - m  # needs more shares than the multicast brings
+                for s, e in parts:
+                    if extra <= 0:
+                        break
+                    take = min(extra, e - s)
+                    window[rid].add(s, s + take)
+                    extra -= take
+        return {rid: ranges for rid, ranges in window.items() if ranges}
+
+    def _maybe_proactive(self, seq: int) -> None:
+        """After the last datagram of a block: owe it fec_overhead * k_eff shares."""
+        chunk, block, first, end = fec.block_of(self.layout, seq, self._fec_k)
+        if seq != end - 1:
+            return
+        self._fec_credit += self.config.fec_overhead * (end - first)
+        count = int(self._fec_credit)
+        if count:
+            self._fec_credit -= count
+            self._proactive.append([_PARITY_JOB, chunk, block, min(count, self._share_reserve), None])
+
+    def _pop_parity(self, queue: deque[list]) -> bytes:
+        """Next share of the parity job at the head of ``queue`` (encoded on first use)."""
+        entry = queue[0]
+        if entry[4] is None:
+            _, chunk, block, count, _ = entry
+            first, end = fec.block_bounds(self.layout, chunk, block, self._fec_k)
+            k_eff = end - first
+            if queue is self._proactive:
+                indices = list(range(k_eff, k_eff + count))
+            else:
+                indices = self._share_indices(first, k_eff, count)
+            entry[4] = deque(self._parity_datagrams(chunk, block, first, end, indices))
+        raw = entry[4].popleft()
+        if not entry[4]:
+            queue.popleft()
+        return raw
+
+    def _share_indices(self, first: int, k_eff: int, count: int) -> list[int]:
+        """Fresh share indices for a block, so shares from successive rounds combine.
+        Blocks start at a random offset and the map is bounded: a forgotten block
+        restarting somewhere else rarely repeats a share a receiver already holds."""
+        base = k_eff + self._share_reserve
+        span = fec.MAX_SHARES - base
+        nxt = self._next_share.pop(first, None)
+        if nxt is None:
+            nxt = self._rng.randrange(span)
+            if len(self._next_share) >= _SHARE_MAP_LIMIT:
+                del self._next_share[next(iter(self._next_share))]
+        indices = [base + (nxt + i) % span for i in range(count)]
+        self._next_share[first] = (nxt + count) % span
+        return indices
+
+    def _parity_datagrams(self, chunk: int, block: int, first: int, end: int, indices: list[int]) -> list[bytes]:
+        layout = self.layout
+        size = fec.symbol_size(layout, first)
+        base = chunk * layout.chunk_size
+        lo = layout.locate(first)[1]
+        _, last_off, last_len = layout.locate(end - 1)
+        raw = self._source.read(base + lo, last_off + last_len - lo)
+        step = layout.payload_size
+        symbols = [fec.pad(raw[i : i + step], size) for i in range(0, len(raw), step)]
+        shares = fec.encode(symbols, indices)
+        return [
+            wire.encode_parity(
+                wire.Parity(self.session, chunk, block, self._fec_k, fec.MAX_SHARES, index, share), self._key
+            )
+            for index, share in zip(indices, shares)
+        ]
 
     # ------------------------------------------------------------------ building datagrams
 
@@ -561,6 +775,10 @@ class Sender:
         self.stats.datagrams_out += len(out)
         self.stats.bytes_out += sum(len(d) for d, _ in out)
         return out
+
+
+_PARITY_JOB = object()  # marks a parity entry in the repair queue
+_SHARE_MAP_LIMIT = 1 << 16
 
 
 def _covered(rs: RangeSet, start: int, end: int) -> list[tuple[int, int]]:

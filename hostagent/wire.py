@@ -7,7 +7,7 @@ Layout of every datagram::
 
     magic "MC" | version u8 | type u8 | flags u8 | pad u8 | session u64 | body | [MAC 16]
 
-DATA and REPAIR bodies are a fixed struct followed by the raw payload (the fast path);
+DATA, REPAIR and PARITY bodies are a fixed struct followed by the raw payload (the fast path);
 MANIFEST and NACK bodies are msgpack arrays (variable length, rare). When the
 ``FLAG_MAC`` bit is set the last 16 bytes are a keyed BLAKE3 MAC over everything before
 them. ``decode`` raises only ``WireError`` (subclasses name the reason) on anything it
@@ -65,7 +65,8 @@ DATA_HEADER_LEN = HEADER_LEN + _DATA.size  # 32
 _COMPLETE = struct.Struct("!Q32s")  # receiver id, whole-file digest
 _RID = struct.Struct("!Q")  # receiver id (HELLO, COMPLETE_ACK)
 _END = struct.Struct("!QI")  # total sequence numbers, receivers hint
-_PARITY = struct.Struct("!QHHHH")  # first seq of block, k, m, parity index, payload len
+_PARITY = struct.Struct("!IIHHHH")  # chunk, block, k, n, share index, payload len
+MAX_FEC_SHARES = 256  # zfec works in GF(2^8): at most 256 shares per block
 
 
 class WireError(Exception):
@@ -161,12 +162,16 @@ class Nack:
 
 @dataclass(frozen=True, slots=True)
 class Parity:
-    """One zfec parity block for the k data datagrams starting at ``first_seq``."""
+    """One zfec parity share (index ``index`` of an ``n``-share code) over FEC block
+    ``block`` of chunk ``chunk``: that chunk's fragments ``[block*k, (block+1)*k)``,
+    cut short at the chunk end. The payload is as long as the block's first fragment
+    (shorter fragments are zero-padded before encoding); see ``hostagent.fec``."""
 
     session: int
-    first_seq: int
+    chunk: int
+    block: int
     k: int
-    m: int
+    n: int
     index: int
     payload: bytes
     multicast: bool = True
@@ -316,8 +321,10 @@ def nack_fit(ranges: list[tuple[int, int]], max_datagram: int, keyed: bool) -> i
 
 
 def encode_parity(msg: Parity, key: bytes | None = None) -> bytes:
+    if len(msg.payload) > MAX_PAYLOAD:
+        raise ValueError("payload too large")
     flags = FLAG_MULTICAST if msg.multicast else 0
-    body = _PARITY.pack(msg.first_seq, msg.k, msg.m, msg.index, len(msg.payload)) + msg.payload
+    body = _PARITY.pack(msg.chunk, msg.block, msg.k, msg.n, msg.index, len(msg.payload)) + msg.payload
     return _finish(T_PARITY, flags, msg.session, body, key)
 
 
@@ -508,9 +515,13 @@ def _decode_nack(session: int, body: memoryview) -> Nack:
 def _decode_parity(session: int, multicast: bool, body: memoryview) -> Parity:
     if len(body) < _PARITY.size:
         raise Truncated("PARITY header too short")
-    first, k, m, index, plen = _PARITY.unpack_from(body)
+    chunk, block, k, n, index, plen = _PARITY.unpack_from(body)
     if len(body) - _PARITY.size != plen or plen == 0:
         raise BadLength("parity payload length")
-    if k == 0 or m <= k or m > 256 or index < k or index >= m:
+    # index >= 1: share 0 is always a data fragment. (index >= the block's true data
+    # count needs the file layout; the receiver checks that.)
+    if not 1 <= k < n <= MAX_FEC_SHARES or not 1 <= index < n:
         raise BadField("FEC parameters")
-    return Parity(session, first, k, m, index, bytes(body[_PARITY.size :]), multicast)
+    if block * k >= MAX_CHUNK_SIZE:
+        raise BadField("FEC block beyond maximum chunk size")
+    return Parity(session, chunk, block, k, n, index, bytes(body[_PARITY.size :]), multicast)

@@ -1,23 +1,18 @@
-"""Helpers for tests on a real Open vSwitch lab: the controller as a subprocess, and
-probes that send / capture UDP multicast inside host namespaces."""
+"""Helpers for tests on a real Open vSwitch lab: probes that send / capture UDP multicast
+inside host namespaces. The controller subprocess (``Controller``) lives in
+``topologies.runner`` (shared with the demo) and is re-exported here."""
 
 from __future__ import annotations
 
 import os
-import signal
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
-from typing import Any
 
 import pytest
-import requests
 
 from topologies.lab import Lab, LabError, require_lab
-
-VENV_BIN = Path(sys.executable).parent
+from topologies.runner import Controller, free_port  # noqa: F401  (moved; re-exported for tests)
 
 
 def need_lab() -> None:
@@ -28,93 +23,6 @@ def need_lab() -> None:
         if os.environ.get("CI") == "true":
             pytest.fail(f"lab unavailable under CI=true: {exc}")
         pytest.skip(f"lab unavailable: {exc}")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Controller:
-    """``modelcast-controller`` on loopback with its own ports, state file and log."""
-
-    def __init__(self, workdir: Path, token: str = "test-token", algorithm: str = "spt") -> None:
-        self.of_port = free_port()
-        self.rest_port = free_port()
-        self.workdir = workdir
-        self.state = workdir / "controller-state.json"
-        self.token = token
-        self.algorithm = algorithm
-        self.proc: subprocess.Popen | None = None
-        self.logs: list[Path] = []
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.rest_port}"
-
-    @property
-    def of_target(self) -> str:
-        return f"tcp:127.0.0.1:{self.of_port}"
-
-    def start(self) -> None:
-        logf = self.workdir / f"controller-{len(self.logs)}.log"
-        self.logs.append(logf)
-        cmd = [str(VENV_BIN / "modelcast-controller"), "--ofp-tcp-listen-port", str(self.of_port),
-               "--ofp-listen-host", "127.0.0.1", "--wsapi-host", "127.0.0.1",
-               "--wsapi-port", str(self.rest_port), "--state-file", str(self.state),
-               "--token", self.token, "--algorithm", self.algorithm]
-        with open(logf, "w") as out:
-            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"controller exited {self.proc.returncode}:\n{self.log_text()}")
-            try:
-                if requests.get(self.url + "/v1/health", timeout=1).ok:
-                    return
-            except requests.RequestException:
-                time.sleep(0.2)
-        raise RuntimeError(f"controller REST did not come up:\n{self.log_text()}")
-
-    def stop(self, sig: int = signal.SIGTERM) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-        self.proc = None
-
-    def log_text(self) -> str:
-        return "".join(p.read_text(errors="replace")[-6000:] for p in self.logs if p.exists())
-
-    def api(self, method: str, path: str, **kw: Any) -> requests.Response:
-        headers = kw.pop("headers", {})
-        headers.setdefault("Authorization", f"Bearer {self.token}")
-        return requests.request(method, self.url + path, headers=headers, timeout=15, **kw)
-
-    def wait_topology(self, switches: int, links: int, timeout: float = 30) -> dict:
-        deadline = time.monotonic() + timeout
-        topo: dict = {}
-        while time.monotonic() < deadline:
-            topo = self.api("GET", "/v1/topology").json()
-            up = [link for link in topo.get("links", []) if link.get("up", True)]
-            if len(topo.get("switches", [])) >= switches and len(up) >= links:
-                return topo
-            time.sleep(0.3)
-        raise AssertionError(f"topology not discovered in {timeout}s: {topo}\n{self.log_text()}")
-
-    def wait_group(self, gid: int, pred, timeout: float = 15) -> dict:
-        deadline = time.monotonic() + timeout
-        g: dict = {}
-        while time.monotonic() < deadline:
-            g = self.api("GET", f"/v1/groups/{gid}").json()
-            if pred(g):
-                return g
-            time.sleep(0.05)
-        raise AssertionError(f"group {gid} never reached the expected state: {g}\n{self.log_text()}")
 
 
 SENDER = r"""

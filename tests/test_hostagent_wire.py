@@ -62,6 +62,17 @@ def datas(draw):
     )
 
 
+@st.composite
+def parities(draw):
+    k = draw(st.integers(1, 255))
+    n = draw(st.integers(k + 1, 256))
+    return Parity(
+        session=draw(u64), chunk=draw(u32), block=draw(st.integers(0, wire.MAX_CHUNK_SIZE // k - 1)),
+        k=k, n=n, index=draw(st.integers(1, n - 1)),
+        payload=draw(st.binary(min_size=1, max_size=1400)), multicast=draw(st.booleans()),
+    )
+
+
 messages = st.one_of(
     datas(),
     manifests(),
@@ -70,9 +81,7 @@ messages = st.one_of(
     st.builds(CompleteAck, session=u64, receiver_id=u64),
     st.builds(Hello, session=u64, receiver_id=u64),
     st.builds(End, session=u64, total_seq=u64, receivers_hint=u32, closing=st.booleans()),
-    st.builds(lambda s, f, k, extra, i, p, mc: Parity(s, f, k, k + extra, k + i % extra, p, mc),
-              u64, u64, st.integers(1, 100), st.integers(1, 100), st.integers(0, 1000),
-              st.binary(min_size=1, max_size=1400), st.booleans()),
+    parities(),
 )
 
 
@@ -164,3 +173,28 @@ def test_nack_is_capped_to_one_datagram() -> None:
     raw = encode(Nack(1, 2, tuple(ranges[:n])), KEY)
     assert len(raw) <= 1400
     assert len(encode(Nack(1, 2, tuple(ranges[: n + 1])), KEY)) > 1400 - 30
+
+
+def test_parity_refusals() -> None:
+    good = Parity(5, 2, 3, 16, 256, 16, b"p" * 100)
+    assert decode(encode(good, KEY), KEY) == good
+    bad = [
+        Parity(5, 2, 3, 0, 256, 16, b"p"),  # k = 0
+        Parity(5, 2, 3, 16, 16, 16, b"p"),  # n <= k
+        Parity(5, 2, 3, 16, 257, 16, b"p"),  # n beyond GF(2^8)
+        Parity(5, 2, 3, 16, 256, 256, b"p"),  # index >= n
+        Parity(5, 2, 3, 16, 256, 0, b"p"),  # index 0 is always data
+        Parity(5, 2, wire.MAX_CHUNK_SIZE, 16, 256, 16, b"p"),  # block past any chunk
+    ]
+    for msg in bad:
+        with pytest.raises(WireError) as info:
+            decode(encode(msg))
+        assert info.value.reason == "bad_field", msg
+    raw = encode(good)
+    with pytest.raises(WireError) as info:
+        decode(raw[:-1])
+    assert info.value.reason == "bad_length"
+    with pytest.raises(WireError) as info:
+        decode(raw[: wire.HEADER_LEN + 5])
+    assert info.value.reason == "truncated"
+    assert decode(raw).multicast is True

@@ -450,7 +450,10 @@ class Lab:
             cmd += ["--", "add-port", br, ifname, "--", "set", "Interface", ifname,
                     f"ofport_request={port}", f"mtu_request={self.mtu}"]
         if self.controller:
-            cmd += ["--", "set-controller", br, self.controller]
+            # Reconnect within 1 s (default backoff grows to 8 s): a restarted controller
+            # regains every switch at once.
+            cmd += ["--", "set-controller", br, self.controller,
+                    "--", "set", "controller", br, "max_backoff=1000"]
         _sh(cmd, what=f"create bridge {br}")
 
     def _verify_ofports(self) -> None:
