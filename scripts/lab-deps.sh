@@ -11,6 +11,14 @@ if [ -n "$missing" ]; then
   apt-get update -q
   apt-get install -y -q $missing
 fi
+# vagrant only validates the Vagrantfile here (no provider runs on these machines);
+# without --no-install-recommends apt would pull libvirt and a kernel image.
+if ! dpkg -s vagrant >/dev/null 2>&1; then
+  echo "lab-deps: installing vagrant (to validate the Vagrantfile)"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -q
+  apt-get install -y -q --no-install-recommends vagrant
+fi
 if ! ovs-vsctl --timeout=3 show >/dev/null 2>&1; then
   echo "lab-deps: starting Open vSwitch"
   # No systemd here; the kernel-module warning is harmless: labs use datapath_type=netdev.
