@@ -25,3 +25,11 @@ demo: $(VENV)/.installed
 # Controller benchmark (prints JSON): tree computation and reroutes on fat-tree k=16.
 bench-controller: $(VENV)/.installed
 	$(PY) -m controller.bench --json
+
+# Side-by-side distribution benchmark on the OVS lab (root, ~15 min): TCP fan-out vs UFTP
+# vs modelcast, then the in-memory NACK-implosion scaling run. Writes docs/bench/.
+bench: $(VENV)/.installed
+	@if [ "$$(id -u)" != 0 ]; then echo "make bench: must run as root (it builds an OVS lab): sudo make bench" >&2; exit 1; fi
+	bash scripts/lab-deps.sh
+	$(PY) -m topologies.bench $(BENCH_ARGS)
+	$(PY) -m hostagent.bench_scale --json > docs/bench/scale.json

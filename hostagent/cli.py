@@ -55,6 +55,12 @@ def _say(args: argparse.Namespace, text: str) -> None:
         print(text, file=sys.stderr)
 
 
+def _cpu_s() -> float:
+    """CPU seconds this process has used (user + system): the cost side of goodput."""
+    u = resource.getrusage(resource.RUSAGE_SELF)
+    return round(u.ru_utime + u.ru_stime, 3)
+
+
 def _peak_rss_mb() -> float:
     return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)  # Linux: KiB
 
@@ -235,7 +241,7 @@ def _send(args: argparse.Namespace, source: FileSource, interface: str) -> int:
         "rate_decreases": stats.rate_decreases, "receivers": receivers,
         "expected_receivers": args.receivers, "never_seen": finished.missing,
         "authenticated": config.key is not None, "gso": loop.gso, "gso_datagrams": loop.gso_datagrams, "send_buffer_drops": loop.send_drops,
-        "dropped": dict(stats.drops), "peak_rss_mb": _peak_rss_mb(),
+        "dropped": dict(stats.drops), "peak_rss_mb": _peak_rss_mb(), "cpu_s": _cpu_s(),
     }
     if args.json:
         print(json.dumps(summary))
@@ -384,7 +390,7 @@ def _recv(args: argparse.Namespace, group: tuple[str, int], source_ip: str, inte
         "datagrams_received": stats.datagrams_in, "nacks": stats.nacks_sent,
         "repairs_received": stats.repairs_received, "duplicates": stats.duplicates,
         "resumed_chunks": receiver.resumed_chunks, "authenticated": key is not None, "gro": loop.gro, "gro_batches": loop.gro_batches,
-        "dropped": dict(stats.drops), "peak_rss_mb": _peak_rss_mb(), "on_complete": hook,
+        "dropped": dict(stats.drops), "peak_rss_mb": _peak_rss_mb(), "cpu_s": _cpu_s(), "on_complete": hook,
     }
     if args.json:
         print(json.dumps(summary))

@@ -175,13 +175,15 @@ class BridgeLab:
 LOSS_KINDS = ("random", "bursty")
 
 
-def add_loss(netns: str, iface: str, kind: str, port: Optional[int] = None) -> str:
+def add_loss(netns: str, iface: str, kind: str, port: Optional[int] = None,
+             all_ip: bool = False) -> str:
     """Drop datagrams towards the host in ``netns``: kind "random" (1%) or "bursty"
     (Gilbert-Elliott, netem ``gemodel 1% 20% 70% 0.1%``; see _nft_loss for the fallback).
 
     ``iface`` is the root-namespace end of the host's link (netem shapes its egress, i.e.
     traffic towards the host); kernels without ``sch_netem`` get nftables rules inside
-    ``netns`` instead (UDP only, or only ``udp dport PORT``). Returns the method used."""
+    ``netns`` instead (UDP only, only ``udp dport PORT``, or with ``all_ip`` every IPv4
+    packet, so TCP and UDP are compared under the same loss). Returns the method used."""
     if kind not in LOSS_KINDS:
         raise ValueError(f"loss kind must be one of {LOSS_KINDS}, got {kind!r}")
     spec = ["loss", "1%"] if kind == "random" else ["loss", "gemodel", "1%", "20%", "70%", "0.1%"]
@@ -189,7 +191,7 @@ def add_loss(netns: str, iface: str, kind: str, port: Optional[int] = None) -> s
     if netem.returncode == 0:
         return "netem " + " ".join(spec)
     if "unknown" in netem.stderr.lower():  # kernel built without sch_netem
-        return _nft_loss(netns, kind, port)
+        return _nft_loss(netns, kind, port, all_ip)
     raise NetLabError(f"tc netem on {iface}: {netem.stderr.strip()}")
 
 
@@ -200,10 +202,10 @@ def clear_loss(netns: str, iface: str) -> None:
         _sh(["ip", "netns", "exec", netns, "nft", "delete", "table", "inet", "mcloss"], check=False)
 
 
-def _nft_loss(netns: str, kind: str, port: Optional[int]) -> str:
+def _nft_loss(netns: str, kind: str, port: Optional[int], all_ip: bool = False) -> str:
     if shutil.which("nft") is None:
         raise NetLabError("kernel has no sch_netem and `nft` is not installed (apt-get install nftables)")
-    match = f"udp dport {port} " if port else "meta l4proto udp "
+    match = f"udp dport {port} " if port else ("meta nfproto ipv4 " if all_ip else "meta l4proto udp ")
     if kind == "random":
         rules = f"{match}numgen random mod 1000 < 10 counter drop"
     else:

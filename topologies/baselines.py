@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -148,10 +149,13 @@ def tcp_fanout(lab: Lab, sender: str, receivers: list[str], path: Path, work: Pa
 
 
 def uftp(lab: Lab, sender: str, receivers: list[str], path: Path, work: Path, group: str,
-         rate_mbit: float, timeout: float = 900) -> RunResult:
+         rate_mbit: float, timeout: float = 900, mtu: int = 1500,
+         extra: tuple[str, ...] = ()) -> RunResult:
     """UFTP 4.10 on the controller's tree for ``group`` (the caller creates it): uftpd on
     every receiver, uftp on the sender at ``rate_mbit``, encryption off (as modelcast's
-    comparison point: integrity, not secrecy)."""
+    comparison point: integrity, not secrecy), data blocks that fill the MTU (as
+    modelcast's datagrams do). Its defaults are otherwise kept: on this LAN its protocol
+    rounds take milliseconds (measured: 32 MB to 4 receivers at 190 Mbit/s in 1.47 s)."""
     work.mkdir(parents=True, exist_ok=True)
     want = digest(path)
     daemons = []
@@ -166,10 +170,12 @@ def uftp(lab: Lab, sender: str, receivers: list[str], path: Path, work: Path, gr
     before = tx_bytes(lab, sender)
     stats = work / "uftp.json"
     t0 = time.monotonic()
+    block = max(512, min(mtu - 200, 8800))  # its manual: ~100-200 below the MTU; 8800 max
     proc = wrapped(lab, sender, stats, "uftp", "-R", str(int(rate_mbit * 1000)), "-I",
-                   lab.host_iface(sender), "-M", group, "-P", group, "-Y", "none", "-x", "1",
+                   lab.host_iface(sender), "-M", group, "-P", group, "-Y", "none",
+                   "-b", str(block), *extra,
                    "-H", ",".join(lab.topology.host(r).ip for r in receivers),
-                   "-S", str(work / "uftp-status.txt"), str(path),
+                   "-S", str(work / "uftp-status.txt"), "-L", str(work / "uftp.log"), str(path),
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     finished = _wait([proc], t0 + timeout)
     seconds = time.monotonic() - t0
@@ -184,7 +190,7 @@ def uftp(lab: Lab, sender: str, receivers: list[str], path: Path, work: Path, gr
     _wait([p for _, _, p in daemons], time.monotonic() + 10)
     cpu_rx = sum(read_stats(work / f"uftpd-{r}.json")["cpu_s"] or 0 for r, _, _ in daemons)
     for _, d, _ in daemons:
-        subprocess.run(["rm", "-rf", str(d)], check=False)
+        shutil.rmtree(d, ignore_errors=True)
     size = path.stat().st_size
     return RunResult("uftp", len(receivers), seconds, finished and all(oks.values()), sent,
                      size, max(0, sent - size), read_stats(stats)["cpu_s"], cpu_rx,

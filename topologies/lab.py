@@ -46,6 +46,7 @@ log = logging.getLogger("modelcast.lab")
 IFNAMSIZ = 15  # Linux interface names are at most 15 characters
 STATE_DIR = Path(os.environ.get("MODELCAST_LAB_STATE", "/run/modelcast-lab"))
 HOST_IFACE = "eth0"
+ETC_NETNS = Path("/etc/netns")
 MGMT_IFACE = "mgmt0"
 _VSCTL = ("ovs-vsctl", "--timeout=20")
 
@@ -415,6 +416,7 @@ class Lab:
         self._record("netns", ns)
         _sh(["ip", "netns", "add", ns], what=f"create netns for {h.name}")
         self._netns[h.name] = ns
+        self._write_etc(ns)
         self._record("link", sw_if)
         # Create the host end directly inside the namespace so "eth0" never exists in (or
         # collides with anything in) the root namespace.
@@ -433,6 +435,17 @@ class Lab:
         _sh([*x, "ethtool", "-K", HOST_IFACE, "tx", "off"], what=f"{h.name}: tx offload off")
         _sh([*x, "ip", "route", "add", "224.0.0.0/4", "dev", HOST_IFACE],
             what=f"{h.name}: multicast route")
+
+    def _write_etc(self, ns: str) -> None:
+        """Per-namespace /etc/hosts (every lab host by name) and a resolver that fails at
+        once: `ip netns exec` mounts /etc/netns/NS/* over /etc. Without it, programs that
+        look up a peer's name (UFTP's uftpd does) wait seconds for an unreachable DNS."""
+        etc = ETC_NETNS / ns
+        self._record("etc", str(etc))
+        etc.mkdir(parents=True, exist_ok=True)
+        hosts = "127.0.0.1 localhost\n" + "".join(f"{h.ip} {h.name}\n" for h in self.topology.hosts)
+        (etc / "hosts").write_text(hosts)
+        (etc / "resolv.conf").write_text("nameserver 127.0.0.1\noptions timeout:1 attempts:1\n")
 
     def _build_bridge(self, dpid: int, ports: list[tuple[str, int]]) -> None:
         br = self._bridges[dpid]
@@ -507,6 +520,8 @@ class Lab:
                 proc = _sh(["ip", "netns", "del", name], check=False)
                 if proc.returncode:
                     failures.append(f"ip netns del {name}: {proc.stderr.strip()}")
+            elif kind == "etc" and Path(name).parent == ETC_NETNS:
+                shutil.rmtree(name, ignore_errors=True)
         self._created = []
         self._bridges.clear()
         self._ports.clear()

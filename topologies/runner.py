@@ -331,9 +331,10 @@ class Fabric:
         stat = "tx_bytes" if towards_host else "rx_bytes"
         return int(Path(f"/sys/class/net/{iface}/statistics/{stat}").read_text())
 
-    def add_loss(self, host: str, kind: str, port: Optional[int] = None) -> str:
+    def add_loss(self, host: str, kind: str, port: Optional[int] = None,
+                 all_ip: bool = False) -> str:
         """Random (1%) or bursty loss on the link towards ``host``; returns the method."""
-        return _add_loss(self._lab().ns(host), self.host_port_iface(host), kind, port)
+        return _add_loss(self._lab().ns(host), self.host_port_iface(host), kind, port, all_ip)
 
     def clear_loss(self, host: str) -> None:
         _clear_loss(self._lab().ns(host), self.host_port_iface(host))
