@@ -15,14 +15,18 @@ from topologies.lab import Lab, LabError, require_lab
 from topologies.runner import Controller, free_port  # noqa: F401  (moved; re-exported for tests)
 
 
-def need_lab() -> None:
+def skip_or_fail(reason: str) -> None:
     """Skip off CI, fail under CI=true: CI must prove the real thing."""
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"lab unavailable under CI=true: {reason}")
+    pytest.skip(f"lab unavailable: {reason}")
+
+
+def need_lab() -> None:
     try:
         require_lab()
     except LabError as exc:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"lab unavailable under CI=true: {exc}")
-        pytest.skip(f"lab unavailable: {exc}")
+        skip_or_fail(str(exc))
 
 
 SENDER = r"""
