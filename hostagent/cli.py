@@ -24,7 +24,7 @@ from typing import Any, Callable, Optional, Sequence
 from . import wire
 from .common import (
     ChunkCorrupt, Failed, FileComplete, ManifestReceived, ReceiverCompleted, ReceiverFailed,
-    ReceiverJoined, Stats, TransferFinished,
+    ReceiverJoined, Stats, StreamFinished, TransferFinished,
 )
 from .control import (
     ControllerClient, ControllerError, group_endpoint, local_ip_towards, session_key,
@@ -200,10 +200,15 @@ def _send(args: argparse.Namespace, source: FileSource, interface: str) -> int:
     bar = Progress(args, "send")
     _metrics(args, "sender", lambda: sender.stats, lambda: (_sent_bytes(sender), source.size))
 
+    timeline: dict[str, Any] = {"completed_s": []}
+
     def on_event(event: object) -> None:
         if isinstance(event, ReceiverJoined) and bar._bar is None:
             _say(args, f"receiver {event.receiver_id:016x} at {event.addr[0]} joined")
+        elif isinstance(event, StreamFinished):
+            timeline["stream_s"] = round(time.monotonic() - started, 3)
         elif isinstance(event, ReceiverCompleted):
+            timeline["completed_s"].append(round(time.monotonic() - started, 3))
             _say(args, f"receiver {event.receiver_id:016x} at {event.addr[0]} verified")
         elif isinstance(event, ReceiverFailed):
             reasons[event.receiver_id] = event.reason
@@ -239,6 +244,9 @@ def _send(args: argparse.Namespace, source: FileSource, interface: str) -> int:
         "repair_bytes": stats.repair_bytes, "repair_bytes_unicast": stats.repair_bytes_unicast,
         "repair_bytes_multicast": stats.repair_bytes_multicast, "nacks": stats.nacks_received,
         "rate_decreases": stats.rate_decreases, "receivers": receivers,
+        "stream_s": timeline.get("stream_s"), "completed_s": timeline["completed_s"],
+        "final_rate_mbit": round(sender.rate / 1e6, 1), "repairs_parity": stats.repairs_parity,
+        "repairs_unicast": stats.repairs_unicast, "repairs_multicast": stats.repairs_multicast,
         "expected_receivers": args.receivers, "never_seen": finished.missing,
         "authenticated": config.key is not None, "gso": loop.gso, "gso_datagrams": loop.gso_datagrams, "send_buffer_drops": loop.send_drops,
         "dropped": dict(stats.drops), "peak_rss_mb": _peak_rss_mb(), "cpu_s": _cpu_s(),
@@ -389,7 +397,10 @@ def _recv(args: argparse.Namespace, group: tuple[str, int], source_ip: str, inte
         "goodput_mbit": _goodput(size, elapsed) if ok else 0.0,
         "datagrams_received": stats.datagrams_in, "nacks": stats.nacks_sent,
         "repairs_received": stats.repairs_received, "duplicates": stats.duplicates,
-        "resumed_chunks": receiver.resumed_chunks, "authenticated": key is not None, "gro": loop.gro, "gro_batches": loop.gro_batches,
+        "resumed_chunks": receiver.resumed_chunks, "authenticated": key is not None,
+        "verify_s": round(result["end_at"] - result.get("first", started), 3) if "end_at" in result else None,
+        "nacks_suppressed": stats.nacks_suppressed, "parity_received": stats.parity_received,
+        "fec_recovered": stats.fec_recovered, "nack_seqs": stats.nack_seqs_requested, "gro": loop.gro, "gro_batches": loop.gro_batches,
         "dropped": dict(stats.drops), "peak_rss_mb": _peak_rss_mb(), "cpu_s": _cpu_s(), "on_complete": hook,
     }
     if args.json:
@@ -447,7 +458,7 @@ def build_parser() -> argparse.ArgumentParser:
     send.add_argument("--poll", type=float, default=0.5, help="controller polling interval, seconds")
     send.add_argument("--rate", type=float, default=1000.0, help="rate cap in Mbit/s (starts at 70%%)")
     send.add_argument("--chunk-size", type=int, default=1024 * 1024)
-    send.add_argument("--fec-k", type=int, default=32,
+    send.add_argument("--fec-k", type=int, default=64,
                       help="datagrams per FEC parity block: one multicast parity datagram repairs "
                            "different losses at different receivers (0 = off)")
     send.add_argument("--fec-overhead", type=float, default=0.0,

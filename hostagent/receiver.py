@@ -5,7 +5,11 @@ a chunk in memory), verifies each chunk against the manifest digest when its las
 fragment lands, and NACKs gaps after a randomised backoff. The backoff follows an
 exponential distribution truncated at ``nack_backoff`` (Nonnenmacher & Biersack) with
 a group-size hint from the sender, so when a loss is shared by the whole group only a
-few receivers NACK before the multicast repair arrives and suppresses the rest.
+few receivers NACK before the multicast repair arrives and suppresses the rest. Both
+the backoff and the sender's aggregation window shrink quadratically for groups below
+``nack_group_scale``, where there is little to suppress. A NACKed range is asked for
+again after an adaptive timeout (smoothed NACK-to-repair delay, Jacobson style; short
+once END says the stream is over), never while its repairs are visibly still arriving.
 
 Every detected gap carries its own timer (as in SRM), so a gap that another receiver
 already got repaired by multicast is simply found filled when its timer fires; a single
@@ -47,8 +51,15 @@ class ReceiverConfig:
     key: Optional[bytes] = None
     # Upper bound of the random NACK delay. Must exceed the sender's aggregation window
     # plus a round trip, or the first multicast repair comes too late to suppress anyone.
-    nack_backoff: float = 0.3
-    nack_retry: float = 0.6  # re-request what is still missing after this long
+    nack_backoff: float = 0.3  # at nack_group_scale receivers or more
+    # The backoff shrinks with (hint / nack_group_scale) ** 2 below this many receivers:
+    # with few receivers there is little to suppress, and each repair round would
+    # otherwise wait the full backoff (the sender's aggregation window scales alike).
+    nack_group_scale: int = 64
+    min_nack_backoff: float = 0.003  # lets a slightly reordered datagram fill its gap first
+    nack_retry: float = 0.6  # re-request what is still missing after at most this long ...
+    min_nack_retry: float = 0.03  # ... or sooner: a few measured NACK-to-repair delays
+    loss_horizon: int = 1024  # datagrams the reported loss rate averages over
     max_nacks_per_round: int = 4  # NACK datagrams per timer expiry; the rest waits
     complete_interval: float = 0.2
     complete_attempts: int = 20
@@ -96,9 +107,21 @@ class Receiver:
         self._since_save = 0
 
         self._gap_timers: list[tuple[float, int, int, bool]] = []  # heap of (deadline, start, end, retry)
-        self._rounds: deque[tuple[float, RangeSet]] = deque()  # NACKs still awaiting repair
+        # NACKs still awaiting repair: [sent at, retry due at, ranges, last repair datagram
+        # for it at (None: nothing yet; -1.0: only parity shares of its blocks so far)]
+        self._rounds: deque[list] = deque()
         self._loss = 0.0
         self._loss_mark: Optional[tuple[int, int]] = None  # (highest, data_received) at last NACK
+        self._repair_srtt: Optional[float] = None  # NACK -> repair delay, smoothed
+        self._repair_rttvar = 0.0
+        self._repair_min: Optional[float] = None  # fastest NACK -> repair seen
+        self._gap_s = 0.0  # smoothed time between arriving data datagrams (sender pace)
+        self._last_data_at: Optional[float] = None
+
+        # Whole-file digest, fed with verified chunks in file order as they verify, so
+        # completion does not re-read the whole file.
+        self._whole = blake3.blake3()
+        self._whole_next = 0  # next chunk the whole-file hasher needs
 
         # FEC: block first seq -> (block end, share index -> payload); nominal k of the sender
         self._parity: dict[int, tuple[int, dict[int, bytes]]] = {}
@@ -263,8 +286,13 @@ class Receiver:
         if msg.seq >= layout.total_seq or layout.locate(msg.seq) != (msg.chunk, msg.offset, len(msg.payload)):
             self.stats.drops["inconsistent"] += 1
             return
+        if self._last_data_at is not None and now - self._last_data_at < 0.05:
+            self._gap_s += 0.05 * (now - self._last_data_at - self._gap_s)
+        self._last_data_at = now
         if msg.repair:
             self.stats.repairs_received += 1
+            if self._rounds and msg.seq not in self.have:
+                self._sample_repair(now, msg.seq, msg.seq + 1, served=True)
         else:
             self.stats.data_received += 1
             if self._loss_mark is None:
@@ -317,6 +345,8 @@ class Receiver:
             self.stats.duplicates += 1
             return
         entry[1][msg.index] = msg.payload
+        if self._rounds:
+            self._sample_repair(now, first, end)
         chunk = msg.chunk
         if self._try_decode(first):
             start, stop = layout.chunk_seqs(chunk)
@@ -380,9 +410,19 @@ class Receiver:
         if msg.closing:
             self._fail("sender closed before the file was complete")
             return
+        first_end = self._total_seq is None
         self._total_seq = msg.total_seq
         if self.layout is None:
             return
+        if first_end and self._rounds:
+            # Tail timeouts apply from now on (see _retry_delay): bring forward the
+            # retries of requests still out.
+            retry = self._retry_delay()
+            for r in self._rounds:
+                if r[0] + retry < r[1]:
+                    r[1] = max(now, r[0] + retry)
+                    for s, e in r[2]:
+                        self._add_gap(now, s, e, delay=r[1] - now)
         if msg.total_seq > self._highest + 1:
             self._add_gap(now, self._highest + 1, msg.total_seq)  # lost tail
             self._highest = msg.total_seq - 1
@@ -407,6 +447,10 @@ class Receiver:
         self._fec_chunks.discard(chunk)
         if wire.chunk_digest(data) == expected:
             self.verified.add(chunk)
+            if chunk == self._whole_next:
+                self._whole.update(data)
+                self._whole_next += 1
+                self._feed_whole()
             self._since_save += 1
             if self._since_save >= self.config.state_save_every:
                 self._save_state()
@@ -429,20 +473,30 @@ class Receiver:
         if layout is None or self.complete or self.verified.count < layout.chunk_count:
             return
         assert self.manifest is not None
-        whole = blake3.blake3()
-        step = max(layout.chunk_size, 1 << 20)
-        for offset in range(0, layout.file_size, step):
-            whole.update(self._sink.read(offset, min(step, layout.file_size - offset)))
-        digest = whole.digest()
+        self._feed_whole()
+        digest = self._whole.digest()
         if digest != self.manifest.file_digest:
             self._fail("whole-file digest mismatch")
             return
         self.complete = True
+        # Gaps whose NACK never went out because a repair filled them first.
+        self.stats.nacks_suppressed += sum(1 for t in self._gap_timers if not t[3])
         self._gap_timers.clear()
         self._parity.clear()
         self._save_state()
         self._events.append(FileComplete(digest))
         self._send_complete(now)
+
+    def _feed_whole(self) -> None:
+        """Advance the whole-file hasher over the verified chunks right behind it (on
+        disk and immutable once verified). Chunks verified in file order were already
+        fed from the buffer their own digest check read, so they cost no extra read."""
+        layout = self.layout
+        assert layout is not None
+        while self._whole_next < layout.chunk_count and self._whole_next in self.verified:
+            chunk = self._whole_next
+            self._whole.update(self._sink.read(chunk * layout.chunk_size, layout.chunk_len(chunk)))
+            self._whole_next += 1
 
     def _send_complete(self, now: float) -> None:
         assert self.manifest is not None
@@ -471,7 +525,51 @@ class Receiver:
         before suppression stay O(1) instead of O(N)."""
         lam = math.log(self._group_hint) + 1.0
         u = self._rng.random()
-        return self.config.nack_backoff / lam * math.log1p(u * math.expm1(lam))
+        return self._backoff_span() / lam * math.log1p(u * math.expm1(lam))
+
+    def _backoff_span(self) -> float:
+        cfg = self.config
+        scale = min(1.0, self._group_hint / max(1, cfg.nack_group_scale)) ** 2
+        return max(cfg.min_nack_backoff, cfg.nack_backoff * scale)
+
+    def _retry_delay(self) -> float:
+        """How long a NACKed range waits for its repair before it is asked for again:
+        a few smoothed NACK-to-repair delays (Jacobson's RTO) plus one backoff span,
+        within [min_nack_retry, nack_retry]; before any measurement, a guess from the
+        group size."""
+        cfg = self.config
+        if self._repair_srtt is None:
+            rto = max(0.1, cfg.nack_retry * min(1.0, self._group_hint / max(1, cfg.nack_group_scale)) ** 2)
+        else:
+            rto = self._repair_srtt + 4 * self._repair_rttvar + self._backoff_span()
+        rto = min(cfg.nack_retry, max(cfg.min_nack_retry, rto))
+        if self._repair_min is not None and self._total_seq is not None:
+            # The stream is over (END): the sender no longer holds requests back for the FEC
+            # block being streamed (which is what spreads the delays measured so far), and
+            # the link is idle, so a lost repair is re-asked for after a few of the
+            # fastest round trips instead of the streaming-time timeout.
+            rto = min(rto, 3 * self._repair_min + self._backoff_span() + 0.005)
+        return rto
+
+    def _sample_repair(self, now: float, start: int, end: int, served: bool = False) -> None:
+        """A repair for [start, end) arrived (``served``: a datagram it asked for, not
+        just a parity share of its block): time it against the oldest NACK round that
+        asked for any of it."""
+        for entry in self._rounds:
+            sent_at, _, ranges, last = entry
+            if ranges.count_in(start, end):
+                if last is not None:
+                    entry[3] = now if served else last
+                    return  # later repairs of one request also measure its size; not a delay
+                entry[3] = now if served else -1.0
+                sample = now - sent_at
+                self._repair_min = sample if self._repair_min is None else min(self._repair_min, sample)
+                if self._repair_srtt is None:
+                    self._repair_srtt, self._repair_rttvar = sample, sample / 2
+                else:
+                    self._repair_rttvar = 0.75 * self._repair_rttvar + 0.25 * abs(self._repair_srtt - sample)
+                    self._repair_srtt = 0.875 * self._repair_srtt + 0.125 * sample
+                return
 
     def _add_gap(self, now: float, start: int, end: int, delay: Optional[float] = None) -> None:
         if end > start:
@@ -484,10 +582,17 @@ class Receiver:
         if layout is None or self.complete:
             self._gap_timers.clear()
             return
-        while self._rounds and now >= self._rounds[0][0] + self.config.nack_retry:
-            self._rounds.popleft()
+        if any(now >= r[1] for r in self._rounds):
+            # Each round expires when its own retry timer fires (the retry delay adapts,
+            # so rounds need not expire in the order they were sent) -- unless its
+            # repairs are still arriving: a big request is being served, not lost.
+            quiet = max(0.01, 8 * self._gap_s)
+            for r in self._rounds:
+                if now >= r[1] and r[3] is not None and now - r[3] < quiet and r[2].count > 1:
+                    r[1] = now + self._retry_delay()
+            self._rounds = deque(r for r in self._rounds if now < r[1])
         requested = RangeSet()
-        for _, ranges in self._rounds:
+        for _, _, ranges, _ in self._rounds:
             for s, e in ranges:
                 requested.add(s, e)
         due = RangeSet()
@@ -496,6 +601,9 @@ class Receiver:
             if self.have.contains_range(start, end):
                 if not retry:
                     self.stats.nacks_suppressed += 1  # repaired (for someone else) before we asked
+                continue
+            if retry and requested and requested.count_in(start, end):
+                self._add_gap(now, start, end, delay=self._retry_delay())  # still being served
                 continue
             due.add(start, end)
         wanted: list[tuple[int, int]] = []
@@ -541,18 +649,26 @@ class Receiver:
         got = self.stats.data_received - mark[1]
         if expected > 0:
             sample = max(0.0, min(1.0, 1 - got / expected))
-            # Smooth: a NACK every few dozen datagrams makes single samples noisy.
-            weight = min(1.0, expected / 256)
+            # Smooth over ~loss_horizon datagrams: a NACK every few dozen datagrams makes
+            # single samples noisy, and noise above the sender's loss tolerance would read
+            # as congestion (random 1% loss must not slow the sender down).
+            weight = min(1.0, expected / max(1, self.config.loss_horizon))
             self._loss = (1 - weight) * self._loss + weight * sample
         loss = round(1000 * self._loss)
         self._loss_mark = (self._highest, self.stats.data_received)
         assert self.session is not None
         self._send(wire.Nack(self.session, self.receiver_id, tuple(ranges), loss))
         self.stats.nacks_sent += 1
-        self.stats.nack_seqs_requested += sum(e - s for s, e in ranges)
-        self._rounds.append((now, RangeSet(ranges)))
+        asked = sum(e - s for s, e in ranges)
+        self.stats.nack_seqs_requested += asked
+        # A big request (a late joiner, a restart) takes a while to be served: add the time
+        # to send what is outstanding at the pace data has been arriving, halved (repairs
+        # get about half the sends while the sender still streams).
+        outstanding = asked + sum(r[2].count for r in self._rounds)
+        retry = self._retry_delay() + 2 * outstanding * self._gap_s
+        self._rounds.append([now, now + retry, RangeSet(ranges), None])
         for s, e in ranges:  # ask again if the repair does not arrive
-            self._add_gap(now, s, e, delay=self.config.nack_retry)
+            self._add_gap(now, s, e, delay=retry)
 
     def _send(self, msg: wire.Message) -> None:
         if self.sender_addr is None:

@@ -12,6 +12,8 @@ shares are multicast instead (m chosen to minimise m + the leftovers of receiver
 need more than m; see ``fec.plan_shares``). One share repairs a different single loss
 at every receiver, which is what makes independent loss at large group sizes cheap.
 ``fec_overhead`` additionally sends parity with the stream, before anyone asks.
+Requests inside the FEC block still being streamed wait until the block is complete, so
+the sweep sees every receiver's losses in it.
 
 Like aioquic's QuicConnection it never touches a socket or a clock: feed it
 ``receive_datagram(data, addr, now)``, drain ``datagrams_to_send(now)``, and call
@@ -46,12 +48,25 @@ class SenderConfig:
     rate_bps: float = 1e9  # hard cap
     initial_rate_fraction: float = 0.7  # start below the cap: switch buffers overrun on bursts
     min_rate_fraction: float = 0.05
-    aimd_increase_fraction: float = 0.05  # of the cap, per aimd_interval without loss
+    # Additive increase, as a fraction of the cap per aimd_interval without loss. Until
+    # the first decrease the sender ramps fast (70% -> cap in ~30 ms): a start at
+    # 70% is a precaution, not a measurement, and every slow ramp millisecond is lost
+    # link time. After a real congestion signal it probes back more gently.
+    ramp_increase_fraction: float = 1.0
+    aimd_increase_fraction: float = 0.1
     aimd_decrease: float = 0.7
     aimd_interval: float = 0.1
     loss_tolerance: float = 0.02  # reported loss below this is noise, not congestion
     burst_bytes: int = 64 * 1024  # token bucket depth
-    nack_window: float = 0.075
+    nack_window: float = 0.075  # at nack_group_scale receivers or more; shorter below
+    # Group size at which the NACK aggregation window (and the receivers' NACK backoff,
+    # which scales the same way from the manifest's receivers hint) reach their full
+    # length; below it both shrink with (N / nack_group_scale) ** 2. Few receivers have
+    # little to suppress, and every repair round would otherwise cost the full window
+    # plus the full backoff. (FEC aggregation does not suffer: requests inside the block
+    # still being streamed wait for the block to complete, see _defer_open_block.)
+    nack_group_scale: int = 64
+    min_nack_window: float = 0.002
     multicast_threshold: int = 2
     repair_holdoff: Optional[float] = None  # ignore NACKs for seqs multicast this recently
     shared_loss_memory: float = 1.0  # how long a unicast repair counts as one asker
@@ -86,6 +101,10 @@ class SenderConfig:
             raise ValueError("rate fractions must be in (0, 1]")
         if self.multicast_threshold < 1:
             raise ValueError("multicast_threshold must be >= 1")
+        if self.ramp_increase_fraction < 0 or self.aimd_increase_fraction < 0 or self.aimd_interval <= 0:
+            raise ValueError("rate increases must be >= 0 and aimd_interval > 0")
+        if self.nack_group_scale < 1 or self.min_nack_window <= 0:
+            raise ValueError("nack_group_scale must be >= 1 and min_nack_window > 0")
         if not 0 <= self.fec_k <= fec.MAX_K:
             raise ValueError(f"fec_k must be 0..{fec.MAX_K}")
         if not 0 <= self.fec_overhead <= 1 or (self.fec_overhead and not self.fec_k):
@@ -300,6 +319,19 @@ class Sender:
     def completed(self) -> list[int]:
         return sorted(p.receiver_id for p in self.peers.values() if p.completed)
 
+    @property
+    def group_size(self) -> int:
+        """Receivers known or expected (the manifest's receivers hint)."""
+        return max(len(self.peers), self.config.expected_receivers or 0, 1)
+
+    @property
+    def nack_window(self) -> float:
+        """Aggregation window: full length for large groups, quadratically shorter for
+        small ones (receivers' NACK backoff shrinks the same way)."""
+        cfg = self.config
+        scale = min(1.0, self.group_size / max(1, cfg.nack_group_scale)) ** 2
+        return max(cfg.min_nack_window, cfg.nack_window * scale)
+
     # ------------------------------------------------------------------ receivers
 
     def _peer(self, rid: int, addr: Addr, now: float) -> _Peer:
@@ -392,9 +424,11 @@ class Sender:
                 self._request(msg.receiver_id, requests, s, e)
         if not requests:
             del self._window[msg.receiver_id]
-            return
-        if self._window_deadline is None:
-            self._window_deadline = now + self.config.nack_window
+        # Open a window also for a congestion signal alone (every request may have gone
+        # straight to multicast): closing it applies the decrease and clears the flag,
+        # which would otherwise stay latched and stop the additive increase for good.
+        if self._window_deadline is None and (self._window or self._congested):
+            self._window_deadline = now + self.nack_window
 
     def _request(self, rid: int, requests: RangeSet, start: int, end: int) -> None:
         """Record one receiver's request. With a threshold of 2, a second asker (in this
@@ -430,6 +464,7 @@ class Sender:
         window, self._window = self._window, {}
         self._window_any = RangeSet()
         if self._fec_k:
+            window = self._defer_open_block(window, now)
             window = self._plan_parity(window, now)
         points: list[tuple[int, int, int]] = []  # (position, +1/-1, receiver)
         for rid, ranges in window.items():
@@ -454,6 +489,34 @@ class Sender:
             self._last_decrease = now
             self.stats.rate_decreases += 1
         self._congested = False
+
+    def _defer_open_block(self, window: dict[int, RangeSet], now: float) -> dict[int, RangeSet]:
+        """Keep requests inside the FEC block still being streamed for the next window:
+        the other receivers' losses in that block are not known yet, and once they are,
+        one parity share may serve them all (receivers of a small group NACK at once, so
+        without this their requests would mostly go out as separate plain repairs)."""
+        nxt = self._next_seq
+        if nxt >= self.layout.total_seq:
+            return window
+        cut = fec.block_of(self.layout, nxt, self._fec_k)[2]
+        if cut >= nxt:
+            return window  # the stream stands at a block boundary: nothing is open
+        kept: dict[int, RangeSet] = {}
+        for rid, ranges in window.items():
+            if ranges.count_in(cut, nxt):
+                held = self._window.setdefault(rid, RangeSet())
+                for s, e in _covered(ranges, cut, nxt):
+                    held.add(s, e)
+                ranges.discard(cut, nxt)
+            if ranges:
+                kept[rid] = ranges
+        if self._window:
+            # Closes once the block is complete (or a window later, to check again).
+            left = (self.layout.total_seq if cut >= self.layout.total_seq else
+                    fec.block_of(self.layout, nxt, self._fec_k)[3]) - nxt
+            eta = left * (self.layout.payload_size + wire.DATA_HEADER_LEN) * 8 / self.rate
+            self._window_deadline = now + min(eta, self.nack_window) + self.config.min_nack_window
+        return kept
 
     def _queue_repair(self, start: int, end: int, receivers: set[int]) -> None:
         threshold = self.config.multicast_threshold
@@ -501,7 +564,7 @@ class Sender:
                 self._repairs.append([rid, s, e])
 
     def _expire_recent(self, now: float) -> None:
-        holdoff = self.config.repair_holdoff if self.config.repair_holdoff is not None else self.config.nack_window
+        holdoff = self.config.repair_holdoff if self.config.repair_holdoff is not None else self.nack_window
         while self._recent_mc and now - self._recent_mc[0][0] > holdoff:
             _, s, e = self._recent_mc.popleft()
             self._recent_mc_set.discard(s, e)
@@ -521,9 +584,10 @@ class Sender:
         if elapsed <= 0:
             return
         cfg = self.config
-        if not self._congested and now - self._last_decrease >= cfg.aimd_interval:
+        if not self._congested and now - self._last_decrease >= cfg.aimd_interval and self.rate < cfg.rate_bps:
             # Additive increase, proportional to elapsed clean time, never above the cap.
-            self.rate = min(cfg.rate_bps, self.rate + cfg.rate_bps * cfg.aimd_increase_fraction * elapsed / cfg.aimd_interval)
+            step = cfg.ramp_increase_fraction if self.stats.rate_decreases == 0 else cfg.aimd_increase_fraction
+            self.rate = min(cfg.rate_bps, self.rate + cfg.rate_bps * step * elapsed / cfg.aimd_interval)
         self._tokens = min(float(cfg.burst_bytes), self._tokens + elapsed * self.rate / 8)
         self._last_refill = now
 

@@ -254,7 +254,9 @@ def _target_loss(seq: int):
 def test_forged_parity_without_a_key_is_caught_by_the_chunk_digest() -> None:
     data = payload(128 * KIB)
     sim = Sim(data, config(expected_receivers=1, fec_k=16), loss=_target_loss(5))
-    rec = sim.add_receiver()
+    # Full-length NACK backoff (not the short one of a one-receiver group), so the
+    # forged share lands while the receiver still waits to ask.
+    rec = sim.add_receiver(ReceiverConfig(nack_group_scale=1))
     evil = wire.encode(wire.Parity(sim.sender.session, 0, 0, 16, 256, 40, b"\xee" * 1024))
     sim.inject(0.02, rec, evil)  # after block 0 streamed past, before the NACK fires
     sim.run(until=60)
