@@ -32,4 +32,4 @@ bench: $(VENV)/.installed
 	@if [ "$$(id -u)" != 0 ]; then echo "make bench: must run as root (it builds an OVS lab): sudo make bench" >&2; exit 1; fi
 	bash scripts/lab-deps.sh
 	$(PY) -m topologies.bench $(BENCH_ARGS)
-	$(PY) -m hostagent.bench_scale --json > docs/bench/scale.json
+	$(PY) -m hostagent.bench_scale --json > docs/bench/scale.jsonl

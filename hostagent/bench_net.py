@@ -165,12 +165,18 @@ def main(argv: Optional[list[str]] = None) -> int:
                     for mode in ("plain", "gso"):
                         rate = _blast(pfx(0), "232.1.2.3", 40000, mode, args.blast_seconds, lab.ip(0))
                         print(f"  raw blast to group, {mode:<5} {rate:8.0f} Mbit/s")
-                    for n in (1, 4):
-                        for gso in (False, True):
-                            group = f"232.{random.randint(1, 254)}.{random.randint(1, 254)}.{random.randint(1, 254)}:{random.randint(20000, 60000)}"
-                            rx = [(pfx(h), "0.0.0.0") for h in range(1, n + 1)]
-                            res = transfer(src, shm, group, lab.ip(0), rx, pfx(0), args.rate, gso)
-                            print(_row(f"{n} receiver{'s' if n > 1 else ''}, send GSO {'on' if gso else 'off'}", res), flush=True)
+                    for loss in (False, True):
+                        if loss:  # 1% random loss on every receiver's link from now on
+                            for h in range(1, 5):
+                                lab.add_loss(h, "random")
+                        for n in (1, 4):
+                            for gso in (False, True):
+                                group = f"232.{random.randint(1, 254)}.{random.randint(1, 254)}.{random.randint(1, 254)}:{random.randint(20000, 60000)}"
+                                rx = [(pfx(h), "0.0.0.0") for h in range(1, n + 1)]
+                                res = transfer(src, shm, group, lab.ip(0), rx, pfx(0), args.rate, gso)
+                                label = (f"{n} receiver{'s' if n > 1 else ''}, {'1%' if loss else '0%'} loss, "
+                                         f"GSO {'on' if gso else 'off'}")
+                                print(_row(label, res), flush=True)
     finally:
         src.unlink(missing_ok=True)
 

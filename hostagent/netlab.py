@@ -17,9 +17,7 @@ import os
 import re
 import secrets
 import shutil
-import signal
 import subprocess
-import time
 from typing import Any, Optional, Sequence
 
 IFACE = "eth0"
@@ -116,23 +114,12 @@ class BridgeLab:
 
     def stop(self) -> None:
         """Kill our processes by PID, then delete our links and namespaces. Idempotent."""
-        for proc in self._procs:
-            if proc.poll() is None:
-                proc.terminate()
-        deadline = time.monotonic() + 3
-        for proc in self._procs:
-            try:
-                proc.wait(timeout=max(0.05, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        from topologies.lab import kill_netns_pids, stop_processes
+
+        stop_processes(self._procs)
         self._procs = []
         for ns in self._netns:
-            for pid in _sh(["ip", "netns", "pids", ns], check=False).stdout.split():
-                try:
-                    os.kill(int(pid), signal.SIGKILL)  # only processes inside our own netns
-                except (ProcessLookupError, ValueError):
-                    pass
+            kill_netns_pids(ns)  # only processes inside our own netns
         for link in reversed(self._links):
             _sh(["ip", "link", "del", link], check=False)
         for ns in self._netns:

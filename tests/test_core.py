@@ -16,7 +16,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 import topologies as T
 from controller import errors, ofmsgs
 from controller.addressing import check_ssm, ssm_address
-from controller.core import MulticastCore
+from controller.core import MulticastCore, SwitchState
 from controller.topoview import TopologyView
 from controller.trees import compute_tree
 from tests.fakeof import FakeFabric
@@ -413,9 +413,8 @@ TestFabricMachine = FabricMachine.TestCase
 # ---------------------------------------------------------------------- controller restart
 
 
-def read_state(core: MulticastCore, sw) -> "SwitchState":
+def read_state(core: MulticastCore, sw) -> SwitchState:
     """What the Ryu app reads from flow/group stats, taken from a fake switch."""
-    from controller.core import SwitchState
     flows = [(f.cookie, f.priority, f.match.get("in_port")) for f in sw.flows]
     groups = {gid: (g.type, [[a[1] for a in b.actions if a[0] == "output"] for b in g.buckets])
               for gid, g in sw.groups.items()}

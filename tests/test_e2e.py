@@ -187,8 +187,8 @@ def test_link_failure_mid_transfer_rerouted(fabric: Fabric, model: ModelFile, tm
         try:
             fabric.set_link(a, b, False)
             t.event(f"link {TOPO.switches[a]}-{TOPO.switches[b]} down")
-            g = fabric.controller.wait_group(t.group["id"], lambda g: [a, b] not in g["tree"]["links"]
-                                             and g["state"] == "installed", timeout=20)
+            fabric.controller.wait_group(t.group["id"], lambda g: [a, b] not in g["tree"]["links"]
+                                         and g["state"] == "installed", timeout=20)
             t.event("controller rerouted the tree")
             t.refresh_tree()  # the report shows the tree the rest of the file took
             report = t.finish()

@@ -105,6 +105,43 @@ def _sh(cmd: Sequence[str], check: bool = True, timeout: float = 30,
     return proc
 
 
+def stop_processes(procs: list[subprocess.Popen], grace: float = 3) -> None:
+    """SIGTERM our processes (by PID), then SIGKILL whatever is still running after
+    ``grace`` seconds in all."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.terminate()
+    deadline = time.monotonic() + grace
+    for proc in procs:
+        try:
+            proc.wait(timeout=max(0.05, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def kill_netns_pids(ns: str) -> list[int]:
+    """Processes still running inside one of *our* namespaces (e.g. forked by a child we
+    started) would keep it alive: SIGTERM, then SIGKILL, by PID. Returns those signalled."""
+    pids = [int(p) for p in _sh(["ip", "netns", "pids", ns], check=False).stdout.split()
+            if p.isdigit()]
+    signalled: list[int] = []
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        alive = []
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+                alive.append(pid)
+            except ProcessLookupError:
+                pass
+        if not alive:
+            break
+        signalled = sorted(set(signalled) | set(alive))
+        time.sleep(0.2)
+        pids = alive
+    return signalled
+
+
 def require_lab() -> None:
     """Raise LabError with a precise reason unless this process can build a lab: root,
     ``ip netns``, ``ethtool`` and a reachable ovs-vswitchd that supports the userspace
@@ -539,34 +576,13 @@ class Lab:
             if proc.poll() is None:
                 log.info("lab %s: stopping pid %d (%s)", self.base, proc.pid,
                          _fmt(proc.args) if isinstance(proc.args, list) else proc.args)
-                proc.terminate()
-        deadline = time.monotonic() + 3
-        for proc in self._procs:
-            try:
-                proc.wait(timeout=max(0.05, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_processes(self._procs)
         self._procs = []
 
     def _kill_ns_pids(self, ns: str) -> None:
-        """Processes still running inside one of *our* namespaces (e.g. started with
-        run(..., '&') or forked by a popen child) would keep it alive: kill them by PID."""
-        pids = [int(p) for p in _sh(["ip", "netns", "pids", ns], check=False).stdout.split()
-                if p.isdigit()]
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            alive = []
-            for pid in pids:
-                try:
-                    os.kill(pid, sig)
-                    alive.append(pid)
-                except ProcessLookupError:
-                    pass
-            if not alive:
-                return
-            log.info("lab %s: sent %s to %s in %s", self.base, sig.name, alive, ns)
-            time.sleep(0.2)
-            pids = alive
+        killed = kill_netns_pids(ns)
+        if killed:
+            log.info("lab %s: killed leftover processes %s in %s", self.base, killed, ns)
 
     # ---------------------------------------------------------------- using the lab
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import random
 import re
 import secrets
@@ -32,7 +31,6 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
