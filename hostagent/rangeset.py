@@ -150,6 +150,17 @@ class RangeSet:
             k += 1
         return gaps
 
+    def covered(self, start: int, end: int) -> list[tuple[int, int]]:
+        """Parts of ``[start, end)`` present in the set, in order (the complement of
+        ``missing`` within the window)."""
+        parts: list[tuple[int, int]] = []
+        pos = start
+        for s, e in self.missing(start, end) + [(end, end)]:
+            if s > pos:
+                parts.append((pos, s))
+            pos = e
+        return parts
+
     def missing_count(self, start: int, end: int) -> int:
         return max(0, end - start) - self.count_in(start, end)
 

@@ -633,9 +633,9 @@ class Receiver:
                 continue
             allowed = self.have.missing_count(first, end) - len(shares)
             if requested:
-                allowed -= sum(self.have.missing_count(s, e) for s, e in _covered(requested, first, end))
+                allowed -= sum(self.have.missing_count(s, e) for s, e in requested.covered(first, end))
             surplus = inside - max(0, allowed)
-            for s, e in reversed(_covered(asked, first, end)):
+            for s, e in reversed(asked.covered(first, end)):
                 if surplus <= 0:
                     break
                 cut = min(surplus, e - s)
@@ -676,15 +676,6 @@ class Receiver:
         self._out.append((wire.encode(msg, self._key), self.sender_addr))
 
 
-def _covered(rs: RangeSet, start: int, end: int) -> list[tuple[int, int]]:
-    """Parts of ``[start, end)`` present in ``rs``."""
-    parts: list[tuple[int, int]] = []
-    pos = start
-    for s, e in rs.missing(start, end) + [(end, end)]:
-        if s > pos:
-            parts.append((pos, s))
-        pos = e
-    return parts
 
 
 def _parse_state(state: Optional[bytes]) -> Optional[dict]:

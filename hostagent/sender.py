@@ -441,7 +441,7 @@ class Sender:
             for known in (self._window_any, self._recent_uc_set):
                 if not known:
                     continue
-                parts = _covered(known, start, end)
+                parts = known.covered(start, end)
                 if known is self._recent_uc_set and own:
                     # Re-asking for our own lost unicast repair is not a second asker.
                     parts = [p for s, e in parts for p in own.missing(s, e)]
@@ -505,7 +505,7 @@ class Sender:
         for rid, ranges in window.items():
             if ranges.count_in(cut, nxt):
                 held = self._window.setdefault(rid, RangeSet())
-                for s, e in _covered(ranges, cut, nxt):
+                for s, e in ranges.covered(cut, nxt):
                     held.add(s, e)
                 ranges.discard(cut, nxt)
             if ranges:
@@ -527,7 +527,7 @@ class Sender:
             for rid in receivers:
                 for s, e in self._recent_uc_by.get(rid, ()):
                     own.add(s, e)
-            parts = [p for s, e in _covered(self._recent_uc_set, start, end) for p in own.missing(s, e)]
+            parts = [p for s, e in self._recent_uc_set.covered(start, end) for p in own.missing(s, e)]
             pos = start
             for s, e in parts + [(end, end)]:
                 if s > pos:
@@ -845,12 +845,3 @@ _PARITY_JOB = object()  # marks a parity entry in the repair queue
 _SHARE_MAP_LIMIT = 1 << 16
 
 
-def _covered(rs: RangeSet, start: int, end: int) -> list[tuple[int, int]]:
-    """Parts of ``[start, end)`` present in ``rs``."""
-    parts: list[tuple[int, int]] = []
-    pos = start
-    for s, e in rs.missing(start, end) + [(end, end)]:
-        if s > pos:
-            parts.append((pos, s))
-        pos = e
-    return parts

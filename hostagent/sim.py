@@ -81,7 +81,7 @@ class SourceBackedSink:
     def read(self, offset: int, length: int) -> bytes:
         end = offset + length
         out = bytearray(length)
-        for s, e in _covered(self._good, offset, end):
+        for s, e in self._good.covered(offset, end):
             out[s - offset : e - offset] = self._source[s:e]
         for off, data in self._other.items():
             s, e = max(off, offset), min(off + len(data), end)
@@ -100,14 +100,6 @@ class SourceBackedSink:
         return self.read(0, size)
 
 
-def _covered(rs: RangeSet, start: int, end: int) -> list[tuple[int, int]]:
-    parts: list[tuple[int, int]] = []
-    pos = start
-    for s, e in rs.missing(start, end) + [(end, end)]:
-        if s > pos:
-            parts.append((pos, s))
-        pos = e
-    return parts
 
 
 class Sim:

@@ -42,6 +42,8 @@ def test_matches_set_model(operations, lo, hi) -> None:
     for i in range(0, 260):
         assert (i in rs) == (i in model)
     assert rs.missing(lo, hi) == model_gaps(model, lo, hi)
+    covered = [i for s, e in rs.covered(lo, hi) for i in range(s, e)]
+    assert covered == sorted(i for i in model if lo <= i < hi)
     assert rs.count_in(lo, hi) == len([i for i in model if lo <= i < hi])
     assert rs.contains_range(lo, hi) == all(i in model for i in range(lo, hi))
     # Runs are canonical: sorted, disjoint, non-adjacent, non-empty.
