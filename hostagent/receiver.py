@@ -82,13 +82,21 @@ class Receiver:
     ) -> None:
         self.config = config
         self._rng = rng or random.Random()
-        self.receiver_id = config.receiver_id if config.receiver_id is not None else self._rng.getrandbits(64)
+        self._resume = _parse_state(state)
+        # A restarted receiver keeps its id, so the sender sees one receiver that
+        # resumed, not a failed one plus a stranger.
+        saved_id = self._resume.get("rid") if self._resume else None
+        if config.receiver_id is not None:
+            self.receiver_id = config.receiver_id
+        elif type(saved_id) is int and 0 <= saved_id < 1 << 64:
+            self.receiver_id = saved_id
+        else:
+            self.receiver_id = self._rng.getrandbits(64)
         self._sink = sink
         self._key = config.key
         self.stats = Stats()
         self._events: deque[ReceiverEvent] = deque()
         self._out: list[tuple[bytes, Addr]] = []
-        self._resume = _parse_state(state)
 
         self.session: Optional[int] = config.session_id
         self.sender_addr: Optional[Addr] = None
@@ -217,6 +225,7 @@ class Receiver:
                 "chunk": self.manifest.chunk_size,
                 "verified": self.verified.to_list(),
                 "complete": self.complete,
+                "rid": self.receiver_id,
             }
         )
 

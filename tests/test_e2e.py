@@ -158,15 +158,15 @@ def test_receiver_killed_at_60_percent_resumes(fabric: Fabric, model: ModelFile,
         t.kill_receiver("h5", signal.SIGKILL)
         t.start_receiver("h5")  # same --out: resumes from PATH.modelcast-state
         report = t.finish()
-    # The sender saw the killed process as a separate receiver that went silent; whether it
-    # counted it failed before the restarted one verified is timing, so not asserted.
-    check(report, sender_ok=False)
+    # The restarted receiver keeps its id (it is in the resume record): the sender sees one
+    # receiver that resumed, and every expected receiver verified.
+    check(report)
     h5 = next(r for r in report.receivers if r.host == "h5")
     assert h5.runs == 2
     second = h5.summary
     assert second["resumed_chunks"] > 0, f"nothing resumed: {second}"
     missing = model.size - second["resumed_chunks"] * chunk
-    fetched = second["datagrams_received"] * 1400  # payload bytes (upper bound per datagram)
+    fetched = second["bytes_received"]  # every datagram that reached it, headers included
     print(f"restart: resumed {second['resumed_chunks']} chunks, missing {missing} B, "
           f"fetched ~{fetched} B ({fetched / max(1, missing):.2f} x missing)")
     assert fetched < 0.9 * model.size, "the restarted receiver fetched (nearly) everything again"

@@ -233,6 +233,19 @@ def test_restarted_receiver_resumes_from_saved_state() -> None:
     assert resumed.stats.data_received + resumed.stats.repairs_received < total
 
 
+def test_resumed_receiver_keeps_its_id() -> None:
+    """A restarted receiver is the same receiver to the sender, not a failed one plus a
+    stranger: its id travels in the resume record."""
+    data = payload(64 * KIB)
+    sim = Sim(data, config(expected_receivers=1))
+    first = sim.add_receiver(ReceiverConfig(receiver_id=None))
+    sim.run(until=60)
+    state = first.receiver.snapshot_state()
+    again = Receiver(MemorySink(), ReceiverConfig(), 0.0, state=state)
+    assert again.receiver_id == first.receiver.receiver_id
+    assert Receiver(MemorySink(), ReceiverConfig(), 0.0).receiver_id != again.receiver_id
+
+
 def test_straggler_is_reported_failed_without_holding_back_others() -> None:
     data = payload(256 * KIB)
     cfg = config(expected_receivers=4, receiver_timeout=1.0, idle_timeout=0.5)
