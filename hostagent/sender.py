@@ -528,24 +528,14 @@ class Sender:
                 for s, e in self._recent_uc_by.get(rid, ()):
                     own.add(s, e)
             parts = [p for s, e in self._recent_uc_set.covered(start, end) for p in own.missing(s, e)]
-            pos = start
-            for s, e in parts + [(end, end)]:
-                if s > pos:
-                    self._queue_repair_split(pos, s, receivers, shared=False)
-                if e > s:
-                    self._queue_repair_split(s, e, receivers, shared=True)
-                pos = e
+            for s, e, inside in _alternate(start, end, parts):
+                self._queue_repair_split(s, e, receivers, shared=inside)
             return
         if threshold > 2 and len(receivers) + 1 >= threshold and self._recent_uc_set:
             # (threshold <= 2 escalates as NACKs arrive, in _request)
             # Parts someone else recently needed too: the loss is shared, go multicast.
-            pos = start
-            for s, e in self._recent_uc_set.missing(start, end) + [(end, end)]:
-                if s > pos:
-                    self._queue_repair_split(pos, s, receivers, shared=True)
-                if e > s:
-                    self._queue_repair_split(s, e, receivers, shared=False)
-                pos = e
+            for s, e, inside in _alternate(start, end, self._recent_uc_set.missing(start, end)):
+                self._queue_repair_split(s, e, receivers, shared=not inside)
             return
         self._queue_repair_split(start, end, receivers, shared=False)
 
@@ -845,3 +835,15 @@ _PARITY_JOB = object()  # marks a parity entry in the repair queue
 _SHARE_MAP_LIMIT = 1 << 16
 
 
+def _alternate(start: int, end: int, parts: list[tuple[int, int]]) -> list[tuple[int, int, bool]]:
+    """``[start, end)`` cut at the sorted, disjoint ``parts``: (s, e, inside-a-part) pieces
+    in order, empty pieces left out."""
+    pieces: list[tuple[int, int, bool]] = []
+    pos = start
+    for s, e in parts + [(end, end)]:
+        if s > pos:
+            pieces.append((pos, s, False))
+        if e > s:
+            pieces.append((s, e, True))
+        pos = e
+    return pieces

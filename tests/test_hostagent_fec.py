@@ -16,12 +16,7 @@ from hostagent.receiver import Receiver, ReceiverConfig
 from hostagent.sender import Sender, SenderConfig
 from hostagent.sim import SENDER_ADDR, Sim, SourceBackedSink
 
-KIB = 1024
-
-
-def payload(size: int, seed: int = 1) -> bytes:
-    return random.Random(seed).randbytes(size)
-
+from tests.test_hostagent_protocol import KIB, payload
 
 def config(**overrides) -> SenderConfig:
     base = dict(chunk_size=64 * KIB, payload_size=1024, rate_bps=20e6)

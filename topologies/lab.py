@@ -86,22 +86,28 @@ def _fmt(cmd: Sequence[str]) -> str:
     return " ".join(shlex.quote(str(c)) for c in cmd)
 
 
-def _sh(cmd: Sequence[str], check: bool = True, timeout: float = 30,
-        what: str = "") -> subprocess.CompletedProcess:
-    """Run a command, capture its output, and turn a failure into a LabError with context."""
+def _sh(cmd: Sequence[str], check: bool = True, timeout: float = 30, what: str = "",
+        shown: Sequence[str] | None = None, **popen_kw: Any) -> subprocess.CompletedProcess:
+    """Run a command (output captured as text unless the caller redirects it) and turn a
+    failure into a LabError with context: ``what`` it was for and the command as the user
+    would recognise it (``shown``, e.g. without the ``ip netns exec`` prefix)."""
     cmd = [str(c) for c in cmd]
+    pretty = _fmt(shown if shown is not None else cmd)
+    prefix = f"{what}: " if what else ""
+    popen_kw.setdefault("text", True)
+    if "stdout" not in popen_kw and "stderr" not in popen_kw:
+        popen_kw.setdefault("capture_output", True)
     log.debug("$ %s", _fmt(cmd))
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        proc = subprocess.run(cmd, timeout=timeout, **popen_kw)
     except FileNotFoundError as exc:
-        raise LabError(f"{what + ': ' if what else ''}command not found: {cmd[0]} "
-                       f"(running `{_fmt(cmd)}`)") from exc
+        raise LabError(f"{prefix}command not found: {cmd[0]} (running `{pretty}`)") from exc
     except subprocess.TimeoutExpired as exc:
-        raise LabError(f"{what + ': ' if what else ''}`{_fmt(cmd)}` timed out after "
-                       f"{timeout}s") from exc
+        raise LabError(f"{prefix}`{pretty}` timed out after {timeout}s; output: "
+                       f"{exc.stdout!r} {exc.stderr!r}") from exc
     if check and proc.returncode != 0:
-        raise LabError(f"{what + ': ' if what else ''}`{_fmt(cmd)}` exited "
-                       f"{proc.returncode}: {(proc.stderr or proc.stdout).strip()}")
+        raise LabError(f"{prefix}`{pretty}` exited {proc.returncode}: "
+                       f"{(proc.stderr or proc.stdout or '').strip()}")
     return proc
 
 
@@ -590,20 +596,9 @@ class Lab:
             **popen_kw: Any) -> subprocess.CompletedProcess:
         """Run ``cmd`` in a host's namespace and wait. Output is captured as text unless
         overridden; with ``check`` a non-zero exit raises LabError with its stderr."""
-        full = ["ip", "netns", "exec", self.ns(host), *map(str, cmd)]
-        popen_kw.setdefault("text", True)
-        if "stdout" not in popen_kw and "stderr" not in popen_kw:
-            popen_kw.setdefault("capture_output", True)
         log.debug("lab %s: [%s] %s", self.base, host, _fmt(cmd))
-        try:
-            proc = subprocess.run(full, timeout=timeout, **popen_kw)
-        except subprocess.TimeoutExpired as exc:
-            raise LabError(f"[{host}] `{_fmt(cmd)}` timed out after {timeout}s; output: "
-                           f"{exc.stdout!r} {exc.stderr!r}") from exc
-        if check and proc.returncode != 0:
-            raise LabError(f"[{host}] `{_fmt(cmd)}` exited {proc.returncode}: "
-                           f"{(proc.stderr or proc.stdout or '').strip()}")
-        return proc
+        return _sh(["ip", "netns", "exec", self.ns(host), *cmd], check, timeout, f"[{host}]",
+                   shown=cmd, **popen_kw)
 
     def popen(self, host: str, *cmd: str, **kw: Any) -> subprocess.Popen:
         """Start ``cmd`` in the background in a host's namespace; stop() kills it by PID."""
