@@ -20,16 +20,16 @@ clean:
 demo: $(VENV)/.installed
 	@if [ "$$(id -u)" != 0 ]; then echo "make demo: must run as root (it creates OVS bridges and network namespaces): sudo make demo" >&2; exit 1; fi
 	bash scripts/lab-deps.sh
-	$(PY) -m topologies.demo $(DEMO_ARGS)
+	$(PY) -m lab.demo $(DEMO_ARGS)
 
 # Controller benchmark (prints JSON): tree computation and reroutes on fat-tree k=16.
 bench-controller: $(VENV)/.installed
-	$(PY) -m controller.bench --json
+	$(PY) -m bench.controller --json
 
 # Side-by-side distribution benchmark on the OVS lab (root, ~15 min): TCP fan-out vs UFTP
 # vs modelcast, then the in-memory NACK-implosion scaling run. Writes docs/bench/.
 bench: $(VENV)/.installed
 	@if [ "$$(id -u)" != 0 ]; then echo "make bench: must run as root (it builds an OVS lab): sudo make bench" >&2; exit 1; fi
 	bash scripts/lab-deps.sh
-	$(PY) -m topologies.bench $(BENCH_ARGS)
-	$(PY) -m hostagent.bench_scale --json > docs/bench/scale.jsonl
+	$(PY) -m bench.distribution $(BENCH_ARGS)
+	$(PY) -m bench.scale --json > docs/bench/scale.jsonl

@@ -61,6 +61,54 @@ class ControllerClient:
     def leave(self, group_id: int, ip: str) -> Optional[dict]:
         return self._call("DELETE", f"/v1/groups/{group_id}/receivers/{ip}")
 
+    def list_groups(self) -> list[dict]:
+        return self._call("GET", "/v1/groups") or []
+
+    def delete_group(self, group_id: int) -> None:
+        self._call("DELETE", f"/v1/groups/{group_id}")
+
+    def topology(self) -> dict:
+        return self._call("GET", "/v1/topology")
+
+    def wait_until(
+        self,
+        fetch: Callable[[], Any],
+        pred: Callable[[Any], bool],
+        what: str,
+        timeout: float = 30.0,
+        poll: float = 0.5,
+        unreachable_ok: bool = False,
+        check: Optional[Callable[[], None]] = None,
+        describe: Callable[[Any], str] = lambda last: f"last answer: {str(last)[:400]}",
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> Any:
+        """Call ``fetch`` (e.g. ``lambda: client.get_group(7)``) every ``poll`` s until
+        ``pred(answer)`` holds; return that answer.
+
+        The one polling loop for everything that waits on the controller (the agent, the
+        lab, tests). ``pred`` may raise to fail at once; ``check`` runs each round (e.g.
+        "is the process I wait for still alive"); with ``unreachable_ok`` a controller
+        that is (re)starting counts as "not yet". On timeout: ControllerError naming
+        ``what`` and ``describe(last answer)``."""
+        deadline = clock() + timeout
+        last: Any = None
+        while True:
+            try:
+                last = fetch()
+            except ControllerError as exc:
+                if not unreachable_ok:
+                    raise
+                last = f"(unreachable: {exc})"
+            else:
+                if pred(last):
+                    return last
+            if check is not None:
+                check()
+            if clock() >= deadline:
+                raise ControllerError(f"timed out after {timeout:g}s waiting for {what} ({describe(last)})")
+            sleep(poll)
+
     def wait_installed(
         self,
         group: dict,
@@ -72,23 +120,24 @@ class ControllerClient:
     ) -> dict:
         """Poll the group until its state is ``installed`` and, if ``receivers`` is set,
         at least that many receivers are ``installed``. Raises on ``error`` or timeout."""
-        deadline = clock() + timeout
-        while True:
-            state = group.get("state")
-            if state == "error":
-                errors = "; ".join(str(e) for e in group.get("errors") or []) or "no detail"
-                raise ControllerError(f"controller reports group {group.get('id')} in error: {errors}")
-            ready = installed_receivers(group)
-            if state == "installed" and (receivers is None or ready >= receivers):
-                return group
-            if clock() >= deadline:
-                want = f", {ready}/{receivers} receivers installed" if receivers is not None else ""
-                raise ControllerError(
-                    f"timed out after {timeout:g}s waiting for group {group.get('id')} to be installed "
-                    f"(state {state}{want})"
-                )
-            sleep(poll)
-            group = self.get_group(int(group["id"]))
+
+        def ready(g: dict) -> bool:
+            if g.get("state") == "error":
+                errors = "; ".join(str(e) for e in g.get("errors") or []) or "no detail"
+                raise ControllerError(f"controller reports group {g.get('id')} in error: {errors}")
+            return g.get("state") == "installed" and (receivers is None or installed_receivers(g) >= receivers)
+
+        def state(g: Any) -> str:
+            if not isinstance(g, dict):
+                return str(g)
+            want = f", {installed_receivers(g)}/{receivers} receivers installed" if receivers is not None else ""
+            return f"state {g.get('state')}{want}"
+
+        if ready(group):
+            return group
+        gid = int(group["id"])
+        return self.wait_until(lambda: self.get_group(gid), ready, f"group {gid} to be installed",
+                               timeout, poll, describe=state, clock=clock, sleep=sleep)
 
     # ------------------------------------------------------------------ plumbing
 

@@ -7,14 +7,14 @@ import sys
 
 import pytest
 
-from tests.labtools import need_lab
+from tests.support.labskip import need_lab
 
 pytestmark = pytest.mark.lab
 
 
 def test_benchmark_smoke(tmp_path):
     need_lab()
-    proc = subprocess.run([sys.executable, "-m", "topologies.bench", "--smoke", "--out", str(tmp_path)],
+    proc = subprocess.run([sys.executable, "-m", "bench.distribution", "--smoke", "--out", str(tmp_path)],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     data = json.loads((tmp_path / "results.json").read_text())

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.labtools import free_port
+from tests.support.labskip import free_port
 
 EXE = str(Path(sys.executable).parent / "modelcast-controller")
 

@@ -10,8 +10,8 @@ import time
 import pytest
 
 import topologies as T
-from tests.labtools import Controller, Probe, need_lab, send
-from topologies.lab import Lab
+from tests.support.labskip import Controller, Probe, need_lab, send
+from lab.ovs import Lab
 
 pytestmark = pytest.mark.lab
 

@@ -19,7 +19,7 @@ from controller.addressing import check_ssm, ssm_address
 from controller.core import MulticastCore, SwitchState
 from controller.topoview import TopologyView
 from controller.trees import compute_tree
-from tests.fakeof import FakeFabric
+from lab.fakeof import FakeFabric
 
 # ---------------------------------------------------------------------- helpers
 

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 import topologies as T
-from tests.labtools import need_lab
-from topologies.runner import Fabric, ModelFile, Transfer, TransferReport, make_model, stamp_printer
+from tests.support.labskip import need_lab
+from lab.transfer import Fabric, ModelFile, Transfer, TransferReport, make_model, stamp_printer
 
 pytestmark = pytest.mark.lab
 

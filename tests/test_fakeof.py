@@ -11,7 +11,7 @@ from ryu.ofproto import ofproto_v1_3 as ofp
 from ryu.ofproto import ofproto_v1_3_parser as parser
 
 import topologies as t
-from tests.fakeof import FakeFabric, FakeSwitch, OFError
+from lab.fakeof import FakeFabric, FakeSwitch, OFError
 
 DP = types.SimpleNamespace(ofproto=ofp, ofproto_parser=parser, id=0)
 GROUP = "232.1.2.3"

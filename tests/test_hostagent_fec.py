@@ -10,11 +10,12 @@ import random
 import blake3
 import pytest
 
-from hostagent import bench_scale, fec, wire
+from bench import scale as bench_scale
+from hostagent import fec, wire
 from hostagent.common import GROUP, ChunkCorrupt, FileComplete, Layout, MemorySink, MemorySource, TransferFinished
 from hostagent.receiver import Receiver, ReceiverConfig
 from hostagent.sender import Sender, SenderConfig
-from hostagent.sim import SENDER_ADDR, Sim, SourceBackedSink
+from lab.netsim import SENDER_ADDR, Sim, SourceBackedSink
 
 from tests.test_hostagent_protocol import KIB, payload
 

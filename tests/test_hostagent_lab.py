@@ -20,7 +20,7 @@ from pathlib import Path
 import blake3
 import pytest
 
-from hostagent.netlab import BridgeLab, NetLabError, lab_unavailable
+from lab.bridge import BridgeLab, NetLabError, lab_unavailable
 
 REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.lab

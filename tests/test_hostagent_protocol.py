@@ -19,7 +19,7 @@ from hostagent.common import (
 )
 from hostagent.receiver import Receiver, ReceiverConfig
 from hostagent.sender import Sender, SenderConfig
-from hostagent.sim import SENDER_ADDR, Sim
+from lab.netsim import SENDER_ADDR, Sim
 
 KIB = 1024
 

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-import topologies.lab as labmod
-from topologies.lab import Lab, LabError
+import lab.ovs as labmod
+from lab.ovs import Lab, LabError
 from topologies.spec import leaf_spine, linear, ring
-from tests.labtools import need_lab, skip_or_fail
+from tests.support.labskip import need_lab, skip_or_fail
 
 REPO = Path(__file__).resolve().parent.parent
 

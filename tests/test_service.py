@@ -18,7 +18,7 @@ from controller.core import MulticastCore, Plan
 from controller.errors import Conflict, InvalidAddress, ReceiverIsSource, UnknownGroup, UnknownHost
 from controller.service import Service, StateFileError, Unauthorized
 from controller.topoview import TopologyView
-from tests.fakeof import FakeFabric
+from lab.fakeof import FakeFabric
 
 # ---------------------------------------------------------------------- helpers
 

@@ -19,10 +19,10 @@ import random
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
-from .common import GROUP, ChunkSink, MemorySink, MemorySource, Stats
-from .rangeset import RangeSet
-from .receiver import Receiver, ReceiverConfig
-from .sender import Sender, SenderConfig
+from hostagent.common import GROUP, ChunkSink, MemorySink, MemorySource, Stats
+from hostagent.rangeset import RangeSet
+from hostagent.receiver import Receiver, ReceiverConfig
+from hostagent.sender import Sender, SenderConfig
 
 SENDER_ADDR = ("sender", 1)
 

@@ -114,7 +114,7 @@ class BridgeLab:
 
     def stop(self) -> None:
         """Kill our processes by PID, then delete our links and namespaces. Idempotent."""
-        from topologies.lab import kill_netns_pids, stop_processes
+        from lab.ovs import kill_netns_pids, stop_processes
 
         stop_processes(self._procs)
         self._procs = []

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from topologies.lab import Lab, LabError, require_lab
-from topologies.runner import Controller, free_port  # noqa: F401  (moved; re-exported for tests)
+from lab.ovs import Lab, LabError, require_lab
+from lab.transfer import Controller, free_port  # noqa: F401  (moved; re-exported for tests)
 
 
 def skip_or_fail(reason: str) -> None:

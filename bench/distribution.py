@@ -32,9 +32,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from topologies import baselines as B
-from topologies.lab import LabError
-from topologies.runner import Fabric, Transfer, make_model, stamp_printer
+from bench import baselines as B
+from lab.ovs import LabError
+from lab.transfer import Fabric, Transfer, make_model, stamp_printer
 from topologies.spec import TopologyError, parse
 
 METHODS = ("tcp", "uftp", "modelcast")

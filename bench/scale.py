@@ -22,10 +22,10 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Optional
 
-from . import wire
-from .receiver import ReceiverConfig
-from .sender import SenderConfig
-from .sim import SENDER_ADDR, Sim, SourceBackedSink
+from hostagent import wire
+from hostagent.receiver import ReceiverConfig
+from hostagent.sender import SenderConfig
+from lab.netsim import SENDER_ADDR, Sim, SourceBackedSink
 
 _SEQ = struct.Struct("!Q")
 

@@ -28,8 +28,8 @@ from typing import Optional, Sequence
 if __package__ in (None, ""):  # `python topologies/demo.py` rather than `-m topologies.demo`
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from topologies.lab import LabError, require_lab
-from topologies.runner import Fabric, RunnerError, Transfer, make_model, stamp_printer
+from lab.ovs import LabError, require_lab
+from lab.transfer import Fabric, RunnerError, Transfer, make_model, stamp_printer
 from topologies.spec import Topology, TopologyError, parse
 
 DEFAULT_TOPOLOGY = "leaf-spine:2,4,2"  # 2 spines, 4 leaves, 8 hosts

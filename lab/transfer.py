@@ -40,10 +40,10 @@ from typing import Any, Callable, Iterable, Optional, Sequence
 import blake3
 import requests
 
-from hostagent.netlab import add_loss as _add_loss
-from hostagent.netlab import clear_loss as _clear_loss
-from hostagent.netlab import loss_dropped as _loss_dropped
-from topologies.lab import Lab, LabError
+from lab.bridge import add_loss as _add_loss
+from lab.bridge import clear_loss as _clear_loss
+from lab.bridge import loss_dropped as _loss_dropped
+from lab.ovs import Lab, LabError
 from topologies.spec import Topology
 
 VENV_BIN = Path(sys.executable).parent

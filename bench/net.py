@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from .net import SOL_UDP, UDP_SEGMENT
+from hostagent.net import SOL_UDP, UDP_SEGMENT
 
 REPO = Path(__file__).resolve().parent.parent
 DGRAM = 1472
@@ -153,7 +153,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             print(_row(f"send GSO {'on' if gso else 'off'}", res), flush=True)
 
         if not args.no_lab:
-            from .netlab import BridgeLab, lab_unavailable
+            from lab.bridge import BridgeLab, lab_unavailable
 
             reason = lab_unavailable()
             if reason:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from topologies.lab import Lab
+from lab.ovs import Lab
 
 # Runs a command and writes its exit status and the CPU seconds it (and its children)
 # used: per-process CPU of programs started in other namespaces, without ptrace or perf.
