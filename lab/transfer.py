@@ -24,158 +24,28 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import random
 import re
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Callable, Iterable, Optional, Sequence
+from typing import Callable, Iterable, Optional, Sequence
 
-import blake3
 import requests
 
 from lab.bridge import add_loss as _add_loss
 from lab.bridge import clear_loss as _clear_loss
 from lab.bridge import loss_dropped as _loss_dropped
+from lab.models import ModelFile, file_digest, make_model  # noqa: F401  (re-exported)
+from lab.controller import VENV_BIN, Controller, Say, quiet as _quiet, stamp_printer  # noqa: F401
 from lab.ovs import Lab, LabError
 from topologies.spec import Topology
 
-VENV_BIN = Path(sys.executable).parent
-Say = Callable[[str], None]
-
-
-class RunnerError(RuntimeError):
-    """A step of the orchestration failed; the message says which and why."""
-
-
-def stamp_printer(t0: Optional[float] = None, stream: Any = None) -> Say:
-    """A ``say`` that prints ``[ 12.3s] text`` (seconds since ``t0``) and flushes, so a
-    long run shows what it is doing as it goes."""
-    start = time.monotonic() if t0 is None else t0
-
-    def say(text: str) -> None:
-        print(f"[{time.monotonic() - start:6.1f}s] {text}", file=stream or sys.stdout, flush=True)
-
-    return say
-
-
-def _quiet(text: str) -> None:
-    pass
-
-
-def free_port() -> int:
-    """An unused TCP port on loopback (the usual bind-to-0 trick)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-# ------------------------------------------------------------------------ controller
-
-
-class Controller:
-    """``modelcast-controller`` with its own ports, state file and log; REST on
-    ``rest_host`` (loopback unless set to a lab's management gateway before ``start``)."""
-
-    def __init__(self, workdir: Path, token: str = "test-token", algorithm: str = "spt",
-                 say: Say = _quiet) -> None:
-        self.of_port = free_port()
-        self.rest_port = free_port()
-        self.rest_host = "127.0.0.1"
-        self.workdir = workdir
-        self.state = workdir / "controller-state.json"
-        self.token = token
-        self.algorithm = algorithm
-        self.proc: subprocess.Popen | None = None
-        self.logs: list[Path] = []
-        self.say = say
-
-    @property
-    def url(self) -> str:
-        return f"http://{self.rest_host}:{self.rest_port}"
-
-    @property
-    def of_target(self) -> str:
-        return f"tcp:127.0.0.1:{self.of_port}"
-
-    def start(self) -> None:
-        """Start and wait (<= 30 s) until /v1/health answers; on failure raise with the log."""
-        logf = self.workdir / f"controller-{len(self.logs)}.log"
-        self.logs.append(logf)
-        cmd = [str(VENV_BIN / "modelcast-controller"), "--ofp-tcp-listen-port", str(self.of_port),
-               "--ofp-listen-host", "127.0.0.1", "--wsapi-host", self.rest_host,
-               "--wsapi-port", str(self.rest_port), "--state-file", str(self.state),
-               "--token", self.token, "--algorithm", self.algorithm]
-        with open(logf, "w") as out:
-            # Own session: a terminal's Ctrl-C reaches only the orchestrating process,
-            # which then stops everything in order (this process by PID).
-            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
-                                         start_new_session=True)
-        self.say(f"controller: started pid {self.proc.pid} (OpenFlow {self.of_target}, "
-                 f"REST {self.url}, log {logf})")
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"controller exited {self.proc.returncode}:\n{self.log_text()}")
-            try:
-                if requests.get(self.url + "/v1/health", timeout=1).ok:
-                    return
-            except requests.RequestException:
-                time.sleep(0.2)
-        raise RuntimeError(f"controller REST did not come up:\n{self.log_text()}")
-
-    def stop(self, sig: int = signal.SIGTERM) -> None:
-        """Stop our controller process (by PID) with ``sig``; SIGKILL after 10 s."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.say(f"controller: sending {signal.Signals(sig).name} to pid {self.proc.pid}")
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-        self.proc = None
-
-    def log_text(self) -> str:
-        return "".join(p.read_text(errors="replace")[-6000:] for p in self.logs if p.exists())
-
-    def api(self, method: str, path: str, **kw: Any) -> requests.Response:
-        headers = kw.pop("headers", {})
-        headers.setdefault("Authorization", f"Bearer {self.token}")
-        return requests.request(method, self.url + path, headers=headers, timeout=15, **kw)
-
-    def wait_topology(self, switches: int, links: int, timeout: float = 30) -> dict:
-        deadline = time.monotonic() + timeout
-        topo: dict = {}
-        while time.monotonic() < deadline:
-            try:
-                topo = self.api("GET", "/v1/topology").json()
-            except requests.RequestException:
-                topo = {}
-            up = [link for link in topo.get("links", []) if link.get("up", True)]
-            if len(topo.get("switches", [])) >= switches and len(up) >= links:
-                return topo
-            time.sleep(0.3)
-        raise AssertionError(f"topology not discovered in {timeout}s: {topo}\n{self.log_text()}")
-
-    def wait_group(self, gid: int, pred: Callable[[dict], bool], timeout: float = 15) -> dict:
-        deadline = time.monotonic() + timeout
-        g: dict = {}
-        while time.monotonic() < deadline:
-            try:
-                g = self.api("GET", f"/v1/groups/{gid}").json()
-            except requests.RequestException:
-                g = {}
-            if pred(g):
-                return g
-            time.sleep(0.05)
-        raise AssertionError(f"group {gid} never reached the expected state: {g}\n{self.log_text()}")
+RunnerError = LabError  # one error type for every lab step
 
 
 # ------------------------------------------------------------------------ fabric
@@ -397,43 +267,6 @@ class Fabric:
 
 def _natural(name: str) -> tuple:
     return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name))
-
-
-# ------------------------------------------------------------------------ model files
-
-
-@dataclass(frozen=True)
-class ModelFile:
-    path: Path
-    size: int
-    digest: str  # BLAKE3 hex of the whole file (what the host agent reports as file_digest)
-
-
-def make_model(path: Path, size_bytes: int, seed: int = 0) -> ModelFile:
-    """A deterministic pseudo-random "model" (incompressible, like weights)."""
-    rng = random.Random(seed)
-    h = blake3.blake3()
-    step = 4 << 20
-    with open(path, "wb") as f:
-        left = size_bytes
-        while left:
-            block = rng.randbytes(min(step, left))
-            f.write(block)
-            h.update(block)
-            left -= len(block)
-    return ModelFile(Path(path), size_bytes, h.hexdigest())
-
-
-def file_digest(path: Path) -> Optional[str]:
-    """BLAKE3 hex of a file, or None if it does not exist."""
-    try:
-        h = blake3.blake3()
-        with open(path, "rb") as f:
-            while block := f.read(4 << 20):
-                h.update(block)
-        return h.hexdigest()
-    except FileNotFoundError:
-        return None
 
 
 # ------------------------------------------------------------------------ agents

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.labskip import free_port
+from lab.sh import free_port
 
 EXE = str(Path(sys.executable).parent / "modelcast-controller")
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from lab.ovs import Lab, LabError, require_lab
-from lab.transfer import Controller, free_port  # noqa: F401  (moved; re-exported for tests)
+from lab.controller import Controller  # noqa: F401  (re-exported for tests)
 
 
 def skip_or_fail(reason: str) -> None:
