@@ -2,15 +2,20 @@
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: venv test demo bench bench-controller clean
+.PHONY: venv lab-deps test demo bench bench-controller clean
 
 $(VENV)/.installed: pyproject.toml scripts/venv.sh
 	bash scripts/venv.sh
 
 venv: $(VENV)/.installed
 
-test: $(VENV)/.installed
+# As root: the lab's apt packages and a running Open vSwitch, installed before the venv
+# is used so that Mininet (from Debian) is linked into it.
+lab-deps:
 	@if [ "$$(id -u)" = 0 ]; then bash scripts/lab-deps.sh; fi
+
+test: lab-deps $(VENV)/.installed
+	@bash scripts/venv-mininet.sh
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 clean:

@@ -5,7 +5,6 @@ receiver holds a verified copy, bytes on the sender's link, CPU seconds."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 import subprocess
@@ -15,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lab.models import file_digest
 from lab.ovs import Lab
 
 # Runs a command and writes its exit status and the CPU seconds it (and its children)
@@ -47,9 +47,10 @@ for t in threads:
 """
 
 TCP_CLIENT = r"""
-import hashlib, socket, sys
+import socket, sys
+import blake3
 host, port, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-h = hashlib.blake2b()
+h = blake3.blake3()
 s = socket.create_connection((host, port))
 buf = bytearray(1 << 20)
 with open(out, "wb") as f:
@@ -77,14 +78,6 @@ class RunResult:
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
-
-
-def digest(path: Path) -> str:
-    h = hashlib.blake2b()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def tx_bytes(lab: Lab, host: str) -> int:
@@ -117,7 +110,7 @@ def tcp_fanout(lab: Lab, sender: str, receivers: list[str], path: Path, work: Pa
                port: int = 9000, timeout: float = 900) -> RunResult:
     """The model server today: one TCP stream per receiver, all at once."""
     work.mkdir(parents=True, exist_ok=True)
-    want = digest(path)
+    want = file_digest(path)
     before = tx_bytes(lab, sender)
     srv_stats = work / "tcp-server.json"
     server = wrapped(lab, sender, srv_stats, sys.executable, "-c", TCP_SERVER, str(path),
@@ -157,7 +150,7 @@ def uftp(lab: Lab, sender: str, receivers: list[str], path: Path, work: Path, gr
     modelcast's datagrams do). Its defaults are otherwise kept: on this LAN its protocol
     rounds take milliseconds (measured: 32 MB to 4 receivers at 190 Mbit/s in 1.47 s)."""
     work.mkdir(parents=True, exist_ok=True)
-    want = digest(path)
+    want = file_digest(path)
     daemons = []
     for r in receivers:
         d = work / f"uftp-{r}"
@@ -185,7 +178,7 @@ def uftp(lab: Lab, sender: str, receivers: list[str], path: Path, work: Path, gr
     oks = {}
     for r, d, p in daemons:
         out = d / path.name
-        oks[r] = out.exists() and digest(out) == want
+        oks[r] = out.exists() and file_digest(out) == want
         p.terminate()
     _wait([p for _, _, p in daemons], time.monotonic() + 10)
     cpu_rx = sum(read_stats(work / f"uftpd-{r}.json")["cpu_s"] or 0 for r, _, _ in daemons)

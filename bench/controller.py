@@ -1,6 +1,6 @@
 """Controller benchmark (not a test): tree computation and failure handling at scale.
 
-    python -m controller.bench --topology fat-tree:16 --groups 1000 --receivers 64 --json
+    python -m bench.controller --topology fat-tree:16 --groups 1000 --receivers 64 --json
 
 Prints one JSON object. ``max_link_load_ratio`` compares links that are alternatives to
 each other (same tier pair and direction, e.g. every aggregation->edge link): multicast
@@ -112,7 +112,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m controller.bench", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m bench.controller", description=__doc__.split("\n")[0])
     ap.add_argument("--topology", default="fat-tree:16", help="family:args, e.g. fat-tree:16")
     ap.add_argument("--groups", type=int, default=1000)
     ap.add_argument("--receivers", type=int, default=64)

@@ -1,6 +1,6 @@
 """Side-by-side distribution benchmark on the Open vSwitch lab (root):
 
-    python -m topologies.bench [--size-mb 128] [--rate-cap 200] [--receivers 1,2,4,8]
+    python -m bench.distribution [--size-mb 128] [--rate-cap 200] [--receivers 1,2,4,8]
                                [--runs 3] [--loss 0,1] [--methods tcp,uftp,modelcast]
                                [--out docs/bench] [--smoke]
 
@@ -33,8 +33,12 @@ from pathlib import Path
 from typing import Any
 
 from bench import baselines as B
-from lab.ovs import LabError
-from lab.transfer import Fabric, Transfer, make_model, stamp_printer
+from lab import loss as impair
+from lab.controller import stamp_printer
+from lab.fabric import Fabric
+from lab.models import make_model
+from lab.sh import LabError
+from lab.transfer import Transfer
 from topologies.spec import TopologyError, parse
 
 METHODS = ("tcp", "uftp", "modelcast")
@@ -57,15 +61,9 @@ def receivers_for(fabric: Fabric, sender: str, n: int) -> list[str]:
     return order[:n]
 
 
-def cap_link(fabric: Fabric, host: str, mbit: float) -> None:
-    lab = fabric._lab()
-    lab.run(host, "tc", "qdisc", "replace", "dev", lab.host_iface(host), "root", "tbf",
-            "rate", f"{mbit}mbit", "burst", "512kb", "latency", "50ms")
-
-
 def run_modelcast(fabric: Fabric, model: Any, sender: str, rcv: list[str], rate: float,
                   name: str, work: Path) -> B.RunResult:
-    lab = fabric._lab()
+    lab = fabric.live_lab()
     before = B.tx_bytes(lab, sender)
     with Transfer(fabric, model, sender, rcv, rate=rate, name=name, workdir=work / name,
                   receiver_timeout=120, sender_timeout=120) as t:
@@ -98,7 +96,7 @@ def run_uftp(fabric: Fabric, model: Any, sender: str, rcv: list[str], rate: floa
     gid = r.json()["id"]
     try:
         ctl.wait_group(gid, lambda g: g.get("state") == "installed", timeout=30)
-        return B.uftp(fabric._lab(), sender, rcv, model.path, work / name, address, rate,
+        return B.uftp(fabric.live_lab(), sender, rcv, model.path, work / name, address, rate,
                       mtu=fabric.mtu)
     finally:
         ctl.api("DELETE", f"/v1/groups/{gid}")
@@ -213,7 +211,7 @@ def run(args: argparse.Namespace) -> int:
     with Fabric(topo, work, say=say, mtu=args.mtu) as fabric:
         sender = fabric.topology.hosts[0].name
         model = make_model(work / "model.bin", int(args.size_mb * 1024 * 1024))
-        cap_link(fabric, sender, args.rate_cap)
+        impair.cap_rate(fabric.live_lab(), sender, args.rate_cap)
         index = 0
         for loss in losses:
             for n in ns:
@@ -227,7 +225,7 @@ def run(args: argparse.Namespace) -> int:
                         index += 1
                         name = f"{method}-l{loss:g}-n{n}-r{run_no}"
                         if method == "tcp":
-                            res = B.tcp_fanout(fabric._lab(), sender, rcv, model.path, work / name)
+                            res = B.tcp_fanout(fabric.live_lab(), sender, rcv, model.path, work / name)
                         elif method == "uftp":
                             res = run_uftp(fabric, model, sender, rcv, rate, name, work, index)
                         else:
@@ -251,7 +249,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m topologies.bench",
+    ap = argparse.ArgumentParser(prog="python -m bench.distribution",
                                  description="TCP fan-out vs UFTP vs modelcast on the OVS lab")
     ap.add_argument("--topology", default="leaf-spine:2,4,3")
     ap.add_argument("--size-mb", type=float, default=128)

@@ -120,18 +120,22 @@ class Controller:
             up = [link for link in topo.get("links", []) if link.get("up", True)]
             return len(topo.get("switches", [])) >= switches and len(up) >= links
 
-        return self._wait(self.client.topology, done,
+        return self.wait(self.client.topology, done,
                           f"{switches} switches and {links} links to be discovered", timeout, 0.3)
 
     def wait_group(self, gid: int, pred: Callable[[dict], bool], timeout: float = 15,
                    what: str = "the expected state") -> dict:
         """Until group ``gid`` satisfies ``pred``."""
-        return self._wait(lambda: self.client.get_group(gid), pred, f"group {gid} to reach {what}",
+        return self.wait(lambda: self.client.get_group(gid), pred, f"group {gid} to reach {what}",
                           timeout, 0.05)
 
-    def _wait(self, fetch: Callable[[], Any], pred: Callable[[Any], bool], what: str,
-              timeout: float, poll: float) -> Any:
+    def wait(self, fetch: Callable[[], Any], pred: Callable[[Any], bool], what: str,
+             timeout: float, poll: float = 0.2, check: Optional[Callable[[], None]] = None,
+             context: Callable[[], str] = lambda: "") -> Any:
+        """``ControllerClient.wait_until`` through a (re)starting controller; a timeout
+        is a LabError that carries ``context()`` (default: the controller's log)."""
         try:
-            return self.client.wait_until(fetch, pred, what, timeout, poll, unreachable_ok=True)
+            return self.client.wait_until(fetch, pred, what, timeout, poll, unreachable_ok=True,
+                                          check=check)
         except ControllerError as exc:
-            raise LabError(f"{exc}\n{self.log_text()}") from None
+            raise LabError(f"{exc}\n{context() or self.log_text()}") from None

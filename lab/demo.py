@@ -5,7 +5,7 @@ namespace per host), generates a test "model", has receivers join its group over
 sends it once by multicast through the tree the controller built, verifies every copy's
 digest, prints a summary and tears everything down -- also on Ctrl-C or failure.
 
-    sudo .venv/bin/python -m topologies.demo --size-mb 64 --rate 150
+    sudo .venv/bin/python -m lab.demo --size-mb 64 --rate 150
     make demo DEMO_ARGS="--size-mb 256 --loss"
 
 Exit status: 0 all receivers verified; 1 failure (one line says why); 130 interrupted.
@@ -18,18 +18,20 @@ import logging
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Optional, Sequence
 
-if __package__ in (None, ""):  # `python topologies/demo.py` rather than `-m topologies.demo`
+if __package__ in (None, ""):  # `python lab/demo.py` rather than `-m lab.demo`
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from lab.ovs import LabError, require_lab
-from lab.transfer import Fabric, RunnerError, Transfer, make_model, stamp_printer
+from lab.controller import stamp_printer
+from lab.fabric import Fabric
+from lab.models import make_model
+from lab.sh import LabError, leftovers, require
+from lab.transfer import Transfer
 from topologies.spec import Topology, TopologyError, parse
 
 DEFAULT_TOPOLOGY = "leaf-spine:2,4,2"  # 2 spines, 4 leaves, 8 hosts
@@ -63,17 +65,6 @@ def pick_roles(topo: Topology, sender: str, receivers: Optional[str]) -> tuple[s
     if not chosen:
         raise DemoError("no receivers")
     return src, chosen, [h for h in others if h not in chosen]
-
-
-def leftovers(base: str) -> list[str]:
-    """Namespaces, bridges or interfaces whose name starts with the lab's ``base``."""
-    found: list[str] = []
-    for cmd in (["ip", "netns", "list"], ["ovs-vsctl", "--timeout=10", "list-br"], ["ip", "-o", "link"]):
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=20).stdout
-        for line in out.splitlines():
-            words = line.replace(":", " ").replace("@", " ").split()
-            found += [w for w in words if w.startswith(base)]
-    return sorted(set(found))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -165,7 +156,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m topologies.demo",
+    p = argparse.ArgumentParser(prog="python -m lab.demo",
                                 description="Distribute a test model over an OVS lab with modelcast.")
     p.add_argument("--size-mb", type=float, default=64, help="model size in MiB (default %(default)s)")
     p.add_argument("--rate", type=float, default=150,
@@ -196,7 +187,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
               "sudo make demo", file=sys.stderr)
         return 1
     try:
-        require_lab()
+        require()
     except LabError as exc:
         print(f"demo: error: this machine cannot run the lab: {exc}", file=sys.stderr)
         return 1
@@ -208,7 +199,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except KeyboardInterrupt:
         print("demo: interrupted; everything torn down", file=sys.stderr)
         return 130
-    except (DemoError, RunnerError, LabError) as exc:
+    except (DemoError, LabError) as exc:
         print(f"demo: error: {exc}", file=sys.stderr)
         return 1
     except (AssertionError, RuntimeError, OSError) as exc:  # controller start, REST, files

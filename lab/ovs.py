@@ -14,7 +14,7 @@ Usage::
     with Lab(spec.linear(3), controller=None, fail_mode="standalone") as lab:
         lab.run("h1", "ping", "-c", "1", "10.0.0.3")
 
-CLI: ``python -m topologies.lab up leaf-spine:2,4,2 [--controller tcp:127.0.0.1:6653]``.
+CLI: ``python -m lab.ovs up leaf-spine:2,4,2 [--controller tcp:127.0.0.1:6653]``.
 """
 
 from __future__ import annotations
@@ -25,151 +25,26 @@ import json
 import logging
 import os
 import secrets
-import shlex
 import shutil
 import signal
-import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Sequence
+from typing import Any
 
-if __package__ in (None, ""):  # `python topologies/lab.py` rather than `-m topologies.lab`
+if __package__ in (None, ""):  # `python lab/ovs.py` rather than `-m lab.ovs`
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from lab.probes import PING
+from lab.sh import HOST_IFACE, VSCTL, LabError, NetnsHosts, fmt, log, require, sh
 from topologies.spec import Host, Link, Topology, TopologyError, parse
-
-log = logging.getLogger("modelcast.lab")
 
 IFNAMSIZ = 15  # Linux interface names are at most 15 characters
 STATE_DIR = Path(os.environ.get("MODELCAST_LAB_STATE", "/run/modelcast-lab"))
-HOST_IFACE = "eth0"
 ETC_NETNS = Path("/etc/netns")
 MGMT_IFACE = "mgmt0"
-_VSCTL = ("ovs-vsctl", "--timeout=20")
-
-
-# ICMP echo for machines without iputils-ping (argv: ip count wait); exit 0 on any reply.
-_PY_PING = r"""
-import os, select, socket, struct, sys, time
-ip, count, wait = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
-s = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP)
-ident = os.getpid() & 0xFFFF
-def csum(b):
-    b += b"\0" * (len(b) % 2)
-    t = sum(struct.unpack("!%dH" % (len(b) // 2), b))
-    t = (t >> 16) + (t & 0xFFFF); t += t >> 16
-    return ~t & 0xFFFF
-for seq in range(count):
-    body = struct.pack("!BBHHH", 8, 0, 0, ident, seq) + b"modelcast"
-    s.sendto(body[:2] + struct.pack("!H", csum(body)) + body[4:], (ip, 0))
-    end = time.monotonic() + wait
-    while (left := end - time.monotonic()) > 0:
-        if not select.select([s], [], [], left)[0]:
-            break
-        data, addr = s.recvfrom(2048)
-        hl = (data[0] & 15) * 4
-        if addr[0] == ip and data[hl] == 0 and struct.unpack("!H", data[hl + 4:hl + 6])[0] == ident:
-            sys.exit(0)
-sys.exit(1)
-"""
-
-
-class LabError(RuntimeError):
-    """Building, using or checking the lab failed; the message names the command and its
-    stderr so a failure is diagnosable from a CI log alone."""
-
-
-def _fmt(cmd: Sequence[str]) -> str:
-    return " ".join(shlex.quote(str(c)) for c in cmd)
-
-
-def _sh(cmd: Sequence[str], check: bool = True, timeout: float = 30, what: str = "",
-        shown: Sequence[str] | None = None, **popen_kw: Any) -> subprocess.CompletedProcess:
-    """Run a command (output captured as text unless the caller redirects it) and turn a
-    failure into a LabError with context: ``what`` it was for and the command as the user
-    would recognise it (``shown``, e.g. without the ``ip netns exec`` prefix)."""
-    cmd = [str(c) for c in cmd]
-    pretty = _fmt(shown if shown is not None else cmd)
-    prefix = f"{what}: " if what else ""
-    popen_kw.setdefault("text", True)
-    if "stdout" not in popen_kw and "stderr" not in popen_kw:
-        popen_kw.setdefault("capture_output", True)
-    log.debug("$ %s", _fmt(cmd))
-    try:
-        proc = subprocess.run(cmd, timeout=timeout, **popen_kw)
-    except FileNotFoundError as exc:
-        raise LabError(f"{prefix}command not found: {cmd[0]} (running `{pretty}`)") from exc
-    except subprocess.TimeoutExpired as exc:
-        raise LabError(f"{prefix}`{pretty}` timed out after {timeout}s; output: "
-                       f"{exc.stdout!r} {exc.stderr!r}") from exc
-    if check and proc.returncode != 0:
-        raise LabError(f"{prefix}`{pretty}` exited {proc.returncode}: "
-                       f"{(proc.stderr or proc.stdout or '').strip()}")
-    return proc
-
-
-def stop_processes(procs: list[subprocess.Popen], grace: float = 3) -> None:
-    """SIGTERM our processes (by PID), then SIGKILL whatever is still running after
-    ``grace`` seconds in all."""
-    for proc in procs:
-        if proc.poll() is None:
-            proc.terminate()
-    deadline = time.monotonic() + grace
-    for proc in procs:
-        try:
-            proc.wait(timeout=max(0.05, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
-def kill_netns_pids(ns: str) -> list[int]:
-    """Processes still running inside one of *our* namespaces (e.g. forked by a child we
-    started) would keep it alive: SIGTERM, then SIGKILL, by PID. Returns those signalled."""
-    pids = [int(p) for p in _sh(["ip", "netns", "pids", ns], check=False).stdout.split()
-            if p.isdigit()]
-    signalled: list[int] = []
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        alive = []
-        for pid in pids:
-            try:
-                os.kill(pid, sig)
-                alive.append(pid)
-            except ProcessLookupError:
-                pass
-        if not alive:
-            break
-        signalled = sorted(set(signalled) | set(alive))
-        time.sleep(0.2)
-        pids = alive
-    return signalled
-
-
-def require_lab() -> None:
-    """Raise LabError with a precise reason unless this process can build a lab: root,
-    ``ip netns``, ``ethtool`` and a reachable ovs-vswitchd that supports the userspace
-    (netdev) datapath. Tests turn the reason into a skip (or a failure under CI)."""
-    if os.geteuid() != 0:
-        raise LabError(f"the OVS lab needs root (running as uid {os.geteuid()})")
-    for tool in ("ovs-vsctl", "ip", "ethtool"):
-        if shutil.which(tool) is None:
-            raise LabError(f"`{tool}` is not on PATH (install openvswitch-switch, iproute2, "
-                           "ethtool; see scripts/lab-deps.sh)")
-    try:
-        _sh([*_VSCTL[:1], "--timeout=5", "show"], timeout=10, what="ovs-vsctl unreachable")
-        types = _sh([*_VSCTL[:1], "--timeout=5", "get", "Open_vSwitch", ".",
-                     "datapath_types"], timeout=10).stdout
-    except LabError as exc:
-        raise LabError(f"{exc} -- is ovs-vswitchd running? start it with "
-                       "`/usr/share/openvswitch/scripts/ovs-ctl start --system-id=random`"
-                       ) from None
-    if "netdev" not in types:
-        raise LabError(f"ovs-vswitchd does not offer the userspace datapath (datapath_types="
-                       f"{types.strip()}); the lab needs datapath_type=netdev")
-    _sh(["ip", "netns", "list"], timeout=10, what="`ip netns` unusable")
 
 
 def has_loop(topology: Topology) -> bool:
@@ -210,7 +85,7 @@ def _stop_all() -> None:
 atexit.register(_stop_all)
 
 
-class Lab:
+class Lab(NetnsHosts):
     """A topology on OVS bridges with one network namespace per host; same dpids, OpenFlow
     port numbers, IPs and MACs as the spec. Use as a context manager so it always tears
     down. Not thread-safe: build, use and stop it from one thread."""
@@ -218,6 +93,7 @@ class Lab:
     def __init__(self, topology: Topology, controller: str | None = "tcp:127.0.0.1:6653",
                  prefix: str = "mc", fail_mode: str = "secure", stp: bool | None = None,
                  mgmt: bool = False, mtu: int = 1500) -> None:
+        super().__init__()
         if fail_mode not in ("secure", "standalone"):
             raise LabError(f"fail_mode must be 'secure' or 'standalone', got {fail_mode!r}")
         if not prefix.isalnum() or not 1 <= len(prefix) <= 4:
@@ -241,7 +117,6 @@ class Lab:
         self.tag = ""
         self.started = False
         self._created: list[tuple[str, str]] = []  # (kind, name), in creation order
-        self._procs: list[subprocess.Popen] = []
         self._bridges: dict[int, str] = {}
         self._ports: dict[tuple[int, int], str] = {}  # (dpid, ofport) -> OVS-side ifname
         self._netns: dict[str, str] = {}  # host name -> netns name
@@ -279,11 +154,6 @@ class Lab:
             raise LabError(f"lab {self.base}: host {h.name} has no namespace (lab not started?)")
         return self._netns[h.name]
 
-    def host_iface(self, host: str) -> str:
-        """The host-side interface inside its namespace (always ``eth0``, as in Mininet)."""
-        self.ns(host)
-        return HOST_IFACE
-
     def switch_port_iface(self, dpid: int, port: int) -> str:
         """The OVS-side interface of OpenFlow port ``port`` on ``dpid`` (for tc netem/tbf)."""
         try:
@@ -318,7 +188,7 @@ class Lab:
         self._save_state()
 
     def _save_state(self) -> None:
-        """Persist the created names so ``python -m topologies.lab down TAG`` can clean up
+        """Persist the created names so ``python -m lab.ovs down TAG`` can clean up
         after a lab whose process was SIGKILLed."""
         if not self.tag:
             return
@@ -335,9 +205,9 @@ class Lab:
     def _pick_tag(self) -> str:
         """A random 4-hex tag not used by any existing bridge, netns or interface."""
         existing = " ".join([
-            _sh([*_VSCTL, "list-br"]).stdout,
-            _sh(["ip", "netns", "list"]).stdout,
-            _sh(["ip", "-o", "link"]).stdout,
+            sh([*VSCTL, "list-br"]).stdout,
+            sh(["ip", "netns", "list"]).stdout,
+            sh(["ip", "-o", "link"]).stdout,
         ])
         for _ in range(100):
             tag = secrets.token_hex(2)
@@ -360,7 +230,7 @@ class Lab:
         what was built and raise (LabError with the failing command, or the interrupt)."""
         if self.started:
             raise LabError(f"lab {self.base} already started")
-        require_lab()
+        require()
         self.tag = self._pick_tag()
         self.started = True
         with _live_lock:
@@ -404,7 +274,7 @@ class Lab:
                      a_if, b_if)
             self._record("link", a_if)
             self._record("link", b_if)
-            _sh(["ip", "link", "add", a_if, "mtu", str(self.mtu), "type", "veth", "peer", "name",
+            sh(["ip", "link", "add", a_if, "mtu", str(self.mtu), "type", "veth", "peer", "name",
                  b_if, "mtu", str(self.mtu)], what="create inter-switch veth")
             for ifname, dpid, port in ((a_if, link.a, link.a_port), (b_if, link.b, link.b_port)):
                 self._ports[(dpid, port)] = ifname
@@ -427,20 +297,20 @@ class Lab:
         br, gw = f"{self.base}mg", self.mgmt_gateway
         log.info("lab %s: management network %s/24 on bridge %s", self.base, gw, br)
         self._record("link", br)
-        _sh(["ip", "link", "add", br, "type", "bridge"], what="create management bridge")
-        _sh(["ip", "addr", "add", f"{gw}/24", "dev", br], what="management gateway address")
+        sh(["ip", "link", "add", br, "type", "bridge"], what="create management bridge")
+        sh(["ip", "addr", "add", f"{gw}/24", "dev", br], what="management gateway address")
         self._root_if_up(br)
         for i, h in enumerate(self.topology.hosts, start=1):
             root_if, ns = f"{self.base}m{i}", self._netns[h.name]
             self._record("link", root_if)
-            _sh(["ip", "link", "add", root_if, "type", "veth", "peer", "name", MGMT_IFACE,
+            sh(["ip", "link", "add", root_if, "type", "veth", "peer", "name", MGMT_IFACE,
                  "netns", ns], what=f"{h.name}: management veth")
-            _sh(["ip", "link", "set", root_if, "master", br], what=f"{h.name}: attach mgmt")
+            sh(["ip", "link", "set", root_if, "master", br], what=f"{h.name}: attach mgmt")
             self._root_if_up(root_if)
             x = ["ip", "netns", "exec", ns]
-            _sh([*x, "ip", "addr", "add", f"{self.mgmt_ip(h.name)}/24", "dev", MGMT_IFACE],
+            sh([*x, "ip", "addr", "add", f"{self.mgmt_ip(h.name)}/24", "dev", MGMT_IFACE],
                 what=f"{h.name}: management address")
-            _sh([*x, "ip", "link", "set", MGMT_IFACE, "up"], what=f"{h.name}: mgmt0 up")
+            sh([*x, "ip", "link", "set", MGMT_IFACE, "up"], what=f"{h.name}: mgmt0 up")
 
     def _root_if_up(self, ifname: str) -> None:
         # No IPv6 on lab links: router solicitations and MLD reports would otherwise reach
@@ -449,7 +319,7 @@ class Lab:
             Path(f"/proc/sys/net/ipv6/conf/{ifname}/disable_ipv6").write_text("1")
         except OSError:
             pass
-        _sh(["ip", "link", "set", ifname, "up"], what=f"bring up {ifname}")
+        sh(["ip", "link", "set", ifname, "up"], what=f"bring up {ifname}")
 
     def _build_host(self, h: Host) -> None:
         ns = f"{self.base}-{h.name}"
@@ -457,26 +327,26 @@ class Lab:
         log.info("lab %s: host %s %s %s in netns %s on %s port %d (%s)", self.base, h.name,
                  h.ip, h.mac, ns, self.topology.switches[h.dpid], h.port, sw_if)
         self._record("netns", ns)
-        _sh(["ip", "netns", "add", ns], what=f"create netns for {h.name}")
+        sh(["ip", "netns", "add", ns], what=f"create netns for {h.name}")
         self._netns[h.name] = ns
         self._write_etc(ns)
         self._record("link", sw_if)
         # Create the host end directly inside the namespace so "eth0" never exists in (or
         # collides with anything in) the root namespace.
-        _sh(["ip", "link", "add", sw_if, "mtu", str(self.mtu), "type", "veth", "peer", "name",
+        sh(["ip", "link", "add", sw_if, "mtu", str(self.mtu), "type", "veth", "peer", "name",
              HOST_IFACE, "address", h.mac, "mtu", str(self.mtu), "netns", ns],
             what=f"create veth for {h.name}")
         self._ports[(h.dpid, h.port)] = sw_if
         self._root_if_up(sw_if)
         x = ["ip", "netns", "exec", ns]
-        _sh([*x, "sysctl", "-q", "-w", "net.ipv6.conf.all.disable_ipv6=1",
+        sh([*x, "sysctl", "-q", "-w", "net.ipv6.conf.all.disable_ipv6=1",
              "net.ipv6.conf.default.disable_ipv6=1"], check=False)
-        _sh([*x, "ip", "link", "set", "lo", "up"], what=f"{h.name}: lo up")
-        _sh([*x, "ip", "addr", "add", f"{h.ip}/8", "dev", HOST_IFACE], what=f"{h.name}: address")
-        _sh([*x, "ip", "link", "set", HOST_IFACE, "up"], what=f"{h.name}: eth0 up")
+        sh([*x, "ip", "link", "set", "lo", "up"], what=f"{h.name}: lo up")
+        sh([*x, "ip", "addr", "add", f"{h.ip}/8", "dev", HOST_IFACE], what=f"{h.name}: address")
+        sh([*x, "ip", "link", "set", HOST_IFACE, "up"], what=f"{h.name}: eth0 up")
         # Userspace OVS does not fill in offloaded checksums: without this TCP stalls.
-        _sh([*x, "ethtool", "-K", HOST_IFACE, "tx", "off"], what=f"{h.name}: tx offload off")
-        _sh([*x, "ip", "route", "add", "224.0.0.0/4", "dev", HOST_IFACE],
+        sh([*x, "ethtool", "-K", HOST_IFACE, "tx", "off"], what=f"{h.name}: tx offload off")
+        sh([*x, "ip", "route", "add", "224.0.0.0/4", "dev", HOST_IFACE],
             what=f"{h.name}: multicast route")
 
     def _write_etc(self, ns: str) -> None:
@@ -496,7 +366,7 @@ class Lab:
                  self.topology.switches[dpid], dpid,
                  ", ".join(f"{p}={n}" for n, p in sorted(ports, key=lambda x: x[1])))
         self._record("bridge", br)
-        cmd = [*_VSCTL, "add-br", br, "--", "set", "bridge", br, "datapath_type=netdev",
+        cmd = [*VSCTL, "add-br", br, "--", "set", "bridge", br, "datapath_type=netdev",
                f"other-config:datapath-id={dpid:016x}", "protocols=OpenFlow13",
                f"fail_mode={self.fail_mode}", "other-config:disable-in-band=true",
                f"other-config:dp-desc={self.topology.switches[dpid]}"]
@@ -510,12 +380,12 @@ class Lab:
             # regains every switch at once.
             cmd += ["--", "set-controller", br, self.controller,
                     "--", "set", "controller", br, "max_backoff=1000"]
-        _sh(cmd, what=f"create bridge {br}")
+        sh(cmd, what=f"create bridge {br}")
 
     def _verify_ofports(self) -> None:
         """ofport_request is a request: a port that fails to open gets -1 and a clash gets
         another number. Check every port in one query."""
-        out = _sh([*_VSCTL, "--format=json", "--columns=name,ofport,error", "list",
+        out = sh([*VSCTL, "--format=json", "--columns=name,ofport,error", "list",
                    "Interface"], what="list interfaces").stdout
         got: dict[str, tuple[Any, Any]] = {}
         for name, ofport, error in json.loads(out)["data"]:
@@ -538,29 +408,29 @@ class Lab:
         if not self.started and not self._created:
             return
         log.info("lab %s: tearing down", self.base)
-        self._kill_procs()
+        self.stop_procs()
         failures: list[str] = []
         bridges = [n for k, n in self._created if k == "bridge"]
         if bridges:
-            cmd: list[str] = list(_VSCTL)
+            cmd: list[str] = list(VSCTL)
             for br in bridges:
                 cmd += ["--", "--if-exists", "del-br", br]
-            proc = _sh(cmd, check=False)
+            proc = sh(cmd, check=False)
             if proc.returncode:
-                failures.append(f"`{_fmt(cmd)}`: {proc.stderr.strip()}")
+                failures.append(f"`{fmt(cmd)}`: {proc.stderr.strip()}")
         # A netdev bridge's local port is a tap device that may outlive del-br.
         links = {n for k, n in self._created if k in ("link", "bridge")}
         if links:
-            present = set(_sh(["ip", "-o", "link"], check=False).stdout.split())
+            present = set(sh(["ip", "-o", "link"], check=False).stdout.split())
             for ifname in sorted(links):
                 if f"{ifname}:" in present or any(p.startswith(f"{ifname}@") for p in present):
-                    proc = _sh(["ip", "link", "del", ifname], check=False)
+                    proc = sh(["ip", "link", "del", ifname], check=False)
                     if proc.returncode and "Cannot find device" not in proc.stderr:
                         failures.append(f"ip link del {ifname}: {proc.stderr.strip()}")
         for kind, name in self._created:
             if kind == "netns" and Path(f"/run/netns/{name}").exists():
-                self._kill_ns_pids(name)
-                proc = _sh(["ip", "netns", "del", name], check=False)
+                self.kill_ns(name)
+                proc = sh(["ip", "netns", "del", name], check=False)
                 if proc.returncode:
                     failures.append(f"ip netns del {name}: {proc.stderr.strip()}")
             elif kind == "etc" and Path(name).parent == ETC_NETNS:
@@ -577,36 +447,7 @@ class Lab:
             raise LabError(f"lab {self.base}: teardown incomplete: " + "; ".join(failures))
         log.info("lab %s: torn down", self.base)
 
-    def _kill_procs(self) -> None:
-        for proc in self._procs:
-            if proc.poll() is None:
-                log.info("lab %s: stopping pid %d (%s)", self.base, proc.pid,
-                         _fmt(proc.args) if isinstance(proc.args, list) else proc.args)
-        stop_processes(self._procs)
-        self._procs = []
-
-    def _kill_ns_pids(self, ns: str) -> None:
-        killed = kill_netns_pids(ns)
-        if killed:
-            log.info("lab %s: killed leftover processes %s in %s", self.base, killed, ns)
-
     # ---------------------------------------------------------------- using the lab
-
-    def run(self, host: str, *cmd: str, check: bool = True, timeout: float = 30,
-            **popen_kw: Any) -> subprocess.CompletedProcess:
-        """Run ``cmd`` in a host's namespace and wait. Output is captured as text unless
-        overridden; with ``check`` a non-zero exit raises LabError with its stderr."""
-        log.debug("lab %s: [%s] %s", self.base, host, _fmt(cmd))
-        return _sh(["ip", "netns", "exec", self.ns(host), *cmd], check, timeout, f"[{host}]",
-                   shown=cmd, **popen_kw)
-
-    def popen(self, host: str, *cmd: str, **kw: Any) -> subprocess.Popen:
-        """Start ``cmd`` in the background in a host's namespace; stop() kills it by PID."""
-        full = ["ip", "netns", "exec", self.ns(host), *map(str, cmd)]
-        proc = subprocess.Popen(full, **kw)  # ip netns exec execs: proc.pid is cmd's PID
-        self._procs.append(proc)
-        log.info("lab %s: [%s] started pid %d: %s", self.base, host, proc.pid, _fmt(cmd))
-        return proc
 
     def ping(self, src: str, dst: str, count: int = 2, wait: float = 2) -> bool:
         """True if ``src`` gets an echo reply from ``dst`` (host name or IP). Uses
@@ -615,7 +456,7 @@ class Lab:
         if shutil.which("ping"):
             return self.run(src, "ping", "-n", "-c", count, "-W", wait, ip, check=False,
                             timeout=count * (wait + 1) + 5).returncode == 0
-        return self.run(src, sys.executable, "-c", _PY_PING, ip, str(count), str(wait),
+        return self.run(src, sys.executable, "-c", PING, ip, str(count), str(wait),
                         check=False, timeout=count * (wait + 1) + 5).returncode == 0
 
     def set_link(self, a: int, b: int, up: bool) -> None:
@@ -625,7 +466,7 @@ class Lab:
         state = "up" if up else "down"
         for dpid, port in ((link.a, link.a_port), (link.b, link.b_port)):
             ifname = self.switch_port_iface(dpid, port)
-            _sh(["ip", "link", "set", ifname, state], what=f"set link {a}-{b} {state}")
+            sh(["ip", "link", "set", ifname, state], what=f"set link {a}-{b} {state}")
         log.info("lab %s: link %s-%s %s", self.base, self.topology.switches[a],
                  self.topology.switches[b], state)
 
@@ -660,7 +501,7 @@ def cleanup_state(base: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m topologies.lab",
+    parser = argparse.ArgumentParser(prog="python -m lab.ovs",
                                      description="Open vSwitch + netns lab for modelcast")
     sub = parser.add_subparsers(dest="cmd", required=True)
     up = sub.add_parser("up", help="build a topology and wait for Ctrl-C, then tear down")
@@ -682,11 +523,11 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
         if args.cmd == "check":
-            require_lab()
+            require()
             print("lab OK: root, ip netns, ethtool, ovs-vswitchd with the netdev datapath")
             return 0
         if args.cmd == "down":
-            require_lab()
+            require()
             cleanup_state(args.base)
             return 0
         try:
@@ -694,7 +535,7 @@ def main(argv: list[str] | None = None) -> int:
         except (TopologyError, ValueError, OSError) as exc:
             print(f"error: bad topology {args.topology!r}: {exc}", file=sys.stderr)
             return 2
-        require_lab()
+        require()
         controller = None if args.controller.lower() in ("none", "") else args.controller
         fail_mode = args.fail_mode or ("secure" if controller else "standalone")
         # SIGINT (even if inherited as ignored, e.g. a background job of a script),

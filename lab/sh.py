@@ -20,6 +20,7 @@ from typing import Any, Optional, Sequence
 log = logging.getLogger("modelcast.lab")
 
 VSCTL = ("ovs-vsctl", "--timeout=20")
+HOST_IFACE = "eth0"  # every lab host's data-plane interface, as in Mininet
 
 
 class LabError(RuntimeError):
@@ -154,3 +155,55 @@ def free_port(kind: int = socket.SOCK_STREAM) -> int:
     with socket.socket(socket.AF_INET, kind) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+class NetnsHosts:
+    """What every lab offers for its hosts (one network namespace each): run or start a
+    command inside a host, and stop exactly the processes it started, by PID. Subclasses
+    say how a host maps to its namespace (``ns``)."""
+
+    base = ""  # prefix + tag: the start of every name the lab creates
+
+    def __init__(self) -> None:
+        self._procs: list[subprocess.Popen] = []
+
+    def ns(self, host: Any) -> str:
+        raise NotImplementedError
+
+    def host_iface(self, host: Any) -> str:
+        """The host's data-plane interface inside its namespace (always ``eth0``)."""
+        self.ns(host)
+        return HOST_IFACE
+
+    def cmd(self, host: Any, *cmd: Any) -> list[str]:
+        """``cmd`` as it runs inside ``host``'s namespace."""
+        return ["ip", "netns", "exec", self.ns(host), *map(str, cmd)]
+
+    def run(self, host: Any, *cmd: Any, check: bool = True, timeout: float = 30,
+            **popen_kw: Any) -> subprocess.CompletedProcess:
+        """Run ``cmd`` in a host's namespace and wait. Output is captured as text unless
+        overridden; with ``check`` a non-zero exit raises LabError with its stderr."""
+        return sh(self.cmd(host, *cmd), check, timeout, f"[{host}]", shown=cmd, **popen_kw)
+
+    def popen(self, host: Any, *cmd: Any, **kw: Any) -> subprocess.Popen:
+        """Start ``cmd`` in the background in a host's namespace; ``stop_procs`` (and the
+        lab's teardown) kills it by PID."""
+        proc = subprocess.Popen(self.cmd(host, *cmd), **kw)  # `ip netns exec` execs: same PID
+        self._procs.append(proc)
+        log.info("lab %s: [%s] started pid %d: %s", self.base, host, proc.pid, fmt(cmd))
+        return proc
+
+    def stop_procs(self) -> None:
+        """Stop every process this lab started that still runs (SIGTERM, then SIGKILL)."""
+        for proc in self._procs:
+            if proc.poll() is None:
+                log.info("lab %s: stopping pid %d (%s)", self.base, proc.pid,
+                         fmt(proc.args) if isinstance(proc.args, list) else proc.args)
+        stop_processes(self._procs)
+        self._procs = []
+
+    def kill_ns(self, ns: str) -> None:
+        """Kill what still runs inside one of our namespaces (e.g. forked by our children)."""
+        killed = kill_netns_pids(ns)
+        if killed:
+            log.info("lab %s: killed leftover processes %s in %s", self.base, killed, ns)

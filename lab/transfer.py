@@ -1,273 +1,32 @@
-"""Reusable orchestration of a real model distribution on the Open vSwitch lab.
+"""One model file from a sender to many receivers through a controller-built tree, with
+the real ``modelcast send`` / ``modelcast recv`` in host namespaces of a ``Fabric``.
 
-One place that knows how to bring up ``modelcast-controller`` + a ``topologies.lab.Lab``,
-start ``modelcast send`` / ``modelcast recv`` in host namespaces, inject loss, watch the
-transfer's progress on the wire, and verify and summarise the outcome. ``make demo``
-(``topologies.demo``), the end-to-end tests (``tests/test_e2e.py``) and benchmarks all
-drive it, so the thing the demo shows is the thing CI tests.
-
-Pieces, each usable alone:
-
-* ``Controller`` -- the controller as a subprocess on free ports (OpenFlow on loopback;
-  REST on loopback or on the lab's management network, where host agents reach it).
-* ``Fabric`` -- controller + lab (jumbo frames, management network), hosts learned by the
-  controller; port counters.
-* ``Transfer`` -- one sender, many receivers, one model file; mid-transfer hooks (wait for
-  a fraction sent, kill/restart a receiver, late joiners, IGMP-only receivers) and
-  ``finish()`` -> ``TransferReport`` (digests checked here, independently of the agents).
-
-Every process is started through the lab (killed by PID at teardown) or owned by
-``Controller``; every object is removed by ``Fabric.stop()`` on all paths.
+``Transfer`` starts the agents, injects loss, watches progress on the wire, offers
+mid-transfer hooks (wait for a fraction sent, kill/restart a receiver, late joiners,
+IGMP-only receivers) and ``finish()`` -> ``TransferReport``, with every copy's digest
+checked here, independently of the agents. ``make demo`` (``lab.demo``), the end-to-end
+tests and the distribution benchmark all drive it, so what the demo shows is what CI
+tests. Every process is started through the lab (killed by PID at teardown).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import re
 import secrets
 import signal
 import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import Callable, Iterable, Optional, Sequence
 
-import requests
-
-from lab.bridge import add_loss as _add_loss
-from lab.bridge import clear_loss as _clear_loss
-from lab.bridge import loss_dropped as _loss_dropped
-from lab.models import ModelFile, file_digest, make_model  # noqa: F401  (re-exported)
-from lab.controller import VENV_BIN, Controller, Say, quiet as _quiet, stamp_printer  # noqa: F401
-from lab.ovs import Lab, LabError
-from topologies.spec import Topology
-
-RunnerError = LabError  # one error type for every lab step
-
-
-# ------------------------------------------------------------------------ fabric
-
-
-@dataclass(frozen=True)
-class PortCounters:
-    """One OVS port's counters as the switch reports them (``ovs-ofctl dump-ports``);
-    rx = from the attached host into the switch, tx = from the switch to the host."""
-
-    rx_packets: int = 0
-    rx_bytes: int = 0
-    tx_packets: int = 0
-    tx_bytes: int = 0
-
-    def __sub__(self, other: "PortCounters") -> "PortCounters":
-        return PortCounters(*(a - b for a, b in zip(dataclasses.astuple(self), dataclasses.astuple(other))))
-
-
-_PORT_RX = re.compile(r"rx pkts=(\d+), bytes=(\d+)")
-_PORT_TX = re.compile(r"tx pkts=(\d+), bytes=(\d+)")
-
-
-class Fabric:
-    """The controller, a lab of ``topology`` wired to it (jumbo frames, as GPU fabrics run;
-    a management network on which host agents reach the REST API); every host
-    made known to the controller (hosts are learned from their own traffic). Use as a
-    context manager: teardown happens on every path, Ctrl-C included."""
-
-    def __init__(self, topology: Topology, workdir: Path, algorithm: str = "spt",
-                 token: Optional[str] = None, say: Say = _quiet, mtu: int = 9000) -> None:
-        self.topology = topology
-        self.workdir = Path(workdir)
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        self.say = say
-        self.controller = Controller(self.workdir, token=token or secrets.token_hex(8),
-                                     algorithm=algorithm, say=say)
-        self.mtu = mtu
-        self.lab: Optional[Lab] = None
-
-    def __enter__(self) -> "Fabric":
-        self.start()
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self.stop()
-
-    # ---------------------------------------------------------------- lifecycle
-
-    def start(self, learn_timeout: float = 60) -> None:
-        """Controller up, lab built, links discovered, hosts learned; undone on failure."""
-        topo = self.topology
-        try:
-            self.say(f"building lab {topo.name}: {len(topo.switches)} OVS bridges (userspace "
-                     f"datapath, MTU {self.mtu}), {len(topo.links)} links, {len(topo.hosts)} "
-                     "host namespaces on a management network")
-            self.lab = Lab(topo, controller=self.controller.of_target, mgmt=True, mtu=self.mtu)
-            self.lab.start()
-            self.controller.rest_host = self.lab.mgmt_gateway
-            self.say(f"starting modelcast-controller (algorithm {self.controller.algorithm})")
-            self.controller.start()
-            self.say(f"lab {self.lab.base} up; waiting for the controller to discover "
-                     f"{len(topo.links)} links (LLDP)")
-            self.controller.wait_topology(len(topo.switches), len(topo.links), timeout=learn_timeout)
-            self.say(f"host agents reach the REST API at {self.url}")
-            self.learn_hosts(timeout=learn_timeout)
-        except BaseException:
-            self.stop()
-            raise
-
-    def learn_hosts(self, timeout: float = 60) -> None:
-        """Let every host send a packet (ping the first host) so the controller learns
-        where it is attached; wait until /v1/topology lists all of them."""
-        assert self.lab is not None
-        topo = self.topology
-        first = topo.hosts[0]
-        self.say(f"hosts ping {first.name} so the controller learns where each is attached")
-        deadline = time.monotonic() + timeout
-        pending = [h for h in topo.hosts if h is not first]
-        while pending:
-            pending = [h for h in pending if not self.lab.ping(h.name, first.name, count=1, wait=2)]
-            if pending and time.monotonic() > deadline:
-                raise RunnerError(f"hosts {[h.name for h in pending]} cannot reach {first.name} "
-                                  f"through the fabric\n{self.controller.log_text()}")
-        while True:
-            known = {h["ip"] for h in self.controller.api("GET", "/v1/topology").json()["hosts"]}
-            if known >= {h.ip for h in topo.hosts}:
-                break
-            if time.monotonic() > deadline:
-                raise RunnerError(f"controller knows only {sorted(known)}\n{self.controller.log_text()}")
-            time.sleep(0.3)
-        self.say(f"controller knows all {len(topo.hosts)} hosts")
-
-    def stop(self) -> None:
-        """Tear down everything this fabric made: agents (by PID), bridges, veths,
-        namespaces and the controller. Idempotent; raises if something could
-        not be removed (after trying everything)."""
-        errors: list[str] = []
-        if self.lab is not None:
-            self.say(f"tearing down lab {self.lab.base or '(not started)'}")
-            try:
-                self.lab.stop()
-            except LabError as exc:
-                errors.append(str(exc))
-            self.lab = None
-        if self.controller.proc is not None:
-            self.controller.stop()
-        if errors:
-            raise RunnerError("; ".join(errors))
-
-    # ---------------------------------------------------------------- helpers
-
-    @property
-    def url(self) -> str:
-        """Controller URL as seen from inside any host namespace (and from the root one)."""
-        return self.controller.url
-
-    def ip(self, host: str) -> str:
-        return self.topology.host(host).ip
-
-    def name(self, host_or_ip: str) -> str:
-        return self.topology.host(host_or_ip).name
-
-    def _lab(self) -> Lab:
-        if self.lab is None:
-            raise RunnerError("fabric not started")
-        return self.lab
-
-    def host_port_iface(self, host: str) -> str:
-        """The root-namespace (switch side) interface of a host's link."""
-        h = self.topology.host(host)
-        return self._lab().switch_port_iface(h.dpid, h.port)
-
-    def port_counters(self, host: str) -> PortCounters:
-        """OVS's own counters for the switch port a host is attached to."""
-        h = self.topology.host(host)
-        lab = self._lab()
-        out = subprocess.run(["ovs-ofctl", "-O", "OpenFlow13", "dump-ports", lab.bridge(h.dpid),
-                              str(h.port)], capture_output=True, text=True, timeout=10)
-        rx, tx = _PORT_RX.search(out.stdout), _PORT_TX.search(out.stdout)
-        if out.returncode or not rx or not tx:
-            raise RunnerError(f"ovs-ofctl dump-ports {lab.bridge(h.dpid)} {h.port}: "
-                              f"{(out.stderr or out.stdout).strip()}")
-        return PortCounters(int(rx.group(1)), int(rx.group(2)), int(tx.group(1)), int(tx.group(2)))
-
-    def wire_bytes(self, host: str, towards_host: bool) -> int:
-        """Kernel byte counter of a host's link (cheap enough to poll every few ms):
-        ``towards_host`` = switch -> host, else host -> switch."""
-        iface = self.host_port_iface(host)
-        stat = "tx_bytes" if towards_host else "rx_bytes"
-        return int(Path(f"/sys/class/net/{iface}/statistics/{stat}").read_text())
-
-    def add_loss(self, host: str, kind: str, port: Optional[int] = None,
-                 all_ip: bool = False) -> str:
-        """Random (1%) or bursty loss on the link towards ``host``; returns the method."""
-        return _add_loss(self._lab().ns(host), self.host_port_iface(host), kind, port, all_ip)
-
-    def clear_loss(self, host: str) -> None:
-        _clear_loss(self._lab().ns(host), self.host_port_iface(host))
-
-    def loss_dropped(self, host: str, method: str) -> Optional[int]:
-        return _loss_dropped(self._lab().ns(host), self.host_port_iface(host), method)
-
-    def groups(self) -> list[dict]:
-        return self.controller.api("GET", "/v1/groups").json()
-
-    def find_group(self, model: str, source_ip: str) -> Optional[dict]:
-        for g in self.groups():
-            if g["model"] == model and g["source"] == source_ip:
-                return g
-        return None
-
-    def set_link(self, a: int, b: int, up: bool) -> None:
-        self.say(f"link {self.topology.switches[a]}-{self.topology.switches[b]} "
-                 f"{'UP' if up else 'DOWN'}")
-        self._lab().set_link(a, b, up)
-
-    def describe_tree(self, group: dict) -> str:
-        """The group's tree as an indented switch tree with the hosts each leaf feeds."""
-        tree = group.get("tree") or {}
-        names = self.topology.switches
-        children: dict[int, list[int]] = {}
-        parents: set[int] = set()
-        kids: set[int] = set()
-        for parent, child in tree.get("links", []):
-            children.setdefault(parent, []).append(child)
-            parents.add(parent)
-            kids.add(child)
-        hosts_at: dict[int, list[str]] = {}
-        for dpid, ports in (tree.get("out_ports") or {}).items():
-            for h in self.topology.hosts:
-                if h.dpid == int(dpid) and h.port in ports:
-                    hosts_at.setdefault(int(dpid), []).append(h.name)
-        try:
-            root = self.topology.host(group["source"]).dpid
-        except KeyError:
-            root = next(iter(parents - kids), None)
-        if root is None:
-            return "(no tree)"
-        lines: list[str] = []
-
-        def walk(dpid: int, prefix: str, last: bool, top: bool) -> None:
-            label = names.get(dpid, str(dpid))
-            if top:
-                src = self.name(group["source"])
-                label += f" (source {src})"
-            if hosts_at.get(dpid):
-                label += " -> " + " ".join(sorted(hosts_at[dpid], key=_natural))
-            lines.append(label if top else f"{prefix}{'└─ ' if last else '├─ '}{label}")
-            kids_of = sorted(children.get(dpid, []))
-            for i, child in enumerate(kids_of):
-                walk(child, prefix if top else prefix + ("   " if last else "│  "),
-                     i == len(kids_of) - 1, False)
-
-        walk(root, "", True, True)
-        return "\n".join(lines)
-
-
-def _natural(name: str) -> tuple:
-    return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name))
-
+from hostagent.control import ControllerError
+from lab.controller import VENV_BIN, Say
+from lab.fabric import Fabric, PortCounters, natural
+from lab.models import ModelFile, file_digest
+from lab.probes import Capture
+from lab.sh import LabError
 
 # ------------------------------------------------------------------------ agents
 
@@ -304,7 +63,7 @@ class AgentRun:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.returncode = self.proc.wait(10)
-            raise RunnerError(f"{self.role} on {self.host} did not finish within {timeout:.0f}s; "
+            raise LabError(f"{self.role} on {self.host} did not finish within {timeout:.0f}s; "
                               f"stderr: {self.stderr_tail()}") from None
         text = self.stdout.read_text(errors="replace").strip()
         if text:
@@ -319,47 +78,6 @@ class AgentRun:
             return self.stderr.read_text(errors="replace")[-n:].strip()
         except OSError:
             return ""
-
-
-# Counts UDP datagrams to 232.0.0.0/8 arriving at a host's NIC (AF_PACKET: no socket-level
-# join, so no IGMP report). Prints the count when told to stop (SIGTERM).
-_PROBE = r"""
-import signal, socket, sys
-s = socket.socket(socket.AF_PACKET, socket.SOCK_DGRAM, socket.htons(0x0800))
-s.bind(("eth0", 0))
-n = 0
-def done(*_):
-    print(n, flush=True); sys.exit(0)
-signal.signal(signal.SIGTERM, done)
-print("ready", flush=True)
-while True:
-    data, addr = s.recvfrom(65536)
-    if addr[2] != 4 and len(data) >= 20 and data[9] == 17 and data[16] == 232:
-        n += 1
-"""
-
-
-class MulticastProbe:
-    """How many SSM (232/8) UDP datagrams reached a host's NIC while it ran: the check
-    that a host outside the tree got nothing."""
-
-    def __init__(self, fabric: Fabric, host: str) -> None:
-        self.host = host
-        self.proc = fabric._lab().popen(host, sys.executable, "-c", _PROBE, stdout=subprocess.PIPE,
-                                        text=True, start_new_session=True)
-        assert self.proc.stdout is not None
-        if self.proc.stdout.readline().strip() != "ready":
-            raise RunnerError(f"multicast probe on {host} did not start")
-
-    def stop(self) -> int:
-        """Stop the capture; the number of datagrams it saw."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        out, _ = self.proc.communicate(timeout=10)
-        lines = [x for x in (out or "").split() if x.isdigit()]
-        if not lines:
-            raise RunnerError(f"multicast probe on {self.host} gave no count")
-        return int(lines[-1])
 
 
 # ------------------------------------------------------------------------ transfer
@@ -447,7 +165,7 @@ class TransferReport:
                 f"repairs {sm.get('repairs_received', 0):5}"
                 + (f"  [{'; '.join(extra)}]" if extra else "")
                 + (f"  error: {r.error}" if r.error else ""))
-        for host, n in sorted(self.probes.items(), key=lambda x: _natural(x[0])):
+        for host, n in sorted(self.probes.items(), key=lambda x: natural(x[0])):
             lines.append(f"    {host:5} not a receiver: {n} multicast datagrams reached its NIC")
         if self.events:
             lines.append("  events          " + "; ".join(f"+{t:.2f}s {e}" for t, e in self.events))
@@ -511,7 +229,7 @@ class Transfer:
         self.runs: dict[str, list[AgentRun]] = {}
         self.join_kind: dict[str, str] = {}
         self.loss: dict[str, str] = {}
-        self.probes: dict[str, MulticastProbe] = {}
+        self.probes: dict[str, Capture] = {}
         self.events: list[tuple[float, str]] = []
         self.group: dict = {}
         self.tree_text = ""
@@ -541,7 +259,7 @@ class Transfer:
         stdout = self.workdir / f"{role}-{host}-{n}.json"
         stderr = self.workdir / f"{role}-{host}-{n}.log"
         with open(stdout, "w") as out, open(stderr, "w") as err:
-            proc = self.fabric._lab().popen(host, *argv, stdout=out, stderr=err,
+            proc = self.fabric.live_lab().popen(host, *argv, stdout=out, stderr=err,
                                             start_new_session=True)
         return AgentRun(host, role, argv, proc, stdout, stderr, time.monotonic())
 
@@ -557,8 +275,8 @@ class Transfer:
         """Count multicast reaching hosts that are not receivers (should stay 0)."""
         for h in hosts:
             h = self.fabric.name(h)
-            self.probes[h] = MulticastProbe(self.fabric, h)
-        self.say(f"[{self.name}] capturing multicast on non-receivers {sorted(self.probes, key=_natural)}")
+            self.probes[h] = Capture(self.fabric.live_lab(), h, "232.0.0.0/8", self.workdir)
+        self.say(f"[{self.name}] capturing multicast on non-receivers {sorted(self.probes, key=natural)}")
 
     def start_receiver(self, host: str, igmp: bool = False) -> AgentRun:
         """Start (or restart, same --out: it resumes) ``modelcast recv`` on ``host``."""
@@ -599,51 +317,41 @@ class Transfer:
     def wait_group_created(self, timeout: float = 30) -> dict:
         """The group for (model, sender) once somebody created it over REST."""
         src = self.fabric.ip(self.sender_host)
-        deadline = time.monotonic() + timeout
-        while True:
-            g = self.fabric.find_group(self.model_name, src)
-            if g is not None:
-                self.group = g
-                return g
-            if time.monotonic() > deadline:
-                raise RunnerError(f"[{self.name}] group for {self.model_name} never created")
-            self._check_alive()
-            time.sleep(0.1)
+        self.group = self.fabric.controller.wait(
+            lambda: self.fabric.find_group(self.model_name, src), lambda g: g is not None,
+            f"[{self.name}] the group for {self.model_name} to be created", timeout, 0.1,
+            check=self._check_alive, context=self._stderr_tails)
+        return self.group
 
     def wait_installed(self, ips: Sequence[str], timeout: float = 30) -> dict:
         """Until the controller reports every ip in ``ips`` installed in the group."""
-        deadline = time.monotonic() + timeout
-        g = self.wait_group_created(timeout)
-        while True:
-            g = self.fabric.controller.api("GET", f"/v1/groups/{g['id']}").json()
-            if all(g.get("receivers", {}).get(ip) == "installed" for ip in ips):
-                self.group = g
-                self.tree_text = self.fabric.describe_tree(g)
-                self.say(f"[{self.name}] controller installed group {g['id']} "
-                         f"{g['address']}:{g['port']} for {len(g['receivers'])} receivers")
-                return g
-            if time.monotonic() > deadline:
-                raise RunnerError(f"[{self.name}] receivers {list(ips)} not installed after "
-                                  f"{timeout:.0f}s: {g.get('receivers')}\n"
-                                  + self._stderr_tails())
-            self._check_alive()
-            time.sleep(0.1)
+        gid = self.wait_group_created(timeout)["id"]
+        client = self.fabric.controller.client
+        g = self.fabric.controller.wait(
+            lambda: client.get_group(gid),
+            lambda g: all(g.get("receivers", {}).get(ip) == "installed" for ip in ips),
+            f"[{self.name}] receivers {list(ips)} to be installed", timeout, 0.1,
+            check=self._check_alive, context=self._stderr_tails)
+        self.group = g
+        self.tree_text = self.fabric.describe_tree(g)
+        self.say(f"[{self.name}] controller installed group {g['id']} "
+                 f"{g['address']}:{g['port']} for {len(g['receivers'])} receivers")
+        return g
 
     def refresh_tree(self) -> dict:
         """Re-read the group (e.g. after a reroute) so the report shows the current tree."""
-        g = self.fabric.controller.api("GET", f"/v1/groups/{self.group['id']}").json()
-        self.group = g
-        self.tree_text = self.fabric.describe_tree(g)
-        return g
+        self.group = self.fabric.controller.client.get_group(self.group["id"])
+        self.tree_text = self.fabric.describe_tree(self.group)
+        return self.group
 
     def _check_alive(self) -> None:
         for host, runs in self.runs.items():
             r = runs[-1]
             if not r.alive() and not r.killed and r.proc.returncode not in (0, None):
-                raise RunnerError(f"[{self.name}] receiver {host} exited {r.proc.returncode}: "
+                raise LabError(f"[{self.name}] receiver {host} exited {r.proc.returncode}: "
                                   f"{r.stderr_tail()}")
         if self.sender is not None and not self.sender.alive() and self.sender.proc.returncode:
-            raise RunnerError(f"[{self.name}] sender exited {self.sender.proc.returncode}: "
+            raise LabError(f"[{self.name}] sender exited {self.sender.proc.returncode}: "
                               f"{self.sender.stderr_tail()}")
 
     def start_sender(self) -> AgentRun:
@@ -691,7 +399,7 @@ class Transfer:
         deadline = time.monotonic() + timeout
         while not pred():
             if time.monotonic() > deadline:
-                raise RunnerError(f"[{self.name}] timed out after {timeout:.0f}s waiting for {what}"
+                raise LabError(f"[{self.name}] timed out after {timeout:.0f}s waiting for {what}"
                                   f"\nsender: {self.sender.stderr_tail() if self.sender else '-'}")
             self._check_alive()
             time.sleep(0.005)
@@ -718,7 +426,7 @@ class Transfer:
         """Wait for the sender and every receiver, verify each output file's BLAKE3
         against the model, collect counters and build the report."""
         if self.sender is None:
-            raise RunnerError("finish() before start_sender()")
+            raise LabError("finish() before start_sender()")
         deadline = time.monotonic() + timeout
         errors: list[str] = []
         results: list[ReceiverResult] = []
@@ -730,7 +438,7 @@ class Transfer:
             timed_out = False
             try:
                 run.wait(max(1.0, deadline - time.monotonic()))
-            except RunnerError:
+            except LabError:
                 timed_out = True
             s = run.summary or {}
             digest = file_digest(self.out_path(host))
@@ -751,7 +459,7 @@ class Transfer:
         timed_out = False
         try:
             self.sender.wait(max(1.0, deadline - time.monotonic()))
-        except RunnerError:
+        except LabError:
             timed_out = True
         wall = time.monotonic() - self.sender.started  # all agents have exited by now
         s = self.sender.summary or {}
@@ -763,7 +471,7 @@ class Transfer:
         for h, n in probes.items():
             if n:
                 errors.append(f"non-receiver {h} got {n} multicast datagrams")
-        results.sort(key=lambda r: _natural(r.host))
+        results.sort(key=lambda r: natural(r.host))
         self._finished = True
         report = TransferReport(
             name=self.name, model=self.model_name, size=self.model.size, digest=self.model.digest,
@@ -795,7 +503,7 @@ class Transfer:
         for p in self.probes.values():
             try:
                 p.stop()
-            except (RunnerError, subprocess.TimeoutExpired):
+            except (LabError, subprocess.TimeoutExpired):
                 p.proc.kill()
         self.probes.clear()
         if self.fabric.lab is not None:
@@ -806,6 +514,6 @@ class Transfer:
             if self.fabric.controller.proc is not None:
                 g = self.fabric.find_group(self.model_name, self.fabric.ip(self.sender_host))
                 if g is not None:
-                    self.fabric.controller.api("DELETE", f"/v1/groups/{g['id']}")
-        except requests.RequestException:
+                    self.fabric.controller.client.delete_group(g["id"])
+        except ControllerError:
             pass

@@ -18,13 +18,6 @@ if ! "$VENV/bin/python" -c 'import ryu' 2>/dev/null; then
 fi
 echo "venv: installing modelcast and test dependencies"
 $PIP install -e '.[test]'
-# Mininet comes from Debian for /usr/bin/python3; expose only the mininet package to
-# the venv (not all of Debian's dist-packages) when it is installed.
-site=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-if [ -d /usr/lib/python3/dist-packages/mininet ]; then
-  mkdir -p "$VENV/mininet-path"
-  ln -sfn /usr/lib/python3/dist-packages/mininet "$VENV/mininet-path/mininet"
-  echo "$PWD/$VENV/mininet-path" > "$site/modelcast-mininet.pth"
-fi
+bash scripts/venv-mininet.sh
 touch "$VENV/.installed"
 echo "venv: ready ($VENV)"

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from tests.support.labskip import need_lab
+from tests.support.lab import need_lab
 
 pytestmark = pytest.mark.lab
 

@@ -4,14 +4,15 @@ groups created, changed, rerouted and torn down over REST, verified on the wire.
 from __future__ import annotations
 
 import subprocess
-import sys
 import time
 
 import pytest
 
 import topologies as T
-from tests.support.labskip import Controller, Probe, need_lab, send
+from lab.controller import Controller
 from lab.ovs import Lab
+from lab.probes import Capture, member, send
+from tests.support.lab import need_lab
 
 pytestmark = pytest.mark.lab
 
@@ -73,7 +74,7 @@ def test_group_lifecycle_join_leave_reroute_delete(fabric):
     again = ctl.api("POST", "/v1/groups", json={"model": "llama-3-8b@sha256:abc", "source": ip["h1"]})
     assert again.status_code == 200 and again.json()["id"] == gid
 
-    probes = {h: Probe(lab, h, group, work) for h in ("h2", "h3", "h4", "h5", "h6")}
+    probes = {h: Capture(lab, h, group, work) for h in ("h2", "h3", "h4", "h5", "h6")}
     time.sleep(0.5)
     sender = send(lab, "h1", group, port, INTERVAL, 100_000)
     try:
@@ -132,7 +133,7 @@ def test_group_lifecycle_join_leave_reroute_delete(fabric):
     time.sleep(0.3)
     assert {h: len(p.seqs()) for h, p in probes.items()} == mark_total
     for p in probes.values():
-        p.proc.kill()
+        p.stop()
 
 
 def test_controller_restart_does_not_interrupt_delivery(fabric):
@@ -142,7 +143,7 @@ def test_controller_restart_does_not_interrupt_delivery(fabric):
                                             "receivers": [ip["h4"], ip["h6"]]}).json()
     gid = g["id"]
     ctl.wait_group(gid, lambda g: g["state"] == "installed")
-    probes = {h: Probe(lab, h, g["address"], work) for h in ("h4", "h6")}
+    probes = {h: Capture(lab, h, g["address"], work) for h in ("h4", "h6")}
     time.sleep(0.3)
     sender = send(lab, "h2", g["address"], g["port"], INTERVAL, 100_000)
     try:
@@ -165,27 +166,7 @@ def test_controller_restart_does_not_interrupt_delivery(fabric):
     assert "reconciled" in log
     assert ctl.api("DELETE", f"/v1/groups/{gid}").status_code == 204
     for p in probes.values():
-        p.proc.kill()
-
-
-MEMBER = r"""
-import socket, struct, sys, time
-mode, group, source, hold = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
-s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-ifaddr = socket.inet_aton(sys.argv[5])
-if mode == "ssm":  # IGMPv3 INCLUDE(source): struct ip_mreq_source is group, interface, source
-    mreq = socket.inet_aton(group) + ifaddr + socket.inet_aton(source)
-    add, drop = 39, 40  # IP_ADD_SOURCE_MEMBERSHIP / IP_DROP_SOURCE_MEMBERSHIP (Linux)
-else:  # any-source join; with force_igmp_version=2 this is an IGMPv2 report
-    mreq = socket.inet_aton(group) + ifaddr
-    add, drop = socket.IP_ADD_MEMBERSHIP, socket.IP_DROP_MEMBERSHIP
-s.setsockopt(socket.IPPROTO_IP, add, mreq)
-print("joined", flush=True)
-time.sleep(hold)
-s.setsockopt(socket.IPPROTO_IP, drop, mreq)
-print("left", flush=True)
-time.sleep(2)
-"""
+        p.stop()
 
 
 @pytest.mark.parametrize("mode", ["ssm", "v2"])
@@ -194,26 +175,25 @@ def test_igmp_membership_joins_and_leaves_the_group(fabric, mode):
     an IGMPv2 report joins every group on G; leaving removes the host again."""
     lab, ctl, work = fabric
     ip = {h.name: h.ip for h in TOPO.hosts}
-    member = "h5" if mode == "ssm" else "h6"
+    who = "h5" if mode == "ssm" else "h6"
     g = ctl.api("POST", "/v1/groups", json={"model": f"igmp-{mode}", "source": ip["h1"]}).json()
     gid = g["id"]
     assert g["receivers"] == {}
     if mode == "v2":
-        lab.run(member, "sysctl", "-qw", "net.ipv4.conf.eth0.force_igmp_version=2")
-    probe = Probe(lab, member, g["address"], work)
-    proc = lab.popen(member, sys.executable, "-c", MEMBER, mode, g["address"], ip["h1"], "4",
-                     ip[member])
+        lab.run(who, "sysctl", "-qw", "net.ipv4.conf.eth0.force_igmp_version=2")
+    probe = Capture(lab, who, g["address"], work)
+    proc = member(lab, who, mode, g["address"], ip["h1"], 4, ip[who])
     try:
-        joined = ctl.wait_group(gid, lambda g: g["receivers"].get(ip[member]) == "installed", timeout=10)
-        assert set(joined["receivers"]) == {ip[member]}
+        joined = ctl.wait_group(gid, lambda g: g["receivers"].get(ip[who]) == "installed", timeout=10)
+        assert set(joined["receivers"]) == {ip[who]}
         sender = send(lab, "h1", g["address"], g["port"], INTERVAL, 200)
         sender.wait(10)
         assert wait_for(lambda: len(probe.seqs()) >= 190, 5), len(probe.seqs())
-        ctl.wait_group(gid, lambda g: ip[member] not in g["receivers"], timeout=15)
+        ctl.wait_group(gid, lambda g: ip[who] not in g["receivers"], timeout=15)
     finally:
         proc.kill()
         proc.wait()
-        probe.proc.kill()
+        probe.stop()
         if mode == "v2":
-            lab.run(member, "sysctl", "-qw", "net.ipv4.conf.eth0.force_igmp_version=0")
+            lab.run(who, "sysctl", "-qw", "net.ipv4.conf.eth0.force_igmp_version=0")
     assert ctl.api("DELETE", f"/v1/groups/{gid}").status_code == 204

@@ -1,4 +1,4 @@
-"""Open vSwitch + netns lab (topologies/lab.py). Lab tests need root and a running
+"""Open vSwitch + netns lab (lab/ovs.py). Lab tests need root and a running
 ovs-vswitchd: off CI they skip with the reason, under CI=true a missing lab is a failure.
 
 All traffic stays between namespaces the lab creates (10.0.0.0/8 on lab veths, multicast
@@ -18,9 +18,10 @@ from pathlib import Path
 import pytest
 
 import lab.ovs as labmod
-from lab.ovs import Lab, LabError
+from lab.ovs import Lab
+from lab.sh import LabError, leftovers, sh
 from topologies.spec import leaf_spine, linear, ring
-from tests.support.labskip import need_lab, skip_or_fail
+from tests.support.lab import need_lab, skip_or_fail
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -31,17 +32,7 @@ def lab_env() -> None:
 
 
 def _sh(*cmd: str) -> str:
-    return subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
-
-
-def leftovers(base: str) -> list[str]:
-    """Every bridge, netns or interface whose name contains the lab's prefix+tag."""
-    found = [f"bridge {b}" for b in _sh("ovs-vsctl", "list-br").split() if base in b]
-    found += [f"netns {n.split()[0]}" for n in _sh("ip", "netns", "list").splitlines()
-              if base in n]
-    found += [f"link {line.split(':')[1].strip()}" for line in _sh("ip", "-o", "link").splitlines()
-              if base in line]
-    return found
+    return sh(cmd).stdout
 
 
 def ovs_ofport(ifname: str) -> int:
@@ -214,7 +205,7 @@ def test_standalone_ring_uses_rstp(lab_env: None) -> None:
 ])
 def test_failed_start_leaves_nothing(lab_env: None, monkeypatch: pytest.MonkeyPatch,
                                      when: str, exc: type[BaseException]) -> None:
-    real = labmod._sh
+    real = labmod.sh
     calls = {"n": 0}
 
     def flaky(cmd, *a, **kw):  # type: ignore[no-untyped-def]
@@ -226,27 +217,27 @@ def test_failed_start_leaves_nothing(lab_env: None, monkeypatch: pytest.MonkeyPa
                 cmd = ["false", *cmd]  # fail for real, through the normal error path
         return real(cmd, *a, **kw)
 
-    monkeypatch.setattr(labmod, "_sh", flaky)
+    monkeypatch.setattr(labmod, "sh", flaky)
     lab = Lab(linear(3), controller=None, fail_mode="standalone")
     with pytest.raises(exc) as info:
         lab.start()
     assert calls["n"] == 2
     if exc is LabError:
         assert "false" in str(info.value)  # the message names the failing command
-    monkeypatch.setattr(labmod, "_sh", real)
+    monkeypatch.setattr(labmod, "sh", real)
     assert lab.tag and leftovers(lab.base) == []
     assert not lab.started
 
 
 @pytest.mark.lab
 def test_ofport_mismatch_is_an_error(lab_env: None, monkeypatch: pytest.MonkeyPatch) -> None:
-    real = labmod._sh
+    real = labmod.sh
 
     def skew(cmd, *a, **kw):  # type: ignore[no-untyped-def]
         cmd = [c.replace("ofport_request=2", "ofport_request=7") for c in cmd]
         return real(cmd, *a, **kw)
 
-    monkeypatch.setattr(labmod, "_sh", skew)
+    monkeypatch.setattr(labmod, "sh", skew)
     lab = Lab(linear(2), controller=None, fail_mode="standalone")
     with pytest.raises(LabError, match="ofport 7, wanted 2"):
         lab.start()

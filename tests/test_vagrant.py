@@ -4,11 +4,14 @@ with the very scripts CI runs, so a green CI means the VM's install steps work t
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
+
+from tests.support.lab import skip_or_fail
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -36,3 +39,44 @@ def test_vagrant_validate(tmp_path: Path) -> None:
                           capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "validated successfully" in proc.stdout
+
+
+def _vagrantfile_copy_and_provision() -> tuple[list[str], str]:
+    """The rsync excludes of the synced folder and the inline provision command, as the
+    Vagrantfile states them (so the test below follows the file, not a copy of it)."""
+    text = (REPO / "Vagrantfile").read_text()
+    excludes = re.findall(r'"([^"]+)"', re.search(r"rsync__exclude:\s*\[(.*?)\]", text, re.S).group(1))
+    inline = re.search(r'inline:\s*"([^"]+)"', text).group(1)
+    return excludes, inline
+
+
+@pytest.mark.lab
+@pytest.mark.slow
+def test_provisioning_builds_a_working_lab_on_this_debian(tmp_path: Path) -> None:
+    """Do what `vagrant up` does inside the VM, on this machine: copy the tree with the
+    Vagrantfile's rsync excludes to where the VM mounts it, run its inline provision
+    command there, and check the result is usable: the venv runs the controller and the
+    agent, and Open vSwitch answers. (No VM provider runs here; the box is Debian 12 like
+    this machine.)"""
+    if os.geteuid() != 0 or shutil.which("apt-get") is None:
+        skip_or_fail("provisioning needs root and apt-get")
+    excludes, inline = _vagrantfile_copy_and_provision()
+    assert "/opt/modelcast/scripts/vagrant-provision.sh" in inline
+    dest = tmp_path / "modelcast"
+    dest.mkdir()
+    if shutil.which("rsync") is None:
+        subprocess.run(["apt-get", "install", "-y", "-q", "rsync"], check=True, capture_output=True)
+    subprocess.run(["rsync", "-a", *[f"--exclude={e}" for e in excludes], f"{REPO}/", f"{dest}/"],
+                   check=True)
+    assert not (dest / ".venv").exists() and (dest / "scripts" / "lab-deps.sh").exists()
+    cmd = inline.replace("/opt/modelcast", str(dest))
+    proc = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, timeout=1200,
+                          env={**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "provision: ready" in proc.stdout
+    venv = dest / ".venv" / "bin"
+    for tool in ("modelcast", "modelcast-controller"):
+        run = subprocess.run([str(venv / tool), "--help"], capture_output=True, text=True, timeout=60)
+        assert run.returncode == 0 and "usage" in run.stdout.lower(), run.stderr[-2000:]
+    ovs = subprocess.run(["ovs-vsctl", "--timeout=5", "show"], capture_output=True, text=True)
+    assert ovs.returncode == 0, ovs.stderr

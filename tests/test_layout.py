@@ -1,0 +1,129 @@
+"""The layout's rules, checked on the source: dependencies point one way and no module
+imports itself round a cycle.
+
+    topologies  <-  controller, hostagent  <-  lab  <-  bench      (tests may use all)
+
+Product packages (what ``pip install`` ships) never import lab or bench code, and no
+test module imports another test module (shared helpers live in ``tests/support``).
+Every import counts, also one inside a function (the usual way to hide a cycle).
+"""
+
+from __future__ import annotations
+
+import ast
+import tomllib
+from pathlib import Path
+
+import networkx as nx
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+LAYER = {"topologies": 0, "controller": 1, "hostagent": 1, "lab": 2, "bench": 3, "tests": 4}
+# Within a layer, who may use whom: the controller and the host agent are independent
+# products (they meet only over REST), so neither imports the other.
+FORBIDDEN_SAME_LAYER = {("controller", "hostagent"), ("hostagent", "controller")}
+PRODUCT = ("topologies", "controller", "hostagent")
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def allowed(source: str, target: str) -> bool:
+    """May module ``source`` import module ``target``?"""
+    ta, tb = source.split(".")[0], target.split(".")[0]
+    return LAYER[tb] <= LAYER[ta] and (ta, tb) not in FORBIDDEN_SAME_LAYER
+
+
+def _imports(text: str, package: str) -> set[str]:
+    """Every module of ours that source ``text`` (in ``package``) imports, anywhere."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:  # relative: resolve against the importing package
+                base = package.split(".")
+                base = base[: len(base) - node.level + 1] if node.level > 1 else base
+                mod = ".".join([*base, node.module] if node.module else base)
+            else:
+                mod = node.module or ""
+            found.add(mod)
+            found.update(f"{mod}.{alias.name}" for alias in node.names)  # `from pkg import mod`
+    return {m for m in found if m.split(".")[0] in LAYER}
+
+
+def _graph() -> nx.DiGraph:
+    files = [p for top in LAYER for p in (REPO / top).rglob("*.py")]
+    modules = {_module_name(p): p for p in files}
+    g = nx.DiGraph()
+    for name, path in modules.items():
+        g.add_node(name)
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for target in _imports(path.read_text(), package):
+            # `from pkg import name` names a module only if such a module exists
+            while target and target not in modules:
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                g.add_edge(name, target)
+    return g
+
+
+GRAPH = _graph()
+
+
+def test_the_graph_sees_the_whole_tree() -> None:
+    """Guard against a vacuous pass: the checks below see every package and real edges."""
+    tops = {n.split(".")[0] for n in GRAPH}
+    assert tops == set(LAYER)
+    assert GRAPH.has_edge("lab.transfer", "lab.fabric")
+    assert GRAPH.has_edge("controller.core", "controller.trees")
+
+
+def test_dependencies_point_one_way() -> None:
+    wrong = [f"{a} imports {b}" for a, b in GRAPH.edges if not allowed(a, b)]
+    assert not wrong, "imports against the layering:\n" + "\n".join(sorted(wrong))
+
+
+def test_no_import_cycles() -> None:
+    cycles = [c for c in nx.simple_cycles(GRAPH) if len(c) > 1]
+    assert not cycles, "import cycles: " + "; ".join(" -> ".join(c + c[:1]) for c in cycles)
+
+
+def test_no_test_module_imports_another() -> None:
+    bad = [f"{a} imports {b}" for a, b in GRAPH.edges
+           if a.startswith("tests.test_") and b.startswith("tests.test_")]
+    assert not bad, "\n".join(bad)
+
+
+def test_pip_ships_only_the_product() -> None:
+    conf = tomllib.loads((REPO / "pyproject.toml").read_text())
+    include = conf["tool"]["setuptools"]["packages"]["find"]["include"]
+    assert sorted({p.rstrip("*") for p in include}) == sorted(PRODUCT)
+
+
+@pytest.mark.parametrize("source, target, ok", [
+    ("lab.fabric", "controller.core", True), ("bench.scale", "lab.netsim", True),
+    ("tests.test_e2e", "bench.baselines", True), ("hostagent.cli", "lab.sh", False),
+    ("topologies.spec", "controller.core", False), ("controller.app", "hostagent.wire", False),
+    ("lab.ovs", "bench.net", False),
+])
+def test_the_rule(source: str, target: str, ok: bool) -> None:
+    assert allowed(source, target) is ok
+
+
+def test_imports_hidden_in_functions_and_relative_ones_are_seen() -> None:
+    text = (
+        "import os\n"
+        "from . import wire\n"
+        "from ..lab import sh\n"
+        "def f():\n"
+        "    from bench.net import main\n"
+        "    import topologies.spec\n"
+    )
+    got = _imports(text, "hostagent.sub")
+    assert {"hostagent.sub.wire", "hostagent.lab.sh", "bench.net", "topologies.spec"} <= got
+    assert "os" not in got
