@@ -36,6 +36,9 @@ DEFAULT_BARRIER_TIMEOUT = 10.0
 MAX_BODY = 4 << 20
 _METHODS = ("GET", "POST", "PUT", "DELETE")
 _MUTATING = frozenset(("POST", "PUT", "DELETE"))
+# Content-Types meaning "the client named no type": none at all, or the form type that
+# curl -d (and other clients) add when the user gave no -H 'Content-Type: ...'.
+UNTYPED_BODY = frozenset(("", "application/x-www-form-urlencoded"))
 
 
 class ApiError(Exception):
@@ -156,8 +159,12 @@ class RestApi(ControllerBase):
 
     # -- body ------------------------------------------------------------------------
     def _body(self, req: Any, schema: str) -> dict[str, Any]:
+        """The request's JSON body, validated against ``schema``. A body whose sender
+        named no type -- no Content-Type, or the form type ``curl -d`` adds by default --
+        is parsed as JSON (a body that parses is JSON; one that does not is a 400). Any
+        other explicit non-JSON type is a 415: the client said it sends something else."""
         ctype = (req.content_type or "").lower()
-        if ctype and ctype != "application/json" and not ctype.endswith("+json"):
+        if ctype not in UNTYPED_BODY and ctype != "application/json" and not ctype.endswith("+json"):
             raise ApiError(415, f"request body must be application/json, not {ctype}")
         if req.content_length is not None and req.content_length > MAX_BODY:
             raise ApiError(413, f"request body larger than {MAX_BODY} bytes")

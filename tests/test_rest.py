@@ -18,7 +18,7 @@ from webob import Request
 import controller.rest as rest
 from controller import ofmsgs
 from controller.rest import RestApi
-from tests.test_service import R1, R2, R3, S, Env, make_env
+from tests.support.controller_env import R1, R2, R3, S, Env, make_env
 
 TOKEN = "t0ken-for-tests"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -33,12 +33,14 @@ class Api:
         self.app.register(RestApi, {"service": env.service, **data})
 
     def call(self, method: str, path: str, body: Any = None, headers: dict | None = None,
-             auth: bool = True, raw: bytes | None = None, content_type: str = "application/json"):
+             auth: bool = True, raw: bytes | None = None,
+             content_type: str | None = "application/json"):
+        """One request; a body goes with ``content_type`` (``None``: no Content-Type)."""
         h = dict(AUTH if auth else {})
         h.update(headers or {})
         if raw is None and body is not None:
             raw = json.dumps(body).encode()
-        if raw is not None:
+        if raw is not None and content_type is not None:
             h.setdefault("Content-Type", content_type)
         resp = Request.blank(path, method=method, body=raw or b"", headers=h).get_response(self.app)
         if resp.status_code != 204 and not (path == "/metrics" and resp.status_code == 200):
@@ -288,9 +290,35 @@ def test_bad_addresses(api):
     api.json("PUT", f"/v1/groups/abc/receivers/{R1}", status=400)
 
 
-def test_unsupported_media_type(api):
+def test_unsupported_media_type(api, env):
     resp = api.call("POST", "/v1/groups", {"model": "m", "source": S}, content_type="text/plain")
     assert resp.status_code == 415 and "application/json" in resp.json["error"]
+    for ctype in ("text/plain", "application/xml", "multipart/form-data; boundary=x"):
+        err = api.json("POST", "/v1/groups", raw=b"model=m&source=10.0.0.1", status=415,
+                       content_type=ctype)
+        assert err["error"] == f"request body must be application/json, not {ctype.split(';')[0]}"
+    assert env.core.groups == {}
+
+
+@pytest.mark.parametrize("content_type", [None, "application/x-www-form-urlencoded",
+                                          "application/json; charset=utf-8",
+                                          "application/merge-patch+json"])
+def test_a_json_body_is_json_without_a_json_content_type(api, env, content_type):
+    """``curl -d '{...}'`` without ``-H 'Content-Type: application/json'`` sends
+    application/x-www-form-urlencoded (other clients send no type): the README's curl
+    examples rely on such a body being read as the JSON it is."""
+    g = api.json("POST", "/v1/groups", {"model": "m", "source": S, "receivers": [R1]}, 201,
+                 content_type=content_type)
+    assert g["receivers"] == {R1: "installed"} and env.delivered(g["id"]) == {R1: 1}
+    host = {"ip": "10.0.0.50", "mac": "00:00:00:00:00:50", "dpid": 5, "port": 9}
+    assert api.json("POST", "/v1/hosts", host, 201, content_type=content_type) == host
+    # a body that is not JSON is still a 400 naming the problem, and changes nothing
+    err = api.json("POST", "/v1/groups", raw=b"model=x&source=10.0.0.2", status=400,
+                   content_type=content_type)
+    assert err["error"] == "request body is not valid JSON" and err["detail"]["column"] == 1
+    assert "is not of type 'object'" in api.json("POST", "/v1/groups", raw=b'"m"', status=400,
+                                                 content_type=content_type)["error"]
+    assert [listed["id"] for listed in api.json("GET", "/v1/groups")] == [g["id"]]
 
 
 def test_auth_required_for_mutating_calls(api, env):

@@ -5,108 +5,18 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import pytest
 from prometheus_client import CollectorRegistry
 
-import topologies as T
 from controller import ofmsgs
 from controller.core import MulticastCore, Plan
 from controller.errors import Conflict, InvalidAddress, ReceiverIsSource, UnknownGroup, UnknownHost
 from controller.service import Service, StateFileError, Unauthorized
 from controller.topoview import TopologyView
 from lab.fakeof import FakeFabric
-
-# ---------------------------------------------------------------------- helpers
-
-
-class FabricInstaller:
-    """Applies each plan to the fake fabric and confirms it: at once, or (``deferred``)
-    only when the test calls ``flush()`` -- the barrier replies arriving later."""
-
-    def __init__(self, fabric: FakeFabric, deferred: bool = False) -> None:
-        self.fabric = fabric
-        self.deferred = deferred
-        self.pending: list[tuple[Plan, Callable[[list[str]], None]]] = []
-        self.plans: list[Plan] = []
-
-    def install(self, plan: Plan, done: Callable[[list[str]], None]) -> None:
-        self.plans.append(plan)
-        if self.deferred:
-            self.pending.append((plan, done))
-        else:
-            done([str(e) for e in self.fabric.apply_all(plan)])
-
-    def flush(self) -> None:
-        while self.pending:
-            plan, done = self.pending.pop(0)
-            done([str(e) for e in self.fabric.apply_all(plan)])
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-@dataclass
-class Env:
-    topo: T.Topology
-    core: MulticastCore
-    fabric: FakeFabric
-    installer: FabricInstaller
-    service: Service
-    registry: CollectorRegistry
-    clock: Clock
-    ips: list[str] = field(default_factory=list)
-
-    def metric(self, name: str, **labels: str) -> float | None:
-        return self.registry.get_sample_value(name, labels)
-
-    def delivered(self, gid: int) -> dict[str, int]:
-        g = self.core.group(gid)
-        tr = self.fabric.trace(g.source, g.address)
-        assert not tr.loops, tr.log
-        return dict(tr.delivered)
-
-    def ours(self, gid: int) -> list:
-        """Flows and group entries of group ``gid`` left on any switch."""
-        left = []
-        for dpid, sw in self.fabric.switches.items():
-            left += [(dpid, f) for f in sw.flows if f.cookie == ofmsgs.cookie(gid)]
-            left += [(dpid, "group") for g in sw.groups if g == gid]
-        return left
-
-
-def make_env(topo: T.Topology | None = None, *, token: str | None = None,
-             state_path: Path | None = None, deferred: bool = False,
-             unknown_hosts: tuple[str, ...] = ()) -> Env:
-    """A service over a core that knows ``topo`` (minus ``unknown_hosts``), every switch
-    entered and its plans applied to a fake fabric wired as ``topo``."""
-    topo = topo or T.leaf_spine(2, 3, 2)
-    view = TopologyView.from_topology(topo)
-    for ip in unknown_hosts:
-        view.remove_host(ip)
-    core = MulticastCore(view)
-    fabric = FakeFabric(topo)
-    for dpid in topo.switches:
-        assert not fabric.apply_all(core.switch_enter(dpid))
-    installer = FabricInstaller(fabric, deferred)
-    registry = CollectorRegistry()
-    clock = Clock()
-    service = Service(core, installer, state_path, token, registry, clock)
-    return Env(topo, core, fabric, installer, service, registry, clock, [h.ip for h in topo.hosts])
-
-
-# leaf_spine(2, 3, 2): spines 1, 2; leaves 3, 4, 5; hosts 10.0.0.1-2 on leaf 3 (ports 3, 4),
-# 10.0.0.3-4 on leaf 4, 10.0.0.5-6 on leaf 5. Leaf port i goes to spine i.
-S, R1, R2, R3 = "10.0.0.1", "10.0.0.3", "10.0.0.5", "10.0.0.6"
-
+from tests.support.controller_env import R1, R2, R3, S, Env, FabricInstaller, make_env
 
 # ---------------------------------------------------------------------- groups
 

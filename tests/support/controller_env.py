@@ -1,0 +1,134 @@
+"""The one builder for tests that drive the controller without Ryu or sockets: a topology
+becomes a ``MulticastCore`` over a ``TopologyView`` plus a ``FakeFabric`` wired the same
+way (``core_and_fabric``), and optionally a ``Service`` whose plans land on that fabric
+(``make_env``). Core, service and REST tests share it so they prove things on the same
+fabric, built the same way.
+
+The default fabric is ``leaf_spine(2, 3, 2)``: spines 1, 2; leaves 3, 4, 5; hosts
+10.0.0.1-2 on leaf 3 (ports 3, 4), 10.0.0.3-4 on leaf 4, 10.0.0.5-6 on leaf 5. Leaf port
+i goes to spine i. ``S`` is a source on leaf 3; ``R1``-``R3`` are receivers on the
+other leaves.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from prometheus_client import CollectorRegistry
+
+import topologies as T
+from controller import ofmsgs
+from controller.core import MulticastCore, Plan
+from controller.service import Service
+from controller.topoview import TopologyView
+from lab.fakeof import FakeFabric
+
+S, R1, R2, R3 = "10.0.0.1", "10.0.0.3", "10.0.0.5", "10.0.0.6"
+
+
+def default_topology() -> T.Topology:
+    """The fabric the constants above describe (a fresh object: tests may mutate it)."""
+    return T.leaf_spine(2, 3, 2)
+
+
+def core_and_fabric(topo: T.Topology, *, unknown_hosts: tuple[str, ...] = (),
+                    **core_options: Any) -> tuple[MulticastCore, FakeFabric]:
+    """A core that knows ``topo`` (minus ``unknown_hosts``, which the controller has not
+    learned yet) with every switch entered, and a fake fabric wired as ``topo`` that holds
+    what the switches were sent on entering. ``core_options`` go to ``MulticastCore``
+    (``algorithm``, ``balance``, ``udp_port``)."""
+    view = TopologyView.from_topology(topo)
+    for ip in unknown_hosts:
+        view.remove_host(ip)
+    core = MulticastCore(view, **core_options)
+    fabric = FakeFabric(topo)
+    for dpid in topo.switches:
+        errors = fabric.apply_all(core.switch_enter(dpid))
+        assert not errors, errors
+    return core, fabric
+
+
+class FabricInstaller:
+    """Applies each plan to the fake fabric and confirms it: at once, or (``deferred``)
+    only when the test calls ``flush()`` -- the barrier replies arriving later."""
+
+    def __init__(self, fabric: FakeFabric, deferred: bool = False) -> None:
+        self.fabric = fabric
+        self.deferred = deferred
+        self.pending: list[tuple[Plan, Callable[[list[str]], None]]] = []
+        self.plans: list[Plan] = []
+
+    def install(self, plan: Plan, done: Callable[[list[str]], None]) -> None:
+        """The ``Installer`` protocol: apply (or queue) ``plan``, then confirm it."""
+        self.plans.append(plan)
+        if self.deferred:
+            self.pending.append((plan, done))
+        else:
+            done([str(e) for e in self.fabric.apply_all(plan)])
+
+    def flush(self) -> None:
+        """Deliver the queued plans and their confirmations, in order."""
+        while self.pending:
+            plan, done = self.pending.pop(0)
+            done([str(e) for e in self.fabric.apply_all(plan)])
+
+
+class Clock:
+    """A monotonic clock the test moves by hand (``clock.now += 0.25``)."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@dataclass
+class Env:
+    """A service with everything behind it, so a test can look at any layer."""
+
+    topo: T.Topology
+    core: MulticastCore
+    fabric: FakeFabric
+    installer: FabricInstaller
+    service: Service
+    registry: CollectorRegistry
+    clock: Clock
+    ips: list[str] = field(default_factory=list)
+
+    def metric(self, name: str, **labels: str) -> float | None:
+        """One sample of the service's own registry."""
+        return self.registry.get_sample_value(name, labels)
+
+    def delivered(self, gid: int) -> dict[str, int]:
+        """Copies of group ``gid`` each host gets when its source sends one packet
+        (asserting the trace has no loop)."""
+        g = self.core.group(gid)
+        tr = self.fabric.trace(g.source, g.address)
+        assert not tr.loops, tr.log
+        return dict(tr.delivered)
+
+    def ours(self, gid: int) -> list[tuple[int, Any]]:
+        """Flows and group entries of group ``gid`` left on any switch."""
+        left: list[tuple[int, Any]] = []
+        for dpid, sw in self.fabric.switches.items():
+            left += [(dpid, f) for f in sw.flows if f.cookie == ofmsgs.cookie(gid)]
+            left += [(dpid, "group") for g in sw.groups if g == gid]
+        return left
+
+
+def make_env(topo: T.Topology | None = None, *, token: str | None = None,
+             state_path: Path | None = None, deferred: bool = False,
+             unknown_hosts: tuple[str, ...] = (), **core_options: Any) -> Env:
+    """A service over ``core_and_fabric(topo)`` (default: ``default_topology()``) with
+    its own metrics registry and a hand-moved clock; plans go to the fabric through a
+    ``FabricInstaller`` (``deferred``: confirmed only on ``env.installer.flush()``)."""
+    topo = topo or default_topology()
+    core, fabric = core_and_fabric(topo, unknown_hosts=unknown_hosts, **core_options)
+    installer = FabricInstaller(fabric, deferred)
+    registry = CollectorRegistry()
+    clock = Clock()
+    service = Service(core, installer, state_path, token, registry, clock)
+    return Env(topo, core, fabric, installer, service, registry, clock, [h.ip for h in topo.hosts])
