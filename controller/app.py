@@ -1,5 +1,7 @@
 """The Ryu app: a thin shim that turns OpenFlow and topology events into calls on the
-pure core (through ``Service``) and sends back what they return.
+pure core (through ``Service``) and sends back what they return. The decisions live in
+pure modules: ``controller.reconnect`` (a switch's connect sequence), ``controller.igmp``
+(membership reports) and ``controller.unicast`` (forwarding punted frames).
 
 Start it with ``modelcast-controller`` (``controller.main``), which loads the eventlet
 shim first and enables Ryu's LLDP link discovery.
@@ -12,29 +14,26 @@ import time
 from typing import Any, Callable
 
 import controller.compat  # noqa: F401  (before ryu.app.wsgi)
-import networkx as nx
 from ryu.app.wsgi import WSGIApplication
 from ryu.base import app_manager
 from ryu.controller import ofp_event
 from ryu.controller.handler import CONFIG_DISPATCHER, DEAD_DISPATCHER, MAIN_DISPATCHER, set_ev_cls
 from ryu.lib import hub
-from ryu.lib.packet import arp, ethernet, igmp, ipv4, packet
+from ryu.lib.packet import arp, ethernet, ipv4, packet
 from ryu.ofproto import ofproto_v1_3 as ofp
 from ryu.ofproto import ofproto_v1_3_parser as parser
 from ryu.topology import event as topo_event
 
-from controller import ofmsgs, settings
-from controller.core import MulticastCore, Plan, SwitchState, tune_gc
+from controller import igmp as igmp_decisions
+from controller import ofmsgs, settings, unicast
+from controller.core import MulticastCore, Plan, tune_gc
 from controller.errors import CoreError
+from controller.reconnect import Reconnect, port_status
 from controller.rest import RestApi
 from controller.service import Service, StateFileError
 
 app_manager.require_app("ryu.topology.switches", api_style=True)
 log = logging.getLogger("modelcast.app")
-
-IGMPV3_JOIN = {1, 3, 5}  # MODE_IS_INCLUDE, CHANGE_TO_INCLUDE, ALLOW_NEW_SOURCES
-IGMPV3_BLOCK = 6  # BLOCK_OLD_SOURCES
-IGMPV3_EXCLUDE = {2, 4}  # MODE_IS_EXCLUDE, CHANGE_TO_EXCLUDE: any-source join (empty list)
 
 
 class ModelcastApp(app_manager.RyuApp):
@@ -46,12 +45,12 @@ class ModelcastApp(app_manager.RyuApp):
         conf = settings.current
         tune_gc()
         self.dps: dict[int, Any] = {}
-        self._stats: dict[int, dict[str, Any]] = {}
         self._waiters: dict[tuple[int, int], Any] = {}  # (dpid, barrier xid) -> hub.Event
         self._xid_errors: dict[tuple[int, int], list[str]] = {}  # (dpid, xid) -> plan's errors
         self._queue: Any = hub.Queue()
         core = MulticastCore(algorithm=conf.algorithm, udp_port=conf.udp_port)
         self.service = Service(core, installer=self, state_path=conf.state_file, token=conf.token)
+        self.reconnect = Reconnect(core)
         try:
             problems = self.service.load()  # before any switch connects
         except StateFileError as exc:
@@ -145,7 +144,7 @@ class ModelcastApp(app_manager.RyuApp):
     @set_ev_cls(ofp_event.EventOFPSwitchFeatures, CONFIG_DISPATCHER)
     def _features(self, ev: Any) -> None:
         dp = ev.msg.datapath
-        for msg in ofmsgs.base_flows(dp.id):
+        for msg in self.reconnect.features(dp.id):
             dp.send_msg(msg)
 
     @set_ev_cls(ofp_event.EventOFPStateChange, [MAIN_DISPATCHER, DEAD_DISPATCHER])
@@ -158,14 +157,11 @@ class ModelcastApp(app_manager.RyuApp):
             self.dps[dp.id] = dp
             # Read what it already holds of ours before touching it: after a controller
             # restart a healthy switch keeps forwarding and gets no message at all.
-            self._stats[dp.id] = {"flows": [], "groups": {}, "pending": 2}
-            dp.send_msg(parser.OFPFlowStatsRequest(
-                dp, 0, ofp.OFPTT_ALL, ofp.OFPP_ANY, ofp.OFPG_ANY, ofmsgs.COOKIE_TAG,
-                ofmsgs.COOKIE_MASK, parser.OFPMatch()))
-            dp.send_msg(parser.OFPGroupDescStatsRequest(dp, 0))
+            for msg in self.reconnect.start(dp.id):
+                dp.send_msg(msg)
         elif self.dps.get(dp.id) is dp:
             del self.dps[dp.id]
-            self._stats.pop(dp.id, None)
+            self.reconnect.forget(dp.id)
             t0 = time.perf_counter()
             plan = self.core.switch_leave(dp.id)
             log.warning("switch %#x disconnected: %d groups rerouted in %.1f ms",
@@ -173,57 +169,24 @@ class ModelcastApp(app_manager.RyuApp):
             self._apply(plan, "reroute")
             self._flush_unicast()
 
-    @set_ev_cls(ofp_event.EventOFPFlowStatsReply, MAIN_DISPATCHER)
-    def _flow_stats(self, ev: Any) -> None:
-        st = self._stats.get(ev.msg.datapath.id)
-        if st is None:
-            return
-        for f in ev.msg.body:
-            st["flows"].append((f.cookie, f.priority, f.match.get("in_port")))
-        if not ev.msg.flags & ofp.OFPMPF_REPLY_MORE:
-            self._stats_part_done(ev.msg.datapath)
-
-    @set_ev_cls(ofp_event.EventOFPGroupDescStatsReply, MAIN_DISPATCHER)
-    def _group_stats(self, ev: Any) -> None:
-        st = self._stats.get(ev.msg.datapath.id)
-        if st is None:
-            return
-        for g in ev.msg.body:
-            st["groups"][g.group_id] = (g.type, [
-                [a.port for a in b.actions if isinstance(a, parser.OFPActionOutput)]
-                + [None for a in b.actions if not isinstance(a, parser.OFPActionOutput)]
-                for b in g.buckets])
-        if not ev.msg.flags & ofp.OFPMPF_REPLY_MORE:
-            self._stats_part_done(ev.msg.datapath)
-
-    def _stats_part_done(self, dp: Any) -> None:
-        st = self._stats[dp.id]
-        st["pending"] -= 1
-        if st["pending"]:
-            return
-        del self._stats[dp.id]
-        present = SwitchState.from_tables(st["flows"], st["groups"], self.core.groups)
-        plan = Plan()
-        for port in getattr(dp, "ports", {}).values():  # its ports' state, as it reports it
-            if port.port_no < ofp.OFPP_MAX and self._port_is_down(port):
-                plan.extend(self.core.port_down(dp.id, port.port_no))
-        plan.extend(self.core.switch_enter(dp.id, present))
-        log.info("switch %#x reconciled: held %d of our groups, %d messages to fix",
-                 dp.id, len(present.groups), len(plan))
-        self._apply(plan, "switch")
-
-    @staticmethod
-    def _port_is_down(port: Any) -> bool:
-        return bool(port.state & ofp.OFPPS_LINK_DOWN or port.config & ofp.OFPPC_PORT_DOWN)
+    @set_ev_cls([ofp_event.EventOFPFlowStatsReply, ofp_event.EventOFPGroupDescStatsReply],
+                MAIN_DISPATCHER)
+    def _stats_reply(self, ev: Any) -> None:
+        dp = ev.msg.datapath
+        done = self.reconnect.on_reply(dp.id, ev.msg, getattr(dp, "ports", {}).values())
+        if done is not None:
+            log.info("switch %#x reconciled: held %d of our groups, %d messages to fix",
+                     dp.id, len(done.present.groups), len(done.plan))
+            self._apply(done.plan, "switch")
 
     @set_ev_cls(ofp_event.EventOFPPortStatus, MAIN_DISPATCHER)
     def _port_status(self, ev: Any) -> None:
         """React to a port going down at once: LLDP would notice only after ~10 s."""
         msg = ev.msg
         dpid, port = msg.datapath.id, msg.desc.port_no
-        if port >= ofp.OFPP_MAX:
+        down = port_status(msg.reason, msg.desc)
+        if down is None:
             return
-        down = msg.reason == ofp.OFPPR_DELETE or self._port_is_down(msg.desc)
         t0 = time.perf_counter()
         plan = self.core.port_down(dpid, port) if down else self.core.port_up(dpid, port)
         if len(plan) or down:
@@ -282,9 +245,10 @@ class ModelcastApp(app_manager.RyuApp):
             if edge:
                 self._igmp(pkt, ip4.src)
             return
-        if ip4 is not None and ipv4_is_multicast(ip4.dst):
+        if ip4 is not None and unicast.is_multicast(ip4.dst):
             return  # never flood multicast: only controller-built trees carry it
-        self._forward(dp, in_port, eth, msg.data, edge)
+        self._send(unicast.forward(self.core.view, dp.id, in_port, eth.dst, msg.data,
+                                   {d: getattr(sw, "ports", {}) for d, sw in self.dps.items()}))
 
     def _learn(self, ip: str, mac: str, dpid: int, port: int) -> None:
         known = self.core.view.hosts.get(ip)
@@ -300,78 +264,25 @@ class ModelcastApp(app_manager.RyuApp):
 
     def _igmp(self, pkt: packet.Packet, reporter: str) -> None:
         """Membership reports act exactly like REST joins/leaves of the (S,G) groups."""
-        for proto in pkt.protocols:
-            if isinstance(proto, igmp.igmpv3_report):
-                for rec in proto.records:
-                    if rec.type_ in IGMPV3_JOIN and rec.srcs:
-                        for src in rec.srcs:
-                            self._membership(reporter, rec.address, src, True)
-                    elif rec.type_ == IGMPV3_BLOCK or (rec.type_ in (1, 3) and not rec.srcs):
-                        for src in rec.srcs or [None]:
-                            self._membership(reporter, rec.address, src, False)
-                    elif rec.type_ in IGMPV3_EXCLUDE and not rec.srcs:
-                        self._membership(reporter, rec.address, None, True)
-            elif isinstance(proto, igmp.igmp):
-                if proto.msgtype in (igmp.IGMP_TYPE_REPORT_V1, igmp.IGMP_TYPE_REPORT_V2):
-                    self._membership(reporter, proto.address, None, True)
-                elif proto.msgtype == igmp.IGMP_TYPE_LEAVE:
-                    self._membership(reporter, proto.address, None, False)
-
-    def _membership(self, host: str, group: str, source: str | None, join: bool) -> None:
-        matches = [g for g in self.core.groups.values()
-                   if g.address == group and (source is None or g.source == source)]
-        if not matches:
-            log.info("IGMP %s from %s for (%s, %s): no such group", "join" if join else "leave",
-                     host, source or "*", group)
-        for g in matches:
-            if (host in g.receivers) == join or host == g.source:
+        said = igmp_decisions.statements(pkt.protocols)
+        for d in igmp_decisions.decide(reporter, said, self.core.groups):
+            st, g, verb = d.statement, d.group, "join" if d.join else "leave"
+            if g is None:
+                log.info("IGMP %s from %s for (%s, %s): no such group", verb, reporter,
+                         st.source or "*", st.address)
                 continue
             try:
-                self.service.join(g.gid, host) if join else self.service.leave(g.gid, host)
-                log.info("IGMP %s: %s %s group %d (%s, %s)", "join" if join else "leave", host,
-                         "joined" if join else "left", g.gid, g.source, g.address)
+                self.service.join(g.gid, reporter) if d.join else self.service.leave(g.gid, reporter)
+                log.info("IGMP %s: %s %s group %d (%s, %s)", verb, reporter,
+                         "joined" if d.join else "left", g.gid, g.source, g.address)
             except CoreError as exc:
-                log.warning("IGMP from %s for group %d ignored: %s", host, g.gid, exc)
+                log.warning("IGMP from %s for group %d ignored: %s", reporter, g.gid, exc)
 
-    def _forward(self, dp: Any, in_port: int, eth: Any, data: bytes, edge: bool) -> None:
-        """Unicast: install the shortest path to a known destination host, then send the
-        packet along; broadcast and unknown destinations go to every edge port (never
-        flooded over inter-switch links, so loops in the fabric cannot storm)."""
-        view = self.core.view
-        dst = next((h for h in view.hosts.values() if h.mac == eth.dst), None)
-        if dst is not None and view.host_attached(dst) and dp.id in view.graph:
-            try:
-                path = nx.shortest_path(view.graph, dp.id, dst.dpid)
-            except (nx.NetworkXNoPath, nx.NodeNotFound):
-                return
-            hops = [(a, view.link_port(a, b)) for a, b in zip(path, path[1:])] + [(dst.dpid, dst.port)]
-            for dpid, port in reversed(hops):  # downstream first
-                sw = self.dps.get(dpid)
-                if sw is not None:
-                    sw.send_msg(ofmsgs.unicast_flow(dpid, eth.dst, port))
-            self._packet_out(dp, in_port, [hops[0][1]], data)
-            return
-        if not edge:
-            return  # a copy we flooded ourselves, seen again on a link port
-        for dpid, sw in self.dps.items():
-            ports = [p for p in getattr(sw, "ports", {})
-                     if p < ofp.OFPP_MAX and view.edge_port(dpid, p)
-                     and (dpid, p) not in view.ports_down and not (dpid == dp.id and p == in_port)]
-            if ports:
-                self._packet_out(sw, in_port if dpid == dp.id else ofp.OFPP_CONTROLLER, ports, data)
-
-    @staticmethod
-    def _packet_out(dp: Any, in_port: int, ports: list[int], data: bytes) -> None:
-        dp.send_msg(parser.OFPPacketOut(dp, buffer_id=ofp.OFP_NO_BUFFER, in_port=in_port,
-                                        actions=[parser.OFPActionOutput(p, 0) for p in ports],
-                                        data=data))
+    def _send(self, msgs: list[tuple[int, Any]]) -> None:
+        for dpid, msg in msgs:
+            dp = self.dps.get(dpid)
+            if dp is not None:
+                dp.send_msg(msg)
 
     def _flush_unicast(self) -> None:
-        for dpid, dp in self.dps.items():
-            dp.send_msg(ofmsgs.unicast_flush(dpid))
-
-
-def ipv4_is_multicast(addr: str) -> bool:
-    first = int(addr.split(".", 1)[0])
-    return 224 <= first <= 239
-
+        self._send([(dpid, ofmsgs.unicast_flush(dpid)) for dpid in self.dps])

@@ -136,3 +136,20 @@ def unicast_flush(dpid: int) -> Msg:
 
 def barrier(dpid: int) -> Msg:
     return parser.OFPBarrierRequest(datapath(dpid))
+
+
+def packet_out(dpid: int, in_port: int, out_ports: Iterable[int], data: bytes) -> Msg:
+    """Send a frame the switch punted to us (unbuffered, so ``data`` is the whole frame)."""
+    return parser.OFPPacketOut(datapath(dpid), buffer_id=ofp.OFP_NO_BUFFER, in_port=in_port,
+                               actions=[parser.OFPActionOutput(p, 0) for p in out_ports],
+                               data=data)
+
+
+def flow_stats_request(dpid: int) -> Msg:
+    """Every flow of ours (by cookie tag) in every table: what a reconnecting switch holds."""
+    return parser.OFPFlowStatsRequest(datapath(dpid), 0, ofp.OFPTT_ALL, ofp.OFPP_ANY, ofp.OFPG_ANY,
+                                      COOKIE_TAG, COOKIE_MASK, parser.OFPMatch())
+
+
+def group_desc_request(dpid: int) -> Msg:
+    return parser.OFPGroupDescStatsRequest(datapath(dpid), 0)

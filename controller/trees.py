@@ -5,7 +5,8 @@ Two algorithms:
   would build). Among equal-hop paths it picks the one with the least group load, so many
   groups on one fabric spread over parallel links instead of piling onto the first one.
 - ``steiner``: networkx's Mehlhorn 2-approximation of the minimum Steiner tree (fewest
-  links in total; paths may be longer than shortest), with the same load tie-break.
+  links in total; paths may be longer than shortest), with the same load tie-break; the
+  shortest-path tree instead where that one has fewer links (the approximation can miss).
 """
 
 from __future__ import annotations
@@ -129,8 +130,14 @@ def compute_tree(view: TopologyView, source: str, receivers: Iterable[str],
             comp = nx.node_connected_component(view.graph, tree.root)
             targets = {r: loc for r, loc in locs.items()
                        if view.host_attached(loc) and loc.dpid in comp}
-            tree.parent = _steiner(view.graph, tree.root,
-                                   {loc.dpid for loc in targets.values()}, load)
+            tdpids = {loc.dpid for loc in targets.values()}
+            tree.parent = _steiner(view.graph, tree.root, tdpids, load)
+            # Mehlhorn is a 2-approximation: on some graphs the shortest-path tree has
+            # fewer links. "steiner" promises the fewest links we can find, so take it then.
+            dist, preds = (cache or PathCache(view)).dag(tree.root)
+            spt = _spt(tree.root, tdpids, preds, load, None, dist)
+            if len(spt) < len(tree.parent):
+                tree.parent = spt
         tree.reached = frozenset(targets)
         tree.unreachable = frozenset(rset - set(targets))
         _fill_entries(view, tree, src.port, targets.values())

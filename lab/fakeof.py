@@ -20,6 +20,10 @@ Behaviour worth knowing (each is tested in ``test_fakeof.py``):
 * SELECT groups pick the first live bucket (deterministic, where a real switch hashes).
 * Messages sent to a switch that is down are discarded (the connection is gone) and
   counted in ``FakeFabric.discarded``; a switch coming back up has empty tables.
+* Flow-stats and group-desc requests are answered (``FakeSwitch.request``) in parts of
+  ``reply_part_size`` entries, all but the last flagged ``OFPMPF_REPLY_MORE``; flow stats
+  honour table, cookie/mask, match and out_port/out_group like a delete does.
+  ``FakeFabric.connect`` drives the controller's reconnect state machine against a switch.
 """
 
 from __future__ import annotations
@@ -28,12 +32,15 @@ import collections
 import ipaddress
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, NamedTuple
+from typing import TYPE_CHECKING, Any, Callable, Iterable, NamedTuple
 
 from ryu.ofproto import ofproto_v1_3 as ofp
 from ryu.ofproto import ofproto_v1_3_parser as parser
 
 from topologies.spec import Host, Topology
+
+if TYPE_CHECKING:  # the controller's reconnect state machine, driven by ``FakeFabric.connect``
+    from controller.reconnect import Reconciled, Reconnect
 
 # --------------------------------------------------------------------------- errors
 
@@ -239,6 +246,29 @@ def _actions_of(instructions: Iterable[Instruction]) -> Iterable[Action]:
             yield from payload
 
 
+def _parser_actions(actions: Iterable[Action]) -> list[Any]:
+    """Normalised actions back as Ryu objects, as a switch describes them in stats."""
+    out: list[Any] = []
+    for act in actions:
+        if act[0] == "output":
+            out.append(parser.OFPActionOutput(act[1], 0))
+        elif act[0] == "group":
+            out.append(parser.OFPActionGroup(act[1]))
+        else:
+            out.append(parser.OFPActionSetField(**{act[1]: act[2]}))
+    return out
+
+
+_INSTRUCTION_TYPE = {"apply": ofp.OFPIT_APPLY_ACTIONS, "write": ofp.OFPIT_WRITE_ACTIONS,
+                     "clear": ofp.OFPIT_CLEAR_ACTIONS}
+
+
+def _parser_instructions(instructions: Iterable[Instruction]) -> list[Any]:
+    return [parser.OFPInstructionGotoTable(payload) if kind == "goto"
+            else parser.OFPInstructionActions(_INSTRUCTION_TYPE[kind], _parser_actions(payload))
+            for kind, payload in instructions]
+
+
 def _sort_key(obj: Any) -> str:
     return repr(obj)
 
@@ -327,8 +357,10 @@ class FakeSwitch:
                 raise OFError(ofp.OFPET_BAD_ACTION, ofp.OFPBAC_BAD_OUT_GROUP,
                               f"group {act[1]} does not exist")
 
-    def _selected(self, msg: Any, match: dict[str, Any], strict: bool) -> list[int]:
-        """Indices of entries a MODIFY/DELETE addresses (table, match, cookie, out filters)."""
+    def _selected(self, msg: Any, match: dict[str, Any], strict: bool,
+                  out_filters: bool) -> list[int]:
+        """Indices of entries a MODIFY/DELETE or a flow-stats request addresses (table,
+        match, cookie and, for deletes and stats, the out_port/out_group filters)."""
         hits = []
         for i, entry in enumerate(self.flows):
             if msg.table_id != ofp.OFPTT_ALL and entry.table_id != msg.table_id:
@@ -340,7 +372,7 @@ class FakeSwitch:
                     continue
             elif not _covers(match, entry.match):
                 continue
-            if msg.command in (ofp.OFPFC_DELETE, ofp.OFPFC_DELETE_STRICT):
+            if out_filters:
                 acts = list(_actions_of(entry.instructions))
                 if msg.out_port != ofp.OFPP_ANY and ("output", msg.out_port) not in acts:
                     continue
@@ -354,7 +386,7 @@ class FakeSwitch:
         _check_prereqs(match)
         cmd = msg.command
         if cmd in (ofp.OFPFC_DELETE, ofp.OFPFC_DELETE_STRICT):
-            doomed = set(self._selected(msg, match, cmd == ofp.OFPFC_DELETE_STRICT))
+            doomed = set(self._selected(msg, match, cmd == ofp.OFPFC_DELETE_STRICT, True))
             self.flows = [e for i, e in enumerate(self.flows) if i not in doomed]
             return
         if cmd not in (ofp.OFPFC_ADD, ofp.OFPFC_MODIFY, ofp.OFPFC_MODIFY_STRICT):
@@ -370,7 +402,7 @@ class FakeSwitch:
         self._check_groups_exist(_actions_of(instructions), self.groups)
         if cmd != ofp.OFPFC_ADD:
             # OF1.3: modify changes instructions only (cookie kept) and never adds.
-            for i in self._selected(msg, match, cmd == ofp.OFPFC_MODIFY_STRICT):
+            for i in self._selected(msg, match, cmd == ofp.OFPFC_MODIFY_STRICT, False):
                 self.flows[i] = self.flows[i]._replace(instructions=instructions)
             return
         new = FlowEntry(msg.priority, match, instructions, msg.cookie, msg.table_id)
@@ -417,6 +449,36 @@ class FakeSwitch:
                 raise OFError(ofp.OFPET_GROUP_MOD_FAILED, ofp.OFPGMFC_INVALID_GROUP,
                               f"watch_group {b.watch_group} does not exist")
         self.groups[gid] = GroupEntry(msg.type, buckets)
+
+    # ---- multipart requests
+
+    #: entries per multipart reply part: small, so every reader meets OFPMPF_REPLY_MORE
+    reply_part_size = 4
+
+    def request(self, msg: Any) -> list[Any]:
+        """Answer a flow-stats or group-desc request with its reply parts, every part but
+        the last flagged ``OFPMPF_REPLY_MORE``, as a switch with a small buffer would."""
+        if isinstance(msg, parser.OFPFlowStatsRequest):
+            reply = parser.OFPFlowStatsReply
+            body = [parser.OFPFlowStats(
+                table_id=e.table_id, duration_sec=0, duration_nsec=0, priority=e.priority,
+                idle_timeout=0, hard_timeout=0, flags=0, cookie=e.cookie, packet_count=0,
+                byte_count=0, match=parser.OFPMatch(**e.match),
+                instructions=_parser_instructions(e.instructions))
+                for e in (self.flows[i] for i in self._selected(
+                    msg, _normalise_match(msg.match), False, True))]
+        elif isinstance(msg, parser.OFPGroupDescStatsRequest):
+            reply = parser.OFPGroupDescStatsReply
+            body = [parser.OFPGroupDescStats(g.type, gid, [
+                parser.OFPBucket(b.weight, b.watch_port, b.watch_group, _parser_actions(b.actions))
+                for b in g.buckets]) for gid, g in sorted(self.groups.items())]
+        else:
+            raise TypeError(f"fake switch does not answer {type(msg).__name__}")
+        n = self.reply_part_size
+        parts = [body[i:i + n] for i in range(0, len(body), n)] or [[]]
+        return [reply(msg.datapath, body=part,
+                      flags=ofp.OFPMPF_REPLY_MORE if i < len(parts) - 1 else 0)
+                for i, part in enumerate(parts)]
 
     # ---- state
 
@@ -604,6 +666,40 @@ class FakeFabric:
         if isinstance(peer, Host):
             return True
         return self._link_up[frozenset((dpid, peer[0]))] and self.switches[peer[0]].up
+
+    def request(self, dpid: int, msg: Any) -> list[Any]:
+        """A multipart request's reply parts; none from a switch that is down."""
+        sw = self.switches[dpid]
+        if not sw.up:
+            self.discarded[dpid] += 1
+            return []
+        return sw.request(msg)
+
+    def ports(self, dpid: int) -> dict[int, Any]:
+        """The switch's wired ports as it describes them (Ryu's ``Datapath.ports``):
+        ``OFPPS_LINK_DOWN`` on every port that cannot carry traffic right now."""
+        return {p: parser.OFPPort(
+            port_no=p, hw_addr=_from_int("eth_src", 0x020000000000 | (dpid & 0xFFFF) << 16 | p),
+            name=f"s{dpid}-eth{p}".encode(), config=0,
+            state=0 if self.port_live(dpid, p) else ofp.OFPPS_LINK_DOWN, curr=0, advertised=0,
+            supported=0, peer=0, curr_speed=0, max_speed=0)
+            for d, p in sorted(self._attached) if d == dpid}
+
+    def connect(self, dpid: int, session: Reconnect) -> tuple[Reconciled | None, list[OFError]]:
+        """Connect a switch to the controller's own reconnect state machine, as the Ryu
+        app does: its features messages, then its stats requests answered from this
+        switch's tables and its ports, the replies fed back and the resulting plan applied.
+        Returns the result (None when the switch is down) and the errors the switch raised."""
+        errors = self.apply_all((dpid, m) for m in session.features(dpid))
+        done = None
+        for req in session.start(dpid):
+            for reply in self.request(dpid, req):
+                done = session.on_reply(dpid, reply, self.ports(dpid).values()) or done
+        if done is None:
+            session.forget(dpid)
+        else:
+            errors += self.apply_all(done.plan)
+        return done, errors
 
     def snapshot(self) -> tuple:
         return (tuple((dpid, sw.up, sw.snapshot()) for dpid, sw in sorted(self.switches.items())),

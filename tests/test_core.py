@@ -16,10 +16,11 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 import topologies as T
 from controller import errors, ofmsgs
 from controller.addressing import check_ssm, ssm_address
-from controller.core import MulticastCore, SwitchState
-from controller.topoview import TopologyView
+from controller.core import MulticastCore
+from controller.reconnect import Reconnect
 from controller.trees import compute_tree
 from lab.fakeof import FakeFabric
+from tests.support.controller_env import core_and_fabric
 
 # ---------------------------------------------------------------------- helpers
 
@@ -46,14 +47,6 @@ topology_strategy = st.one_of(
     st.builds(lambda seed, n, extra, h: random_topology(random.Random(seed), n, extra, h),
               st.integers(0, 2**32), st.integers(1, 12), st.integers(0, 12), st.integers(3, 12)),
 )
-
-
-def new_core(topo: T.Topology, **kw) -> tuple[MulticastCore, FakeFabric]:
-    core = MulticastCore(TopologyView.from_topology(topo), **kw)
-    fabric = FakeFabric(topo)
-    for dpid in topo.switches:
-        assert not fabric.apply_all(core.switch_enter(dpid))
-    return core, fabric
 
 
 def expected_reachable(fabric: FakeFabric, topo: T.Topology, source: str,
@@ -117,7 +110,7 @@ def test_every_receiver_gets_exactly_one_copy(topo, data, algorithm):
     source = data.draw(st.sampled_from(ips), label="source")
     receivers = data.draw(st.sets(st.sampled_from([i for i in ips if i != source]), min_size=1),
                           label="receivers")
-    core, fabric = new_core(topo, algorithm=algorithm)
+    core, fabric = core_and_fabric(topo, algorithm=algorithm)
     g, plan = core.create_group("llama-70b", source, receivers)
     apply(fabric, plan)
     assert g.tree.reached == frozenset(receivers)
@@ -135,7 +128,7 @@ def test_every_receiver_gets_exactly_one_copy(topo, data, algorithm):
 
 def test_receiver_on_the_source_switch_and_port_reuse():
     topo = T.linear(2, 3)  # 3 hosts per switch
-    core, fabric = new_core(topo)
+    core, fabric = core_and_fabric(topo)
     hosts = [h.ip for h in topo.hosts]
     g, plan = core.create_group("m", hosts[0], hosts[1:3])  # same switch only
     apply(fabric, plan)
@@ -148,7 +141,7 @@ def test_receiver_on_the_source_switch_and_port_reuse():
 
 def test_reroute_is_make_before_break_and_minimal():
     topo = T.ring(6)
-    core, fabric = new_core(topo)
+    core, fabric = core_and_fabric(topo)
     hosts = [h.ip for h in topo.hosts]
     g, plan = core.create_group("m", hosts[0], [hosts[2], hosts[3]])
     apply(fabric, plan)
@@ -174,7 +167,7 @@ def test_reroute_is_make_before_break_and_minimal():
 
 def test_join_and_leave_keep_existing_branches_delivering_in_every_phase():
     topo = T.leaf_spine(2, 4, 2)
-    core, fabric = new_core(topo)
+    core, fabric = core_and_fabric(topo)
     hosts = [h.ip for h in topo.hosts]
     g, plan = core.create_group("m", hosts[0], hosts[2:4])
     apply(fabric, plan)
@@ -190,7 +183,7 @@ def test_join_and_leave_keep_existing_branches_delivering_in_every_phase():
 
 def test_replaying_a_batch_leaves_the_fabric_unchanged():
     topo = T.fat_tree(4)
-    core, fabric = new_core(topo)
+    core, fabric = core_and_fabric(topo)
     hosts = [h.ip for h in topo.hosts]
     g, plan = core.create_group("m", hosts[0], hosts[5:12])
     apply(fabric, plan)
@@ -209,7 +202,7 @@ def test_replaying_a_batch_leaves_the_fabric_unchanged():
 
 def test_teardown_leaves_nothing_behind():
     topo = T.leaf_spine(2, 3, 2)
-    core, fabric = new_core(topo)
+    core, fabric = core_and_fabric(topo)
     hosts = [h.ip for h in topo.hosts]
     gids, addrs = [], []
     for i, src in enumerate(hosts[:3]):
@@ -232,7 +225,7 @@ def test_teardown_leaves_nothing_behind():
 
 def test_groups_spread_over_parallel_spines():
     topo = T.leaf_spine(4, 2, 8)
-    core, fabric = new_core(topo)
+    core, fabric = core_and_fabric(topo)
     left = [h.ip for h in topo.hosts if topo.switches[h.dpid] == "leaf1"]
     right = [h.ip for h in topo.hosts if topo.switches[h.dpid] == "leaf2"]
     for i in range(16):
@@ -242,7 +235,7 @@ def test_groups_spread_over_parallel_spines():
     per_spine = Counter(d for g in core.groups.values() for d in g.tree.parent if d in spines)
     assert sorted(per_spine.values()) == [4, 4, 4, 4]
     assert_delivery(core, fabric, topo)
-    blind, _ = new_core(topo, balance=False)
+    blind, _ = core_and_fabric(topo, balance=False)
     for i in range(16):
         blind.create_group(f"m{i}", left[i % 8], [right[i % 8]])
     assert max(Counter(d for g in blind.groups.values() for d in g.tree.parent if d in spines).values()) == 16
@@ -253,7 +246,7 @@ def test_groups_spread_over_parallel_spines():
 
 def test_bad_input_raises_specific_errors():
     topo = T.linear(3)
-    core, _ = new_core(topo)
+    core, _ = core_and_fabric(topo)
     h = [x.ip for x in topo.hosts]
     with pytest.raises(errors.UnknownHost, match="10.9.9.9"):
         core.create_group("m", "10.9.9.9", [h[1]])
@@ -288,7 +281,7 @@ def test_bad_input_raises_specific_errors():
 
 def test_same_model_and_source_returns_the_existing_group():
     topo = T.linear(3)
-    core, _ = new_core(topo)
+    core, _ = core_and_fabric(topo)
     h = [x.ip for x in topo.hosts]
     g1, p1 = core.create_group("m", h[0], [h[1]])
     g2, p2 = core.create_group("m", h[0], [h[2]])
@@ -312,7 +305,7 @@ def test_address_collisions_probe_to_a_free_address():
     b = ssm_address("llama", taken={a}.__contains__)
     assert b != a and check_ssm(b)
     topo = T.linear(2)
-    core, _ = new_core(topo)
+    core, _ = core_and_fabric(topo)
     h = [x.ip for x in topo.hosts]
     g1, _ = core.create_group("llama", h[0], [h[1]])
     with pytest.raises(errors.Conflict):
@@ -333,7 +326,8 @@ class FabricMachine(RuleBasedStateMachine):
         st.builds(lambda s: random_topology(random.Random(s), 7, 5, 8), st.integers(0, 1000))))
     def setup(self, topo):
         self.topo = topo
-        self.core, self.fabric = new_core(topo)
+        self.core, self.fabric = core_and_fabric(topo)
+        self.reconnect = Reconnect(self.core)
         self.ips = [h.ip for h in topo.hosts]
         self.models = 0
 
@@ -378,16 +372,27 @@ class FabricMachine(RuleBasedStateMachine):
             apply(self.fabric, self.core.switch_leave(dpid))
         else:
             self.fabric.set_switch(dpid, True)  # comes back rebooted, with empty tables
-            apply(self.fabric, self.core.switch_enter(dpid))
-            apply(self.fabric, ofmsgs_base(dpid))
-            # it reports its ports' state, and its neighbours see their ports to it come up
+            # the app's connect sequence: its ports' state is read with its tables
+            done, errs = self.fabric.connect(dpid, self.reconnect)
+            assert done is not None and not errs, errs
+            # its neighbours see their ports to it come up (PortStatus)
             for k in self.topo.links:
                 if dpid in (k.a, k.b):
-                    for d, p in ((k.a, k.a_port), (k.b, k.b_port)):
-                        if self.fabric.switches[d].up:
-                            live = self.fabric.port_live(d, p)
-                            apply(self.fabric, self.core.port_up(d, p) if live else self.core.port_down(d, p))
-            apply(self.fabric, self.core.sync_switch(dpid))
+                    d, p = (k.b, k.b_port) if k.a == dpid else (k.a, k.a_port)
+                    if d != dpid and self.fabric.switches[d].up:
+                        live = self.fabric.port_live(d, p)
+                        apply(self.fabric, self.core.port_up(d, p) if live else self.core.port_down(d, p))
+
+    @rule()
+    def controller_restart(self):
+        """A new controller from the saved state; every live switch keeps its tables and
+        reconnects through the same reconnect sequence as in the app."""
+        self.core = restarted(self.core)
+        self.reconnect = Reconnect(self.core)
+        for dpid, sw in sorted(self.fabric.switches.items()):
+            if sw.up:
+                done, errs = self.fabric.connect(dpid, self.reconnect)
+                assert done is not None and not errs, errs
 
     @invariant()
     def delivery(self):
@@ -401,10 +406,6 @@ class FabricMachine(RuleBasedStateMachine):
             assert our_state(self.fabric) == []
 
 
-def ofmsgs_base(dpid: int) -> list:
-    return [(dpid, m) for m in ofmsgs.base_flows(dpid)]
-
-
 FabricMachine.TestCase.settings = settings(max_examples=int(os.environ.get("MC_STATEFUL_EXAMPLES", 150)), stateful_step_count=30, deadline=None,
                                            suppress_health_check=[HealthCheck.too_slow])
 TestFabricMachine = FabricMachine.TestCase
@@ -413,15 +414,7 @@ TestFabricMachine = FabricMachine.TestCase
 # ---------------------------------------------------------------------- controller restart
 
 
-def read_state(core: MulticastCore, sw) -> SwitchState:
-    """What the Ryu app reads from flow/group stats, taken from a fake switch."""
-    flows = [(f.cookie, f.priority, f.match.get("in_port")) for f in sw.flows]
-    groups = {gid: (g.type, [[a[1] for a in b.actions if a[0] == "output"] for b in g.buckets])
-              for gid, g in sw.groups.items()}
-    return SwitchState.from_tables(flows, groups, core.groups)
-
-
-def restarted(core: MulticastCore, topo: T.Topology) -> MulticastCore:
+def restarted(core: MulticastCore) -> MulticastCore:
     fresh = MulticastCore()
     assert fresh.restore(core.to_dict()) == []
     return fresh
@@ -429,24 +422,26 @@ def restarted(core: MulticastCore, topo: T.Topology) -> MulticastCore:
 
 def test_controller_restart_on_a_healthy_fabric_sends_nothing():
     topo = T.leaf_spine(2, 3, 2)
-    core, fabric = new_core(topo)
+    core, fabric = core_and_fabric(topo)
     hosts = [h.ip for h in topo.hosts]
     for i in range(4):
         apply(fabric, core.create_group(f"m{i}", hosts[i], hosts[4:])[1])
     apply(fabric, core.delete_group(1))  # restored groups see other loads: trees must not move
-    fresh = restarted(core, topo)
+    fresh = restarted(core)
     assert {g.gid: g.tree.parent for g in fresh.groups.values()} == {
         g.gid: g.tree.parent for g in core.groups.values()}
-    for dpid, sw in fabric.switches.items():
-        plan = fresh.switch_enter(dpid, read_state(fresh, sw))
-        assert len(plan) == 0, [m for m in plan]
+    session = Reconnect(fresh)
+    for dpid in fabric.switches:
+        done, errs = fabric.connect(dpid, session)
+        assert not errs and len(done.plan) == 0, list(done.plan)
+        assert set(done.present.groups) == set(core.installed[dpid])
     assert fresh.installed == core.installed
     assert_delivery(fresh, fabric, topo)
 
 
 def test_controller_restart_repairs_only_what_differs():
     topo = T.leaf_spine(2, 3, 2)
-    core, fabric = new_core(topo)
+    core, fabric = core_and_fabric(topo)
     hosts = [h.ip for h in topo.hosts]
     g, plan = core.create_group("m", hosts[0], hosts[2:])
     apply(fabric, plan)
@@ -463,10 +458,11 @@ def test_controller_restart_repairs_only_what_differs():
     fresh = MulticastCore()
     assert fresh.restore(state) == []
     touched = set()
-    for dpid, s in fabric.switches.items():
-        plan = fresh.switch_enter(dpid, read_state(fresh, s))
-        touched |= plan.switches()
-        apply(fabric, plan)
+    session = Reconnect(fresh)
+    for dpid in fabric.switches:
+        done, errs = fabric.connect(dpid, session)
+        assert not errs, errs
+        touched |= done.plan.switches()
     assert_delivery(fresh, fabric, topo)
     assert our_state(fabric) and not any(gid == gone.gid for _, gid in our_state(fabric))
     assert not any(f.match.get("in_port") == 77 for f in sw.flows)

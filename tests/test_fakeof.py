@@ -459,3 +459,62 @@ def test_snapshot_ignores_install_order_but_not_cookies(linear3):
     assert a.snapshot() == b.snapshot()
     b.apply(1, mcast([out(1)], dst="232.0.0.1", cookie=9))
     assert a.snapshot() != b.snapshot()
+
+
+# ---- multipart requests and port descriptions (what a reconnecting controller reads)
+
+def flow_stats(cookie=0, cookie_mask=0, out_port=ofp.OFPP_ANY, out_group=ofp.OFPG_ANY,
+               **match) -> parser.OFPFlowStatsRequest:
+    return parser.OFPFlowStatsRequest(DP, 0, ofp.OFPTT_ALL, out_port, out_group, cookie,
+                                      cookie_mask, parser.OFPMatch(**match))
+
+
+def test_flow_stats_honour_cookie_match_and_out_filters_and_come_in_parts(linear3):
+    topo, fab = linear3
+    sw = fab.switches[1]
+    fab.apply(1, group(4, [bucket(out(2))]))
+    for i in range(6):
+        fab.apply(1, mcast([to_group(4)] if i % 2 else [out(2)], dst=f"232.0.0.{i}",
+                           cookie=0x100 + i, in_port=1))
+    fab.apply(1, flow([out(3)], cookie=0x900, eth_type=0x0806))
+    sw.reply_part_size = 2
+    parts = sw.request(flow_stats(cookie=0x100, cookie_mask=0xF00))
+    assert [p.flags for p in parts] == [ofp.OFPMPF_REPLY_MORE] * 2 + [0]
+    body = [f for p in parts for f in p.body]
+    assert [f.cookie for f in body] == [0x100 + i for i in range(6)]
+    assert body[1].match["ipv4_dst"] == "232.0.0.1" and body[1].match["in_port"] == 1
+    assert body[1].instructions[0].actions[0].group_id == 4 and body[0].priority == 100
+    only_group = [f for p in sw.request(flow_stats(out_group=4)) for f in p.body]
+    assert [f.cookie for f in only_group] == [0x101, 0x103, 0x105]
+    arp = [f for p in sw.request(flow_stats(eth_type=0x0806)) for f in p.body]
+    assert [f.cookie for f in arp] == [0x900]
+    assert [(p.flags, p.body) for p in sw.request(flow_stats(cookie=0xF, cookie_mask=0xF))] == [(0, [])]
+
+
+def test_group_desc_describes_buckets_as_installed(linear3):
+    topo, fab = linear3
+    fab.apply(2, group(1, [bucket(out(1)), bucket(out(ofp.OFPP_IN_PORT))]))
+    fab.apply(2, group(2, [bucket(out(3), watch_port=3)], gtype=ofp.OFPGT_FF))
+    [reply] = fab.request(2, parser.OFPGroupDescStatsRequest(DP, 0))
+    assert isinstance(reply, parser.OFPGroupDescStatsReply) and reply.flags == 0
+    desc = {g.group_id: (g.type, [(b.watch_port, [a.port for a in b.actions]) for b in g.buckets])
+            for g in reply.body}
+    assert desc == {1: (ofp.OFPGT_ALL, [(ofp.OFPP_ANY, [1]), (ofp.OFPP_ANY, [ofp.OFPP_IN_PORT])]),
+                    2: (ofp.OFPGT_FF, [(3, [3])])}
+    with pytest.raises(TypeError, match="OFPPortDescStatsRequest"):
+        fab.request(2, parser.OFPPortDescStatsRequest(DP, 0))
+
+
+def test_ports_report_link_down_and_a_down_switch_answers_nothing(linear3):
+    topo, fab = linear3
+    to_s3 = port(topo, 2, 3)
+    assert sorted(fab.ports(2)) == sorted([port(topo, 2, 1), to_s3, hport(topo, "h2")])
+    assert all(p.state == 0 and p.port_no == n for n, p in fab.ports(2).items())
+    fab.set_link(2, 3, False)
+    assert fab.ports(2)[to_s3].state == ofp.OFPPS_LINK_DOWN
+    assert fab.ports(2)[port(topo, 2, 1)].state == 0
+    fab.set_switch(3, False)
+    fab.set_link(2, 3, True)
+    assert fab.ports(2)[to_s3].state == ofp.OFPPS_LINK_DOWN  # the peer is down
+    assert fab.request(3, parser.OFPGroupDescStatsRequest(DP, 0)) == []
+    assert fab.discarded == Counter({3: 1})

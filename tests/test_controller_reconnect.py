@@ -1,0 +1,174 @@
+"""The switch (re)connect state machine (controller.reconnect): requests, multipart
+replies, ports reported down, and the plan it produces."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from ryu.ofproto import ofproto_v1_3 as ofp
+from ryu.ofproto import ofproto_v1_3_parser as parser
+
+import topologies as T
+from controller import ofmsgs
+from controller.core import MulticastCore, Plan, SwitchState
+from controller.reconnect import Reconnect, port_is_down, port_status
+from controller.topoview import TopologyView
+from lab.fakeof import FakeFabric
+
+TOPO = T.leaf_spine(2, 3, 2)  # spines 1, 2; leaves 3, 4, 5; hosts h1 h2 @3, h3 h4 @4, h5 h6 @5
+
+
+def installed_fabric() -> tuple[MulticastCore, FakeFabric]:
+    """Two groups installed on the fabric, then one switch damaged."""
+    core = MulticastCore(TopologyView.from_topology(TOPO))
+    fabric = FakeFabric(TOPO)
+    for dpid in TOPO.switches:
+        assert not fabric.apply_all(core.switch_enter(dpid))
+    ips = [h.ip for h in TOPO.hosts]
+    for i, src in enumerate(ips[:2]):
+        assert not fabric.apply_all(core.create_group(f"m{i}", src, ips[2:])[1])
+    leaf = TOPO.host(ips[0]).dpid
+    g = core.groups[1]
+    assert not fabric.apply_all([(leaf, ofmsgs.group_modify(leaf, 1, 3, frozenset({99}))),
+                                 (leaf, ofmsgs.flow_add(leaf, 1, 77, g.source, g.address))])
+    return core, fabric
+
+
+def restored(core: MulticastCore) -> MulticastCore:
+    fresh = MulticastCore()
+    assert fresh.restore(core.to_dict()) == []
+    return fresh
+
+
+def replies(fabric: FakeFabric, dpid: int, session: Reconnect) -> list:
+    return [r for req in session.start(dpid) for r in fabric.request(dpid, req)]
+
+
+def old_app_plan(core: MulticastCore, dpid: int, parts: list, ports: list) -> tuple[SwitchState, Plan]:
+    """The pre-refactor ``ModelcastApp._flow_stats/_group_stats/_stats_part_done``, kept
+    here as the oracle the state machine must agree with."""
+    flows, groups = [], {}
+    for msg in parts:
+        if isinstance(msg, parser.OFPFlowStatsReply):
+            flows += [(f.cookie, f.priority, f.match.get("in_port")) for f in msg.body]
+        else:
+            for g in msg.body:
+                groups[g.group_id] = (g.type, [
+                    [a.port for a in b.actions if isinstance(a, parser.OFPActionOutput)]
+                    + [None for a in b.actions if not isinstance(a, parser.OFPActionOutput)]
+                    for b in g.buckets])
+    present = SwitchState.from_tables(flows, groups, core.groups)
+    plan = Plan()
+    for port in ports:
+        if port.port_no < ofp.OFPP_MAX and (port.state & ofp.OFPPS_LINK_DOWN
+                                            or port.config & ofp.OFPPC_PORT_DOWN):
+            plan.extend(core.port_down(dpid, port.port_no))
+    return present, plan.extend(core.switch_enter(dpid, present))
+
+
+def as_text(plan: Plan) -> list[list[tuple[int, str]]]:
+    return [[(d, str(m)) for d, m in phase] for phase in plan.phases]
+
+
+def test_start_asks_for_our_flows_in_every_table_and_every_group():
+    flows, groups = Reconnect(MulticastCore()).start(7)
+    assert isinstance(flows, parser.OFPFlowStatsRequest) and flows.datapath.id == 7
+    assert (flows.table_id, flows.out_port, flows.out_group) == (ofp.OFPTT_ALL, ofp.OFPP_ANY, ofp.OFPG_ANY)
+    assert (flows.cookie, flows.cookie_mask) == (ofmsgs.COOKIE_TAG, ofmsgs.COOKIE_MASK)
+    assert isinstance(groups, parser.OFPGroupDescStatsRequest) and groups.datapath.id == 7
+
+
+def test_the_plan_equals_what_the_app_computed_before():
+    core, fabric = installed_fabric()
+    fabric.set_link(1, 3, False)  # leaf 3 reports its port to spine 1 down
+    old, new = restored(core), restored(core)
+    session = Reconnect(new)
+    for dpid in sorted(TOPO.switches):
+        parts = replies(fabric, dpid, session)
+        ports = list(fabric.ports(dpid).values())
+        present, plan = old_app_plan(old, dpid, parts, ports)
+        results = [session.on_reply(dpid, r, ports) for r in parts]
+        assert all(r is None for r in results[:-1])
+        done = results[-1]
+        assert done.dpid == dpid and done.present == present
+        assert as_text(done.plan) == as_text(plan) and done.plan.groups == plan.groups
+        assert not fabric.apply_all(done.plan)
+    assert new.installed == old.installed and new.view.ports_down == old.view.ports_down
+    k = next(k for k in TOPO.links if {k.a, k.b} == {1, 3})
+    assert new.view.ports_down == {(k.a, k.a_port), (k.b, k.b_port)}  # both ends reported it
+
+
+def test_multipart_replies_complete_only_when_both_last_parts_arrive_in_any_order():
+    core, fabric = installed_fabric()
+    leaf = 3
+    fabric.switches[leaf].reply_part_size = 1
+    results = []
+    for order in ("flows first", "groups first", "interleaved"):
+        session = Reconnect(restored(core))
+        parts = replies(fabric, leaf, session)
+        more = [bool(p.flags & ofp.OFPMPF_REPLY_MORE) for p in parts]
+        assert more.count(False) == 2 and len(parts) > 4  # one last part per request
+        if order == "groups first":
+            parts.sort(key=lambda p: isinstance(p, parser.OFPFlowStatsReply))
+        elif order == "interleaved":
+            f = [p for p in parts if isinstance(p, parser.OFPFlowStatsReply)]
+            g = [p for p in parts if not isinstance(p, parser.OFPFlowStatsReply)]
+            parts = [p for pair in itertools.zip_longest(f, g) for p in pair if p is not None]
+        outs = [session.on_reply(leaf, p) for p in parts]
+        assert all(o is None for o in outs[:-1]) and outs[-1] is not None
+        results.append((outs[-1].present, as_text(outs[-1].plan)))
+    assert results[0] == results[1] == results[2]
+    present = results[0][0]
+    assert set(present.groups) == {1, 2} and (1, 77) in present.flows
+
+
+def test_ports_reported_down_become_port_down_and_reserved_ports_are_ignored():
+    core = MulticastCore(TopologyView.from_topology(TOPO))
+    session = Reconnect(core)
+    down = parser.OFPPort(5, "02:00:00:00:00:05", b"p5", 0, ofp.OFPPS_LINK_DOWN, 0, 0, 0, 0, 0, 0)
+    admin = down._replace(port_no=6, state=0, config=ofp.OFPPC_PORT_DOWN)
+    up = down._replace(port_no=1, state=ofp.OFPPS_LIVE)
+    local = down._replace(port_no=ofp.OFPP_LOCAL)
+    session.start(3)
+    for reply in (parser.OFPFlowStatsReply(ofmsgs.datapath(3), body=[], flags=0),
+                  parser.OFPGroupDescStatsReply(ofmsgs.datapath(3), body=[], flags=0)):
+        done = session.on_reply(3, reply, [down, admin, up, local])
+    assert done is not None and done.present == SwitchState()
+    assert core.view.ports_down == {(3, 5), (3, 6)}
+    assert 3 in core.installed
+
+
+def test_replies_without_a_read_in_progress_are_ignored_and_start_restarts():
+    core, fabric = installed_fabric()
+    session = Reconnect(restored(core))
+    parts = replies(fabric, 3, session)
+    session.forget(3)
+    assert [session.on_reply(3, p) for p in parts] == [None] * len(parts)
+    assert session.on_reply(4, parts[-1]) is None  # never started
+    first = replies(fabric, 3, session)
+    session.on_reply(3, first[0])
+    again = replies(fabric, 3, session)  # reconnected mid-read: the read starts over
+    outs = [session.on_reply(3, p) for p in again]
+    assert outs[-1] is not None and all(o is None for o in outs[:-1])
+    session.start(3)
+    with pytest.raises(TypeError):
+        session.on_reply(3, parser.OFPPortDescStatsReply(ofmsgs.datapath(3), body=[], flags=0))
+
+
+def test_features_are_the_base_flows():
+    assert [str(m) for m in Reconnect.features(9)] == [str(m) for m in ofmsgs.base_flows(9)]
+
+
+@pytest.mark.parametrize("reason,state,config,port,expect", [
+    (ofp.OFPPR_MODIFY, ofp.OFPPS_LINK_DOWN, 0, 1, True),
+    (ofp.OFPPR_MODIFY, 0, ofp.OFPPC_PORT_DOWN, 1, True),
+    (ofp.OFPPR_DELETE, ofp.OFPPS_LIVE, 0, 1, True),
+    (ofp.OFPPR_ADD, ofp.OFPPS_LIVE, 0, 1, False),
+    (ofp.OFPPR_MODIFY, 0, 0, 2, False),
+    (ofp.OFPPR_MODIFY, ofp.OFPPS_LINK_DOWN, 0, ofp.OFPP_LOCAL, None),
+])
+def test_port_status(reason, state, config, port, expect):
+    desc = parser.OFPPort(port, "02:00:00:00:00:01", b"p", config, state, 0, 0, 0, 0, 0, 0)
+    assert port_status(reason, desc) is expect
+    assert port_is_down(desc) == bool(state & ofp.OFPPS_LINK_DOWN or config & ofp.OFPPC_PORT_DOWN)
