@@ -1,6 +1,6 @@
 """Measure, don't assume: goodput of the real CLI next to a raw Python UDP blast.
 
-``python -m hostagent.bench_net [--size-mb 200] [--rate 2000] [--big]``
+``python -m bench.net [--size-mb 200] [--rate 2000] [--big]``
 
 1. raw blast on loopback: one ``sendto`` per 1472-byte datagram vs one GSO ``sendmsg``
    per 44 datagrams (the ceiling a Python sender can reach);
@@ -25,45 +25,11 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from hostagent.net import SOL_UDP, UDP_SEGMENT
+from lab.models import make_model
+from lab.probes import blast
+from lab.sh import free_port
 
 REPO = Path(__file__).resolve().parent.parent
-DGRAM = 1472
-SEGS = 44
-
-_BLAST = r"""
-import socket, struct, sys, time
-dest, port, mode, secs = sys.argv[1], int(sys.argv[2]), sys.argv[3], float(sys.argv[4])
-s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-s.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_TTL, 1)
-if len(sys.argv) > 5:
-    s.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_IF, socket.inet_aton(sys.argv[5]))
-one = bytes(%d)
-many = one * %d
-cmsg = [(%d, %d, struct.pack("=H", %d))]
-sent = 0
-end = time.monotonic() + secs
-start = time.monotonic()
-while time.monotonic() < end:
-    for _ in range(64):
-        try:
-            if mode == "gso":
-                s.sendmsg([many], cmsg, 0, (dest, port)); sent += len(many)
-            else:
-                s.sendto(one, (dest, port)); sent += len(one)
-        except (BlockingIOError, ConnectionRefusedError):
-            pass
-print(sent * 8 / (time.monotonic() - start) / 1e6)
-""" % (DGRAM, SEGS, SOL_UDP, UDP_SEGMENT, DGRAM)
-
-
-def _blast(prefix: list[str], dest: str, port: int, mode: str, secs: float, iface: Optional[str] = None) -> float:
-    argv = [*prefix, sys.executable, "-c", _BLAST, dest, str(port), mode, str(secs)] + ([iface] if iface else [])
-    out = subprocess.run(argv, capture_output=True, text=True, timeout=secs + 20)
-    if out.returncode != 0:
-        return float("nan")
-    return float(out.stdout.strip())
-
 
 def _cli(prefix: list[str], *args: str) -> subprocess.Popen:
     return subprocess.Popen([*prefix, sys.executable, "-m", "hostagent.cli", *args], stdout=subprocess.PIPE,
@@ -112,25 +78,12 @@ def _row(label: str, res: dict) -> str:
             f"gso={s['gso']} rx-rss {rss:.0f} MB")
 
 
-def _make_file(directory: Path, size: int) -> Path:
-    path = directory / f"bench-src-{os.getpid()}.bin"
-    rng = random.Random(1)
-    block = rng.randbytes(1 << 20)
-    with open(path, "wb") as handle:
-        for i in range(size >> 20):
-            handle.write(block[i % 251:] + block[: i % 251])  # distinct chunks, cheap
-        handle.write(block[: size & ((1 << 20) - 1)])
-    return path
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _loopback_group() -> str:
+    return f"239.255.{random.randint(1, 254)}.{random.randint(1, 254)}:{free_port(socket.SOCK_DGRAM)}"
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m hostagent.bench_net", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.net", description=__doc__.splitlines()[0])
     parser.add_argument("--size-mb", type=int, default=200)
     parser.add_argument("--rate", type=float, default=3000.0, help="sender rate cap, Mbit/s")
     parser.add_argument("--blast-seconds", type=float, default=1.0)
@@ -142,13 +95,13 @@ def main(argv: Optional[list[str]] = None) -> int:
 
     print("raw Python UDP blast, loopback unicast (1472-byte datagrams, no receiver):")
     for mode in ("plain", "gso"):
-        print(f"  {mode:<6} {_blast([], '127.0.0.1', _free_port(), mode, args.blast_seconds):8.0f} Mbit/s")
+        print(f"  {mode:<6} {blast([], '127.0.0.1', free_port(socket.SOCK_DGRAM), mode, args.blast_seconds):8.0f} Mbit/s")
 
-    src = _make_file(shm, args.size_mb << 20)
+    src = make_model(shm / f"bench-src-{os.getpid()}.bin", args.size_mb << 20, seed=1).path
     try:
         print(f"modelcast over loopback multicast, 1 receiver, {args.size_mb} MB:")
         for gso in (False, True):
-            group = f"239.255.{random.randint(1, 254)}.{random.randint(1, 254)}:{_free_port()}"
+            group = _loopback_group()
             res = transfer(src, shm, group, "127.0.0.1", [([], "127.0.0.1")], [], args.rate, gso)
             print(_row(f"send GSO {'on' if gso else 'off'}", res), flush=True)
 
@@ -160,10 +113,10 @@ def main(argv: Optional[list[str]] = None) -> int:
                 print(f"kernel-bridge lab skipped: {reason}")
             else:
                 with BridgeLab(5) as lab:
-                    pfx = lambda h: ["ip", "netns", "exec", lab.ns(h)]  # noqa: E731
+                    pfx = lab.cmd
                     print("kernel-bridge netns lab (veth + Linux bridge):")
                     for mode in ("plain", "gso"):
-                        rate = _blast(pfx(0), "232.1.2.3", 40000, mode, args.blast_seconds, lab.ip(0))
+                        rate = blast(pfx(0), "232.1.2.3", 40000, mode, args.blast_seconds, lab.ip(0))
                         print(f"  raw blast to group, {mode:<5} {rate:8.0f} Mbit/s")
                     for loss in (False, True):
                         if loss:  # 1% random loss on every receiver's link from now on
@@ -181,9 +134,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         src.unlink(missing_ok=True)
 
     if args.big:
-        big = _make_file(shm, 1 << 30)
+        big = make_model(shm / f"bench-big-{os.getpid()}.bin", 1 << 30, seed=2).path
         try:
-            group = f"239.255.{random.randint(1, 254)}.{random.randint(1, 254)}:{_free_port()}"
+            group = _loopback_group()
             res = transfer(big, shm, group, "127.0.0.1", [([], "127.0.0.1")], [], args.rate, True)
             print("1 GB over loopback to /dev/shm:")
             print(_row("1 receiver, send GSO on", res))

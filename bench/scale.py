@@ -1,6 +1,6 @@
 """NACK-implosion scaling benchmark on the in-memory network (virtual time).
 
-``python -m hostagent.bench_scale [--receivers 8,16,...,1024] [--loss 0.01] [--size-mb 1] [--json]``
+``python -m bench.scale [--receivers 8,16,...,1024] [--loss 0.01] [--size-mb 1] [--json]``
 
 One sender, N receivers, each link dropping datagrams independently with probability
 ``--loss`` (both directions, every datagram type). For each N, with and without FEC, it
@@ -130,7 +130,7 @@ def format_table(rows: list[Row]) -> str:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m hostagent.bench_scale", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.scale", description=__doc__.split("\n\n")[0])
     parser.add_argument("--receivers", default="8,16,32,64,128,256,512,1024", help="comma-separated group sizes")
     parser.add_argument("--loss", type=float, default=0.01, help="independent loss per link and datagram")
     parser.add_argument("--size-mb", type=float, default=1.0, help="file size in MiB (small: N copies are simulated)")

@@ -1,1 +1,22 @@
-"""modelcast host agent: reliable chunked multicast transfer of model files."""
+"""modelcast host agent: reliable chunked multicast transfer of model files.
+
+In-process use: ``hostagent.send(path, SendOptions(...))`` and
+``hostagent.receive(out, ReceiveOptions(...))`` (see ``hostagent.api``); the CLI
+``modelcast send|recv`` is a thin shell over the same two calls.
+
+Because this package imports the API, its modules never ``from . import x`` (that
+imports the package, round a cycle): they import ``from .x import name`` or
+``import hostagent.x as x``.
+"""
+
+from .api import (
+    ControllerError, GroupAssigned, GroupJoined, HookResult, LeaveFailed, MetricsServing, ReceiveOptions,
+    ReceiveProgress, ReceiveResult, ReceiveStarted, ReceiverReport, SendOptions, SendProgress, SendResult,
+    SendStarted, TransferError, receive, send,
+)
+
+__all__ = [
+    "ControllerError", "GroupAssigned", "GroupJoined", "HookResult", "LeaveFailed", "MetricsServing",
+    "ReceiveOptions", "ReceiveProgress", "ReceiveResult", "ReceiveStarted", "ReceiverReport", "SendOptions",
+    "SendProgress", "SendResult", "SendStarted", "TransferError", "receive", "send",
+]

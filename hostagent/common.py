@@ -1,5 +1,6 @@
 """Pieces shared by the sender and receiver state machines: file layout arithmetic,
-storage interfaces, counters and events. Nothing here does I/O or reads a clock."""
+storage interfaces and counters (their events are in ``events``). Nothing here does I/O
+or reads a clock."""
 
 from __future__ import annotations
 
@@ -160,67 +161,3 @@ class Stats:
     @property
     def dropped(self) -> int:
         return sum(self.drops.values())
-
-
-# ----------------------------------------------------------------------------- events
-
-
-@dataclass(frozen=True)
-class ReceiverJoined:
-    receiver_id: int
-    addr: Addr
-
-
-@dataclass(frozen=True)
-class ReceiverCompleted:
-    receiver_id: int
-    addr: Addr
-
-
-@dataclass(frozen=True)
-class ReceiverFailed:
-    receiver_id: int
-    reason: str
-
-
-@dataclass(frozen=True)
-class StreamFinished:
-    """First pass over the file is out; from now on only repairs."""
-
-    total_seq: int
-
-
-@dataclass(frozen=True)
-class TransferFinished:
-    ok: bool
-    completed: tuple[int, ...]
-    failed: tuple[int, ...]
-    missing: int  # expected receivers never heard from
-
-
-@dataclass(frozen=True)
-class ManifestReceived:
-    session: int
-    name: str
-    file_size: int
-    chunk_count: int
-    resumed_chunks: int
-
-
-@dataclass(frozen=True)
-class ChunkCorrupt:
-    chunk: int
-
-
-@dataclass(frozen=True)
-class FileComplete:
-    file_digest: bytes
-
-
-@dataclass(frozen=True)
-class Failed:
-    reason: str
-
-
-SenderEvent = Union[ReceiverJoined, ReceiverCompleted, ReceiverFailed, StreamFinished, TransferFinished]
-ReceiverEvent = Union[ManifestReceived, ChunkCorrupt, FileComplete, Failed]

@@ -16,7 +16,7 @@ from typing import Any, Callable, Optional
 
 import requests
 
-from . import wire
+from .wire import KEY_LEN, derive_key
 
 TOKEN_ENV = "MODELCAST_TOKEN"
 
@@ -205,7 +205,7 @@ def group_endpoint(group: dict) -> tuple[str, int]:
 
 def session_key(group: dict) -> Optional[bytes]:
     """MAC key for the group: the controller's 32-byte hex ``key`` run through
-    ``wire.derive_key`` (sender and receiver both call this, so they agree)."""
+    ``derive_key`` (sender and receiver both call this, so they agree)."""
     text = group.get("key")
     if not text:
         return None
@@ -213,9 +213,9 @@ def session_key(group: dict) -> Optional[bytes]:
         raw = bytes.fromhex(text)
     except (TypeError, ValueError):
         raise ControllerError("controller returned a malformed group key") from None
-    if len(raw) != wire.KEY_LEN:
-        raise ControllerError(f"controller group key is {len(raw)} bytes, expected {wire.KEY_LEN}")
-    return wire.derive_key(raw)
+    if len(raw) != KEY_LEN:
+        raise ControllerError(f"controller group key is {len(raw)} bytes, expected {KEY_LEN}")
+    return derive_key(raw)
 
 
 def local_ip_towards(host: str, port: int = 9) -> str:

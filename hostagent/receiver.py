@@ -33,11 +33,10 @@ from typing import Optional
 import blake3
 import msgpack
 
-from . import fec, wire
-from .common import (
-    Addr, ChunkCorrupt, ChunkSink, Failed, FileComplete, Layout, ManifestReceived,
-    ReceiverEvent, Stats,
-)
+import hostagent.fec as fec
+import hostagent.wire as wire
+from .common import Addr, ChunkSink, Layout, Stats
+from .events import ChunkCorrupt, Failed, FileComplete, ManifestReceived, ReceiverEvent
 from .rangeset import RangeSet
 
 STATE_VERSION = 1

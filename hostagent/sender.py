@@ -1,19 +1,11 @@
 """Sender state machine (sans-IO).
 
 The sender streams every sequence number once to the group, repeating manifest pages
-so late joiners can start, then serves repairs. NACKs arriving within one aggregation
-window are merged: a range missed by one receiver is repaired by unicast to it, a range
-missed by ``multicast_threshold`` or more receivers by one multicast. Pacing is a token
-bucket whose rate follows AIMD below a hard cap.
-
-With ``fec_k`` set, the window is first swept per FEC block (k consecutive datagrams of
-a chunk): when several receivers miss *different* datagrams of one block, m parity
-shares are multicast instead (m chosen to minimise m + the leftovers of receivers that
-need more than m; see ``fec.plan_shares``). One share repairs a different single loss
-at every receiver, which is what makes independent loss at large group sizes cheap.
-``fec_overhead`` additionally sends parity with the stream, before anyone asks.
-Requests inside the FEC block still being streamed wait until the block is complete, so
-the sweep sees every receiver's losses in it.
+so late joiners can start, then serves repairs until every receiver verified the file,
+failed, or the repair phase timed out. It orchestrates two policies that live in their
+own modules: which NACKed ranges to repair and how (unicast, multicast or FEC parity) in
+``repair.RepairPlanner``, and how fast datagrams may leave (token bucket, AIMD) in
+``pacing.Pacer``. While streaming, repairs get at most ``repair_share`` of the sends.
 
 Like aioquic's QuicConnection it never touches a socket or a clock: feed it
 ``receive_datagram(data, addr, now)``, drain ``datagrams_to_send(now)``, and call
@@ -24,19 +16,20 @@ from __future__ import annotations
 
 import dataclasses
 import random
-from bisect import bisect_right
 from collections import deque
 from dataclasses import dataclass
 from typing import Optional
 
 import blake3
 
-from . import fec, wire
-from .common import (
-    GROUP, MAX_CHUNK_SIZE, MIN_CHUNK_SIZE, Addr, ChunkSource, Dest, Layout, ReceiverCompleted,
-    ReceiverFailed, ReceiverJoined, SenderEvent, Stats, StreamFinished, TransferFinished,
+import hostagent.fec as fec
+import hostagent.wire as wire
+from .common import GROUP, MAX_CHUNK_SIZE, MIN_CHUNK_SIZE, Addr, ChunkSource, Dest, Layout, Stats
+from .events import (
+    ReceiverCompleted, ReceiverFailed, ReceiverJoined, SenderEvent, StreamFinished, TransferFinished,
 )
-from .rangeset import RangeSet
+from .pacing import Pacer
+from .repair import ParityRepair, RepairPlanner
 
 _DIGESTS_PER_PAGE_BUDGET = 120  # bytes of a manifest page spent on fixed fields
 
@@ -64,7 +57,7 @@ class SenderConfig:
     # length; below it both shrink with (N / nack_group_scale) ** 2. Few receivers have
     # little to suppress, and every repair round would otherwise cost the full window
     # plus the full backoff. (FEC aggregation does not suffer: requests inside the block
-    # still being streamed wait for the block to complete, see _defer_open_block.)
+    # still being streamed wait for the block to complete, see repair.py.)
     nack_group_scale: int = 64
     min_nack_window: float = 0.002
     multicast_threshold: int = 2
@@ -169,8 +162,8 @@ class Sender:
     ) -> None:
         config.validate()
         self.config = config
-        self._rng = rng or random.Random()
-        self.session = config.session_id if config.session_id is not None else self._rng.getrandbits(64)
+        rng = rng or random.Random()
+        self.session = config.session_id if config.session_id is not None else rng.getrandbits(64)
         self._source = source
         self.layout = Layout(source.size, config.chunk_size, config.payload_size)
         self.pages = manifest or build_manifest_pages(source, config, self.session)
@@ -190,38 +183,19 @@ class Sender:
         self._sends_streaming = 0
         self._repairs_streaming = 0
 
-        # pacing
-        self.rate = config.rate_bps * config.initial_rate_fraction
-        self._tokens = float(min(config.burst_bytes, config.max_datagram))
-        self._last_refill = now
-        self._last_decrease = -1e18
-        self._congested = False
-
-        # NACK aggregation and repair queue
-        self._window_deadline: Optional[float] = None
-        self._window: dict[int, RangeSet] = {}
-        self._window_any = RangeSet()  # union of this window's requests
-        self._repairs: deque[list] = deque()  # [dest_receiver_id or None, start, end]
-        self._queued_mc = RangeSet()
-        self._queued_uc: dict[int, RangeSet] = {}
-        self._recent_mc: deque[tuple[float, int, int]] = deque()
-        self._recent_mc_set = RangeSet()
-        self._recent_uc: deque[tuple[float, int, int, int]] = deque()  # (time, rid, start, end)
-        self._recent_uc_set = RangeSet()  # unicast-repaired lately: a second asker means shared loss
-        self._recent_uc_by: dict[int, RangeSet] = {}
-
-        # FEC
-        self._fec_k = config.fec_k
-        self._parity_pending: dict[int, int] = {}  # block first seq -> shares queued, unsent
-        self._next_share: dict[int, int] = {}  # block first seq -> next on-demand share index
-        self._proactive: deque[list] = deque()  # parity jobs riding with the stream
-        self._fec_credit = 0.0
-        # Blocks where parity was recently counted on to repair a receiver: if it asks
-        # again there (lost the shares, or cannot decode), serve it plain instead.
-        self._parity_for: dict[int, RangeSet] = {}
-        self._parity_for_log: deque[tuple[float, int, int, int]] = deque()  # (time, rid, first, end)
-        # Share indices [k_eff, k_eff + reserve) belong to proactive parity.
-        self._share_reserve = (int(config.fec_overhead * config.fec_k) + 2) if config.fec_overhead else 0
+        self._pacer = Pacer(
+            config.rate_bps, now, initial_fraction=config.initial_rate_fraction,
+            min_fraction=config.min_rate_fraction, ramp_increase=config.ramp_increase_fraction,
+            increase=config.aimd_increase_fraction, decrease=config.aimd_decrease,
+            interval=config.aimd_interval, burst_bytes=config.burst_bytes, max_datagram=config.max_datagram,
+        )
+        self._repair = RepairPlanner(
+            self.layout, rng, multicast_threshold=config.multicast_threshold,
+            repair_holdoff=config.repair_holdoff, shared_loss_memory=config.shared_loss_memory,
+            min_nack_window=config.min_nack_window, fec_k=config.fec_k, fec_overhead=config.fec_overhead,
+            fec_anticipate=config.fec_anticipate,
+        )
+        self._parity_cache: dict[tuple[int, int, int], bytes] = {}  # encoded shares of queued jobs
 
         # receivers
         self.peers: dict[int, _Peer] = {}
@@ -259,17 +233,19 @@ class Sender:
         self._control = []
         if self.closed:
             return self._account(out)
-        self._refill(now)
+        pacer = self._pacer
+        pacer.refill(now)
         if self._stream_done_at is not None and now >= self._last_end + self.config.end_interval:
             out.append((self._end(False), GROUP))
             self._last_end = now
-        while self._tokens > -1e-6:
+        while pacer.may_send:
             item = self._next_paced(now)
             if item is None:
                 break
-            self._tokens -= len(item[0])
+            pacer.spend(len(item[0]))
             out.append(item)
-        if self._next_seq >= self.layout.total_seq and self._stream_done_at is None and not self._proactive:
+        if (self._next_seq >= self.layout.total_seq and self._stream_done_at is None
+                and not self._repair.proactive_queued):
             self._stream_done_at = now
             self._events.append(StreamFinished(self.layout.total_seq))
             out.append((self._end(False), GROUP))
@@ -281,11 +257,10 @@ class Sender:
         if self.closed:
             return None
         times: list[float] = []
-        if self._window_deadline is not None:
-            times.append(self._window_deadline)
+        if self._repair.deadline is not None:
+            times.append(self._repair.deadline)
         if self._has_paced_work():
-            bps = self.rate / 8
-            times.append(self._last_refill + max(0.0, -self._tokens) / bps + 1e-9)
+            times.append(self._pacer.next_send_at())
         if self._stream_done_at is None:
             times.append(self._last_manifest + self.config.manifest_interval)
         else:
@@ -303,7 +278,7 @@ class Sender:
         """Close the NACK window, time out stragglers, finish when everyone is done."""
         if self.closed:
             return
-        if self._window_deadline is not None and now >= self._window_deadline:
+        if self._repair.deadline is not None and now >= self._repair.deadline:
             self._close_window(now)
         if self._stream_done_at is None and now >= self._last_manifest + self.config.manifest_interval:
             self._queue_manifest_page(now)
@@ -318,6 +293,16 @@ class Sender:
     @property
     def completed(self) -> list[int]:
         return sorted(p.receiver_id for p in self.peers.values() if p.completed)
+
+    @property
+    def rate(self) -> float:
+        """Current pacing rate, bits/s."""
+        return self._pacer.rate
+
+    @property
+    def stream_position(self) -> int:
+        """Sequence numbers sent once so far (first-pass progress)."""
+        return self._next_seq
 
     @property
     def group_size(self) -> int:
@@ -355,7 +340,7 @@ class Sender:
         if not peer.completed:
             peer.completed = True
             peer.failed = False
-            self._queued_uc.pop(peer.receiver_id, None)
+            self._repair.forget(peer.receiver_id)
             self._events.append(ReceiverCompleted(peer.receiver_id, addr))
             self._maybe_finish(now)
 
@@ -379,7 +364,7 @@ class Sender:
 
     def _fail(self, peer: _Peer, reason: str) -> None:
         peer.failed = True
-        self._queued_uc.pop(peer.receiver_id, None)
+        self._repair.forget(peer.receiver_id)
         self._events.append(ReceiverFailed(peer.receiver_id, reason))
 
     def _maybe_finish(self, now: float) -> None:
@@ -410,183 +395,30 @@ class Sender:
             return
         peer.loss = msg.loss_permille / 1000
         limit = self._next_seq  # cannot repair what has not been sent yet
-        requests = self._window.setdefault(msg.receiver_id, RangeSet())
-        self._expire_recent(now)
-        for start, end in msg.ranges:
-            end = min(end, limit)
-            if end <= start:
-                continue
-            if msg.loss_permille > self.config.loss_tolerance * 1000:
-                # The receiver measures loss of first transmissions since its last NACK,
-                # so this is recent loss, not a late joiner catching up.
-                self._congested = True
-            for s, e in self._recent_mc_set.missing(start, end) if self._recent_mc_set else [(start, end)]:
-                self._request(msg.receiver_id, requests, s, e)
-        if not requests:
-            del self._window[msg.receiver_id]
-        # Open a window also for a congestion signal alone (every request may have gone
-        # straight to multicast): closing it applies the decrease and clears the flag,
-        # which would otherwise stay latched and stop the additive increase for good.
-        if self._window_deadline is None and (self._window or self._congested):
-            self._window_deadline = now + self.nack_window
-
-    def _request(self, rid: int, requests: RangeSet, start: int, end: int) -> None:
-        """Record one receiver's request. With a threshold of 2, a second asker (in this
-        window, or one we recently repaired by unicast) makes the loss shared: multicast
-        at once instead of waiting for the window, so the repair arrives before most
-        receivers' NACK timers fire and suppresses them. (With FEC on, everything waits
-        for the window: a per-block sweep of all askers picks parity or plain repair.)"""
-        if self.config.multicast_threshold <= 2 and not self._fec_k:
-            own = self._recent_uc_by.get(rid)
-            for known in (self._window_any, self._recent_uc_set):
-                if not known:
-                    continue
-                parts = known.covered(start, end)
-                if known is self._recent_uc_set and own:
-                    # Re-asking for our own lost unicast repair is not a second asker.
-                    parts = [p for s, e in parts for p in own.missing(s, e)]
-                for s, e in parts:
-                    self._queue_repair_split(s, e, {rid}, shared=True)
-                    for other in self._window.values():
-                        other.discard(s, e)
-                    self._window_any.discard(s, e)
-            # Whatever is now queued for multicast needs no per-receiver record.
-            for s, e in self._queued_mc.missing(start, end) if self._queued_mc else [(start, end)]:
-                requests.add(s, e)
-                self._window_any.add(s, e)
-            return
-        requests.add(start, end)
+        ranges = [(start, min(end, limit)) for start, end in msg.ranges if min(end, limit) > start]
+        if ranges and msg.loss_permille > self.config.loss_tolerance * 1000:
+            # The receiver measures loss of first transmissions since its last NACK,
+            # so this is recent loss, not a late joiner catching up.
+            self._pacer.congested = True
+        window = self.nack_window
+        self._repair.nack(msg.receiver_id, ranges, now, window)
+        self._repair.open_window(now + window, self._pacer.congested)
 
     def _close_window(self, now: float) -> None:
-        """Sweep all receivers' requests: shared ranges go multicast once, the rest unicast."""
-        self._window_deadline = None
-        self._expire_recent(now)
-        window, self._window = self._window, {}
-        self._window_any = RangeSet()
-        if self._fec_k:
-            window = self._defer_open_block(window, now)
-            window = self._plan_parity(window, now)
-        points: list[tuple[int, int, int]] = []  # (position, +1/-1, receiver)
-        for rid, ranges in window.items():
-            for s, e in ranges:
-                points.append((s, 1, rid))
-                points.append((e, -1, rid))
-        points.sort(key=lambda p: (p[0], p[1]))
-        active: set[int] = set()
-        prev = None
-        for pos, kind, rid in points:
-            if prev is not None and active and pos > prev:
-                self._queue_repair(prev, pos, active)
-            if kind == 1:
-                active.add(rid)
-            else:
-                active.discard(rid)
-            prev = pos
-        if self._congested and now - self._last_decrease >= self.config.aimd_interval:
-            self._refill(now)
-            floor = self.config.rate_bps * self.config.min_rate_fraction
-            self.rate = max(floor, self.rate * self.config.aimd_decrease)
-            self._last_decrease = now
+        """Plan the repairs of the window's requests, then react to its congestion signal."""
+        self._repair.close_window(now, self.peers, self._next_seq, self._pacer.rate, self.nack_window)
+        if self._pacer.window_closed(now):
             self.stats.rate_decreases += 1
-        self._congested = False
 
-    def _defer_open_block(self, window: dict[int, RangeSet], now: float) -> dict[int, RangeSet]:
-        """Keep requests inside the FEC block still being streamed for the next window:
-        the other receivers' losses in that block are not known yet, and once they are,
-        one parity share may serve them all (receivers of a small group NACK at once, so
-        without this their requests would mostly go out as separate plain repairs)."""
-        nxt = self._next_seq
-        if nxt >= self.layout.total_seq:
-            return window
-        cut = fec.block_of(self.layout, nxt, self._fec_k)[2]
-        if cut >= nxt:
-            return window  # the stream stands at a block boundary: nothing is open
-        kept: dict[int, RangeSet] = {}
-        for rid, ranges in window.items():
-            if ranges.count_in(cut, nxt):
-                held = self._window.setdefault(rid, RangeSet())
-                for s, e in ranges.covered(cut, nxt):
-                    held.add(s, e)
-                ranges.discard(cut, nxt)
-            if ranges:
-                kept[rid] = ranges
-        if self._window:
-            # Closes once the block is complete (or a window later, to check again).
-            left = (self.layout.total_seq if cut >= self.layout.total_seq else
-                    fec.block_of(self.layout, nxt, self._fec_k)[3]) - nxt
-            eta = left * (self.layout.payload_size + wire.DATA_HEADER_LEN) * 8 / self.rate
-            self._window_deadline = now + min(eta, self.nack_window) + self.config.min_nack_window
-        return kept
-
-    def _queue_repair(self, start: int, end: int, receivers: set[int]) -> None:
-        threshold = self.config.multicast_threshold
-        if self._fec_k and threshold <= 2 and len(receivers) < threshold and self._recent_uc_set:
-            # FEC mode skips _request's early escalation; do it here: a range recently
-            # repaired by unicast to someone *else* is a shared loss.
-            own = RangeSet()
-            for rid in receivers:
-                for s, e in self._recent_uc_by.get(rid, ()):
-                    own.add(s, e)
-            parts = [p for s, e in self._recent_uc_set.covered(start, end) for p in own.missing(s, e)]
-            for s, e, inside in _alternate(start, end, parts):
-                self._queue_repair_split(s, e, receivers, shared=inside)
-            return
-        if threshold > 2 and len(receivers) + 1 >= threshold and self._recent_uc_set:
-            # (threshold <= 2 escalates as NACKs arrive, in _request)
-            # Parts someone else recently needed too: the loss is shared, go multicast.
-            for s, e, inside in _alternate(start, end, self._recent_uc_set.missing(start, end)):
-                self._queue_repair_split(s, e, receivers, shared=not inside)
-            return
-        self._queue_repair_split(start, end, receivers, shared=False)
-
-    def _queue_repair_split(self, start: int, end: int, receivers: set[int], shared: bool) -> None:
-        if shared or len(receivers) >= self.config.multicast_threshold:
-            for s, e in self._queued_mc.missing(start, end):
-                self._queued_mc.add(s, e)
-                self._repairs.append([None, s, e])
-            return
-        for rid in receivers:
-            queued = self._queued_uc.setdefault(rid, RangeSet())
-            for s, e in queued.missing(start, end):
-                if self._queued_mc.contains_range(s, e):
-                    continue
-                queued.add(s, e)
-                self._repairs.append([rid, s, e])
-
-    def _expire_recent(self, now: float) -> None:
-        holdoff = self.config.repair_holdoff if self.config.repair_holdoff is not None else self.nack_window
-        while self._recent_mc and now - self._recent_mc[0][0] > holdoff:
-            _, s, e = self._recent_mc.popleft()
-            self._recent_mc_set.discard(s, e)
-        while self._recent_uc and now - self._recent_uc[0][0] > self.config.shared_loss_memory:
-            _, rid, s, e = self._recent_uc.popleft()
-            self._recent_uc_set.discard(s, e)
-            own = self._recent_uc_by.get(rid)
-            if own is not None:
-                own.discard(s, e)
-                if not own:
-                    del self._recent_uc_by[rid]
-
-    # ------------------------------------------------------------------ pacing
-
-    def _refill(self, now: float) -> None:
-        elapsed = now - self._last_refill
-        if elapsed <= 0:
-            return
-        cfg = self.config
-        if not self._congested and now - self._last_decrease >= cfg.aimd_interval and self.rate < cfg.rate_bps:
-            # Additive increase, proportional to elapsed clean time, never above the cap.
-            step = cfg.ramp_increase_fraction if self.stats.rate_decreases == 0 else cfg.aimd_increase_fraction
-            self.rate = min(cfg.rate_bps, self.rate + cfg.rate_bps * step * elapsed / cfg.aimd_interval)
-        self._tokens = min(float(cfg.burst_bytes), self._tokens + elapsed * self.rate / 8)
-        self._last_refill = now
+    # ------------------------------------------------------------------ paced sends
 
     def _has_paced_work(self) -> bool:
-        return bool(self._repairs) or bool(self._proactive) or self._next_seq < self.layout.total_seq
+        return self._repair.queued or self._repair.proactive_queued or self._next_seq < self.layout.total_seq
 
     def _next_paced(self, now: float) -> Optional[tuple[bytes, Dest]]:
-        if self._proactive:
-            raw = self._pop_parity(self._proactive)
+        share = self._repair.next_proactive()
+        if share is not None:
+            raw = self._parity(share)
             self.stats.parity_proactive += 1
             self.stats.parity_bytes_proactive += len(raw)
             return raw, GROUP
@@ -594,7 +426,7 @@ class Sender:
         if streaming and self._since_manifest >= self.config.manifest_every:
             self._since_manifest = 0
             return self._manifest_page(now), GROUP
-        take_repair = bool(self._repairs) and (
+        take_repair = self._repair.queued and (
             not streaming or self._repairs_streaming <= self.config.repair_share * self._sends_streaming
         )
         if take_repair:
@@ -613,175 +445,45 @@ class Sender:
         data = self._data(seq, repair=False, multicast=True)
         self.stats.data_sent += 1
         self.stats.data_bytes_sent += len(data)
-        if self.config.fec_overhead:
-            self._maybe_proactive(seq)
+        self._repair.stream_sent(seq)
         return data, GROUP
 
     def _pop_repair(self, now: float) -> Optional[tuple[bytes, Dest]]:
-        while self._repairs:
-            entry = self._repairs[0]
-            if entry[0] is _PARITY_JOB:
-                first = fec.block_bounds(self.layout, entry[1], entry[2], self._fec_k)[0]
-                raw = self._pop_parity(self._repairs)
-                left = self._parity_pending.get(first, 0) - 1
-                if left > 0:
-                    self._parity_pending[first] = left
-                else:
-                    self._parity_pending.pop(first, None)
-                self.stats.repairs_parity += 1
-                self.stats.repair_bytes_parity += len(raw)
-                return raw, GROUP
-            rid, seq, end = entry
-            entry[1] += 1
-            if entry[1] >= end:
-                self._repairs.popleft()
-            if rid is None:
-                self._queued_mc.discard(seq)
-                raw = self._data(seq, repair=True, multicast=True)
-                self._recent_mc.append((now, seq, seq + 1))
-                self._recent_mc_set.add(seq)
-                self.stats.repairs_multicast += 1
-                self.stats.repair_bytes_multicast += len(raw)
-                return raw, GROUP
-            queued = self._queued_uc.get(rid)
-            peer = self.peers.get(rid)
-            if queued is None or peer is None or peer.completed or peer.failed:
-                continue  # receiver finished or gave up: skip its leftovers
-            queued.discard(seq)
-            self._recent_uc.append((now, rid, seq, seq + 1))
-            self._recent_uc_set.add(seq)
-            self._recent_uc_by.setdefault(rid, RangeSet()).add(seq)
-            raw = self._data(seq, repair=True, multicast=False)
-            self.stats.repairs_unicast += 1
-            self.stats.repair_bytes_unicast += len(raw)
-            return raw, peer.addr
-        return None
+        repair = self._repair.next_repair(now, self.peers)
+        if repair is None:
+            return None
+        if isinstance(repair, ParityRepair):
+            raw = self._parity(repair)
+            self.stats.repairs_parity += 1
+            self.stats.repair_bytes_parity += len(raw)
+            return raw, GROUP
+        if repair.receiver_id is None:
+            raw = self._data(repair.seq, repair=True, multicast=True)
+            self.stats.repairs_multicast += 1
+            self.stats.repair_bytes_multicast += len(raw)
+            return raw, GROUP
+        raw = self._data(repair.seq, repair=True, multicast=False)
+        self.stats.repairs_unicast += 1
+        self.stats.repair_bytes_unicast += len(raw)
+        return raw, self.peers[repair.receiver_id].addr
 
-    # ------------------------------------------------------------------ FEC
+    # ------------------------------------------------------------------ building datagrams
 
-    def _plan_parity(self, window: dict[int, RangeSet], now: float) -> dict[int, RangeSet]:
-        """Per FEC block of this window's requests: queue parity where it is cheaper
-        than per-datagram repair and take the covered requests out of the window."""
-        k = self._fec_k
-        layout = self.layout
-        log = self._parity_for_log
-        while log and now - log[0][0] > self.config.shared_loss_memory:
-            _, rid, first, end = log.popleft()
-            served = self._parity_for.get(rid)
-            if served is not None:
-                served.discard(first, end)
-                if not served:
-                    del self._parity_for[rid]
-        # Candidate blocks: those with a request boundary inside them. A block only ever
-        # asked for whole (a late joiner, a blackout) is no cheaper with parity.
-        blocks: dict[int, tuple[int, int, int]] = {}  # first -> (end, chunk, block)
-        for ranges in window.values():
-            for s, e in ranges:
-                for seq in (s, e - 1):
-                    chunk, block, first, end = fec.block_of(layout, seq, k)
-                    if end <= self._next_seq and first not in blocks and (s > first or e < end):
-                        blocks[first] = (end, chunk, block)
-        if not blocks:
-            return window
-        firsts = sorted(blocks)
-        ends = [blocks[f][0] for f in firsts]
-        # needs[first][rid] = that receiver's requested seqs inside the block
-        needs: dict[int, dict[int, list[tuple[int, int]]]] = {}
-        for rid, ranges in window.items():
-            served = self._parity_for.get(rid)
-            for s, e in ranges:
-                i = bisect_right(ends, s)
-                while i < len(firsts) and firsts[i] < e:
-                    f = firsts[i]
-                    if served is None or f not in served:
-                        needs.setdefault(f, {}).setdefault(rid, []).append((max(s, f), min(e, ends[i])))
-                    i += 1
-        active = [p for p in self.peers.values() if not (p.completed or p.failed)]
-        group_loss = sum(p.loss for p in active)
-        threshold = self.config.multicast_threshold
-        for first, asks in needs.items():
-            end, chunk, block = blocks[first]
-            k_eff = end - first
-            pending = self._parity_pending.get(first, 0)
-            counts = {rid: sum(e - s for s, e in parts) - pending for rid, parts in asks.items()}
-            wanting = {rid: r for rid, r in counts.items() if r > 0}
-            if not wanting:  # shares already queued cover everyone
-                for rid in asks:
-                    window[rid].discard(first, end)
-                continue
-            span = fec.MAX_SHARES - k_eff - self._share_reserve
-            m, cost = fec.plan_shares(wanting.values(), span)
-            if m == 0:
-                continue
-            askers = [0] * k_eff
-            for rid in wanting:
-                for s, e in asks[rid]:
-                    for seq in range(s, e):
-                        askers[seq - first] += 1
-            plain = sum(1 if c >= threshold else c for c in askers)
-            others = k_eff * (group_loss - sum(self.peers[r].loss for r in asks if r in self.peers))
-            anticipate = self.config.fec_anticipate and others >= 0.5
-            if not (cost < plain or (cost == plain and anticipate)):
-                continue
-            self._repairs.append([_PARITY_JOB, chunk, block, m, None])
-            self._parity_pending[first] = pending + m
-            for rid, parts in asks.items():
-                window[rid].discard(first, end)
-                self._parity_for.setdefault(rid, RangeSet()).add(first, end)
-                log.append((now, rid, first, end))
-                extra = counts[rid] - m  # needs more shares than the multicast brings
-                for s, e in parts:
-                    if extra <= 0:
-                        break
-                    take = min(extra, e - s)
-                    window[rid].add(s, s + take)
-                    extra -= take
-        return {rid: ranges for rid, ranges in window.items() if ranges}
+    def _data(self, seq: int, repair: bool, multicast: bool) -> bytes:
+        chunk, offset, length = self.layout.locate(seq)
+        payload = self._source.read(chunk * self.layout.chunk_size + offset, length)
+        return wire.encode_data(wire.Data(self.session, seq, chunk, offset, payload, repair, multicast), self._key)
 
-    def _maybe_proactive(self, seq: int) -> None:
-        """After the last datagram of a block: owe it fec_overhead * k_eff shares."""
-        chunk, block, first, end = fec.block_of(self.layout, seq, self._fec_k)
-        if seq != end - 1:
-            return
-        self._fec_credit += self.config.fec_overhead * (end - first)
-        count = int(self._fec_credit)
-        if count:
-            self._fec_credit -= count
-            self._proactive.append([_PARITY_JOB, chunk, block, min(count, self._share_reserve), None])
+    def _parity(self, share: ParityRepair) -> bytes:
+        """One parity datagram; a job's shares are encoded together, on its first share."""
+        key = (share.chunk, share.block, share.index)
+        if key not in self._parity_cache:
+            encoded = self._parity_datagrams(share.chunk, share.block, share.first, share.end, share.remaining)
+            for index, raw in zip(share.remaining, encoded):
+                self._parity_cache[(share.chunk, share.block, index)] = raw
+        return self._parity_cache.pop(key)
 
-    def _pop_parity(self, queue: deque[list]) -> bytes:
-        """Next share of the parity job at the head of ``queue`` (encoded on first use)."""
-        entry = queue[0]
-        if entry[4] is None:
-            _, chunk, block, count, _ = entry
-            first, end = fec.block_bounds(self.layout, chunk, block, self._fec_k)
-            k_eff = end - first
-            if queue is self._proactive:
-                indices = list(range(k_eff, k_eff + count))
-            else:
-                indices = self._share_indices(first, k_eff, count)
-            entry[4] = deque(self._parity_datagrams(chunk, block, first, end, indices))
-        raw = entry[4].popleft()
-        if not entry[4]:
-            queue.popleft()
-        return raw
-
-    def _share_indices(self, first: int, k_eff: int, count: int) -> list[int]:
-        """Fresh share indices for a block, so shares from successive rounds combine.
-        Blocks start at a random offset and the map is bounded: a forgotten block
-        restarting somewhere else rarely repeats a share a receiver already holds."""
-        base = k_eff + self._share_reserve
-        span = fec.MAX_SHARES - base
-        nxt = self._next_share.pop(first, None)
-        if nxt is None:
-            nxt = self._rng.randrange(span)
-            if len(self._next_share) >= _SHARE_MAP_LIMIT:
-                del self._next_share[next(iter(self._next_share))]
-        indices = [base + (nxt + i) % span for i in range(count)]
-        self._next_share[first] = (nxt + count) % span
-        return indices
-
-    def _parity_datagrams(self, chunk: int, block: int, first: int, end: int, indices: list[int]) -> list[bytes]:
+    def _parity_datagrams(self, chunk: int, block: int, first: int, end: int, indices: tuple[int, ...]) -> list[bytes]:
         layout = self.layout
         size = fec.symbol_size(layout, first)
         base = chunk * layout.chunk_size
@@ -793,17 +495,10 @@ class Sender:
         shares = fec.encode(symbols, indices)
         return [
             wire.encode_parity(
-                wire.Parity(self.session, chunk, block, self._fec_k, fec.MAX_SHARES, index, share), self._key
+                wire.Parity(self.session, chunk, block, self.config.fec_k, fec.MAX_SHARES, index, share), self._key
             )
             for index, share in zip(indices, shares)
         ]
-
-    # ------------------------------------------------------------------ building datagrams
-
-    def _data(self, seq: int, repair: bool, multicast: bool) -> bytes:
-        chunk, offset, length = self.layout.locate(seq)
-        payload = self._source.read(chunk * self.layout.chunk_size + offset, length)
-        return wire.encode_data(wire.Data(self.session, seq, chunk, offset, payload, repair, multicast), self._key)
 
     def _manifest_page(self, now: float) -> bytes:
         page = self.pages[self._page_cursor]
@@ -829,21 +524,3 @@ class Sender:
         self.stats.datagrams_out += len(out)
         self.stats.bytes_out += sum(len(d) for d, _ in out)
         return out
-
-
-_PARITY_JOB = object()  # marks a parity entry in the repair queue
-_SHARE_MAP_LIMIT = 1 << 16
-
-
-def _alternate(start: int, end: int, parts: list[tuple[int, int]]) -> list[tuple[int, int, bool]]:
-    """``[start, end)`` cut at the sorted, disjoint ``parts``: (s, e, inside-a-part) pieces
-    in order, empty pieces left out."""
-    pieces: list[tuple[int, int, bool]] = []
-    pos = start
-    for s, e in parts + [(end, end)]:
-        if s > pos:
-            pieces.append((pos, s, False))
-        if e > s:
-            pieces.append((s, e, True))
-        pos = e
-    return pieces

@@ -11,9 +11,9 @@ import sys
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from hostagent.net import SOL_UDP, UDP_SEGMENT
 from lab.sh import HOST_IFACE, LabError, NetnsHosts
 
-UDP_SEGMENT = 103  # setsockopt(IPPROTO_UDP, UDP_SEGMENT, size): Linux UDP GSO
 DGRAM = 1472  # one 1500-MTU frame of UDP payload
 GSO_SEGS = 44  # datagrams per GSO send (44 x 1472 < 65,507)
 
@@ -55,7 +55,7 @@ s.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_TTL, 1)
 if len(sys.argv) > 7:
     s.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_IF, socket.inet_aton(sys.argv[7]))
 buf = bytearray(%(dgram)d * (%(segs)d if mode == "gso" else 1))
-cmsg = [(17, %(udp_segment)d, struct.pack("=H", %(dgram)d))] if mode == "gso" else []
+cmsg = [(%(sol_udp)d, %(udp_segment)d, struct.pack("=H", %(dgram)d))] if mode == "gso" else []
 sent = 0
 t0 = time.monotonic()
 end = t0 + secs
@@ -71,7 +71,7 @@ for seq in range(count):
     if interval:
         time.sleep(max(0.0, t0 + (seq + 1) * interval - now))
 print(sent * 8 / max(1e-9, time.monotonic() - t0) / 1e6, flush=True)
-""" % {"dgram": DGRAM, "segs": GSO_SEGS, "udp_segment": UDP_SEGMENT}
+""" % {"dgram": DGRAM, "segs": GSO_SEGS, "sol_udp": SOL_UDP, "udp_segment": UDP_SEGMENT}
 
 # Captures UDP datagrams whose destination lies in a CIDR (argv: cidr outfile) as they
 # arrive at the host's NIC (AF_PACKET: no socket-level join, so no IGMP report): "a

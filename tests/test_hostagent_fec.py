@@ -6,33 +6,20 @@ from __future__ import annotations
 
 import json
 import random
+from functools import partial
 
-import blake3
 import pytest
 
 from bench import scale as bench_scale
 from hostagent import fec, wire
-from hostagent.common import GROUP, ChunkCorrupt, FileComplete, Layout, MemorySink, MemorySource, TransferFinished
+from hostagent.common import GROUP, Layout, MemorySink, MemorySource
+from hostagent.events import ChunkCorrupt
 from hostagent.receiver import Receiver, ReceiverConfig
-from hostagent.sender import Sender, SenderConfig
+from hostagent.sender import Sender
 from lab.netsim import SENDER_ADDR, Sim, SourceBackedSink
+from tests.support.agents import KIB, assert_all_verified, payload, sender_config, stream_out
 
-from tests.test_hostagent_protocol import KIB, payload
-
-def config(**overrides) -> SenderConfig:
-    base = dict(chunk_size=64 * KIB, payload_size=1024, rate_bps=20e6)
-    base.update(overrides)
-    return SenderConfig(**base)
-
-
-def assert_all_verified(sim: Sim, data: bytes) -> None:
-    digest = blake3.blake3(data).digest()
-    for rec in sim.receivers:
-        assert rec.receiver is not None and rec.receiver.complete, rec.addr
-        assert bytes(rec.sink.data) == data
-        assert FileComplete(digest) in rec.events
-    finished = [e for e in sim.sender_events if isinstance(e, TransferFinished)]
-    assert len(finished) == 1 and finished[0].ok
+config = partial(sender_config, chunk_size=64 * KIB)  # FEC blocks of up to 64 datagrams fit a chunk
 
 
 def independent_loss(seed: int, rate: float):
@@ -92,11 +79,7 @@ def test_plan_shares_minimises_parity_plus_leftovers() -> None:
 def _streamed_sender(**overrides) -> tuple[Sender, bytes, float]:
     data = payload(128 * KIB)
     sender = Sender(MemorySource(data), config(rate_bps=1e9, fec_k=16, **overrides), 0.0, rng=random.Random(3))
-    now = 0.0
-    while sender._next_seq < sender.layout.total_seq:
-        now += 0.001
-        sender.datagrams_to_send(now)
-    return sender, data, now
+    return sender, data, stream_out(sender)
 
 
 def test_different_single_losses_in_one_block_get_one_parity_share() -> None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import random
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -21,9 +20,9 @@ import pytest
 
 from lab.bridge import BridgeLab
 from lab.sh import LabError
+from tests.support.agents import REPO, cli_argv
 from tests.support.lab import need_lab, skip_or_fail
 
-REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.lab
 
 
@@ -42,10 +41,6 @@ def lab4():
         assert lab.leftovers() == [], "lab objects left behind"
 
 
-def _cli(*args: str) -> list[str]:
-    return [sys.executable, "-m", "hostagent.cli", *args]
-
-
 def test_three_receivers_with_random_and_bursty_loss(lab4: BridgeLab, tmp_path: Path) -> None:
     model = tmp_path / "model.bin"
     model.write_bytes(random.Random(7).randbytes(6 * 1024 * 1024 + 12345))
@@ -59,14 +54,14 @@ def test_three_receivers_with_random_and_bursty_loss(lab4: BridgeLab, tmp_path: 
     for host in (1, 2, 3):
         out = tmp_path / f"out{host}.bin"
         receivers[host] = lab4.popen(
-            host, *_cli("recv", "--group", addr, "--source", lab4.ip(0), "--out", str(out), "--json", "--timeout", "30"),
+            host, *cli_argv("recv", "--group", addr, "--source", lab4.ip(0), "--out", str(out), "--json", "--timeout", "30"),
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
         )
     # Receivers join before the stream: give them a moment (late joiners would also be
     # fine -- manifests repeat -- but then the first chunks arrive as repairs).
     time.sleep(0.5)
     sender = lab4.popen(
-        0, *_cli("send", str(model), "--group", addr, "--interface", lab4.ip(0), "--receivers", "3",
+        0, *cli_argv("send", str(model), "--group", addr, "--interface", lab4.ip(0), "--receivers", "3",
                 "--rate", "300", "--gso", "--json", "--timeout", "40"),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
     )

@@ -2,65 +2,24 @@
 
 from __future__ import annotations
 
-import os
 import json
+import os
 import random
-import socket
-import struct
-import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from hostagent.cli import main
 from hostagent.net import FileSink, FileSource, parse_group
-
-LOOPBACK = "127.0.0.1"
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        probe.bind((LOOPBACK, 0))
-        return probe.getsockname()[1]
-
-
-def _loopback_multicast_works(group: str, port: int) -> bool:
-    try:
-        rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        rx.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        rx.bind((group, port))
-        mreq = struct.pack("4s4s4s", socket.inet_aton(group), socket.inet_aton(LOOPBACK), socket.inet_aton(LOOPBACK))
-        rx.setsockopt(socket.IPPROTO_IP, 39, mreq)
-        rx.settimeout(1.0)
-        tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        tx.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_IF, socket.inet_aton(LOOPBACK))
-        tx.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_TTL, 0)
-        tx.bind((LOOPBACK, 0))
-        tx.sendto(b"probe", (group, port))
-        ok = rx.recvfrom(16)[0] == b"probe"
-        rx.close()
-        tx.close()
-        return ok
-    except OSError:
-        return False
-
-
-def _cli(*args: str) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-m", "hostagent.cli", *args],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-    )
+from lab.models import make_model
+from tests.support.agents import LOOPBACK, cli, loopback_group
 
 
 def test_send_and_receive_over_loopback_multicast(tmp_path) -> None:
-    group = f"239.255.{random.randint(1, 254)}.{random.randint(1, 254)}"
-    port = _free_port()
-    if not _loopback_multicast_works(group, port):
-        pytest.skip("multicast on the loopback interface is not available here")
-    model = tmp_path / "model.bin"
-    model.write_bytes(random.Random(4).randbytes(1_500_000))
+    group, port = loopback_group()
+    model = make_model(tmp_path / "model.bin", 1_500_000, seed=4)
     addr = f"{group}:{port}"
     common = ["--group", addr, "--interface", LOOPBACK, "--json"]
     # One output in /dev/shm (tmpfs, where a loader would mmap it from) when present.
@@ -69,28 +28,27 @@ def test_send_and_receive_over_loopback_multicast(tmp_path) -> None:
     marker = tmp_path / "loaded.txt"
     hook = f"{sys.executable} -c \"import sys, pathlib; pathlib.Path(sys.argv[1]).write_text(str(pathlib.Path(sys.argv[2]).stat().st_size))\" {marker}"
     receivers = [
-        _cli("recv", *common, "--source", LOOPBACK, "--out", str(outs[i]), "--timeout", "20",
-             *(["--on-complete", hook] if i == 0 else []))
+        cli("recv", *common, "--source", LOOPBACK, "--out", str(outs[i]), "--timeout", "20",
+            *(["--on-complete", hook] if i == 0 else []))
         for i in range(2)
     ]
     try:
-        import time
-
         time.sleep(0.5)  # let the receivers join before the stream starts (not a pass/fail timing)
-        sender = _cli("send", str(model), *common, "--ttl", "0", "--receivers", "2", "--rate", "200",
-                      "--chunk-size", "65536", "--timeout", "20")
+        sender = cli("send", str(model.path), *common, "--ttl", "0", "--receivers", "2", "--rate", "200",
+                     "--chunk-size", "65536", "--timeout", "20")
         out, err = sender.communicate(timeout=60)
         results = [json.loads(r.communicate(timeout=60)[0]) for r in receivers]
         assert sender.returncode == 0, err
         summary = json.loads(out)
         assert summary["ok"] and [r["ok"] for r in summary["receivers"]] == [True, True]
+        assert summary["file_digest"] == model.digest
         assert summary["bytes"] == 1_500_000 and summary["goodput_mbit"] > 0
         for key in ("seconds", "datagrams_sent", "repair_bytes", "nacks"):
             assert key in summary
         for i, (proc, result) in enumerate(zip(receivers, results)):
             assert proc.returncode == 0
             assert result["ok"] and result["digest_ok"] and result["file_digest"] == summary["file_digest"]
-            assert outs[i].read_bytes() == model.read_bytes()
+            assert outs[i].read_bytes() == model.path.read_bytes()
             assert not Path(str(outs[i]) + ".modelcast-state").exists()
         assert results[0]["on_complete"]["exit_status"] == 0 and results[1]["on_complete"] is None
         assert marker.read_text() == "1500000"  # the hook ran on the finished, full-size file

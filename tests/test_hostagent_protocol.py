@@ -9,29 +9,17 @@ from __future__ import annotations
 
 import random
 
-import blake3
 import pytest
 
 from hostagent import wire
-from hostagent.common import (
-    GROUP, ChunkCorrupt, Failed, FileComplete, Layout, ManifestReceived, MemorySink,
-    MemorySource, ReceiverCompleted, ReceiverFailed, TransferFinished,
+from hostagent.common import GROUP, Layout, MemorySink, MemorySource
+from hostagent.events import (
+    ChunkCorrupt, Failed, ManifestReceived, ReceiverCompleted, ReceiverFailed, TransferFinished,
 )
 from hostagent.receiver import Receiver, ReceiverConfig
-from hostagent.sender import Sender, SenderConfig
+from hostagent.sender import Sender
 from lab.netsim import SENDER_ADDR, Sim
-
-KIB = 1024
-
-
-def payload(size: int, seed: int = 1) -> bytes:
-    return random.Random(seed).randbytes(size)
-
-
-def config(**overrides) -> SenderConfig:
-    base = dict(chunk_size=4 * KIB, payload_size=1024, rate_bps=20e6)
-    base.update(overrides)
-    return SenderConfig(**base)
+from tests.support.agents import KIB, assert_all_verified, payload, sender_config, stream_out
 
 
 def seq_of(datagram: bytes) -> int | None:
@@ -45,23 +33,12 @@ def seq_of(datagram: bytes) -> int | None:
     return None
 
 
-def assert_all_verified(sim: Sim, data: bytes) -> None:
-    digest = blake3.blake3(data).digest()
-    for rec in sim.receivers:
-        assert rec.receiver is not None and rec.receiver.complete, rec.addr
-        assert bytes(rec.sink.data) == data
-        assert FileComplete(digest) in rec.events
-    finished = [e for e in sim.sender_events if isinstance(e, TransferFinished)]
-    assert len(finished) == 1 and finished[0].ok
-    assert len(finished[0].completed) == len(sim.receivers)
-
-
 # --------------------------------------------------------------------------- basics
 
 
 def test_lossless_transfer_needs_no_repair() -> None:
     data = payload(300 * KIB)
-    sim = Sim(data, config(expected_receivers=8))
+    sim = Sim(data, sender_config(expected_receivers=8))
     for _ in range(8):
         sim.add_receiver()
     sim.run(until=30)
@@ -76,7 +53,7 @@ def test_lossless_transfer_needs_no_repair() -> None:
 def test_empty_and_tiny_files() -> None:
     for size in (0, 1, 4 * KIB, 4 * KIB + 1):
         data = payload(size)
-        sim = Sim(data, config(expected_receivers=2))
+        sim = Sim(data, sender_config(expected_receivers=2))
         sim.add_receiver()
         sim.add_receiver()
         sim.run(until=30)
@@ -86,7 +63,7 @@ def test_empty_and_tiny_files() -> None:
 def test_multi_page_manifest_with_loss() -> None:
     """Enough chunks that the digest list spans several MANIFEST pages."""
     data = payload(200 * KIB)
-    cfg = config(chunk_size=1 * KIB, payload_size=512, expected_receivers=4)
+    cfg = sender_config(chunk_size=1 * KIB, payload_size=512, expected_receivers=4)
     lossy = random.Random(3)
     sim = Sim(data, cfg, loss=lambda now, s, d, b: lossy.random() < 0.05)
     for _ in range(4):
@@ -114,7 +91,7 @@ def test_shared_loss_nacks_stay_flat_as_group_grows(receivers: int) -> None:
             return True
         return False
 
-    sim = Sim(data, config(expected_receivers=receivers), seed=receivers, shared_loss=shared)
+    sim = Sim(data, sender_config(expected_receivers=receivers), seed=receivers, shared_loss=shared)
     for _ in range(receivers):
         sim.add_receiver()
     sim.run(until=60)
@@ -141,7 +118,7 @@ def test_independent_one_percent_loss() -> None:
         return False
 
     n = 16
-    sim = Sim(data, config(expected_receivers=n), loss=loss)
+    sim = Sim(data, sender_config(expected_receivers=n), loss=loss)
     for _ in range(n):
         sim.add_receiver()
     sim.run(until=60)
@@ -157,7 +134,7 @@ def test_burst_loss_slows_the_sender_but_never_above_cap() -> None:
     """A switch buffer overrun: everyone loses everything for 20 ms of virtual time."""
     data = payload(1024 * KIB)
     cap = 20e6
-    sim = Sim(data, config(rate_bps=cap, expected_receivers=4),
+    sim = Sim(data, sender_config(rate_bps=cap, expected_receivers=4),
               loss=lambda now, s, d, b: 0.1 <= now < 0.12 and s == SENDER_ADDR)
     for _ in range(4):
         sim.add_receiver()
@@ -182,7 +159,7 @@ def test_burst_loss_slows_the_sender_but_never_above_cap() -> None:
 
 def test_receiver_that_loses_everything_for_a_while_recovers() -> None:
     data = payload(512 * KIB)
-    sim = Sim(data, config(expected_receivers=4),
+    sim = Sim(data, sender_config(expected_receivers=4),
               loss=lambda now, s, d, b: d == ("rx", 3) and 0.05 <= now < 0.15)
     for _ in range(4):
         sim.add_receiver()
@@ -198,7 +175,7 @@ def test_receiver_that_loses_everything_for_a_while_recovers() -> None:
 
 def test_late_joiner_at_half_way_catches_up() -> None:
     data = payload(512 * KIB)
-    sim = Sim(data, config(expected_receivers=4))
+    sim = Sim(data, sender_config(expected_receivers=4))
     for _ in range(3):
         sim.add_receiver()
     total = sim.sender.layout.total_seq
@@ -217,7 +194,7 @@ def test_late_joiner_at_half_way_catches_up() -> None:
 
 def test_restarted_receiver_resumes_from_saved_state() -> None:
     data = payload(512 * KIB)
-    sim = Sim(data, config(expected_receivers=3))
+    sim = Sim(data, sender_config(expected_receivers=3))
     sim.add_receiver()
     sim.add_receiver()
     crashy = sim.add_receiver(ReceiverConfig(state_save_every=4), down=(0.1, 0.2))
@@ -237,7 +214,7 @@ def test_resumed_receiver_keeps_its_id() -> None:
     """A restarted receiver is the same receiver to the sender, not a failed one plus a
     stranger: its id travels in the resume record."""
     data = payload(64 * KIB)
-    sim = Sim(data, config(expected_receivers=1))
+    sim = Sim(data, sender_config(expected_receivers=1))
     first = sim.add_receiver(ReceiverConfig(receiver_id=None))
     sim.run(until=60)
     state = first.receiver.snapshot_state()
@@ -248,7 +225,7 @@ def test_resumed_receiver_keeps_its_id() -> None:
 
 def test_straggler_is_reported_failed_without_holding_back_others() -> None:
     data = payload(256 * KIB)
-    cfg = config(expected_receivers=4, receiver_timeout=1.0, idle_timeout=0.5)
+    cfg = sender_config(expected_receivers=4, receiver_timeout=1.0, idle_timeout=0.5)
     sim = Sim(data, cfg, loss=lambda now, s, d, b: (d == ("rx", 3) or s == ("rx", 3)) and now >= 0.03)
     for _ in range(4):
         sim.add_receiver()
@@ -268,7 +245,7 @@ def test_straggler_is_reported_failed_without_holding_back_others() -> None:
 
 def test_expected_receiver_that_never_shows_up() -> None:
     data = payload(64 * KIB)
-    sim = Sim(data, config(expected_receivers=3, idle_timeout=0.5))
+    sim = Sim(data, sender_config(expected_receivers=3, idle_timeout=0.5))
     sim.add_receiver()
     sim.add_receiver()
     sim.run(until=60)
@@ -282,7 +259,7 @@ def test_expected_receiver_that_never_shows_up() -> None:
 def test_duplicated_datagrams_do_not_double_count() -> None:
     data = payload(256 * KIB)
     dup = random.Random(5)
-    sim = Sim(data, config(expected_receivers=4), duplicate=lambda *a: dup.random() < 0.3)
+    sim = Sim(data, sender_config(expected_receivers=4), duplicate=lambda *a: dup.random() < 0.3)
     for _ in range(4):
         sim.add_receiver()
     sim.run(until=60)
@@ -297,7 +274,7 @@ def test_duplicated_datagrams_do_not_double_count() -> None:
 def test_forged_and_malformed_datagrams_are_counted_and_dropped() -> None:
     key = wire.derive_key(b"session secret")
     data = payload(128 * KIB)
-    sim = Sim(data, config(expected_receivers=2, key=key))
+    sim = Sim(data, sender_config(expected_receivers=2, key=key))
     victim = sim.add_receiver()
     sim.add_receiver()
     session = sim.sender.session
@@ -336,7 +313,7 @@ def test_corrupt_payload_without_mac_is_caught_by_chunk_digest() -> None:
     def drop_target(now, src, dst, datagram) -> bool:
         return dst == ("rx", 0) and seq_of(datagram) == target
 
-    sim = Sim(data, config(expected_receivers=1), loss=drop_target)
+    sim = Sim(data, sender_config(expected_receivers=1), loss=drop_target)
     rec = sim.add_receiver()
     layout = sim.sender.layout
     chunk, offset, length = layout.locate(target)
@@ -350,9 +327,9 @@ def test_corrupt_payload_without_mac_is_caught_by_chunk_digest() -> None:
 
 def test_wrong_session_is_ignored() -> None:
     data = payload(64 * KIB)
-    sim = Sim(data, config(expected_receivers=1))
+    sim = Sim(data, sender_config(expected_receivers=1))
     rec = sim.add_receiver()
-    other = Sender(MemorySource(payload(64 * KIB, seed=9)), config(session_id=sim.sender.session ^ 1), 0.0)
+    other = Sender(MemorySource(payload(64 * KIB, seed=9)), sender_config(session_id=sim.sender.session ^ 1), 0.0)
     foreign = [d for t in range(10) for d, _ in other.datagrams_to_send(t * 0.001)]
     assert len(foreign) > 5
     for i, d in enumerate(foreign):  # after the real manifest locked the session
@@ -365,14 +342,9 @@ def test_wrong_session_is_ignored() -> None:
 # --------------------------------------------------------------------------- exact unit behaviour
 
 
-def _sender_with_stream_out(n_receivers: int = 0) -> tuple[Sender, float]:
-    data = payload(64 * KIB)
-    sender = Sender(MemorySource(data), config(rate_bps=1e9, multicast_threshold=2), 0.0)
-    now = 0.0
-    while sender._next_seq < sender.layout.total_seq:
-        now += 0.001
-        sender.datagrams_to_send(now)
-    return sender, now
+def _sender_with_stream_out() -> tuple[Sender, float]:
+    sender = Sender(MemorySource(payload(64 * KIB)), sender_config(rate_bps=1e9, multicast_threshold=2), 0.0)
+    return sender, stream_out(sender)
 
 
 def test_sender_aggregates_nacks_into_one_multicast_repair() -> None:
@@ -391,7 +363,7 @@ def test_sender_aggregates_nacks_into_one_multicast_repair() -> None:
 
 def test_receiver_suppresses_nack_when_multicast_repair_arrives_first() -> None:
     data = payload(64 * KIB)
-    sender = Sender(MemorySource(data), config(), 0.0)
+    sender = Sender(MemorySource(data), sender_config(), 0.0)
     sink = MemorySink()
     rx = Receiver(sink, ReceiverConfig(receiver_id=7, nack_backoff=0.3), 0.0, rng=random.Random(1))
     datagrams = [d for t in range(20) for d, _ in sender.datagrams_to_send(t * 0.001)]
@@ -413,7 +385,7 @@ def test_receiver_suppresses_nack_when_multicast_repair_arrives_first() -> None:
 
 def test_damaged_resume_record_means_start_over() -> None:
     data = payload(16 * KIB)
-    sender = Sender(MemorySource(data), config(), 0.0)
+    sender = Sender(MemorySource(data), sender_config(), 0.0)
     rx = Receiver(MemorySink(), ReceiverConfig(), 0.0, state=b"\xc1not msgpack")
     for d, _ in sender.datagrams_to_send(0.0):
         rx.receive_datagram(d, SENDER_ADDR, 0.0)
@@ -423,7 +395,7 @@ def test_damaged_resume_record_means_start_over() -> None:
 
 def test_receiver_fails_when_sender_goes_silent() -> None:
     data = payload(16 * KIB)
-    sender = Sender(MemorySource(data), config(), 0.0)
+    sender = Sender(MemorySource(data), sender_config(), 0.0)
     rx = Receiver(MemorySink(), ReceiverConfig(idle_timeout=2.0), 0.0)
     first = sender.datagrams_to_send(0.0)[0][0]  # manifest only
     rx.receive_datagram(first, SENDER_ADDR, 0.0)

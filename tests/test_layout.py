@@ -38,12 +38,14 @@ def allowed(source: str, target: str) -> bool:
     return LAYER[tb] <= LAYER[ta] and (ta, tb) not in FORBIDDEN_SAME_LAYER
 
 
-def _imports(text: str, package: str) -> set[str]:
-    """Every module of ours that source ``text`` (in ``package``) imports, anywhere."""
-    found: set[str] = set()
+def _imports(text: str, package: str) -> list[set[str]]:
+    """The modules of ours that source ``text`` (in ``package``) imports, anywhere in it:
+    one set of candidates per imported name (``from pkg import x`` is ``pkg.x`` if that is
+    a module, else ``pkg``)."""
+    found: list[set[str]] = []
     for node in ast.walk(ast.parse(text)):
         if isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names)
+            found.extend({alias.name} for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
             if node.level:  # relative: resolve against the importing package
                 base = package.split(".")
@@ -51,9 +53,18 @@ def _imports(text: str, package: str) -> set[str]:
                 mod = ".".join([*base, node.module] if node.module else base)
             else:
                 mod = node.module or ""
-            found.add(mod)
-            found.update(f"{mod}.{alias.name}" for alias in node.names)  # `from pkg import mod`
-    return {m for m in found if m.split(".")[0] in LAYER}
+            found.extend({f"{mod}.{alias.name}", mod} for alias in node.names)
+    return [c for c in found if next(iter(c)).split(".")[0] in LAYER]
+
+
+def _resolve(candidates: set[str], modules: dict[str, Path]) -> str | None:
+    """The most specific existing module among ``candidates`` (or their parents)."""
+    for target in sorted(candidates, key=len, reverse=True):
+        while target and target not in modules:
+            target = target.rpartition(".")[0]
+        if target:
+            return target
+    return None
 
 
 def _graph() -> nx.DiGraph:
@@ -63,10 +74,8 @@ def _graph() -> nx.DiGraph:
     for name, path in modules.items():
         g.add_node(name)
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-        for target in _imports(path.read_text(), package):
-            # `from pkg import name` names a module only if such a module exists
-            while target and target not in modules:
-                target = target.rpartition(".")[0]
+        for candidates in _imports(path.read_text(), package):
+            target = _resolve(candidates, modules)
             if target and target != name:
                 g.add_edge(name, target)
     return g
@@ -124,6 +133,9 @@ def test_imports_hidden_in_functions_and_relative_ones_are_seen() -> None:
         "    from bench.net import main\n"
         "    import topologies.spec\n"
     )
-    got = _imports(text, "hostagent.sub")
-    assert {"hostagent.sub.wire", "hostagent.lab.sh", "bench.net", "topologies.spec"} <= got
-    assert "os" not in got
+    modules = dict.fromkeys(["hostagent", "hostagent.sub", "hostagent.sub.wire", "bench.net",
+                             "topologies.spec", "topologies"], Path())
+    got = {_resolve(c, modules) for c in _imports(text, "hostagent.sub")}
+    # `from . import wire` is the module wire, not the package; `from ..lab import sh`
+    # resolves inside hostagent (no such module: its nearest existing parent)
+    assert got == {"hostagent.sub.wire", "hostagent", "bench.net", "topologies.spec"}

@@ -1,0 +1,687 @@
+"""The host agent as a library: one call sends a file to a group, one call receives it.
+
+What ``modelcast send`` / ``modelcast recv`` do, callable in-process (e.g. by an
+inference server that wants its weights without shelling out)::
+
+    result = hostagent.receive("/dev/shm/llama.bin", hostagent.ReceiveOptions(
+        controller="http://10.0.0.254:8080", model="llama", source="10.0.0.1"))
+    if result.ok:
+        load(result.out)
+
+Both calls block until the transfer ends. They report through callbacks instead of
+printing: ``on_event`` gets the protocol's events (``hostagent.events``) and the
+orchestration events below, ``on_progress`` a progress snapshot at most every
+``PROGRESS_INTERVAL`` seconds. Anything that stops a transfer from starting raises
+``TransferError`` or ``ControllerError`` (``str()`` is one printable line; socket
+failures surface as ``OSError``); a transfer that ran returns its result, ``ok`` or not.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import resource
+import shlex
+import socket
+import subprocess
+import time
+from dataclasses import asdict, dataclass, field, fields
+from typing import IO, Any, Callable, Optional, Union
+from urllib.parse import urlsplit
+
+from .common import Stats
+from .control import ControllerClient, ControllerError, group_endpoint, local_ip_towards, session_key
+from .events import (
+    Failed, FileComplete, ReceiverCompleted, ReceiverEvent, ReceiverFailed, SenderEvent, StreamFinished,
+    TransferFinished,
+)
+from .net import (
+    FileSink, FileSource, parse_group, parse_ipv4, path_mtu, receiver_sockets, run, sender_socket,
+)
+from .receiver import Receiver, ReceiverConfig
+from .sender import Sender, SenderConfig, build_manifest_pages
+from .wire import DATA_HEADER_LEN, MAC_LEN, derive_key
+
+__all__ = [
+    "ControllerError", "GroupAssigned", "GroupJoined", "HookResult", "LeaveFailed", "MetricsServing",
+    "ReceiveOptions", "ReceiveProgress", "ReceiveResult", "ReceiveStarted", "ReceiverReport", "SendOptions",
+    "SendProgress", "SendResult", "SendStarted", "TransferError", "receive", "send",
+]
+
+_ANY = "0.0.0.0"
+PROGRESS_INTERVAL = 0.1  # seconds between on_progress calls
+_PROBE_GROUP = "232.0.1.1"  # any SSM address takes the multicast route
+
+
+class TransferError(Exception):
+    """A transfer could not start (bad option, unreadable file, port in use...);
+    ``str()`` is one printable line."""
+
+
+# ----------------------------------------------------------------------------- options
+
+
+@dataclass(kw_only=True)
+class _Common:
+    """Where the group comes from and how to reach it: exactly one of ``group``
+    ("ADDR:PORT") and ``controller`` (base URL; it assigns the group, supplies the MAC
+    key and installs the tree)."""
+
+    group: Optional[str] = None
+    controller: Optional[str] = None
+    token: Optional[str] = None  # controller bearer token (default: $MODELCAST_TOKEN)
+    model: Optional[str] = None  # model name registered with the controller
+    ip: Optional[str] = None  # this host's IPv4 as the controller knows it (default: routing table)
+    request_timeout: float = 10.0  # seconds per controller request
+    interface: str = _ANY  # local IPv4 address of the interface to use
+    secret: Optional[bytes] = None  # shared secret: every datagram is MAC'd (overrides the controller key)
+    metrics_port: Optional[int] = None  # serve Prometheus metrics here during the transfer
+    metrics_addr: str = "127.0.0.1"
+
+
+@dataclass(kw_only=True)
+class SendOptions(_Common):
+    """How to send (defaults are the CLI's)."""
+
+    receivers: Optional[int] = None  # expected receivers: ok once all verified
+    receiver_ips: tuple[str, ...] = ()  # receivers to register with the controller
+    wait_timeout: float = 60.0  # seconds to wait for the controller's tree
+    poll: float = 0.5  # controller polling interval, seconds
+    rate_mbit: float = 1000.0  # rate cap (the sender starts at 70%)
+    chunk_size: int = 1024 * 1024
+    fec_k: int = 64  # datagrams per FEC parity block (0: off)
+    fec_overhead: float = 0.0  # proactive parity per data datagram (needs fec_k)
+    payload_size: Optional[int] = None  # data bytes per datagram (None: fill one frame of the route's MTU)
+    ttl: int = 1
+    gso: bool = False  # batch datagrams with UDP GSO
+    timeout: float = 60.0  # max seconds of repair after the stream
+
+
+@dataclass(kw_only=True)
+class ReceiveOptions(_Common):
+    """How to receive (defaults are the CLI's); ``source`` is the sender's IPv4 address
+    (the join is source-specific)."""
+
+    source: str
+    timeout: float = 30.0  # give up after this long without the sender
+    gro: bool = True  # ask the kernel for UDP GRO
+    on_complete: Optional[str] = None  # command run as `CMD OUT_PATH` after verification
+    hook_stdout: Optional[IO[Any]] = None  # where that command's stdout goes (None: ours)
+
+
+# ----------------------------------------------------------------------------- events
+
+
+@dataclass(frozen=True)
+class GroupAssigned:
+    """Send via controller: the group exists; now waiting for the tree (and receivers)."""
+
+    group_id: Optional[int]
+    model: str
+    group: tuple[str, int]
+    receivers: Optional[int]
+
+
+@dataclass(frozen=True)
+class GroupJoined:
+    """Receive via controller: this host joined the group's tree."""
+
+    group_id: int
+    group: tuple[str, int]
+    ip: str
+
+
+@dataclass(frozen=True)
+class SendStarted:
+    path: str
+    size: int
+    group: tuple[str, int]
+    local: tuple[str, int]  # the sender socket: receivers' NACKs come back here
+
+
+@dataclass(frozen=True)
+class ReceiveStarted:
+    out: str
+    group: tuple[str, int]
+
+
+@dataclass(frozen=True)
+class MetricsServing:
+    addr: str
+    port: int
+
+
+@dataclass(frozen=True)
+class LeaveFailed:
+    """Leaving the group after the transfer failed; the transfer's result stands."""
+
+    group_id: int
+    error: str
+
+
+@dataclass(frozen=True)
+class SendProgress:
+    sent: int  # file bytes streamed once (first pass)
+    total: int
+    repairs: int  # repair datagrams sent, unicast + multicast
+    verified: int  # receivers that verified the file
+    expected: int  # receivers expected (or seen, when none were)
+
+
+@dataclass(frozen=True)
+class ReceiveProgress:
+    received: int  # file bytes held
+    total: int
+    repairs: int  # repair datagrams received
+    nacks: int  # NACK datagrams sent
+
+
+Event = Union[SenderEvent, ReceiverEvent, GroupAssigned, GroupJoined, SendStarted, ReceiveStarted,
+              MetricsServing, LeaveFailed]
+OnEvent = Callable[[Event], None]
+
+# ----------------------------------------------------------------------------- results
+
+
+@dataclass
+class ReceiverReport:
+    """One receiver as the sender saw it."""
+
+    id: str  # 16 hex digits
+    addr: str
+    ok: bool
+    error: Optional[str]  # why not ok: its failure reason, or "incomplete"
+
+
+@dataclass
+class SendResult:
+    """What ``modelcast send --json`` prints (``summary()``), plus the protocol's
+    final event and, when not ``ok``, the reason in one line (``error``)."""
+
+    ok: bool
+    file: str
+    bytes: int
+    file_digest: str  # BLAKE3 hex
+    group: str  # "ADDR:PORT"
+    group_id: Optional[int]  # the controller's group id (None without a controller)
+    seconds: float
+    goodput_mbit: float
+    datagrams_sent: int
+    bytes_sent: int
+    repair_bytes: int
+    repair_bytes_unicast: int
+    repair_bytes_multicast: int
+    nacks: int
+    rate_decreases: int
+    receivers: list[ReceiverReport]
+    stream_s: Optional[float]  # when the first pass was out, seconds from the start
+    completed_s: list[float]  # when each receiver verified, seconds from the start
+    final_rate_mbit: float
+    repairs_parity: int
+    repairs_unicast: int
+    repairs_multicast: int
+    expected_receivers: Optional[int]
+    never_seen: int  # expected receivers never heard from
+    authenticated: bool
+    gso: bool
+    gso_datagrams: int
+    send_buffer_drops: int
+    dropped: dict[str, int]  # datagrams dropped, by reason
+    peak_rss_mb: float  # of this process
+    cpu_s: float  # of this process
+    finished: TransferFinished = field(metadata={"summary": False})
+    error: Optional[str] = field(default=None, metadata={"summary": False})
+
+    def summary(self) -> dict:
+        """The JSON summary object."""
+        return _summary(self)
+
+
+@dataclass
+class HookResult:
+    """The ``on_complete`` command's outcome (127 if it could not be started)."""
+
+    command: list[str]
+    exit_status: int
+    error: Optional[str]
+    seconds: float
+
+
+@dataclass
+class ReceiveResult:
+    """What ``modelcast recv --json`` prints (``summary()``)."""
+
+    ok: bool  # verified, and the on_complete command (if any) exited 0
+    digest_ok: bool
+    out: str
+    bytes: int
+    receiver_id: str
+    file_digest: Optional[str]  # BLAKE3 hex, when verified
+    error: Optional[str]  # why not verified
+    group: str
+    seconds: float
+    goodput_mbit: float  # first datagram to verification
+    datagrams_received: int
+    bytes_received: int
+    nacks: int
+    repairs_received: int
+    duplicates: int
+    resumed_chunks: int
+    authenticated: bool
+    verify_s: Optional[float]
+    nacks_suppressed: int
+    parity_received: int
+    fec_recovered: int
+    nack_seqs: int
+    gro: bool
+    gro_batches: int
+    dropped: dict[str, int]
+    peak_rss_mb: float  # of this process
+    cpu_s: float  # of this process
+    on_complete: Optional[HookResult]
+
+    def summary(self) -> dict:
+        """The JSON summary object."""
+        out = _summary(self)
+        if out["on_complete"] is not None and out["on_complete"]["error"] is None:
+            del out["on_complete"]["error"]
+        return out
+
+
+def _summary(result: Union[SendResult, ReceiveResult]) -> dict:
+    out = asdict(result)
+    for spec in fields(result):
+        if not spec.metadata.get("summary", True):
+            del out[spec.name]
+    return out
+
+
+# ----------------------------------------------------------------------------- send
+
+
+def send(
+    path: str,
+    options: Optional[SendOptions] = None,
+    *,
+    on_event: Optional[OnEvent] = None,
+    on_progress: Optional[Callable[[SendProgress], None]] = None,
+) -> SendResult:
+    """Send ``path`` to the group until every expected receiver verified it (or the
+    repair phase gave up); ``result.ok`` says which."""
+    opts = options or SendOptions()
+    if not os.path.isfile(path):
+        raise TransferError(f"no such file: {path}")
+    _check_group_source(opts)
+    interface = _ipv4(opts.interface)
+    source = FileSource(path)
+    try:
+        return _send(path, opts, source, interface, on_event or _ignore, on_progress)
+    finally:
+        source.close()
+
+
+def _send(path: str, opts: SendOptions, source: FileSource, interface: str, emit: OnEvent,
+          on_progress: Optional[Callable[[SendProgress], None]]) -> SendResult:
+    payload_size, max_datagram = _datagram_sizes(opts, interface)
+    config = SenderConfig(
+        chunk_size=opts.chunk_size, payload_size=payload_size, max_datagram=max_datagram,
+        rate_bps=opts.rate_mbit * 1e6, fec_k=opts.fec_k, fec_overhead=opts.fec_overhead,
+        expected_receivers=opts.receivers, key=_derive(opts.secret),
+        name=os.path.basename(path)[:100], linger_timeout=opts.timeout,
+        session_id=random.SystemRandom().getrandbits(64),
+    )
+    try:
+        config.validate()
+    except ValueError as exc:
+        raise TransferError(str(exc)) from None
+    # Digest the file once up front: the manifest needs it, and it names the model.
+    pages = build_manifest_pages(source, config, config.session_id)  # type: ignore[arg-type]
+    group_id: Optional[int] = None
+    if opts.controller:
+        client = _client(opts)
+        src_ip = _ipv4(opts.ip or (interface if interface != _ANY else local_ip_towards(_url_host(opts.controller))))
+        model = opts.model or pages[0].file_digest.hex()
+        info = client.create_group(model, src_ip, list(opts.receiver_ips) or None)
+        group = group_endpoint(info)
+        if config.key is None:
+            config.key = session_key(info)
+        group_id = info.get("id")
+        emit(GroupAssigned(group_id, model, group, opts.receivers))
+        client.wait_installed(info, opts.receivers, opts.wait_timeout, opts.poll)
+        if interface == _ANY:
+            interface = src_ip  # the tree is rooted at this address: send from it
+    else:
+        group = _group(opts.group)
+    sock = sender_socket(interface, opts.ttl)
+    try:
+        started = time.monotonic()
+        sender = Sender(source, config, started, manifest=pages)
+        emit(SendStarted(path, source.size, group, sock.getsockname()))
+        metrics = _serve_metrics(opts, "sender", lambda: sender.stats, lambda: (_sent_bytes(sender), source.size), emit)
+        try:
+            return _stream(path, opts, sender, sock, group, group_id, started, emit, on_progress)
+        finally:
+            _stop(metrics)
+    finally:
+        sock.close()
+
+
+def _stream(path: str, opts: SendOptions, sender: Sender, sock: socket.socket, group: tuple[str, int],
+            group_id: Optional[int], started: float, emit: OnEvent,
+            on_progress: Optional[Callable[[SendProgress], None]]) -> SendResult:
+    """Run the sender's loop to its TransferFinished and summarise."""
+    reasons: dict[int, str] = {}
+    timeline: dict[str, Any] = {"completed_s": []}
+    throttle = _Throttle()
+
+    def on_event(event: object) -> None:
+        if isinstance(event, StreamFinished):
+            timeline["stream_s"] = round(time.monotonic() - started, 3)
+        elif isinstance(event, ReceiverCompleted):
+            timeline["completed_s"].append(round(time.monotonic() - started, 3))
+        elif isinstance(event, ReceiverFailed):
+            reasons[event.receiver_id] = event.reason
+        elif isinstance(event, TransferFinished):
+            timeline["finished"] = event
+        emit(event)  # type: ignore[arg-type]
+
+    def should_stop() -> bool:
+        if on_progress is not None and throttle.due():
+            stats = sender.stats
+            want = opts.receivers if opts.receivers is not None else len(sender.peers)
+            on_progress(SendProgress(_sent_bytes(sender), sender.layout.file_size,
+                                     stats.repairs_unicast + stats.repairs_multicast, len(sender.completed), want))
+        return "finished" in timeline
+
+    loop = run(sender, sock, [sock], group, on_event, should_stop, gso=opts.gso)
+    finished: TransferFinished = timeline["finished"]
+    stats = sender.stats
+    size = sender.layout.file_size
+    elapsed = time.monotonic() - started
+    receivers = [
+        ReceiverReport(f"{p.receiver_id:016x}", p.addr[0] if isinstance(p.addr, tuple) else str(p.addr), p.completed,
+                       None if p.completed else reasons.get(p.receiver_id, "incomplete"))
+        for p in sorted(sender.peers.values(), key=lambda p: p.receiver_id)
+    ]
+    return SendResult(
+        ok=finished.ok, file=path, bytes=size, file_digest=sender.file_digest.hex(),
+        group=f"{group[0]}:{group[1]}", group_id=group_id,
+        seconds=round(elapsed, 3), goodput_mbit=_goodput(size, elapsed),
+        datagrams_sent=stats.datagrams_out, bytes_sent=stats.bytes_out,
+        repair_bytes=stats.repair_bytes, repair_bytes_unicast=stats.repair_bytes_unicast,
+        repair_bytes_multicast=stats.repair_bytes_multicast, nacks=stats.nacks_received,
+        rate_decreases=stats.rate_decreases, receivers=receivers,
+        stream_s=timeline.get("stream_s"), completed_s=timeline["completed_s"],
+        final_rate_mbit=round(sender.rate / 1e6, 1), repairs_parity=stats.repairs_parity,
+        repairs_unicast=stats.repairs_unicast, repairs_multicast=stats.repairs_multicast,
+        expected_receivers=opts.receivers, never_seen=finished.missing,
+        authenticated=sender.config.key is not None, gso=loop.gso, gso_datagrams=loop.gso_datagrams,
+        send_buffer_drops=loop.send_drops, dropped=dict(stats.drops), peak_rss_mb=_peak_rss_mb(), cpu_s=_cpu_s(),
+        finished=finished, error=None if finished.ok else _send_failure(finished, opts.receivers),
+    )
+
+
+def _datagram_sizes(opts: SendOptions, interface: str) -> tuple[int, int]:
+    """(payload bytes, max datagram): ``payload_size`` or, by default, what fills one
+    frame on the multicast route (the group is not known yet with a controller: any SSM
+    address takes the same multicast route)."""
+    probe = _group(opts.group)[0] if opts.group else _PROBE_GROUP
+    # Capped at a 9000-byte jumbo frame: loopback's 64 KiB "MTU" is no wire's.
+    mtu = min(path_mtu(probe, 9, interface), 9000)
+    max_datagram = mtu - 28  # IPv4 + UDP headers
+    if opts.payload_size is not None:
+        return opts.payload_size, max(max_datagram, opts.payload_size + DATA_HEADER_LEN + MAC_LEN)
+    return max_datagram - DATA_HEADER_LEN - MAC_LEN, max_datagram
+
+
+def _sent_bytes(sender: Sender) -> int:
+    """First-pass progress in file bytes (the stream position)."""
+    layout = sender.layout
+    if layout.total_seq == 0:
+        return 0
+    return min(layout.file_size, layout.file_size * sender.stream_position // layout.total_seq)
+
+
+def _send_failure(finished: TransferFinished, expected: Optional[int]) -> str:
+    if expected is not None and len(finished.completed) < expected:
+        return f"only {len(finished.completed)} of {expected} receivers verified the file"
+    if finished.failed:
+        return f"{len(finished.failed)} receivers failed"
+    return "no receiver verified the file"
+
+
+# ----------------------------------------------------------------------------- receive
+
+
+def receive(
+    out: str,
+    options: ReceiveOptions,
+    *,
+    on_event: Optional[OnEvent] = None,
+    on_progress: Optional[Callable[[ReceiveProgress], None]] = None,
+) -> ReceiveResult:
+    """Receive the group's file into ``out`` (written in place, resumable: a resume
+    record sits next to it until the file is verified). With a controller, join the
+    group's tree first and leave it afterwards, whatever happened."""
+    emit = on_event or _ignore
+    _check_group_source(options)
+    source_ip = _ipv4(options.source)
+    interface = _ipv4(options.interface)
+    out_dir = os.path.dirname(os.path.abspath(out))
+    if not os.path.isdir(out_dir) or not os.access(out_dir, os.W_OK):
+        raise TransferError(f"cannot write output in {out_dir}")
+    key = _derive(options.secret)
+    if not options.controller:
+        return _receive(out, options, _group(options.group), source_ip, interface, key, emit, on_progress)
+    if not options.model:
+        raise TransferError("model is required with a controller")
+    client = _client(options)
+    my_ip = _ipv4(options.ip or (interface if interface != _ANY else local_ip_towards(source_ip)))
+    info = client.create_group(options.model, source_ip)
+    group = group_endpoint(info)
+    info = client.join(int(info["id"]), my_ip)
+    gid = int(info["id"])
+    try:
+        if (info.get("receivers") or {}).get(my_ip) == "unreachable":
+            raise TransferError(f"controller cannot reach this host ({my_ip}) in group {gid}")
+        if key is None:
+            key = session_key(info)
+        emit(GroupJoined(gid, group, my_ip))
+        return _receive(out, options, group, source_ip, interface, key, emit, on_progress)
+    finally:
+        try:
+            client.leave(gid, my_ip)
+        except ControllerError as exc:
+            emit(LeaveFailed(gid, str(exc)))
+
+
+def _receive(out: str, opts: ReceiveOptions, group: tuple[str, int], source_ip: str, interface: str,
+             key: Optional[bytes], emit: OnEvent,
+             on_progress: Optional[Callable[[ReceiveProgress], None]]) -> ReceiveResult:
+    try:
+        sink = FileSink(out)
+    except OSError as exc:
+        raise TransferError(f"cannot open {out}: {exc.strerror}") from None
+    try:
+        mc, uc = receiver_sockets(group[0], group[1], source_ip, interface)
+    except BaseException:
+        sink.close()
+        raise
+    metrics = None
+    try:
+        receiver = Receiver(sink, ReceiverConfig(key=key, idle_timeout=opts.timeout), time.monotonic(),
+                            state=sink.load_state())
+        emit(ReceiveStarted(out, group))
+        metrics = _serve_metrics(opts, "receiver", lambda: receiver.stats, lambda: _held_bytes(receiver), emit)
+        return _listen(out, opts, receiver, sink, mc, uc, group, key, emit, on_progress)
+    finally:
+        sink.close()
+        mc.close()
+        uc.close()
+        _stop(metrics)
+
+
+def _listen(out: str, opts: ReceiveOptions, receiver: Receiver, sink: FileSink, mc: socket.socket,
+            uc: socket.socket, group: tuple[str, int], key: Optional[bytes], emit: OnEvent,
+            on_progress: Optional[Callable[[ReceiveProgress], None]]) -> ReceiveResult:
+    """Run the receiver's loop until it verified the file (and the sender acknowledged)
+    or gave up; run the on_complete command; summarise."""
+    marks: dict[str, Any] = {}
+    throttle = _Throttle()
+
+    def on_event(event: object) -> None:
+        if isinstance(event, (FileComplete, Failed)):
+            marks["end"] = event
+            marks.setdefault("end_at", time.monotonic())
+        emit(event)  # type: ignore[arg-type]
+
+    def done() -> bool:
+        if receiver.layout is not None:
+            marks.setdefault("first", time.monotonic())
+            if on_progress is not None and throttle.due():
+                stats = receiver.stats
+                on_progress(ReceiveProgress(*_held_bytes(receiver), stats.repairs_received, stats.nacks_sent))
+        # After success, linger until the sender acknowledged our COMPLETE.
+        return "end" in marks and (isinstance(marks["end"], Failed) or receiver.get_timer() is None)
+
+    started = time.monotonic()
+    loop = run(receiver, uc, [mc, uc], group, on_event, done, gro=opts.gro)
+    end = marks["end"]
+    ok = isinstance(end, FileComplete)
+    if ok and receiver.manifest is not None:
+        sink.finish(receiver.manifest.file_size)
+    stats = receiver.stats
+    size = receiver.manifest.file_size if receiver.manifest else 0
+    # Goodput from the first datagram of the file to verification (not our idle wait).
+    first = marks.get("first", started)
+    elapsed = (marks.get("end_at") or time.monotonic()) - first
+    hook = _run_hook(opts.on_complete, out, opts.hook_stdout) if ok and opts.on_complete else None
+    return ReceiveResult(
+        ok=ok and (hook is None or hook.exit_status == 0), digest_ok=ok, out=out,
+        bytes=size, receiver_id=f"{receiver.receiver_id:016x}",
+        file_digest=end.file_digest.hex() if isinstance(end, FileComplete) else None,
+        error=end.reason if isinstance(end, Failed) else None,
+        group=f"{group[0]}:{group[1]}", seconds=round(time.monotonic() - started, 3),
+        goodput_mbit=_goodput(size, elapsed) if ok else 0.0,
+        datagrams_received=stats.datagrams_in, bytes_received=stats.bytes_in, nacks=stats.nacks_sent,
+        repairs_received=stats.repairs_received, duplicates=stats.duplicates,
+        resumed_chunks=receiver.resumed_chunks, authenticated=key is not None,
+        verify_s=round(marks["end_at"] - first, 3) if "end_at" in marks else None,
+        nacks_suppressed=stats.nacks_suppressed, parity_received=stats.parity_received,
+        fec_recovered=stats.fec_recovered, nack_seqs=stats.nack_seqs_requested, gro=loop.gro,
+        gro_batches=loop.gro_batches, dropped=dict(stats.drops), peak_rss_mb=_peak_rss_mb(), cpu_s=_cpu_s(),
+        on_complete=hook,
+    )
+
+
+def _held_bytes(receiver: Receiver) -> tuple[int, int]:
+    """(file bytes held, file size): progress for the bar and the metrics."""
+    layout = receiver.layout
+    if layout is None or layout.total_seq == 0:
+        return 0, layout.file_size if layout else 0
+    return layout.file_size * receiver.have.count // layout.total_seq, layout.file_size
+
+
+def _run_hook(command: str, out: str, stdout: Optional[IO[Any]]) -> HookResult:
+    """Run ``command OUT`` after a verified transfer (e.g. load the model)."""
+    argv = shlex.split(command) + [os.path.abspath(out)]
+    started = time.monotonic()
+    try:
+        status = subprocess.run(argv, stdout=stdout).returncode
+    except OSError as exc:
+        return HookResult(argv, 127, exc.strerror, 0.0)
+    return HookResult(argv, status, None, round(time.monotonic() - started, 3))
+
+
+# ----------------------------------------------------------------------------- shared
+
+
+def _ignore(event: Event) -> None:
+    pass
+
+
+class _Throttle:
+    """True at most once per PROGRESS_INTERVAL (and on the first call)."""
+
+    def __init__(self) -> None:
+        self._next = 0.0
+
+    def due(self) -> bool:
+        now = time.monotonic()
+        if now < self._next:
+            return False
+        self._next = now + PROGRESS_INTERVAL
+        return True
+
+
+def _check_group_source(opts: _Common) -> None:
+    if opts.controller and opts.group:
+        raise TransferError("give either a group or a controller, not both")
+    if not opts.controller and not opts.group:
+        raise TransferError("a group (ADDR:PORT) is required without a controller")
+
+
+def _ipv4(text: str) -> str:
+    try:
+        return parse_ipv4(text)
+    except ValueError as exc:
+        raise TransferError(str(exc)) from None
+
+
+def _group(text: Optional[str]) -> tuple[str, int]:
+    try:
+        return parse_group(text or "")
+    except ValueError as exc:
+        raise TransferError(str(exc)) from None
+
+
+def _derive(secret: Optional[bytes]) -> Optional[bytes]:
+    return derive_key(secret) if secret is not None else None
+
+
+def _client(opts: _Common) -> ControllerClient:
+    assert opts.controller is not None
+    return ControllerClient(opts.controller, token=opts.token, request_timeout=opts.request_timeout)
+
+
+def _url_host(url: str) -> str:
+    host = urlsplit(url).hostname
+    if not host:
+        raise TransferError(f"no host in controller URL {url!r}")
+    return host
+
+
+def _serve_metrics(opts: _Common, role: str, stats: Callable[[], Stats],
+                   progress: Callable[[], tuple[int, int]], emit: OnEvent) -> Any:
+    """The Prometheus exporter for this transfer (None without ``metrics_port``)."""
+    if opts.metrics_port is None:
+        return None
+    from .metrics import serve
+
+    try:
+        server = serve(role, stats, progress, opts.metrics_port, opts.metrics_addr)
+    except OSError as exc:
+        raise TransferError(f"cannot serve metrics on {opts.metrics_addr}:{opts.metrics_port}: {exc.strerror}") from None
+    emit(MetricsServing(opts.metrics_addr, opts.metrics_port))
+    return server
+
+
+def _stop(server: Any) -> None:
+    """Free the metrics port: an in-process caller may transfer again on it."""
+    if server is not None and hasattr(server, "shutdown"):
+        server.shutdown()
+        server.server_close()
+
+
+def _cpu_s() -> float:
+    """CPU seconds this process has used (user + system): the cost side of goodput."""
+    u = resource.getrusage(resource.RUSAGE_SELF)
+    return round(u.ru_utime + u.ru_stime, 3)
+
+
+def _peak_rss_mb() -> float:
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)  # Linux: KiB
+
+
+def _goodput(nbytes: int, seconds: float) -> float:
+    return round(nbytes * 8 / seconds / 1e6, 1) if seconds > 0 else 0.0

@@ -1,0 +1,138 @@
+"""The library API in-process: ``hostagent.send`` / ``hostagent.receive`` over loopback
+multicast in two threads, and its errors as exceptions (never prints, never exits)."""
+
+from __future__ import annotations
+
+import re
+import socket
+import sys
+import threading
+from typing import Optional
+
+import pytest
+
+import hostagent
+from hostagent import ReceiveOptions, SendOptions, TransferError
+from hostagent.events import FileComplete, ManifestReceived, ReceiverCompleted, StreamFinished
+from lab.models import file_digest, make_model
+from lab.sh import free_port
+from tests.support.agents import LOOPBACK, FakeController, loopback_group
+
+
+def _port_is_free(port: int) -> bool:
+    with socket.socket() as probe:
+        try:
+            probe.bind((LOOPBACK, port))
+        except OSError:
+            return False
+    return True
+
+
+def test_send_and_receive_in_process(tmp_path, capsys) -> None:
+    group, port = loopback_group()
+    model = make_model(tmp_path / "model.bin", 700_000, seed=3)
+    out = tmp_path / "copy.bin"
+    secret = b"in-process secret"
+    metrics_port = free_port()
+    joined = threading.Event()
+    received: dict = {}
+    rx_events: list = []
+    rx_progress: list = []
+
+    def on_rx_event(event: object) -> None:
+        rx_events.append(event)
+        if isinstance(event, hostagent.ReceiveStarted):
+            joined.set()  # the group is joined: the stream may start
+
+    def receiver() -> None:
+        options = ReceiveOptions(group=f"{group}:{port}", source=LOOPBACK, interface=LOOPBACK, secret=secret,
+                                 timeout=20, metrics_port=metrics_port)
+        try:
+            received["result"] = hostagent.receive(str(out), options, on_event=on_rx_event,
+                                                   on_progress=rx_progress.append)
+        finally:
+            joined.set()
+
+    thread = threading.Thread(target=receiver, daemon=True)
+    thread.start()
+    assert joined.wait(30)
+    tx_events: list = []
+    tx_progress: list = []
+    sent = hostagent.send(
+        str(model.path),
+        SendOptions(group=f"{group}:{port}", interface=LOOPBACK, ttl=0, receivers=1, rate_mbit=200,
+                    chunk_size=65536, secret=secret, timeout=20),
+        on_event=tx_events.append, on_progress=tx_progress.append,
+    )
+    thread.join(30)
+    got: Optional[hostagent.ReceiveResult] = received.get("result")
+
+    assert sent.ok and sent.error is None and sent.file_digest == model.digest
+    assert [r.ok for r in sent.receivers] == [True] and sent.authenticated
+    assert got is not None and got.ok and got.digest_ok and got.file_digest == model.digest
+    assert file_digest(out) == model.digest and got.bytes == model.size
+    # Events instead of output: the protocol's own, and the orchestration's.
+    assert isinstance(tx_events[0], hostagent.SendStarted) and tx_events[0].size == model.size
+    assert any(isinstance(e, StreamFinished) for e in tx_events)
+    assert any(isinstance(e, ReceiverCompleted) for e in tx_events)
+    assert hostagent.MetricsServing(LOOPBACK, metrics_port) in rx_events
+    assert any(isinstance(e, ManifestReceived) for e in rx_events)
+    assert FileComplete(bytes.fromhex(model.digest)) in rx_events
+    assert tx_progress and all(p.total == model.size for p in tx_progress)
+    assert rx_progress and all(p.total == model.size for p in rx_progress)
+    # The summaries are the CLI's JSON objects; the metrics port is free for the next transfer.
+    assert sent.summary()["receivers"][0]["ok"] is True and "finished" not in sent.summary()
+    assert got.summary()["on_complete"] is None
+    assert _port_is_free(metrics_port)
+    assert capsys.readouterr() == ("", "")  # a library prints nothing
+
+
+def test_setup_errors_raise_transfer_error(tmp_path) -> None:
+    model = make_model(tmp_path / "m.bin", 1000)
+    cases = [
+        (lambda: hostagent.send(str(tmp_path / "missing.bin"), SendOptions(group="239.1.2.3:5000")), "no such file"),
+        (lambda: hostagent.send(str(model.path)), "group (ADDR:PORT) is required"),
+        (lambda: hostagent.send(str(model.path), SendOptions(group="10.0.0.1:5000")), "not a multicast address"),
+        (lambda: hostagent.send(str(model.path), SendOptions(group="239.1.2.3:5000", chunk_size=10)), "chunk_size"),
+        (lambda: hostagent.receive(str(tmp_path / "o"), ReceiveOptions(controller="http://x", source=LOOPBACK)),
+         "model is required"),
+        (lambda: hostagent.receive(str(tmp_path / "no" / "dir" / "o"),
+                                   ReceiveOptions(group="239.1.2.3:5000", source=LOOPBACK)), "cannot write output"),
+    ]
+    for call, text in cases:
+        with pytest.raises(TransferError, match=re.escape(text)):
+            call()
+
+
+def test_unreachable_controller_raises_controller_error(tmp_path) -> None:
+    model = make_model(tmp_path / "m.bin", 1000)
+    url = f"http://{LOOPBACK}:{free_port()}"
+    with pytest.raises(hostagent.ControllerError, match=f"cannot reach controller at {url}"):
+        hostagent.send(str(model.path), SendOptions(controller=url, interface=LOOPBACK))
+
+
+def test_controller_that_never_installs_the_tree_times_out(tmp_path) -> None:
+    model = make_model(tmp_path / "m.bin", 1000)
+    events: list = []
+    with FakeController(5000, stuck_state="pending") as fake:
+        with pytest.raises(hostagent.ControllerError, match="timed out after 0.2s waiting for group 1"):
+            hostagent.send(str(model.path), SendOptions(controller=fake.url, interface=LOOPBACK, receivers=1,
+                                                        wait_timeout=0.2, poll=0.05), on_event=events.append)
+    assert events == [hostagent.GroupAssigned(1, model.digest, (FakeController.ADDRESS, 5000), 1)]
+
+
+def test_failed_receive_returns_the_reason_leaves_and_skips_the_hook(tmp_path) -> None:
+    marker = tmp_path / "loaded"
+    hook = f"{sys.executable} -c \"import pathlib; pathlib.Path('{marker}').write_text('x')\""
+    events: list = []
+    with FakeController(free_port(socket.SOCK_DGRAM)) as fake:
+        result = hostagent.receive(
+            str(tmp_path / "o.bin"),
+            ReceiveOptions(controller=fake.url, model="m", source=LOOPBACK, interface=LOOPBACK, ip="127.0.0.9",
+                           timeout=0.2, on_complete=hook),
+            on_event=events.append,
+        )
+    assert not result.ok and not result.digest_ok and result.error == "sender silent"
+    assert result.on_complete is None and not marker.exists()  # never load an unverified file
+    assert isinstance(events[0], hostagent.GroupJoined) and events[0].ip == "127.0.0.9"
+    assert ("DELETE", "/v1/groups/1/receivers/127.0.0.9") in [(m, p) for m, p, _, _ in fake.calls]
