@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from lab.models import file_digest
-from lab.ovs import Lab
+from lab.sh import NetnsHosts
 
 # Runs a command and writes its exit status and the CPU seconds it (and its children)
 # used: per-process CPU of programs started in other namespaces, without ptrace or perf.
@@ -80,13 +80,13 @@ class RunResult:
         return dict(self.__dict__)
 
 
-def tx_bytes(lab: Lab, host: str) -> int:
+def tx_bytes(lab: NetnsHosts, host: str) -> int:
     """Bytes the host's NIC has sent: what the model server's link carried."""
     iface = lab.host_iface(host)
     return int(lab.run(host, "cat", f"/sys/class/net/{iface}/statistics/tx_bytes").stdout)
 
 
-def wrapped(lab: Lab, host: str, stats: Path, *cmd: str, **kw: Any) -> subprocess.Popen:
+def wrapped(lab: NetnsHosts, host: str, stats: Path, *cmd: str, **kw: Any) -> subprocess.Popen:
     return lab.popen(host, sys.executable, "-c", CPU_WRAP, str(stats), *cmd, **kw)
 
 
@@ -106,7 +106,7 @@ def _wait(procs: list[subprocess.Popen], deadline: float) -> bool:
     return True
 
 
-def tcp_fanout(lab: Lab, sender: str, receivers: list[str], path: Path, work: Path,
+def tcp_fanout(lab: NetnsHosts, sender: str, receivers: list[str], path: Path, work: Path,
                port: int = 9000, timeout: float = 900) -> RunResult:
     """The model server today: one TCP stream per receiver, all at once."""
     work.mkdir(parents=True, exist_ok=True)
@@ -117,7 +117,7 @@ def tcp_fanout(lab: Lab, sender: str, receivers: list[str], path: Path, work: Pa
                      str(port), str(len(receivers)), stdout=subprocess.PIPE, text=True)
     assert server.stdout is not None
     server.stdout.readline()  # "listening"
-    sender_ip = lab.topology.host(sender).ip
+    sender_ip = lab.ip(sender)
     t0 = time.monotonic()
     clients = []
     for r in receivers:
@@ -141,7 +141,7 @@ def tcp_fanout(lab: Lab, sender: str, receivers: list[str], path: Path, work: Pa
                      sum(read_stats(c[2])["cpu_s"] or 0 for c in clients), {"verified": oks})
 
 
-def uftp(lab: Lab, sender: str, receivers: list[str], path: Path, work: Path, group: str,
+def uftp(lab: NetnsHosts, sender: str, receivers: list[str], path: Path, work: Path, group: str,
          rate_mbit: float, timeout: float = 900, mtu: int = 1500,
          extra: tuple[str, ...] = ()) -> RunResult:
     """UFTP 4.10 on the controller's tree for ``group`` (the caller creates it): uftpd on
@@ -167,7 +167,7 @@ def uftp(lab: Lab, sender: str, receivers: list[str], path: Path, work: Path, gr
     proc = wrapped(lab, sender, stats, "uftp", "-R", str(int(rate_mbit * 1000)), "-I",
                    lab.host_iface(sender), "-M", group, "-P", group, "-Y", "none",
                    "-b", str(block), *extra,
-                   "-H", ",".join(lab.topology.host(r).ip for r in receivers),
+                   "-H", ",".join(lab.ip(r) for r in receivers),
                    "-S", str(work / "uftp-status.txt"), "-L", str(work / "uftp.log"), str(path),
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     finished = _wait([proc], t0 + timeout)

@@ -21,10 +21,13 @@ from lab.sh import HOST_IFACE, NetnsHosts, leftovers, require, sh
 class BridgeLab(NetnsHosts):
     """``hosts`` namespaces (hosts 0..n-1) at 10.<a>.<b>.(i+1)/24 on one kernel bridge."""
 
-    def __init__(self, hosts: int) -> None:
+    def __init__(self, hosts: int, mtu: int = 1500) -> None:
         super().__init__()
         if not 1 <= hosts <= 200:
             raise ValueError("1..200 hosts")
+        if not 1280 <= mtu <= 9000:
+            raise ValueError(f"mtu must be 1280..9000, got {mtu}")
+        self.mtu = mtu  # 9000: the jumbo frames GPU fabrics run
         self.base = f"mb{secrets.token_hex(3)}"
         self.bridge = f"{self.base}br"
         self.count = hosts
@@ -60,8 +63,8 @@ class BridgeLab(NetnsHosts):
         require(ovs=False)
         try:
             self._links.append(self.bridge)
-            sh(["ip", "link", "add", self.bridge, "type", "bridge", "mcast_snooping", "0"],
-               what="create bridge")
+            sh(["ip", "link", "add", self.bridge, "mtu", str(self.mtu), "type", "bridge",
+                "mcast_snooping", "0"], what="create bridge")
             sh(["ip", "link", "set", self.bridge, "up"], what="bridge up")
             for i in range(self.count):
                 self._add_host(i)
@@ -74,8 +77,8 @@ class BridgeLab(NetnsHosts):
         self._netns.append(ns)
         sh(["ip", "netns", "add", ns], what=f"create netns for host {i}")
         self._links.append(veth)
-        sh(["ip", "link", "add", veth, "type", "veth", "peer", "name", HOST_IFACE, "netns", ns],
-           what=f"host {i}: veth")
+        sh(["ip", "link", "add", veth, "mtu", str(self.mtu), "type", "veth", "peer", "name",
+            HOST_IFACE, "mtu", str(self.mtu), "netns", ns], what=f"host {i}: veth")
         sh(["ip", "link", "set", veth, "master", self.bridge, "up"], what=f"host {i}: attach")
         x = ["ip", "-n", ns]
         sh([*x, "link", "set", "lo", "up"], what=f"host {i}: lo up")
@@ -101,9 +104,9 @@ class BridgeLab(NetnsHosts):
 
     # ------------------------------------------------------------------ impairments
 
-    def add_loss(self, host: int, kind: str, port: Optional[int] = None) -> str:
+    def add_loss(self, host: int, kind: str, port: Optional[int] = None, pct: float = 1.0) -> str:
         """Drop datagrams towards ``host`` (``lab.loss.add``); returns the method used."""
-        self.loss_method[host] = loss.add(self.ns(host), self.veth(host), kind, port)
+        self.loss_method[host] = loss.add(self.ns(host), self.veth(host), kind, port, pct=pct)
         return self.loss_method[host]
 
     def loss_counters(self, host: int) -> str:

@@ -20,9 +20,10 @@ _TABLE = "mcloss"
 
 
 def add(netns: str, iface: str, kind: str, port: Optional[int] = None,
-        all_ip: bool = False) -> str:
-    """Drop datagrams towards the host in ``netns``: kind "random" (1%) or "bursty"
-    (Gilbert-Elliott, netem ``gemodel 1% 20% 70% 0.1%``; see ``_nft`` for the fallback).
+        all_ip: bool = False, pct: float = 1.0) -> str:
+    """Drop datagrams towards the host in ``netns``: kind "random" (``pct`` %, default 1)
+    or "bursty" (Gilbert-Elliott, netem ``gemodel 1% 20% 70% 0.1%``; see ``_nft`` for the
+    fallback).
 
     ``iface`` is the root-namespace end of the host's link (netem shapes its egress, i.e.
     traffic towards the host); nftables rules match UDP only, only ``udp dport PORT``, or
@@ -30,12 +31,14 @@ def add(netns: str, iface: str, kind: str, port: Optional[int] = None,
     Returns the method used (pass it to ``dropped``/``counters``)."""
     if kind not in KINDS:
         raise ValueError(f"loss kind must be one of {KINDS}, got {kind!r}")
-    spec = ["loss", "1%"] if kind == "random" else ["loss", "gemodel", "1%", "20%", "70%", "0.1%"]
+    if not 0 < pct <= 100 or (kind == "bursty" and pct != 1.0):
+        raise ValueError(f"loss pct must be in (0, 100] and only set for random loss, got {pct}")
+    spec = ["loss", f"{pct:g}%"] if kind == "random" else ["loss", "gemodel", "1%", "20%", "70%", "0.1%"]
     netem = sh(["tc", "qdisc", "add", "dev", iface, "root", "netem", *spec], check=False)
     if netem.returncode == 0:
         return "netem " + " ".join(spec)
     if "unknown" in netem.stderr.lower():  # kernel built without sch_netem
-        return _nft(netns, kind=kind, port=port, all_ip=all_ip)
+        return _nft(netns, kind=kind, port=port, all_ip=all_ip, per_mille=round(pct * 10))
     raise LabError(f"tc netem on {iface}: {netem.stderr.strip()}")
 
 
@@ -46,12 +49,12 @@ def clear(netns: str, iface: str) -> None:
         sh(["ip", "netns", "exec", netns, "nft", "delete", "table", "inet", _TABLE], check=False)
 
 
-def _nft(netns: str, kind: str, port: Optional[int], all_ip: bool) -> str:
+def _nft(netns: str, kind: str, port: Optional[int], all_ip: bool, per_mille: int) -> str:
     if shutil.which("nft") is None:
         raise LabError("kernel has no sch_netem and `nft` is not installed (apt-get install nftables)")
     match = f"udp dport {port} " if port else ("meta nfproto ipv4 " if all_ip else "meta l4proto udp ")
     if kind == "random":
-        rules = f"{match}numgen random mod 1000 < 10 counter drop"
+        rules = f"{match}numgen random mod 1000 < {per_mille} counter drop"
     else:
         # Two-state burst model. Every 500th packet (the first one included, so even
         # a short test sees a burst) enters the bad state by adding a timed set

@@ -154,6 +154,13 @@ class Lab(NetnsHosts):
             raise LabError(f"lab {self.base}: host {h.name} has no namespace (lab not started?)")
         return self._netns[h.name]
 
+    def ip(self, host: str) -> str:
+        """A host's address, by host name (or IP)."""
+        try:
+            return self.topology.host(host).ip
+        except KeyError as exc:
+            raise LabError(str(exc)) from None
+
     def switch_port_iface(self, dpid: int, port: int) -> str:
         """The OVS-side interface of OpenFlow port ``port`` on ``dpid`` (for tc netem/tbf)."""
         try:

@@ -168,6 +168,11 @@ class NetnsHosts:
         self._procs: list[subprocess.Popen] = []
 
     def ns(self, host: Any) -> str:
+        """The network namespace of ``host``."""
+        raise NotImplementedError
+
+    def ip(self, host: Any) -> str:
+        """The data-plane IPv4 address of ``host``."""
         raise NotImplementedError
 
     def host_iface(self, host: Any) -> str:

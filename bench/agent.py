@@ -1,0 +1,336 @@
+"""The host agent at line rate, beside TCP fan-out and UFTP in the same run (root):
+
+    python -m bench.agent [--size-mb 96] [--rate-cap 1000] [--mtu 9000] [--receivers 1,4]
+                          [--runs 3] [--methods modelcast,tcp,uftp] [--out docs/bench]
+                          [--no-asymmetry] [--smoke]
+
+A kernel-bridge lab (Linux bridge, one netns per host: the agent, not the switch, is
+what is measured), the sender's NIC capped with ``tc tbf`` at ``--rate-cap``:
+
+- **speed**: N receivers, every method, ``--runs`` runs; time from starting the sender
+  to the last verified copy, next to the line-rate time (size / cap) measured as a
+  ratio, and CPU seconds per GB on each side;
+- **asymmetry**: 1500 MTU, 150 Mbit/s, 4 receivers, one of them dropping 5% of UDP at
+  random: does one lossy receiver slow the group? modelcast clean, modelcast with the
+  lossy receiver, UFTP with the lossy receiver; the clean receivers' times are compared
+  with their times in the clean run.
+
+Writes ``agent.json`` (every run) and ``agent.md`` (medians) to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from bench import baselines as B
+from lab import loss as impair
+from lab.bridge import BridgeLab
+from lab.models import ModelFile, file_digest, make_model
+from lab.sh import LabError
+
+METHODS = ("modelcast", "tcp", "uftp")
+GB = 1e9
+
+
+@dataclass
+class Run:
+    scenario: str
+    method: str
+    receivers: int
+    seconds: float  # sender start .. last verified copy
+    ok: bool
+    line_rate_s: float
+    file_bytes: int
+    cpu_sender_s: Optional[float] = None
+    cpu_receivers_s: Optional[float] = None  # summed over receivers
+    receiver_seconds: dict[str, float] = field(default_factory=dict)  # per receiver, from sender start
+    detail: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def cpu_sender_per_gb(self) -> Optional[float]:
+        return None if self.cpu_sender_s is None else self.cpu_sender_s / (self.file_bytes / GB)
+
+    @property
+    def cpu_receiver_per_gb(self) -> Optional[float]:
+        """Mean CPU seconds per GB received, per receiver."""
+        if self.cpu_receivers_s is None:
+            return None
+        return self.cpu_receivers_s / self.receivers / (self.file_bytes / GB)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "cpu_sender_per_gb": self.cpu_sender_per_gb,
+                "cpu_receiver_per_gb": self.cpu_receiver_per_gb,
+                "vs_line_rate": self.seconds / self.line_rate_s}
+
+
+def machine() -> str:
+    """CPU model and cores: absolute times only mean something next to this."""
+    model = "unknown CPU"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{model}, {os.cpu_count()} cores, Linux {platform.release()}"
+
+
+def _agent(lab: BridgeLab, host: int, out: Path, *args: str) -> subprocess.Popen:
+    """``modelcast ARGS`` in a host; its --json line goes to OUT.json, its log to OUT.log."""
+    with open(out.with_suffix(".json"), "w") as stdout, open(out.with_suffix(".log"), "w") as stderr:
+        return lab.popen(host, sys.executable, "-m", "hostagent.cli", *args, stdout=stdout, stderr=stderr)
+
+
+def _summary(out: Path) -> dict[str, Any]:
+    try:
+        lines = out.with_suffix(".json").read_text().strip().splitlines()
+        return json.loads(lines[-1]) if lines else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def run_modelcast(lab: BridgeLab, model: ModelFile, receivers: list[int], rate: float,
+                  work: Path, timeout: float, extra: tuple[str, ...] = ()) -> Run:
+    """The real CLI: receivers first (they wait for the stream), then the sender."""
+    work.mkdir(parents=True, exist_ok=True)
+    group = f"232.{random.randint(1, 254)}.{random.randint(1, 254)}.{random.randint(1, 254)}"
+    port = random.randint(20000, 60000)
+    addr, src = f"{group}:{port}", lab.ip(0)
+    procs = {}
+    for h in receivers:
+        out = work / f"rx{h}.bin"
+        procs[h] = (out, _agent(lab, h, work / f"recv-{h}", "recv", "--group", addr, "--source", src,
+                                "--out", str(out), "--json", "--timeout", str(timeout)))
+    time.sleep(0.5)  # joined before the stream starts
+    t0 = time.monotonic()
+    sender = _agent(lab, 0, work / "send", "send", str(model.path), "--group", addr, "--interface",
+                    src, "--receivers", str(len(receivers)), "--rate", f"{rate:g}", "--json",
+                    "--timeout", str(timeout), *extra)
+    done: dict[int, float] = {}
+    deadline = t0 + timeout * 3
+    while len(done) < len(procs) and time.monotonic() < deadline:
+        for h, (_, p) in procs.items():
+            if h not in done and p.poll() is not None:
+                done[h] = time.monotonic() - t0
+        time.sleep(0.002)
+    try:
+        sender.wait(max(1.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        sender.kill()
+    ok = sender.returncode == 0 and len(done) == len(procs)
+    cpu_rx = 0.0
+    for h, (out, p) in procs.items():
+        if p.poll() is None:
+            p.kill()
+        s = _summary(work / f"recv-{h}")
+        ok = ok and p.returncode == 0 and file_digest(out) == model.digest
+        cpu_rx += s.get("cpu_s") or 0.0
+        out.unlink(missing_ok=True)
+    s = _summary(work / "send")
+    return Run("", "modelcast", len(receivers), max(done.values(), default=float("nan")), ok,
+               0.0, model.size, s.get("cpu_s"), cpu_rx, {f"h{h}": t for h, t in sorted(done.items())},
+               {"repair_pct": 100 * (s.get("repair_bytes") or 0) / max(1, model.size),
+                "rate_decreases": s.get("rate_decreases"), "goodput_mbit": s.get("goodput_mbit"),
+                "error": s.get("error") if not ok else None})
+
+
+def _from_baseline(res: B.RunResult) -> Run:
+    return Run("", res.method, res.receivers, res.seconds, res.ok, 0.0, res.file_bytes,
+               res.cpu_sender_s, res.cpu_receivers_s, {}, {"sender_link_bytes": res.sender_link_bytes})
+
+
+def one(method: str, lab: BridgeLab, model: ModelFile, receivers: list[int], rate: float,
+        work: Path, index: int, mtu: int, timeout: float) -> Run:
+    if method == "modelcast":
+        return run_modelcast(lab, model, receivers, rate, work, timeout)
+    if method == "tcp":
+        return _from_baseline(B.tcp_fanout(lab, 0, receivers, model.path, work, timeout=timeout))
+    group = f"232.201.{index // 250}.{index % 250 + 1}"
+    return _from_baseline(B.uftp(lab, 0, receivers, model.path, work, group, rate, timeout=timeout,
+                                 mtu=mtu))
+
+
+def speed(args: argparse.Namespace, work: Path, say: Any) -> list[Run]:
+    ns = [int(x) for x in args.receivers.split(",")]
+    runs: list[Run] = []
+    with BridgeLab(1 + max(ns), mtu=args.mtu) as lab:
+        impair.cap_rate(lab, 0, args.rate_cap, burst="2mb")
+        model = make_model(work / "model.bin", int(args.size_mb * 1024 * 1024), seed=3)
+        line = model.size * 8 / (args.rate_cap * 1e6)
+        index = 0
+        for n in ns:
+            for r in range(args.runs):
+                for method in args.methods.split(","):
+                    index += 1
+                    res = one(method, lab, model, list(range(1, n + 1)), args.rate_cap,
+                              work / f"speed-{method}-{n}-{r}", index, args.mtu, args.timeout)
+                    res.scenario, res.line_rate_s = "speed", line
+                    runs.append(res)
+                    say(f"speed {method} N={n} run {r}: {'ok' if res.ok else 'FAILED'} "
+                        f"{res.seconds:.2f} s = {res.seconds / line:.2f} x line rate")
+    return runs
+
+
+def asymmetry(args: argparse.Namespace, work: Path, say: Any) -> list[Run]:
+    """One receiver of four drops 5% of its UDP at random; 1500 MTU, 150 Mbit/s."""
+    size, rate, n = (8 if args.smoke else 32) * 1024 * 1024, 150.0, 4
+    runs: list[Run] = []
+    with BridgeLab(1 + n) as lab:
+        impair.cap_rate(lab, 0, rate)
+        model = make_model(work / "asym.bin", size, seed=4)
+        line = size * 8 / (rate * 1e6)
+        receivers = list(range(1, n + 1))
+        for r in range(args.runs):
+            for label, lossy in (("clean", False), ("one-lossy", True)):
+                if lossy:
+                    lab.add_loss(n, "random", pct=5.0)
+                methods = ["modelcast", "uftp"] if lossy else ["modelcast"]
+                for method in methods:
+                    res = one(method, lab, model, receivers, rate, work / f"asym-{label}-{method}-{r}",
+                              100 + len(runs), 1500, args.timeout)
+                    res.scenario, res.line_rate_s = f"asymmetry-{label}", line
+                    if lossy:
+                        res.detail["dropped_at_lossy_receiver"] = lab.loss_dropped(n)
+                    runs.append(res)
+                    say(f"asymmetry {label} {method} run {r}: {'ok' if res.ok else 'FAILED'} "
+                        f"{res.seconds:.2f} s = {res.seconds / line:.2f} x line rate")
+                if lossy:
+                    impair.clear(lab.ns(n), lab.veth(n))
+    return runs
+
+
+def _median(values: list[Optional[float]]) -> Optional[float]:
+    vals = [v for v in values if v is not None]
+    return statistics.median(vals) if vals else None
+
+
+def medians(runs: list[Run]) -> list[dict[str, Any]]:
+    rows = []
+    for key in sorted({(r.scenario, r.method, r.receivers) for r in runs}):
+        rs = [r for r in runs if (r.scenario, r.method, r.receivers) == key]
+        rows.append({"scenario": key[0], "method": key[1], "receivers": key[2],
+                     "seconds": _median([r.seconds for r in rs]),
+                     "line_rate_s": rs[0].line_rate_s,
+                     "cpu_sender_per_gb": _median([r.cpu_sender_per_gb for r in rs]),
+                     "cpu_receiver_per_gb": _median([r.cpu_receiver_per_gb for r in rs]),
+                     "ok_runs": sum(r.ok for r in rs), "runs": len(rs)})
+    return rows
+
+
+def clean_receivers_ratio(runs: list[Run]) -> Optional[float]:
+    """Median over runs of max over the clean receivers of (time with one lossy receiver /
+    time in the clean run): 1.0 means the lossy receiver did not slow the others."""
+    ratios = []
+    clean = [r for r in runs if r.scenario == "asymmetry-clean" and r.method == "modelcast"]
+    lossy = [r for r in runs if r.scenario == "asymmetry-one-lossy" and r.method == "modelcast"]
+    for c, l in zip(clean, lossy):
+        shared = [h for h in c.receiver_seconds if h in l.receiver_seconds and h != f"h{l.receivers}"]
+        if shared:
+            ratios.append(max(l.receiver_seconds[h] / c.receiver_seconds[h] for h in shared))
+    return statistics.median(ratios) if ratios else None
+
+
+def markdown(rows: list[dict[str, Any]], meta: dict[str, Any], runs: list[Run]) -> str:
+    fmt = lambda v, f=".2f": "-" if v is None else format(v, f)  # noqa: E731
+    out = [f"Host agent at line rate — {meta['machine']}, {meta['date']}",
+           "",
+           f"speed: {meta['size_mb']:g} MB, sender NIC capped at {meta['rate_cap']:g} Mbit/s, "
+           f"MTU {meta['mtu']}, kernel-bridge lab; medians of {meta['runs']} runs",
+           "",
+           "| scenario | method | N | time (s) | x line rate | CPU s/GB sender | CPU s/GB per receiver | ok |",
+           "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        ratio = r["seconds"] / r["line_rate_s"] if r["seconds"] and r["line_rate_s"] else None
+        out.append(f"| {r['scenario']} | {r['method']} | {r['receivers']} | {fmt(r['seconds'])} | "
+                   f"{fmt(ratio)} | {fmt(r['cpu_sender_per_gb'])} | {fmt(r['cpu_receiver_per_gb'])} | "
+                   f"{r['ok_runs']}/{r['runs']} |")
+    by = {(r["scenario"], r["method"], r["receivers"]): r["seconds"] for r in rows}
+    t1, t4 = by.get(("speed", "modelcast", 1)), by.get(("speed", "modelcast", 4))
+    out.append("")
+    if t1 and t4:
+        out.append(f"- modelcast T(4)/T(1) = {t4 / t1:.2f}")
+    for m in ("tcp", "uftp"):
+        other = by.get(("speed", m, 4))
+        if t4 and other:
+            out.append(f"- modelcast T(4) / {m} T(4) = {t4 / other:.2f}")
+    ratio = clean_receivers_ratio(runs)
+    if ratio is not None:
+        out.append(f"- asymmetry: the clean receivers took {ratio:.2f} x their clean-run time "
+                   "while one receiver dropped 5% of its UDP")
+    return "\n".join(out) + "\n"
+
+
+def run(args: argparse.Namespace) -> int:
+    t0 = time.monotonic()
+
+    def say(text: str) -> None:
+        print(f"[{time.monotonic() - t0:6.1f}s] {text}", flush=True)
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    base = Path("/dev/shm") if Path("/dev/shm").is_dir() else None
+    work = Path(tempfile.mkdtemp(prefix="modelcast-bench-agent-", dir=base))
+    meta = {"machine": machine(), "date": time.strftime("%Y-%m-%d"), "size_mb": args.size_mb,
+            "rate_cap": args.rate_cap, "mtu": args.mtu, "runs": args.runs,
+            "receivers": args.receivers, "methods": args.methods}
+    say(f"benchmark: {meta}")
+    try:
+        runs = speed(args, work, say)
+        if args.asymmetry:
+            runs += asymmetry(args, work, say)
+    finally:
+        subprocess.run(["rm", "-rf", str(work)], check=False)
+    rows = medians(runs)
+    (out / "agent.json").write_text(json.dumps(
+        {"meta": meta, "runs": [r.as_dict() for r in runs], "medians": rows}, indent=1))
+    md = markdown(rows, meta, runs)
+    (out / "agent.md").write_text(md)
+    print(md)
+    return 0 if all(r.ok for r in runs) else 1
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.agent", description=__doc__.splitlines()[0])
+    ap.add_argument("--size-mb", type=float, default=96)
+    ap.add_argument("--rate-cap", type=float, default=1000, help="sender NIC cap, Mbit/s")
+    ap.add_argument("--mtu", type=int, default=9000)
+    ap.add_argument("--receivers", default="1,4")
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--methods", default=",".join(METHODS))
+    ap.add_argument("--timeout", type=float, default=120, help="per transfer, seconds")
+    ap.add_argument("--asymmetry", action=argparse.BooleanOptionalAction, default=True,
+                    help="also run the one-lossy-receiver scenario (default on)")
+    ap.add_argument("--out", default="docs/bench")
+    ap.add_argument("--smoke", action="store_true", help="8 MB, N=1,2, one run (what CI runs)")
+    args = ap.parse_args(argv)
+    bad = set(args.methods.split(",")) - set(METHODS)
+    if bad:
+        print(f"error: unknown method(s) {', '.join(sorted(bad))}; use {', '.join(METHODS)}", file=sys.stderr)
+        return 2
+    if args.smoke:
+        args.size_mb, args.receivers, args.runs = 8, "1,2", 1
+    if os.geteuid() != 0:
+        print("error: the benchmark builds network namespaces: run it as root", file=sys.stderr)
+        return 1
+    try:
+        return run(args)
+    except LabError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
