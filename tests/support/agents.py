@@ -17,12 +17,12 @@ from pathlib import Path
 from typing import Optional
 
 import blake3
-import pytest
 
 from hostagent.events import FileComplete, TransferFinished
 from hostagent.sender import Sender, SenderConfig
 from lab.netsim import Sim
 from lab.sh import free_port
+from tests.support.lab import skip_or_fail
 
 REPO = Path(__file__).resolve().parent.parent.parent
 KIB = 1024
@@ -105,7 +105,7 @@ def loopback_group(address: Optional[str] = None) -> tuple[str, int]:
     group = address or f"239.255.{random.randint(1, 254)}.{random.randint(1, 254)}"
     port = free_port(socket.SOCK_DGRAM)
     if not _loopback_multicast_works(group, port):
-        pytest.skip("multicast on the loopback interface is not available here")
+        skip_or_fail("multicast on the loopback interface is not available here")
     return group, port
 
 
