@@ -2,7 +2,14 @@
 
     python -m bench.controller --topology fat-tree:16 --groups 1000 --receivers 64 --json
 
-Prints one JSON object. ``max_link_load_ratio`` compares links that are alternatives to
+Prints one JSON object. Absolute times do not carry between machines (single-thread
+Python speed differs 3-5x between machines of the same kind), so every time is also given
+as a ratio to a reference timed in the same run on the same graph: plain
+``networkx.single_source_shortest_path`` trees from the same sources over the topology's
+graph (switches and hosts). ``trees_vs_reference`` = ``trees_total_s`` / 1000 such trees;
+``reroute_vs_reference_p99`` = p99 over failures of (reroute time / the reference trees of
+that failure's affected groups, on the graph without the failed link). The machine (CPU
+model, cores, load average at the start) is named in the output. ``max_link_load_ratio`` compares links that are alternatives to
 each other (same tier pair and direction, e.g. every aggregation->edge link): multicast
 trees fan out downwards, so comparing an edge uplink with an aggregation downlink says
 nothing about balance; idle links count, so piling onto one of several parallel links
@@ -13,7 +20,9 @@ load-blind baseline, measured in the same run, are printed beside it.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
+import os
 import random
 import re
 import statistics
@@ -21,6 +30,8 @@ import sys
 import time
 from collections import defaultdict
 from typing import Any
+
+import networkx as nx
 
 from controller.core import MulticastCore, tune_gc
 from controller.topoview import TopologyView
@@ -48,19 +59,45 @@ def load_ratios(core: MulticastCore, topo: Topology) -> tuple[float, float]:
     return per_class, max(used) / statistics.mean(used)
 
 
-def build(topo: Topology, groups: int, receivers: int, seed: int, algorithm: str,
-          balance: bool) -> tuple[MulticastCore, float, int]:
-    core = MulticastCore(TopologyView.from_topology(topo), algorithm=algorithm, balance=balance)
-    for dpid in topo.switches:
-        core.installed[dpid] = {}
+def machine() -> dict[str, Any]:
+    """What the numbers were measured on: they mean little without it."""
+    model = "unknown"
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((line.split(":", 1)[1].strip() for line in f
+                          if line.startswith("model name")), model)
+    except OSError:
+        pass
+    return {"cpu": model, "cores": os.cpu_count(), "loadavg_1m": round(os.getloadavg()[0], 2)}
+
+
+def workload(topo: Topology, groups: int, receivers: int, seed: int) -> list[tuple[str, str, list[str]]]:
+    """(model, source, receivers) per group: sources spread over the hosts, receivers random."""
     rng = random.Random(seed)
     ips = [h.ip for h in topo.hosts]
     if receivers >= len(ips):
         raise SystemExit(f"error: --receivers {receivers} needs more than {len(ips)} hosts")
     work = []
-    for i in range(groups):  # sources spread over the hosts, receivers random
+    for i in range(groups):
         src = ips[(i * 37) % len(ips)]
         work.append((f"model-{i}", src, rng.sample([x for x in ips if x != src], receivers)))
+    return work
+
+
+def reference_s(graph: nx.Graph, sources: list[str]) -> float:
+    """The yardstick: one plain networkx shortest-path tree per source."""
+    start = time.perf_counter()
+    for src in sources:
+        nx.single_source_shortest_path(graph, src)
+    return time.perf_counter() - start
+
+
+def build(topo: Topology, groups: int, receivers: int, seed: int, algorithm: str,
+          balance: bool) -> tuple[MulticastCore, float, int]:
+    core = MulticastCore(TopologyView.from_topology(topo), algorithm=algorithm, balance=balance)
+    for dpid in topo.switches:
+        core.installed[dpid] = {}
+    work = workload(topo, groups, receivers, seed)
     start = time.perf_counter()
     messages = 0
     for model, src, rcv in work:
@@ -72,8 +109,15 @@ def build(topo: Topology, groups: int, receivers: int, seed: int, algorithm: str
 def run(args: argparse.Namespace) -> dict[str, Any]:
     tune_gc()  # as the controller does
     topo = parse(args.topology)
+    graph = topo.graph()
+    sources = [src for _, src, _ in workload(topo, args.groups, args.receivers, args.seed)]
+    # the reference right before and right after the build, averaged: on a shared machine
+    # the CPU available changes from second to second, and the ratio must not
+    ref_before = reference_s(graph, sources)
     core, total_s, messages = build(topo, args.groups, args.receivers, args.seed, args.algorithm, True)
+    ref_s = (ref_before + reference_s(graph, sources)) / 2
     ratio, ratio_global = load_ratios(core, topo)
+    per_switch = [len(entries) for entries in core.installed.values()]
     blind, _, _ = build(topo, args.groups, args.receivers, args.seed, args.algorithm, False)
     blind_ratio, _ = load_ratios(blind, topo)
 
@@ -83,32 +127,60 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     upper = [k for k in core.view.links
              if {_tier(names[k.a]), _tier(names[k.b])} == {"c", "a"}] or sorted(core.view.links)
     rng.shuffle(upper)
-    times, affected, msgs = [], [], []
+    times, affected, msgs, ratios, with_gc = [], [], [], [], 0
     for k in upper[: args.failures]:
         before = {g.gid: g.tree for g in core.groups.values()}
+        collections = _gc_collections()
         t0 = time.perf_counter()
         plan = core.link_remove(k.a, k.a_port, k.b, k.b_port)
         times.append((time.perf_counter() - t0) * 1000)
-        affected.append(sum(1 for g in core.groups.values() if g.tree is not before[g.gid]))
+        with_gc += _gc_collections() != collections
+        moved = [g.source for g in core.groups.values() if g.tree is not before[g.gid]]
+        affected.append(len(moved))
         msgs.append(len(plan))
+        if moved:
+            graph.remove_edge(k.a, k.b)
+            ratios.append(times[-1] / (reference_s(graph, moved) * 1000))
+            graph.add_edge(k.a, k.b, ports={k.a: k.a_port, k.b: k.b_port})
         unreach = sum(len(g.tree.unreachable) for g in core.groups.values() if g.tree)
         if unreach:
             raise SystemExit(f"error: {unreach} receivers unreachable after one link failure")
         core.link_add(k.a, k.a_port, k.b, k.b_port)
-    times.sort()
     return {
         "topology": topo.name, "switches": len(topo.switches), "hosts": len(topo.hosts),
         "groups": args.groups, "receivers": args.receivers, "algorithm": args.algorithm,
+        "machine": machine(),
         "trees_total_s": round(total_s, 3), "messages_total": messages,
+        "reference_trees_s": round(ref_s, 4),
+        "trees_vs_reference": round(total_s / ref_s, 2),
         "link_failures": len(times),
-        "link_failure_ms_p50": round(statistics.median(times), 2) if times else None,
-        "link_failure_ms_p99": round(times[min(len(times) - 1, int(0.99 * len(times)))], 2) if times else None,
+        "link_failure_ms_p50": _pct(times, 0.5, 2),
+        "link_failure_ms_p99": _pct(times, 0.99, 2),
+        "reroute_vs_reference_p50": _pct(ratios, 0.5, 2),
+        "reroute_vs_reference_p99": _pct(ratios, 0.99, 2),
+        "reroutes_with_gc_pause": with_gc,
+        # table use: each entry is one OFPGT_ALL group plus one (S,G) flow on that switch
+        "switch_entries_max": max(per_switch), "switch_entries_mean": round(statistics.mean(per_switch), 1),
         "affected_groups": round(statistics.mean(affected), 1) if affected else 0,
         "messages_per_failure": round(statistics.mean(msgs), 1) if msgs else 0,
         "max_link_load_ratio": round(ratio, 3),
         "max_link_load_ratio_global": round(ratio_global, 3),
         "max_link_load_ratio_load_blind": round(blind_ratio, 3),
     }
+
+
+def _gc_collections() -> int:
+    """Garbage collections so far: a young-generation pass inside a reroute costs more
+    than the reroute, so the output says how many reroutes had one."""
+    return sum(s["collections"] for s in gc.get_stats())
+
+
+def _pct(values: list[float], q: float, digits: int) -> float | None:
+    """The q-quantile (nearest rank below), or None for no values."""
+    if not values:
+        return None
+    v = sorted(values)
+    return round(v[min(len(v) - 1, int(q * len(v)))], digits)
 
 
 def main(argv: list[str] | None = None) -> int:

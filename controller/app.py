@@ -1,7 +1,8 @@
 """The Ryu app: a thin shim that turns OpenFlow and topology events into calls on the
 pure core (through ``Service``) and sends back what they return. The decisions live in
 pure modules: ``controller.reconnect`` (a switch's connect sequence), ``controller.igmp``
-(membership reports) and ``controller.unicast`` (forwarding punted frames).
+(membership reports), ``controller.unicast`` (forwarding punted frames) and
+``controller.hosts`` (learning, probing for and forgetting hosts).
 
 Start it with ``modelcast-controller`` (``controller.main``), which loads the eventlet
 shim first and enables Ryu's LLDP link discovery.
@@ -28,7 +29,8 @@ from controller import igmp as igmp_decisions
 from controller import ofmsgs, settings, unicast
 from controller.core import MulticastCore, Plan, tune_gc
 from controller.errors import CoreError
-from controller.reconnect import Reconnect, port_status
+from controller.hosts import PROBE_MAC, Actions, HostDiscovery
+from controller.reconnect import AuditClock, Reconnect, port_status
 from controller.rest import RestApi
 from controller.service import Service, StateFileError
 
@@ -50,7 +52,9 @@ class ModelcastApp(app_manager.RyuApp):
         self._queue: Any = hub.Queue()
         core = MulticastCore(algorithm=conf.algorithm, udp_port=conf.udp_port)
         self.service = Service(core, installer=self, state_path=conf.state_file, token=conf.token)
-        self.reconnect = Reconnect(core)
+        self.reconnect = Reconnect(core, host_idle_s=conf.host_timeout_s)
+        self.discovery = HostDiscovery(core, idle_s=conf.host_timeout_s)
+        self.audits = AuditClock(conf.audit_interval_s)
         try:
             problems = self.service.load()  # before any switch connects
         except StateFileError as exc:
@@ -62,6 +66,7 @@ class ModelcastApp(app_manager.RyuApp):
         kwargs["wsgi"].register(RestApi, {"service": self.service,
                                           "barrier_timeout": 3 * conf.barrier_timeout_s + 2})
         hub.spawn(self._install_loop)
+        hub.spawn(self._timer_loop)
         if not conf.token:
             log.warning("no REST token configured (--token or MODELCAST_TOKEN): "
                         "anyone who reaches the REST port can change groups")
@@ -174,10 +179,19 @@ class ModelcastApp(app_manager.RyuApp):
     def _stats_reply(self, ev: Any) -> None:
         dp = ev.msg.datapath
         done = self.reconnect.on_reply(dp.id, ev.msg, getattr(dp, "ports", {}).values())
-        if done is not None:
+        if done is None:
+            return
+        if not done.audit:
             log.info("switch %#x reconciled: held %d of our groups, %d messages to fix",
                      dp.id, len(done.present.groups), len(done.plan))
             self._apply(done.plan, "switch")
+            return
+        result = "void" if done.void else "repaired" if len(done.plan) else "clean"
+        self.service.metrics.audits.labels(result=result).inc()
+        if result == "repaired":
+            log.warning("switch %#x drifted from the intended state (entries deleted or changed "
+                        "by hand?): %d messages restore it", dp.id, len(done.plan))
+            self._apply(done.plan, "repair")
 
     @set_ev_cls(ofp_event.EventOFPPortStatus, MAIN_DISPATCHER)
     def _port_status(self, ev: Any) -> None:
@@ -194,6 +208,8 @@ class ModelcastApp(app_manager.RyuApp):
                      dpid, port, "down" if down else "up", len(plan.groups), len(plan),
                      (time.perf_counter() - t0) * 1000)
         self._apply(plan, "reroute")
+        if down:  # hosts behind it are gone
+            self._discovered(self.discovery.port_down(dpid, port))
         self._flush_unicast()
 
     # -- links (LLDP via ryu.topology) ---------------------------------------------------
@@ -204,6 +220,7 @@ class ModelcastApp(app_manager.RyuApp):
         plan = self.core.link_add(s.dpid, s.port_no, d.dpid, d.port_no)
         if self.core.view.version != before:
             log.info("link %#x:%d <-> %#x:%d discovered", s.dpid, s.port_no, d.dpid, d.port_no)
+            self._send(self.discovery.link_up(s.dpid, s.port_no, d.dpid, d.port_no))
             self._apply(plan, "reroute")
             self._flush_unicast()
             self.service.save()
@@ -219,6 +236,7 @@ class ModelcastApp(app_manager.RyuApp):
                      s.dpid, s.port_no, d.dpid, d.port_no, len(plan.groups),
                      (time.perf_counter() - t0) * 1000)
             self._apply(plan, "reroute")
+            self._send(self.discovery.link_down(s.dpid, s.port_no, d.dpid, d.port_no))
             self._flush_unicast()
             self.service.save()
 
@@ -240,7 +258,10 @@ class ModelcastApp(app_manager.RyuApp):
         a = pkt.get_protocol(arp.arp)
         src_ip = ip4.src if ip4 else (a.src_ip if a else None)
         if edge and src_ip and src_ip != "0.0.0.0":
-            self._learn(src_ip, eth.src, dp.id, in_port)
+            self._discovered(self.discovery.seen(src_ip, eth.src, dp.id, in_port,
+                                                 msg.table_id == ofmsgs.TABLE_DST))
+        if eth.dst == PROBE_MAC:
+            return  # an answer to our probe: it taught us the host, it goes nowhere
         if ip4 is not None and ip4.proto == 2:
             if edge:
                 self._igmp(pkt, ip4.src)
@@ -250,17 +271,57 @@ class ModelcastApp(app_manager.RyuApp):
         self._send(unicast.forward(self.core.view, dp.id, in_port, eth.dst, msg.data,
                                    {d: getattr(sw, "ports", {}) for d, sw in self.dps.items()}))
 
-    def _learn(self, ip: str, mac: str, dpid: int, port: int) -> None:
-        known = self.core.view.hosts.get(ip)
-        if known is not None and (known.dpid, known.port, known.mac) == (dpid, port, mac):
+    # -- hosts: learned, probed for, forgotten (controller.hosts decides) ------------------
+    @set_ev_cls(ofp_event.EventOFPFlowRemoved, MAIN_DISPATCHER)
+    def _flow_removed(self, ev: Any) -> None:
+        """A host's source entry idled out: it was silent for the host timeout. Or one
+        of our other entries was deleted while no plan of ours was in flight: someone
+        else did it, so that switch is audited at once."""
+        msg = ev.msg
+        if msg.cookie & ofmsgs.COOKIE_MASK != ofmsgs.COOKIE_TAG:
             return
-        try:
-            plan = self.core.host_add(ip, mac, dpid, port)
-        except CoreError:
-            return
-        log.info("host %s (%s) at switch %#x port %d", ip, mac, dpid, port)
-        self._apply(plan, "host")
-        self.service.save()
+        if msg.reason == ofp.OFPRR_IDLE_TIMEOUT:
+            if msg.cookie == ofmsgs.COOKIE_SOURCE and "eth_src" in msg.match \
+                    and "in_port" in msg.match:
+                self.discovery.idle(msg.datapath.id, msg.match["in_port"],
+                                    msg.match["eth_src"], time.monotonic())
+                self._discovery_tick()
+        elif msg.cookie != ofmsgs.COOKIE_SOURCE and not self.service.busy:  # (we delete
+            # source-table entries outside plans; the periodic audit checks link ports)
+            log.warning("switch %#x: an entry of ours was deleted (cookie %#x, priority %d): "
+                        "auditing it", msg.datapath.id, msg.cookie, msg.priority)
+            self.audits.soon(msg.datapath.id)
+
+    def _timer_loop(self) -> None:
+        """Host discovery's probes and timeouts, and the switches' periodic audits."""
+        while True:
+            hub.sleep(0.25)
+            try:
+                self._discovery_tick()
+                self._start_audits(time.monotonic())
+            except Exception:  # never let one bad step stop the timers
+                log.exception("timer step failed")
+
+    def _start_audits(self, now: float) -> None:
+        """Re-read the tables of the switches that are due (answers: ``_stats_reply``)."""
+        for dpid in self.audits.due(now, self.dps, self.service.busy, self.reconnect.reading()):
+            self._send([(dpid, m) for m in self.reconnect.start(dpid, audit=True)])
+
+    def _discovery_tick(self) -> None:
+        self._discovered(self.discovery.tick(
+            time.monotonic(), {d: getattr(dp, "ports", {}) for d, dp in self.dps.items()}))
+
+    def _discovered(self, acts: Actions) -> None:
+        self._send(acts.msgs)
+        view = self.core.view
+        for ip in acts.learned:
+            h = view.hosts[ip]
+            log.info("host %s (%s) at switch %#x port %d", ip, h.mac, h.dpid, h.port)
+        for ip in acts.forgotten:
+            log.info("host %s forgotten (port down, or silent and not answering probes)", ip)
+        self._apply(acts.plan, "host")
+        if acts.learned or acts.forgotten:
+            self.service.save()
 
     def _igmp(self, pkt: packet.Packet, reporter: str) -> None:
         """Membership reports act exactly like REST joins/leaves of the (S,G) groups."""

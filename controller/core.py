@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import gc
 import logging
-from collections import Counter, defaultdict
+from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator
 
@@ -21,21 +21,26 @@ from controller import ofmsgs
 from controller.addressing import check_model, check_ssm, ssm_address
 from controller.errors import Conflict, CoreError, ReceiverIsSource, UnknownGroup
 from controller.topoview import TopologyView, check_unicast
-from controller.trees import ALGORITHMS, DirectedLink, PathCache, SwitchEntry, Tree, compute_tree
+from controller.trees import ALGORITHMS, LinkLoad, PathCache, SwitchEntry, Tree, compute_tree
 
 log = logging.getLogger("modelcast.core")
 DEFAULT_PORT = 5500
 MAX_GID = 0xFFFFFF00  # OFPG_MAX
 UNKNOWN_PORT = -1  # in a believed entry: "whatever is there is wrong", never sent
+_ABSENT = object()
 
 
 def tune_gc() -> None:
-    """The core holds large long-lived state (an entry per switch per group). CPython's
-    default thresholds rescan it every few thousand allocations, and a reroute that
-    builds a few hundred messages then stalls for 100-250 ms (measured on fat-tree:16
-    with 1000 groups). Collecting the young generation less often keeps reroutes at
-    their compute time. Called once by the controller and by the benchmark."""
-    gc.set_threshold(100_000, 50, 100)
+    """The core holds large long-lived state (an entry per switch per group). With
+    CPython's default thresholds the older generations, i.e. all of it, are rescanned
+    every few thousand allocations, and a reroute that builds a few hundred messages then
+    stalls for 100-250 ms (measured on fat-tree:16 with 1000 groups). Older generations
+    are therefore collected rarely (gen1 after 1000 young passes, gen2 after 1000 of
+    those). The young generation stays small: one pass costs ~0.45 us per young object,
+    so a 100,000-object threshold put a ~45 ms pause into 1-2 of 100 reroutes (p99 8x
+    the reference), while 10,000 spreads ~4 ms passes over them (p99 ~3.6x). Called once
+    by the controller and by the benchmark."""
+    gc.set_threshold(10_000, 1000, 1000)
 
 
 @dataclass
@@ -140,10 +145,18 @@ class MulticastCore:
         # to these. A restored controller knows the topology before switches reconnect;
         # until one does, nothing is sent to it and nothing of it is torn down.
         self.installed: dict[int, dict[int, SwitchEntry]] = {}
-        self.load: Counter[DirectedLink] = Counter()  # directed link -> groups crossing it
+        self.load = LinkLoad()  # directed link -> groups crossing it
         self.switch_users: defaultdict[int, set[int]] = defaultdict(set)  # dpid -> gids
         self.link_users: defaultdict[tuple[int, int], set[int]] = defaultdict(set)  # (lo, hi)
         self.cache = PathCache(self.view)
+        # indexes, so that a request costs the same with 10 or 10,000 groups
+        self.placed: defaultdict[int, set[int]] = defaultdict(set)  # gid -> dpids in installed
+        self._by_key: dict[tuple[str, str], int] = {}  # (model, source) -> gid
+        self._by_model: defaultdict[str, set[int]] = defaultdict(set)
+        self._by_addr: defaultdict[str, set[int]] = defaultdict(set)
+        # dpid -> how many times the belief about it changed: a table read (audit) that
+        # started before a change cannot be compared with the belief after it
+        self.changes: defaultdict[int, int] = defaultdict(int)
         self._next_gid = 1
         self._saved_trees: dict[int, dict[int, int | None]] = {}  # restored, not yet rebuilt
 
@@ -155,16 +168,30 @@ class MulticastCore:
             raise UnknownGroup(f"no group with id {gid!r}") from None
 
     def find(self, model: str, source: str) -> Group | None:
-        for g in self.groups.values():
-            if g.model == model and g.source == source:
-                return g
-        return None
+        gid = self._by_key.get((model, source))
+        return None if gid is None else self.groups[gid]
+
+    def _add(self, g: Group) -> None:
+        self.groups[g.gid] = g
+        self._by_key[(g.model, g.source)] = g.gid
+        self._by_model[g.model].add(g.gid)
+        self._by_addr[g.address].add(g.gid)
+
+    def _remove(self, g: Group) -> None:
+        del self.groups[g.gid]
+        del self._by_key[(g.model, g.source)]
+        for index, key in ((self._by_model, g.model), (self._by_addr, g.address)):
+            index[key].discard(g.gid)
+            if not index[key]:
+                del index[key]
 
     def create_group(self, model: str, source: str, receivers: Iterable[str] = (),
                      algorithm: str | None = None, address: str | None = None,
                      port: int | None = None, gid: int | None = None) -> tuple[Group, Plan]:
         """Create the (source, model) group, or return the existing one unchanged.
-        The source must be a known host; receivers may be added now or later."""
+        Receivers may be added now or later. Hosts the controller has not seen yet are
+        accepted: the group waits for them (``controller.hosts`` looks for them) and
+        routes them as soon as they are found."""
         model = check_model(model)
         source = check_unicast(source, "source")
         algorithm = algorithm or self.algorithm
@@ -173,9 +200,6 @@ class MulticastCore:
         rset = {check_unicast(r, "receiver") for r in receivers}
         if source in rset:
             raise ReceiverIsSource(f"receiver {source} is the group's source")
-        self.view.host(source)
-        for r in rset:
-            self.view.host(r)
         existing = self.find(model, source)
         if existing is not None:
             return existing, Plan()
@@ -194,14 +218,14 @@ class MulticastCore:
             raise CoreError(f"group id {gid} outside 1..{MAX_GID}")
         self._next_gid = max(self._next_gid, gid + 1)
         g = Group(gid, model, source, address, port or self.udp_port, algorithm, rset)
-        self.groups[gid] = g
+        self._add(g)
         return g, self._sync([gid])
 
     def delete_group(self, gid: int) -> Plan:
         g = self.group(gid)
         self._set_tree(g, None)
         plan = self._diff([g.gid])
-        del self.groups[g.gid]
+        self._remove(g)
         return plan
 
     def join(self, gid: int, ip: str) -> Plan:
@@ -209,7 +233,6 @@ class MulticastCore:
         ip = check_unicast(ip, "receiver")
         if ip == g.source:
             raise ReceiverIsSource(f"receiver {ip} is the group's source")
-        self.view.host(ip)
         if ip in g.receivers:
             return Plan()
         g.receivers.add(ip)
@@ -229,7 +252,9 @@ class MulticastCore:
         whole share of every tree. With ``present`` (what the switch reported holding of
         ours, after a controller restart or a control-channel flap) only the differences
         are fixed, so delivery through a healthy switch never stops."""
+        self._forget_installed(dpid)
         self.installed[dpid] = {}
+        self.changes[dpid] += 1
         stale = Plan()
         if present is not None:
             for gid, entry in present.groups.items():
@@ -242,6 +267,7 @@ class MulticastCore:
                 self.installed[dpid][gid] = SwitchEntry(
                     ins[0] if len(ins) == 1 else UNKNOWN_PORT,
                     entry.out_ports if entry is not None else (UNKNOWN_PORT,))
+                self.placed[gid].add(dpid)
         plan = self._after_up() if self.view.add_switch(dpid) else Plan()
         plan.extend(self.sync_switch(dpid))
         if present is not None:  # flows on ingress ports the tree no longer uses
@@ -254,7 +280,7 @@ class MulticastCore:
 
     def switch_leave(self, dpid: int) -> Plan:
         """The switch is gone (or its control channel is, past the app's grace period)."""
-        self.installed.pop(dpid, None)
+        self._forget_installed(dpid)
         if not self.view.remove_switch(dpid):
             return Plan()
         return self._after_down(self.switch_users[dpid])
@@ -298,26 +324,31 @@ class MulticastCore:
         return self._diff(list(self.groups), only={dpid})
 
     # -- internals ---------------------------------------------------------------------
+    def _forget_installed(self, dpid: int) -> None:
+        """Drop the belief about one switch (it left, or it reports afresh)."""
+        for gid in self.installed.pop(dpid, {}):
+            self.placed[gid].discard(dpid)
+
     def _address_for(self, model: str) -> str:
-        for g in self.groups.values():  # same model from another source shares G: (S,G) differs
-            if g.model == model:
-                return g.address
-        used = {g.address for g in self.groups.values()}
-        return ssm_address(model, used.__contains__)
+        same = self._by_model.get(model)
+        if same:  # same model from another source shares G: (S,G) differs
+            return self.groups[next(iter(same))].address
+        return ssm_address(model, self._by_addr.__contains__)
 
     def _by_address(self, address: str) -> Group | None:
-        return next((g for g in self.groups.values() if g.address == address), None)
+        gids = self._by_addr.get(address)
+        return self.groups[min(gids)] if gids else None
 
     def _after_down(self, candidates: Iterable[int]) -> Plan:
         """Reroute those of ``candidates`` whose tree crosses something no longer live."""
-        g_live = self.view.graph
+        nbr = self.view.nbr_ports  # the live graph
         affected = []
         for gid in sorted(candidates):
             t = self.groups[gid].tree
             if t is None:
                 continue
-            if any(n not in g_live for n in t.parent) or any(
-                    not g_live.has_edge(p, c) for p, c in t.links()) or self._edge_lost(self.groups[gid]):
+            if any(c not in nbr or (p is not None and c not in nbr.get(p, ()))
+                   for c, p in t.parent.items()) or self._edge_lost(self.groups[gid]):
                 affected.append(gid)
         return self._sync(affected)
 
@@ -333,20 +364,34 @@ class MulticastCore:
     def _set_tree(self, g: Group, tree: Tree | None) -> None:
         """Swap a group's tree, keeping link load and the usage indexes in step."""
         if g.tree is not None:
-            links = g.tree.links()
-            self.load.subtract(links)
-            for p, c in links:
-                self.link_users[(min(p, c), max(p, c))].discard(g.gid)
-            for n in g.tree.parent:
-                self.switch_users[n].discard(g.gid)
-        g.tree = tree
+            self._add_load(g.tree, -1)
+        self._swap(g, tree)
+
+    def _swap(self, g: Group, tree: Tree | None) -> None:
+        """Install ``tree`` as the group's, its old tree's load already taken off: the usage
+        indexes change only where the trees differ (a reroute keeps most of a tree)."""
         if tree is not None:
-            links = tree.links()
-            self.load.update(links)
-            for p, c in links:
-                self.link_users[(min(p, c), max(p, c))].add(g.gid)
-            for n in tree.parent:
-                self.switch_users[n].add(g.gid)
+            self._add_load(tree, 1)
+        old = g.tree.parent if g.tree is not None else {}
+        new = tree.parent if tree is not None else {}
+        gid, link_users, switch_users = g.gid, self.link_users, self.switch_users
+        for was, now, users in ((old, new, set.discard), (new, old, set.add)):
+            for c, p in was.items():
+                if now.get(c, _ABSENT) != p:
+                    if c not in now:
+                        users(switch_users[c], gid)
+                    if p is not None:
+                        users(link_users[(p, c) if p < c else (c, p)], gid)
+        g.tree = tree
+
+    def _add_load(self, tree: Tree, step: int) -> None:
+        into = self.load.into
+        for c, p in tree.parent.items():
+            if p is not None:  # LinkLoad.bump, inlined: ~10^5 calls per 1000 groups
+                loads = into.get(c)
+                if loads is None:
+                    loads = into[c] = {}
+                loads[p] = loads.get(p, 0) + step
 
     def _sync(self, gids: Iterable[int]) -> Plan:
         gids = list(gids)
@@ -356,8 +401,9 @@ class MulticastCore:
                 self._set_tree(g, None)
                 continue
             keep = g.tree.parent if g.tree is not None else self._saved_trees.pop(gid, None)
-            self._set_tree(g, None)  # its own old tree must not bias it away from itself
-            load = self.load if self.balance else Counter()
+            if g.tree is not None:  # its own old tree must not bias it away from itself
+                self._add_load(g.tree, -1)
+            load = self.load if self.balance else LinkLoad()
             try:
                 tree = compute_tree(self.view, g.source, g.receivers, g.algorithm, load,
                                     self.cache, keep=keep)
@@ -368,7 +414,7 @@ class MulticastCore:
                     tree = compute_tree(self.view, g.source, known, g.algorithm, load,
                                         self.cache, keep=keep)
                     tree.unreachable = frozenset(g.receivers - tree.reached)
-            self._set_tree(g, tree)
+            self._swap(g, tree)
         return self._diff(gids)
 
     def _diff(self, gids: Iterable[int], only: set[int] | None = None) -> Plan:
@@ -379,16 +425,21 @@ class MulticastCore:
         for gid in gids:
             g = self.groups[gid]
             want = g.tree.entries if g.tree is not None else {}
-            have = {dpid: st[gid] for dpid, st in self.installed.items() if gid in st}
-            dpids = (set(want) | set(have)) & live
+            have = {dpid: self.installed[dpid][gid] for dpid in self.placed[gid]}
+            dpids = (want.keys() | have.keys()) & live
             if only is not None:
                 dpids &= only
-            depth = {d: g.tree.depth(d) for d in want} if g.tree is not None else {}
-            for dpid in sorted(dpids, key=lambda d: -depth.get(d, 0)):  # leaves first
+            changed = [d for d in dpids if have.get(d) != want.get(d)]
+            if not changed:
+                continue
+            plan.groups.add(gid)
+            if g.tree is not None and len(changed) > 1:  # leaves first
+                depth = g.tree.depths() if len(changed) > 16 else {
+                    d: g.tree.depth(d) for d in changed if d in want}
+                changed.sort(key=lambda d: -depth.get(d, 0))
+            for dpid in changed:
+                self.changes[dpid] += 1
                 old, new = have.get(dpid), want.get(dpid)
-                if old == new:
-                    continue
-                plan.groups.add(gid)
                 if old is None:
                     build.append((dpid, ofmsgs.group_add(dpid, gid, new.in_port, new.out_ports)))
                     build.append((dpid, ofmsgs.flow_add(dpid, gid, new.in_port, g.source, g.address)))
@@ -404,8 +455,10 @@ class MulticastCore:
                             remove.append((dpid, ofmsgs.flow_delete(dpid, gid, old.in_port, g.source, g.address)))
                 if new is None:
                     self.installed[dpid].pop(gid, None)
+                    self.placed[gid].discard(dpid)
                 else:
                     self.installed.setdefault(dpid, {})[gid] = new
+                    self.placed[gid].add(dpid)
         return plan
 
     # -- persistence ---------------------------------------------------------------------
@@ -441,7 +494,7 @@ class MulticastCore:
                 g = Group(gid, model, source, check_ssm(d["address"]), int(d["port"]),
                           d.get("algorithm", self.algorithm),
                           {check_unicast(r, "receiver") for r in d.get("receivers", [])})
-                self.groups[gid] = g
+                self._add(g)
                 self._next_gid = max(self._next_gid, gid + 1)
                 tree = d.get("tree") or []
                 if tree:

@@ -8,6 +8,7 @@ Our options are parsed here; everything else (``--ofp-tcp-listen-port``, ``--wsa
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -27,6 +28,11 @@ def parse(argv: list[str]) -> tuple[settings.Settings, list[str]]:
                     "(env MODELCAST_STATE_FILE); restored at start")
     ap.add_argument("--algorithm", help=f"tree algorithm: {' or '.join(ALGORITHMS)} (default spt)")
     ap.add_argument("--udp-port", type=int, help="UDP port announced for new groups (default 5500)")
+    ap.add_argument("--host-timeout", type=int, default=os.environ.get("MODELCAST_HOST_TIMEOUT"),
+                    help="seconds a host may stay silent before it is probed, and forgotten "
+                    "if it does not answer 3 probes in 3 s (env MODELCAST_HOST_TIMEOUT; default 300)")
+    ap.add_argument("--audit-interval", type=float, help="seconds between audits of each switch's "
+                    "tables (what was deleted or changed by hand is put back; 0 disables; default 5)")
     ours, rest = ap.parse_known_args(argv)
     if ours.help:
         ap.print_help()
@@ -40,10 +46,18 @@ def parse(argv: list[str]) -> tuple[settings.Settings, list[str]]:
         conf.algorithm = ours.algorithm
     if ours.udp_port is not None:
         conf.udp_port = ours.udp_port
+    if ours.host_timeout is not None:
+        conf.host_timeout_s = ours.host_timeout
+    if ours.audit_interval is not None:
+        conf.audit_interval_s = ours.audit_interval
     if conf.algorithm not in ALGORITHMS:
         ap.error(f"--algorithm must be one of {', '.join(ALGORITHMS)}, not {conf.algorithm!r}")
     if not 1 <= conf.udp_port <= 65535:
         ap.error(f"--udp-port must be 1..65535, not {conf.udp_port}")
+    if not 1 <= conf.host_timeout_s <= 65535:  # an OpenFlow idle timeout is 16 bits
+        ap.error(f"--host-timeout must be 1..65535 s, not {conf.host_timeout_s}")
+    if not conf.audit_interval_s >= 0:
+        ap.error(f"--audit-interval must be >= 0 s, not {conf.audit_interval_s}")
     if conf.state_file is not None:
         parent = conf.state_file.expanduser().resolve().parent
         if not parent.is_dir():

@@ -4,12 +4,20 @@ A switch that connects may already hold our trees (after a controller restart or
 control-channel flap a healthy switch keeps forwarding), so before touching it the
 controller reads what it holds of ours and only fixes the differences:
 
-1. ``features(dpid)``: the base flows (on OFPT_FEATURES_REPLY).
+1. ``features(dpid)``: the base flows and the switch's share of the source table (known
+   link ports and hosts, ``controller.hosts``), on OFPT_FEATURES_REPLY.
 2. ``start(dpid)``: a flow-stats request (our cookie only) and a group-desc request.
 3. ``on_reply(dpid, reply, ports)`` for every multipart reply part: once both answers
    are complete, the switch's state is read (``SwitchState.from_tables``), every port it
-   reports down becomes ``port_down`` and ``switch_enter`` diffs against the rest. The
-   result is a ``Reconciled`` whose plan the caller installs.
+   reports down becomes ``port_down`` and ``switch_enter`` diffs against the rest; base
+   flows or link-port entries missing from the tables are re-sent. The result is a
+   ``Reconciled`` whose plan the caller installs.
+
+The same read is the **audit** of a connected switch (``start(dpid, audit=True)``, when
+``AuditClock`` says it is due): whatever was deleted or changed behind the controller's
+back (``ovs-ofctl del-flows``/``del-groups``, a hand-edited group) is put back, exactly
+the intended state and nothing else. An audit whose switch changed in between (a plan
+was sent to it) is void: its answer no longer describes what the switch must hold.
 
 The Ryu app and the simulated fabric (``lab.fakeof``) drive this same class.
 """
@@ -24,6 +32,7 @@ from ryu.ofproto import ofproto_v1_3_parser as parser
 
 from controller import ofmsgs
 from controller.core import MulticastCore, Plan, SwitchState
+from controller.hosts import HOST_IDLE_S, source_table
 
 
 def port_is_down(desc: Any) -> bool:
@@ -43,36 +52,83 @@ def port_status(reason: int, desc: Any) -> bool | None:
 class _Reads:
     flows: list[tuple[int, int, int | None]] = field(default_factory=list)
     groups: dict[int, tuple[int, list[list[int | None]]]] = field(default_factory=dict)
+    base: set[tuple] = field(default_factory=set)  # keys of base and link-port entries held
     flows_done: bool = False
     groups_done: bool = False
+    audit_of: int | None = None  # an audit: the core's change count for the switch at start
 
 
 @dataclass
 class Reconciled:
-    """A switch's reads are complete: what it held of ours and the plan that fixes it."""
+    """A switch's reads are complete: what it held of ours and the plan that fixes it.
+    ``audit``: it was an audit; ``void``: an audit overtaken by a change (no plan)."""
 
     dpid: int
     present: SwitchState
     plan: Plan
+    audit: bool = False
+    void: bool = False
 
+
+def _base_key(table_id: int, priority: int, match: Any) -> tuple:
+    return (table_id, priority, tuple(sorted(match.items())))
+
+
+class AuditClock:
+    """When each connected switch is due for an audit: every ``interval_s``, never while
+    plans are still being installed (their effect is not on the switch yet), never while
+    its tables are being read anyway."""
+
+    def __init__(self, interval_s: float) -> None:
+        self.interval_s = interval_s
+        self._next: dict[int, float] = {}
+
+    def soon(self, dpid: int) -> None:
+        """Audit this switch at the next opportunity (it reported one of our entries
+        deleted, and not by us)."""
+        self._next[dpid] = float("-inf")
+
+    def due(self, now: float, connected: Iterable[int], busy: bool,
+            reading: Iterable[int] = ()) -> list[int]:
+        if self.interval_s <= 0:
+            return []
+        connected = set(connected)
+        for dpid in set(self._next) - connected:
+            del self._next[dpid]
+        if busy:
+            return []
+        out = []
+        skip = set(reading)
+        for dpid in sorted(connected):
+            at = self._next.setdefault(dpid, now + self.interval_s)
+            if now >= at and dpid not in skip:
+                out.append(dpid)
+                self._next[dpid] = now + self.interval_s
+        return out
 
 class Reconnect:
     """Per-switch reads in progress over one core; replies of switches not being read
     (late, or after a disconnect) are ignored."""
 
-    def __init__(self, core: MulticastCore) -> None:
+    def __init__(self, core: MulticastCore, host_idle_s: int = HOST_IDLE_S) -> None:
         self.core = core
+        self.host_idle_s = host_idle_s
         self._reads: dict[int, _Reads] = {}
 
-    @staticmethod
-    def features(dpid: int) -> list[ofmsgs.Msg]:
-        """What a switch gets as soon as it connects, before its state is read."""
-        return ofmsgs.base_flows(dpid)
+    def features(self, dpid: int) -> list[ofmsgs.Msg]:
+        """What a switch gets as soon as it connects, before its state is read: the base
+        flows, and the source-table entries of the links and hosts already known (after a
+        controller restart they are re-asserted, identical entries replace themselves)."""
+        return ofmsgs.base_flows(dpid) + source_table(self.core.view, dpid, self.host_idle_s)
 
-    def start(self, dpid: int) -> list[ofmsgs.Msg]:
+    def start(self, dpid: int, audit: bool = False) -> list[ofmsgs.Msg]:
         """Begin (or restart) reading a switch; returns the requests to send it."""
-        self._reads[dpid] = _Reads()
+        self._reads[dpid] = _Reads(audit_of=self.core.changes[dpid] if audit else None)
         return [ofmsgs.flow_stats_request(dpid), ofmsgs.group_desc_request(dpid)]
+
+    def reading(self) -> set[int]:
+        """Switches whose tables are being read."""
+        return set(self._reads)
 
     def forget(self, dpid: int) -> None:
         """The switch disconnected: an unfinished read of it is void."""
@@ -88,6 +144,8 @@ class Reconnect:
         last = not reply.flags & ofp.OFPMPF_REPLY_MORE
         if isinstance(reply, parser.OFPFlowStatsReply):
             st.flows.extend((f.cookie, f.priority, f.match.get("in_port")) for f in reply.body)
+            st.base.update(_base_key(f.table_id, f.priority, f.match) for f in reply.body
+                           if f.cookie in (ofmsgs.COOKIE_TAG, ofmsgs.COOKIE_SOURCE))
             st.flows_done |= last
         elif isinstance(reply, parser.OFPGroupDescStatsReply):
             for g in reply.body:
@@ -102,9 +160,18 @@ class Reconnect:
             return None
         del self._reads[dpid]
         present = SwitchState.from_tables(st.flows, st.groups, self.core.groups)
+        audit = st.audit_of is not None
+        if audit and st.audit_of != self.core.changes[dpid]:
+            return Reconciled(dpid, present, Plan(), audit=True, void=True)
         plan = Plan()
+        # base flows and link-port entries someone deleted (host entries are not checked:
+        # they idle out by design, and a host without one is re-learned from its next frame)
+        expected = [m for m in self.features(dpid)
+                    if m.cookie == ofmsgs.COOKIE_TAG or m.priority == ofmsgs.PRIO_LINK_PORT]
+        plan.phases[0] += [(dpid, m) for m in expected
+                           if _base_key(m.table_id, m.priority, m.match) not in st.base]
         for desc in ports:
             if desc.port_no < ofp.OFPP_MAX and port_is_down(desc):
                 plan.extend(self.core.port_down(dpid, desc.port_no))
         plan.extend(self.core.switch_enter(dpid, present))
-        return Reconciled(dpid, present, plan)
+        return Reconciled(dpid, present, plan, audit=audit)

@@ -17,6 +17,9 @@ class Settings:
     algorithm: str = field(default_factory=lambda: os.environ.get("MODELCAST_ALGORITHM", "spt"))
     udp_port: int = 5500
     barrier_timeout_s: float = 5.0  # a switch that does not confirm a phase by then: error
+    # a host silent this long is probed, and forgotten if it does not answer (controller.hosts)
+    host_timeout_s: int = 300
+    audit_interval_s: float = 5.0  # each switch's tables re-read and repaired this often; 0: never
 
 
 current = Settings()

@@ -52,6 +52,9 @@ def check_unicast(ip: str, what: str = "host") -> str:
     return str(addr)
 
 
+EDGE_LOG = 4096
+
+
 class TopologyView:
     """Switches, links (with port numbers), port state and host attachment points.
 
@@ -67,7 +70,16 @@ class TopologyView:
         self.ports_down: set[tuple[int, int]] = set()
         self.hosts: dict[str, HostLoc] = {}
         self.graph: nx.Graph = nx.Graph()
+        # the live graph again as plain dicts, switch -> neighbour -> port towards it: tree
+        # code walks it thousands of times per change, and networkx's views cost a call each
+        self.nbr_ports: dict[int, dict[int, int]] = {}
         self.version = 0
+        # How ``graph`` changed, for caches that patch instead of recomputing: every edge
+        # added or removed (u, v, added), the last EDGE_LOG of them, numbered from
+        # ``edge_log_start``; ``removals`` counts switches leaving (no patching those).
+        self.edge_log: list[tuple[int, int, bool]] = []
+        self.edge_log_start = 0
+        self.removals = 0
 
     @classmethod
     def from_topology(cls, topo: Topology) -> "TopologyView":
@@ -94,7 +106,7 @@ class TopologyView:
         return loc.dpid in self.switches and (loc.dpid, loc.port) not in self.ports_down
 
     def link_port(self, dpid: int, neighbour: int) -> int:
-        return self.graph.edges[dpid, neighbour]["ports"][dpid]
+        return self.nbr_ports[dpid][neighbour]
 
     def edge_port(self, dpid: int, port: int) -> bool:
         """True for a port with no known inter-switch link: where hosts are learned."""
@@ -110,6 +122,7 @@ class TopologyView:
             return False
         self.switches.add(dpid)
         self.graph.add_node(dpid)
+        self.nbr_ports[dpid] = {}
         for link in self.links:
             self._refresh(link)
         self.version += 1
@@ -120,6 +133,9 @@ class TopologyView:
             return False
         self.switches.discard(dpid)
         self.graph.remove_node(dpid)
+        self.removals += 1
+        for n in self.nbr_ports.pop(dpid, {}):
+            self.nbr_ports[n].pop(dpid, None)
         self.ports_down = {p for p in self.ports_down if p[0] != dpid}
         self.version += 1
         return True
@@ -191,7 +207,31 @@ class TopologyView:
                 and (link.a, link.a_port) not in self.ports_down
                 and (link.b, link.b_port) not in self.ports_down)
         if live:
+            if not self.graph.has_edge(link.a, link.b):
+                self._log(link.a, link.b, True)
             self.graph.add_edge(link.a, link.b, ports={link.a: link.a_port, link.b: link.b_port},
                                 key=link)
+            self.nbr_ports[link.a][link.b] = link.a_port
+            self.nbr_ports[link.b][link.a] = link.b_port
         elif self.graph.has_edge(link.a, link.b) and self.graph.edges[link.a, link.b]["key"] == link:
             self.graph.remove_edge(link.a, link.b)
+            self._log(link.a, link.b, False)
+            self.nbr_ports[link.a].pop(link.b, None)
+            self.nbr_ports[link.b].pop(link.a, None)
+
+    def _log(self, a: int, b: int, added: bool) -> None:
+        self.edge_log.append((a, b, added))
+        if len(self.edge_log) > 2 * EDGE_LOG:
+            del self.edge_log[:EDGE_LOG]
+            self.edge_log_start += EDGE_LOG
+
+    def edge_changes(self, since: int) -> list[tuple[int, int, bool]] | None:
+        """Edge changes numbered ``since`` onwards, or None when they are no longer kept."""
+        if since < self.edge_log_start:
+            return None
+        return self.edge_log[since - self.edge_log_start:]
+
+    @property
+    def edge_count(self) -> int:
+        """The number of the next edge change (what ``edge_changes`` takes)."""
+        return self.edge_log_start + len(self.edge_log)

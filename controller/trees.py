@@ -11,9 +11,12 @@ Two algorithms:
 
 from __future__ import annotations
 
+from bisect import insort
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Iterable, NamedTuple
+from itertools import repeat
+from operator import add
+from typing import Iterable, Iterator, NamedTuple
 
 import networkx as nx
 from networkx.algorithms.approximation import steiner_tree
@@ -53,24 +56,89 @@ class Tree:
             d += 1
         return d
 
+    def depths(self) -> dict[int, int]:
+        """Every switch's hop count from the root, in one pass (installs go leaves first)."""
+        depth: dict[int, int] = {}
+        parent = self.parent
+        for n in parent:
+            path = []
+            while n not in depth:
+                p = parent[n]
+                if p is None:
+                    depth[n] = 0
+                    break
+                path.append(n)
+                n = p
+            d = depth[n]
+            for m in reversed(path):
+                d += 1
+                depth[m] = d
+        return depth
+
+
+class LinkLoad:
+    """Groups crossing each directed link (parent, child), stored child -> parent -> count:
+    the tree search reads a node's incoming loads in its inner loop, ~10^3 times per tree,
+    and a nested dict read is cheaper than hashing a tuple key. Reads like a Counter keyed
+    by (parent, child)."""
+
+    def __init__(self, counts: dict[DirectedLink, int] | None = None) -> None:
+        self.into: dict[int, dict[int, int]] = {}
+        for (p, c), n in (counts or {}).items():
+            self.bump(p, c, n)
+
+    def bump(self, p: int, c: int, delta: int) -> None:
+        into = self.into.get(c)
+        if into is None:
+            into = self.into[c] = {}
+        into[p] = into.get(p, 0) + delta
+
+    def __getitem__(self, link: DirectedLink) -> int:
+        return self.into.get(link[1], _NO_LOAD).get(link[0], 0)
+
+    def items(self) -> Iterator[tuple[DirectedLink, int]]:
+        return (((p, c), n) for c, ps in self.into.items() for p, n in ps.items())
+
+    def values(self) -> Iterator[int]:
+        return (n for ps in self.into.values() for n in ps.values())
+
+
+_NO_LOAD: dict[int, int] = {}
+
 
 class PathCache:
-    """Hop-count BFS layers from each source switch, reused across groups until the
-    topology changes (``TopologyView.version``): most groups share few source switches."""
+    """Hop-count BFS layers from each source switch, reused across groups: most groups
+    share few source switches. A link change patches the cached layers instead of
+    clearing them (a failure must not pay one BFS per source switch of every affected
+    group): removing a link that leaves its far end another shortest-path predecessor, or
+    adding one between adjacent layers, only edits a predecessor list; anything else drops
+    that source's entry. A switch leaving drops everything."""
 
     def __init__(self, view: TopologyView) -> None:
         self.view = view
-        self._version = -1
+        self._removals = -1
+        self._edges = 0
         self._dags: dict[int, tuple[dict[int, int], dict[int, list[int]]]] = {}
+
+    def _catch_up(self) -> None:
+        view = self.view
+        changes = view.edge_changes(self._edges)
+        if view.removals != self._removals or changes is None:
+            self._dags.clear()
+        else:
+            for a, b, added in changes:
+                for root, (dist, preds) in list(self._dags.items()):
+                    if not _patch(dist, preds, a, b, added):
+                        del self._dags[root]
+        self._removals, self._edges = view.removals, view.edge_count
 
     def dag(self, root: int) -> tuple[dict[int, int], dict[int, list[int]]]:
         """(distance, predecessors on some shortest path) for every switch reachable from root."""
-        if self._version != self.view.version:
-            self._dags.clear()
-            self._version = self.view.version
+        if self._removals != self.view.removals or self._edges != self.view.edge_count:
+            self._catch_up()
         hit = self._dags.get(root)
         if hit is None:
-            adj = self.view.graph.adj
+            adj = self.view.nbr_ports
             dist = {root: 0}
             preds: dict[int, list[int]] = {root: []}
             frontier = [root]
@@ -93,8 +161,27 @@ class PathCache:
         return hit
 
 
+def _patch(dist: dict[int, int], preds: dict[int, list[int]], a: int, b: int, added: bool) -> bool:
+    """Apply one edge change to a BFS DAG in place; False when distances may change."""
+    da, db = dist.get(a), dist.get(b)
+    if da is None and db is None:
+        return True  # both outside the root's component, and they stay so together
+    if da is None or db is None:
+        return not added  # an edge from outside the component cannot be in it
+    if da == db:
+        return True  # same layer: on no shortest path
+    near, far = (a, b) if da < db else (b, a)
+    if abs(da - db) > 1:
+        return False  # a shortcut: distances shrink
+    if added:
+        insort(preds[far], near)
+        return True
+    preds[far].remove(near)
+    return bool(preds[far])  # its only predecessor went: distances grow
+
+
 def compute_tree(view: TopologyView, source: str, receivers: Iterable[str],
-                 algorithm: str = "spt", load: Counter[DirectedLink] | None = None,
+                 algorithm: str = "spt", load: LinkLoad | Counter[DirectedLink] | None = None,
                  cache: PathCache | None = None, strict: bool = False,
                  keep: dict[int, int | None] | None = None) -> Tree:
     """Tree from ``source`` to ``receivers``. Unreachable receivers are listed in
@@ -114,7 +201,8 @@ def compute_tree(view: TopologyView, source: str, receivers: Iterable[str],
         raise ValueError(f"unknown tree algorithm {algorithm!r}; use one of {ALGORITHMS}")
     src = view.host(source)
     locs = {r: view.host(r) for r in sorted(rset)}
-    load = load if load is not None else Counter()
+    if not isinstance(load, LinkLoad):
+        load = LinkLoad(load)  # a plain Counter from a caller
     tree = Tree(source=source, root=src.dpid if view.host_attached(src) else None)
     if tree.root is None:
         tree.unreachable = frozenset(rset)
@@ -123,9 +211,8 @@ def compute_tree(view: TopologyView, source: str, receivers: Iterable[str],
             dist, preds = (cache or PathCache(view)).dag(tree.root)
             targets = {r: loc for r, loc in locs.items()
                        if view.host_attached(loc) and loc.dpid in dist}
-            tree.parent = _spt(tree.root, {loc.dpid for loc in targets.values()}, preds, load,
-                               keep if keep and keep.get(tree.root, 0) is None else None,
-                               dist)
+            tree.parent = _spt(tree.root, {loc.dpid for loc in targets.values()}, preds, dist,
+                               load, keep if keep and keep.get(tree.root, 0) is None else None)
         else:
             comp = nx.node_connected_component(view.graph, tree.root)
             targets = {r: loc for r, loc in locs.items()
@@ -135,7 +222,7 @@ def compute_tree(view: TopologyView, source: str, receivers: Iterable[str],
             # Mehlhorn is a 2-approximation: on some graphs the shortest-path tree has
             # fewer links. "steiner" promises the fewest links we can find, so take it then.
             dist, preds = (cache or PathCache(view)).dag(tree.root)
-            spt = _spt(tree.root, tdpids, preds, load, None, dist)
+            spt = _spt(tree.root, tdpids, preds, dist, load)
             if len(spt) < len(tree.parent):
                 tree.parent = spt
         tree.reached = frozenset(targets)
@@ -147,47 +234,49 @@ def compute_tree(view: TopologyView, source: str, receivers: Iterable[str],
     return tree
 
 
-def _spt(root: int, targets: set[int], preds: dict[int, list[int]],
-         load: Counter[DirectedLink], keep: dict[int, int | None] | None = None,
-         dist: dict[int, int] | None = None) -> dict[int, int | None]:
+def _spt(root: int, targets: set[int], preds: dict[int, list[int]], dist: dict[int, int],
+         load: LinkLoad, keep: dict[int, int | None] | None = None
+         ) -> dict[int, int | None]:
     """Each target walks back along shortest-path predecessors choosing, at every hop,
     the predecessor whose path to the root carries the least total group load.
     One best predecessor per node makes the union of paths a tree by construction.
     Nodes of ``keep`` whose kept path is still shortest cost nothing: new branches
     graft onto the existing tree."""
-    best: dict[int, tuple[int, int | None]] = {root: (0, None)}  # node -> (cost, chosen pred)
-    if keep and dist:
+    cost: dict[int, int] = {root: 0}
+    choice: dict[int, int | None] = {root: None}
+    if keep:
         for n in sorted((n for n in keep if n in dist), key=dist.__getitem__):
             p = keep[n]
-            if p is not None and p in best and p in preds[n]:
-                best[n] = (0, p)
-
-    def resolve(node: int) -> None:  # iterative: predecessors are resolved first
-        stack = [node]
-        while stack:
-            n = stack[-1]
-            if n in best:
-                stack.pop()
-                continue
-            ps = preds[n]
-            waiting = [p for p in ps if p not in best]
-            if waiting:
-                stack.extend(waiting)
-                continue
-            stack.pop()
-            bc, bp = -1, None
-            for p in ps:  # preds are sorted: the first of equal costs is the lowest dpid
-                c = best[p][0] + load[(p, n)]
-                if bp is None or c < bc:
-                    bc, bp = c, p
-            best[n] = (bc, bp)
+            if p is not None and p in cost and p in preds[n]:
+                cost[n], choice[n] = 0, p
+    # every ancestor of a target not yet resolved (a kept tree stops the walk), resolved
+    # nearest to the root first
+    todo = [t for t in targets if t not in cost]
+    seen = set(todo)
+    seen.update(cost)
+    for n in todo:  # grows while iterated
+        for p in preds[n]:
+            if p not in seen:
+                seen.add(p)
+                todo.append(p)
+    todo.sort(key=dist.__getitem__)
+    into = load.into
+    cost_of, zeros = cost.__getitem__, repeat(0)
+    for n in todo:
+        ps = preds[n]
+        if len(ps) == 1:
+            p = ps[0]
+            cost[n], choice[n] = cost[p] + into.get(n, _NO_LOAD).get(p, 0), p
+            continue
+        costs = list(map(add, map(cost_of, ps), map(into.get(n, _NO_LOAD).get, ps, zeros)))
+        best = min(costs)  # preds are sorted: the first of equal costs is the lowest dpid
+        cost[n], choice[n] = best, ps[costs.index(best)]
 
     parent: dict[int, int | None] = {root: None}
     for t in sorted(targets):
-        resolve(t)
         n = t
         while n not in parent:
-            p = best[n][1]
+            p = choice[n]
             parent[n] = p
             n = p  # type: ignore[assignment]
     return parent
@@ -226,14 +315,15 @@ def _steiner(graph: nx.Graph, root: int, targets: set[int],
 
 
 def _fill_entries(view: TopologyView, tree: Tree, source_port: int, receivers: Iterable) -> None:
-    adj = view.graph.adj
+    nbr = view.nbr_ports
     outs: dict[int, set[int]] = {n: set() for n in tree.parent}
     for child, par in tree.parent.items():
         if par is not None:
-            outs[par].add(adj[par][child]["ports"][par])
+            outs[par].add(nbr[par][child])
     for loc in receivers:
         outs[loc.dpid].add(loc.port)
+    entry, entries = tuple.__new__, tree.entries  # SwitchEntry(...) without its Python __new__
     for n, ports in outs.items():
         par = tree.parent[n]
-        in_port = source_port if par is None else adj[n][par]["ports"][n]
-        tree.entries[n] = SwitchEntry(in_port, tuple(sorted(ports)))
+        entries[n] = entry(SwitchEntry, (source_port if par is None else nbr[n][par],
+                                         tuple(sorted(ports))))

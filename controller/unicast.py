@@ -43,10 +43,16 @@ def forward(view: TopologyView, dpid: int, in_port: int, eth_dst: str, data: byt
         return []  # a copy we flooded ourselves, seen again on a link port
     msgs = []
     for d, ports in switch_ports.items():
-        out = [p for p in ports
-               if p < ofp.OFPP_MAX and view.edge_port(d, p)
-               and (d, p) not in view.ports_down and not (d == dpid and p == in_port)]
+        out = flood_ports(view, d, ports, in_port if d == dpid else None)
         if out:
             msgs.append((d, ofmsgs.packet_out(d, in_port if d == dpid else ofp.OFPP_CONTROLLER,
                                               out, data)))
     return msgs
+
+
+def flood_ports(view: TopologyView, dpid: int, ports: Iterable[int],
+                ingress: int | None = None) -> list[int]:
+    """The ports of ``dpid`` a flooded frame leaves by: edge ports that are up (never an
+    inter-switch link, so loops cannot storm), reserved ports and ``ingress`` excluded."""
+    return [p for p in ports if p < ofp.OFPP_MAX and p != ingress and view.edge_port(dpid, p)
+            and (dpid, p) not in view.ports_down]

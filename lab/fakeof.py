@@ -285,6 +285,8 @@ class FlowEntry(NamedTuple):
     instructions: tuple[Instruction, ...]
     cookie: int
     table_id: int
+    idle_timeout: int = 0  # time is not modelled: ``FakeSwitch.expire_idle`` acts it out
+    flags: int = 0
 
     def key(self) -> tuple:
         return (self.table_id, self.priority, tuple(sorted(self.match.items())),
@@ -405,7 +407,8 @@ class FakeSwitch:
             for i in self._selected(msg, match, cmd == ofp.OFPFC_MODIFY_STRICT, False):
                 self.flows[i] = self.flows[i]._replace(instructions=instructions)
             return
-        new = FlowEntry(msg.priority, match, instructions, msg.cookie, msg.table_id)
+        new = FlowEntry(msg.priority, match, instructions, msg.cookie, msg.table_id,
+                        msg.idle_timeout, msg.flags)
         for i, entry in enumerate(self.flows):
             if (entry.table_id, entry.priority, entry.match) == (new.table_id, new.priority, match):
                 self.flows[i] = new  # identical match+priority: replaced in place
@@ -462,7 +465,8 @@ class FakeSwitch:
             reply = parser.OFPFlowStatsReply
             body = [parser.OFPFlowStats(
                 table_id=e.table_id, duration_sec=0, duration_nsec=0, priority=e.priority,
-                idle_timeout=0, hard_timeout=0, flags=0, cookie=e.cookie, packet_count=0,
+                idle_timeout=e.idle_timeout, hard_timeout=0, flags=e.flags, cookie=e.cookie,
+                packet_count=0,
                 byte_count=0, match=parser.OFPMatch(**e.match),
                 instructions=_parser_instructions(e.instructions))
                 for e in (self.flows[i] for i in self._selected(
@@ -479,6 +483,14 @@ class FakeSwitch:
         return [reply(msg.datapath, body=part,
                       flags=ofp.OFPMPF_REPLY_MORE if i < len(parts) - 1 else 0)
                 for i, part in enumerate(parts)]
+
+    def expire_idle(self, cookie: int | None = None) -> list[FlowEntry]:
+        """Remove the entries that have an idle timeout (only those with ``cookie``, if
+        given), as the switch does once they saw no packet for that long. Returns the ones
+        flagged OFPFF_SEND_FLOW_REM: those the switch reports (OFPT_FLOW_REMOVED)."""
+        gone = [e for e in self.flows if e.idle_timeout and cookie in (None, e.cookie)]
+        self.flows = [e for e in self.flows if e not in gone]
+        return [e for e in gone if e.flags & ofp.OFPFF_SEND_FLOW_REM]
 
     # ---- state
 
@@ -593,6 +605,9 @@ class Trace:
     dropped_at: list[int] = field(default_factory=list)
     #: dpid -> copies sent to OFPP_CONTROLLER (never counted as delivered)
     to_controller: collections.Counter[int] = field(default_factory=collections.Counter)
+    #: (dpid, headers with in_port, readable values) of each copy sent to the controller:
+    #: what its packet-in would carry
+    punted: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
     #: human-readable notes (drops, misses, loops): put ``trace.log`` in assert messages
     log: list[str] = field(default_factory=list)
 
@@ -691,15 +706,37 @@ class FakeFabric:
         switch's tables and its ports, the replies fed back and the resulting plan applied.
         Returns the result (None when the switch is down) and the errors the switch raised."""
         errors = self.apply_all((dpid, m) for m in session.features(dpid))
+        done, more = self.audit(dpid, session, audit=False)
+        return done, errors + more
+
+    def audit(self, dpid: int, session: Reconnect, audit: bool = True,
+              between: Callable[[], None] | None = None) -> tuple[Reconciled | None, list[OFError]]:
+        """The controller's audit of a connected switch: its tables read through the
+        controller's own reconnect state machine and the resulting plan applied (a void
+        audit's is empty). ``between`` runs after the switch answered and before the
+        answers reach the controller (e.g. a change the audit must not undo)."""
+        replies = [r for req in session.start(dpid, audit=audit) for r in self.request(dpid, req)]
+        if between is not None:
+            between()
         done = None
-        for req in session.start(dpid):
-            for reply in self.request(dpid, req):
-                done = session.on_reply(dpid, reply, self.ports(dpid).values()) or done
+        for reply in replies:
+            done = session.on_reply(dpid, reply, self.ports(dpid).values()) or done
         if done is None:
             session.forget(dpid)
-        else:
-            errors += self.apply_all(done.plan)
-        return done, errors
+            return None, []
+        return done, self.apply_all(done.plan)
+
+    def packet_out_hosts(self, dpid: int, msg: Any) -> list[Host]:
+        """The hosts a packet-out's frame reaches directly: those on the live ports its
+        output actions name (frames sent into inter-switch links are not followed)."""
+        if not self.switches[dpid].up:
+            return []
+        out = []
+        for act in msg.actions:
+            peer = self._attached.get((dpid, getattr(act, "port", None)))
+            if isinstance(peer, Host) and self.port_live(dpid, act.port):
+                out.append(peer)
+        return out
 
     def snapshot(self) -> tuple:
         return (tuple((dpid, sw.up, sw.snapshot()) for dpid, sw in sorted(self.switches.items())),
@@ -725,14 +762,17 @@ class FakeFabric:
         return pkt
 
     def trace(self, src_ip: str, dst_ip: str, eth_type: int = 0x0800, ip_proto: int = 17,
-              max_hops: int = 64, max_copies: int = 100_000) -> Trace:
+              max_hops: int = 64, max_copies: int = 100_000, eth_dst: str | None = None) -> Trace:
         """Inject one packet at ``src_ip``'s port and follow every copy to its end.
+        ``eth_dst`` overrides the destination MAC (default: derived from ``dst_ip``).
 
         A copy that revisits a (switch, in_port) with the same headers, or crosses more than
         ``max_hops`` switches, ends and sets ``loops``; so does exhausting ``max_copies``."""
         src = self.hosts[src_ip]
         result = Trace()
         start = self._headers(src, dst_ip, eth_type, ip_proto)
+        if eth_dst is not None:
+            start["eth_dst"] = _to_int("eth_dst", eth_dst)
         queue = deque([_Copy(src.dpid, tuple(sorted(start.items())), frozenset(), 0)])
         processed = 0
         while queue:
@@ -760,6 +800,8 @@ class FakeFabric:
             for port, out in res.outputs:
                 if port == ofp.OFPP_CONTROLLER:
                     result.to_controller[copy.dpid] += 1
+                    result.punted.append((copy.dpid, {k: _from_int(k, v) if k != "in_port" else v
+                                                      for k, v in out.items()}))
                     continue
                 if port in (ofp.OFPP_FLOOD, ofp.OFPP_ALL):
                     ports = sorted(p for (d, p) in self._attached

@@ -9,6 +9,7 @@ from __future__ import annotations
 import gc
 import inspect
 import logging
+import time
 from collections import Counter
 from typing import Any, Callable
 
@@ -27,6 +28,7 @@ import topologies as T
 from controller import app as app_module
 from controller import ofmsgs, settings
 from controller.core import Plan
+from controller.hosts import PROBE_MAC
 from lab.fakeof import FakeFabric, OFError
 
 TOPO = T.leaf_spine(2, 2, 2)  # spines 1, 2; leaf 3: h1 h2, leaf 4: h3 h4; leaf port i -> spine i
@@ -165,6 +167,14 @@ class Bench:
         self.deliver(ofp_event.EventOFPPortStatus(parser.OFPPortStatus(
             dp, ofp.OFPPR_MODIFY, self.fabric.ports(dpid)[port])))
 
+    def flow_removed(self, dpid: int, entry: Any, reason: int = ofp.OFPRR_IDLE_TIMEOUT) -> None:
+        """The switch reports an entry it removed (it idled out, or was deleted)."""
+        self.deliver(ofp_event.EventOFPFlowRemoved(parser.OFPFlowRemoved(
+            self.dps[dpid], cookie=entry.cookie, priority=entry.priority,
+            reason=reason, table_id=entry.table_id, duration_sec=400,
+            duration_nsec=0, idle_timeout=entry.idle_timeout, hard_timeout=0, packet_count=1,
+            byte_count=64, match=parser.OFPMatch(**entry.match))))
+
     def packet_in(self, host: str, pkt: packet.Packet) -> None:
         h = H[host]
         pkt.serialize()
@@ -184,6 +194,12 @@ def eth(src: str, dst: str, ethertype: int) -> packet.Packet:
 def arp_request(src: str, dst: str) -> packet.Packet:
     pkt = eth(src, "ff:ff:ff:ff:ff:ff", 0x0806)
     pkt.add_protocol(arp.arp_ip(arp.ARP_REQUEST, H[src].mac, H[src].ip, "00:00:00:00:00:00", H[dst].ip))
+    return pkt
+
+
+def arp_reply_to_probe(src: str) -> packet.Packet:
+    pkt = eth(src, PROBE_MAC, 0x0806)
+    pkt.add_protocol(arp.arp_ip(arp.ARP_REPLY, H[src].mac, H[src].ip, PROBE_MAC, "0.0.0.0"))
     return pkt
 
 
@@ -241,10 +257,12 @@ def start(bench: Bench) -> None:
 
 
 def ours(fabric: FakeFabric, dpid: int) -> set:
-    """The multicast flows and groups of ours a switch holds (base flows excluded)."""
+    """The multicast flows and groups of ours a switch holds (base flows, the source
+    table and unicast paths excluded)."""
     sw = fabric.switches[dpid]
     return ({f.key() for f in sw.flows if f.cookie & ofmsgs.COOKIE_MASK == ofmsgs.COOKIE_TAG
-             and f.cookie not in (ofmsgs.COOKIE_TAG, ofmsgs.COOKIE_UNICAST)} | set(sw.groups.items()))
+             and f.cookie not in (ofmsgs.COOKIE_TAG, ofmsgs.COOKIE_UNICAST, ofmsgs.COOKIE_SOURCE)}
+            | set(sw.groups.items()))
 
 
 def test_every_handler_runs_with_real_effects(make_bench, caplog):
@@ -258,7 +276,7 @@ def test_every_handler_runs_with_real_effects(make_bench, caplog):
     # features -> base flows; MAIN -> our stats requests; replies -> reconciled
     bench.connect(3)
     dp3 = bench.dps[3]
-    assert [f.cookie for f in fabric.switches[3].flows] == [ofmsgs.COOKIE_TAG] * 3
+    assert [f.cookie for f in fabric.switches[3].flows] == [ofmsgs.COOKIE_TAG] * 4
     assert [type(m) for m in dp3.sent_of(parser.OFPMultipartRequest)] == [
         parser.OFPFlowStatsRequest, parser.OFPGroupDescStatsRequest]
     bench.settle()
@@ -322,6 +340,43 @@ def test_every_handler_runs_with_real_effects(make_bench, caplog):
     tr = fabric.trace(H["h1"].ip, H["h3"].ip)
     assert dict(tr.delivered) == {H["h3"].ip: 1} and not tr.to_controller, tr.log
 
+    # h3 goes silent: its source entry idles out, the switch reports it, and the controller
+    # probes h3 (a unicast ARP request out of its port); h3's answer re-learns it
+    h3 = H["h3"]
+    [idled] = [e for e in fabric.switches[4].expire_idle(ofmsgs.COOKIE_SOURCE)
+               if e.match["eth_src"] == h3.mac]
+    assert idled.idle_timeout == settings.current.host_timeout_s
+    for dp in bench.dps.values():
+        dp.sent.clear()
+    bench.flow_removed(4, idled)
+    [probe] = bench.dps[4].sent_of(parser.OFPPacketOut)
+    asked = packet.Packet(probe.data)
+    assert [a.port for a in probe.actions] == [h3.port]
+    assert (asked.get_protocol(ethernet.ethernet).dst, asked.get_protocol(arp.arp).dst_ip) == (h3.mac, h3.ip)
+    bench.packet_in("h3", arp_reply_to_probe("h3"))
+    assert not any(dp.sent_of(parser.OFPPacketOut)[1:] for dp in bench.dps.values())  # not forwarded
+    assert any(f.cookie == ofmsgs.COOKIE_SOURCE and f.match.get("eth_src") == h3.mac
+               for f in fabric.switches[4].flows)
+    assert svc.get_group(g["id"])["receivers"][h3.ip] == "installed"
+
+    # someone deletes our group on leaf 4 by hand: the switch reports the (S,G) flow that
+    # went with it, so leaf 4 is audited at the next timer step, and exactly that is put back
+    before = ours(fabric, 4)
+    [sg] = [f for f in fabric.switches[4].flows if f.cookie == ofmsgs.cookie(g["id"])]
+    fabric.apply(4, ofmsgs.group_delete(4, g["id"]))
+    assert ours(fabric, 4) != before
+    bench.flow_removed(4, sg, ofp.OFPRR_GROUP_DELETE)
+    app._start_audits(time.monotonic())  # what the timer loop does every 0.25 s
+    bench.settle()
+    assert ours(fabric, 4) == before
+    assert svc.metrics.audits.labels(result="repaired")._value.get() == 1
+    assert "switch 0x4 drifted from the intended state" in caplog.text
+    # the periodic audits of the others (one interval after they were first seen) are clean
+    now = time.monotonic()
+    app._start_audits(now + settings.current.audit_interval_s)
+    bench.settle()
+    assert svc.metrics.audits.labels(result="clean")._value.get() >= len(TOPO.switches) - 1
+
     # a switch refuses a message: the OFPT_ERROR lands in the group's state
     fabric.apply(4, ofmsgs.group_add(4, 2, 1, frozenset({2})))  # id 2 taken on leaf 4
     g2, _ = svc.create_group({"model": "clash", "source": H["h2"].ip, "receivers": [H["h4"].ip]})
@@ -359,9 +414,9 @@ def test_a_restarted_app_reconciles_and_leaves_healthy_switches_alone(make_bench
         second.connect(dpid)
     second.settle()
     assert {d: ours(fabric, d) for d in TOPO.switches} == held
-    for d, dp in second.dps.items():
-        fixes = [m for m in dp.sent if isinstance(m, parser.OFPGroupMod)
-                 or (isinstance(m, parser.OFPFlowMod) and m.cookie != ofmsgs.COOKIE_TAG)]
+    for d, dp in second.dps.items():  # (base flows and the known source table are re-asserted)
+        fixes = [m for m in dp.sent if isinstance(m, parser.OFPGroupMod) or (
+            isinstance(m, parser.OFPFlowMod) and m.cookie not in (ofmsgs.COOKIE_TAG, ofmsgs.COOKIE_SOURCE))]
         assert bool(fixes) == (d == 4), (d, fixes)
     assert dict(fabric.trace(H["h1"].ip, g["address"]).delivered) == {H["h3"].ip: 1, H["h4"].ip: 1}
     assert second.app.service.get_group(gid)["state"] == "installed"

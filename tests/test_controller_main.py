@@ -18,6 +18,8 @@ def run(*args: str, timeout: float = 30) -> subprocess.CompletedProcess:
 @pytest.mark.parametrize("args,needle", [
     (["--algorithm", "ospf"], "--algorithm must be one of spt, steiner"),
     (["--udp-port", "70000"], "--udp-port must be 1..65535"),
+    (["--host-timeout", "0"], "--host-timeout must be 1..65535 s"),
+    (["--audit-interval", "-1"], "--audit-interval must be >= 0 s"),
     (["--state-file", "/nonexistent-dir/state.json"], "does not exist"),
     (["--no-such-option"], "unrecognized arguments"),
     (["--ofp-tcp-listen-port", "x"], "Invalid Integer value"),

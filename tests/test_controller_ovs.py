@@ -9,10 +9,9 @@ import time
 import pytest
 
 import topologies as T
-from lab.controller import Controller
 from lab.ovs import Lab
 from lab.probes import Capture, member, send
-from tests.support.lab import need_lab
+from tests.support.controller_lab import controller_lab, wait_for
 
 pytestmark = pytest.mark.lab
 
@@ -22,22 +21,13 @@ INTERVAL = 0.005  # sender: one datagram every 5 ms
 
 @pytest.fixture(scope="module")
 def fabric(tmp_path_factory):
-    need_lab()
     work = tmp_path_factory.mktemp("ovs")
-    ctl = Controller(work)
-    ctl.start()
-    lab = Lab(TOPO, controller=ctl.of_target)
-    try:
-        lab.start()
-        ctl.wait_topology(switches=len(TOPO.switches), links=len(TOPO.links))
+    with controller_lab(TOPO, work) as (lab, ctl):
         for h in TOPO.hosts[1:]:  # hosts are learned from their own traffic
             assert lab.ping(h.name, "h1", count=1, wait=2), ctl.log_text()
         topo = ctl.api("GET", "/v1/topology").json()
         assert {h["ip"] for h in topo["hosts"]} == {h.ip for h in TOPO.hosts}, topo
         yield lab, ctl, work
-    finally:
-        lab.stop()
-        ctl.stop()
 
 
 def ovs_groups(lab: Lab) -> dict[int, str]:
@@ -46,15 +36,6 @@ def ovs_groups(lab: Lab) -> dict[int, str]:
         out[dpid] = subprocess.run(["ovs-ofctl", "-O", "OpenFlow13", "dump-groups", lab.bridge(dpid)],
                                    capture_output=True, text=True, check=True).stdout
     return out
-
-
-def wait_for(pred, timeout: float, step: float = 0.05) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        time.sleep(step)
-    return pred()
 
 
 def test_group_lifecycle_join_leave_reroute_delete(fabric):

@@ -15,15 +15,18 @@ from controller.core import MulticastCore, Plan, SwitchState
 from controller.reconnect import Reconnect, port_is_down, port_status
 from controller.topoview import TopologyView
 from lab.fakeof import FakeFabric
+from tests.support.controller_env import core_and_fabric
 
 TOPO = T.leaf_spine(2, 3, 2)  # spines 1, 2; leaves 3, 4, 5; hosts h1 h2 @3, h3 h4 @4, h5 h6 @5
 
 
 def installed_fabric() -> tuple[MulticastCore, FakeFabric]:
-    """Two groups installed on the fabric, then one switch damaged."""
+    """Two groups installed on the fabric (switches holding their base flows and source
+    table, as connected ones do), then one switch damaged."""
     core = MulticastCore(TopologyView.from_topology(TOPO))
     fabric = FakeFabric(TOPO)
     for dpid in TOPO.switches:
+        assert not fabric.apply_all((dpid, m) for m in Reconnect(core).features(dpid))
         assert not fabric.apply_all(core.switch_enter(dpid))
     ips = [h.ip for h in TOPO.hosts]
     for i, src in enumerate(ips[:2]):
@@ -156,8 +159,20 @@ def test_replies_without_a_read_in_progress_are_ignored_and_start_restarts():
         session.on_reply(3, parser.OFPPortDescStatsReply(ofmsgs.datapath(3), body=[], flags=0))
 
 
-def test_features_are_the_base_flows():
-    assert [str(m) for m in Reconnect.features(9)] == [str(m) for m in ofmsgs.base_flows(9)]
+def test_features_are_the_base_flows_and_the_known_source_table():
+    """A switch the view knows nothing about gets the base flows only; one with known
+    links and hosts also gets their source-table entries, so a restarted controller's
+    hosts and links keep passing table 0 without being punted again."""
+    topo = T.linear(3)
+    core, _ = core_and_fabric(topo)
+    unknown = Reconnect(core).features(9)
+    assert [str(m) for m in unknown] == [str(m) for m in ofmsgs.base_flows(9)]
+    h2 = topo.host("h2")
+    extra = Reconnect(core, host_idle_s=60).features(2)[len(ofmsgs.base_flows(2)):]
+    assert {(m.priority, m.match.get("in_port"), m.match.get("eth_src"), m.idle_timeout)
+            for m in extra} == {(ofmsgs.PRIO_LINK_PORT, core.view.link_port(2, 1), None, 0),
+                                (ofmsgs.PRIO_LINK_PORT, core.view.link_port(2, 3), None, 0),
+                                (ofmsgs.PRIO_SOURCE, h2.port, h2.mac, 60)}
 
 
 @pytest.mark.parametrize("reason,state,config,port,expect", [

@@ -11,6 +11,7 @@ from ryu.ofproto import ofproto_v1_3_parser as parser
 
 import topologies as T
 from controller import ofmsgs
+from controller.hosts import source_table
 from controller.topoview import TopologyView
 from controller.unicast import forward, is_multicast
 from lab.fakeof import FakeFabric
@@ -20,8 +21,13 @@ DATA = b"frame"
 
 
 def setup(topo: T.Topology) -> tuple[TopologyView, FakeFabric, dict[int, dict]]:
+    """A view that knows ``topo`` and a fabric holding the pipeline a connected switch
+    gets (base flows, and the source table letting known hosts and link ports through)."""
     fabric = FakeFabric(topo)
-    return TopologyView.from_topology(topo), fabric, {d: fabric.ports(d) for d in topo.switches}
+    view = TopologyView.from_topology(topo)
+    for d in topo.switches:
+        assert not fabric.apply_all((d, m) for m in ofmsgs.base_flows(d) + source_table(view, d))
+    return view, fabric, {d: fabric.ports(d) for d in topo.switches}
 
 
 def packet_outs(msgs: list) -> dict[int, tuple[int, list[int]]]:

@@ -88,13 +88,13 @@ def apply(fabric: FakeFabric, plan) -> None:
 
 def our_state(fabric: FakeFabric) -> list:
     """Flows and groups of ours on any live switch (a down one returns empty), excluding
-    the per-switch base flows."""
+    the per-switch base flows and source table."""
     left = []
     for dpid, sw in fabric.switches.items():
         if not sw.up:
             continue
-        left += [(dpid, f) for f in sw.flows
-                 if f.cookie & ofmsgs.COOKIE_MASK == ofmsgs.COOKIE_TAG and f.cookie != ofmsgs.COOKIE_TAG]
+        left += [(dpid, f) for f in sw.flows if f.cookie & ofmsgs.COOKIE_MASK == ofmsgs.COOKIE_TAG
+                 and f.cookie not in (ofmsgs.COOKIE_TAG, ofmsgs.COOKIE_SOURCE)]
         left += [(dpid, gid) for gid in sw.groups]
     return left
 
@@ -248,10 +248,11 @@ def test_bad_input_raises_specific_errors():
     topo = T.linear(3)
     core, _ = core_and_fabric(topo)
     h = [x.ip for x in topo.hosts]
-    with pytest.raises(errors.UnknownHost, match="10.9.9.9"):
-        core.create_group("m", "10.9.9.9", [h[1]])
-    with pytest.raises(errors.UnknownHost):
-        core.create_group("m", h[0], ["10.9.9.9"])
+    # hosts not seen yet are accepted (looked for), not errors: no tree reaches them yet
+    g, _ = core.create_group("m-unseen-source", "10.9.9.9", [h[1]])
+    assert g.tree is None
+    g, _ = core.create_group("m-unseen-receiver", h[0], ["10.9.9.9", h[1]])
+    assert g.tree.reached == {h[1]} and g.tree.unreachable == {"10.9.9.9"}
     with pytest.raises(errors.ReceiverIsSource):
         core.create_group("m", h[0], [h[0], h[1]])
     with pytest.raises(errors.InvalidAddress, match="not an IPv4"):

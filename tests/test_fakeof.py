@@ -518,3 +518,34 @@ def test_ports_report_link_down_and_a_down_switch_answers_nothing(linear3):
     assert fab.ports(2)[to_s3].state == ofp.OFPPS_LINK_DOWN  # the peer is down
     assert fab.request(3, parser.OFPGroupDescStatsRequest(DP, 0)) == []
     assert fab.discarded == Counter({3: 1})
+
+
+def test_idle_expiry_removes_only_timed_entries_and_reports_the_flagged_ones(linear3):
+    _, fab = linear3
+    sw = fab.switches[1]
+    timed = parser.OFPFlowMod(DP, cookie=7, table_id=0, priority=10, idle_timeout=30,
+                              flags=ofp.OFPFF_SEND_FLOW_REM, match=parser.OFPMatch(in_port=1),
+                              instructions=[])
+    quiet = parser.OFPFlowMod(DP, cookie=7, table_id=0, priority=10, idle_timeout=30,
+                              match=parser.OFPMatch(in_port=2), instructions=[])
+    for m in (timed, quiet, flow([out(2)], cookie=7, in_port=3), flow([out(1)], cookie=8, in_port=4)):
+        fab.apply(1, m)
+    assert sw.expire_idle(cookie=8) == []  # cookie 8 has no timed entry
+    [reported] = sw.expire_idle(cookie=7)
+    assert (reported.match, reported.idle_timeout, reported.cookie) == ({"in_port": 1}, 30, 7)
+    assert sorted(f.match["in_port"] for f in sw.flows) == [3, 4]  # the untimed ones stay
+
+
+def test_punted_copies_carry_their_headers_and_packet_outs_reach_host_ports(linear3):
+    topo, fab = linear3
+    h1, h2 = topo.host("h1"), topo.host("h2")
+    fab.apply(1, flow([out(ofp.OFPP_CONTROLLER)], priority=0))
+    tr = fab.trace(h1.ip, h2.ip, eth_type=0x0806, eth_dst="02:00:00:00:00:99")
+    assert not tr.delivered and tr.to_controller == Counter({1: 1})
+    [(dpid, pkt)] = tr.punted
+    assert (dpid, pkt["in_port"], pkt["eth_src"], pkt["eth_dst"]) == (1, h1.port, h1.mac, "02:00:00:00:00:99")
+    po = parser.OFPPacketOut(DP, buffer_id=ofp.OFP_NO_BUFFER, in_port=ofp.OFPP_CONTROLLER,
+                             actions=[out(h1.port), out(99)], data=b"x")
+    assert fab.packet_out_hosts(1, po) == [h1]  # unused port 99 reaches nobody
+    fab.set_switch(1, False)
+    assert fab.packet_out_hosts(1, po) == []

@@ -210,8 +210,9 @@ def test_declare_host_then_receive():
     env = make_env(token=TOKEN, unknown_hosts=(R3,))
     api = Api(env)
     g = create(api, receivers=[R1])
-    err = api.json("PUT", f"/v1/groups/{g['id']}/receivers/{R3}", status=404)
-    assert "not known" in err["error"]
+    # not seen yet: the receiver waits, pending, until the host is found (or declared)
+    joined = api.json("PUT", f"/v1/groups/{g['id']}/receivers/{R3}")
+    assert joined["receivers"][R3] == "pending" and joined["state"] == "pending"
     host = {"ip": R3, "mac": "00:00:00:00:00:06", "dpid": 5, "port": 4}
     assert valid("Host", api.json("POST", "/v1/hosts", host, 201)) == host
     assert api.json("POST", "/v1/hosts", host, 201) == host  # the same declaration again
@@ -220,9 +221,9 @@ def test_declare_host_then_receive():
     # an address already at another place, or a link port: conflicts
     assert "already known" in api.json("POST", "/v1/hosts", dict(host, dpid=4), 409)["error"]
     assert "link" in api.json("POST", "/v1/hosts", dict(host, ip="10.0.0.50", port=1), 409)["error"]
-    # forgetting the host makes it unreachable; it can then be declared elsewhere
+    # forgetting the host makes it pending (looked for again); it can be declared elsewhere
     assert api.call("DELETE", f"/v1/hosts/{R3}").status_code == 204
-    assert api.json("GET", f"/v1/groups/{g['id']}")["receivers"][R3] == "unreachable"
+    assert api.json("GET", f"/v1/groups/{g['id']}")["receivers"][R3] == "pending"
     api.json("DELETE", f"/v1/hosts/{R3}", status=404)
     api.json("POST", "/v1/hosts", dict(host, dpid=4, port=9), 201)
     assert api.json("GET", "/v1/groups/1")["receivers"][R3] == "installed"

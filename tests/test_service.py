@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry
 
 from controller import ofmsgs
 from controller.core import MulticastCore, Plan
-from controller.errors import Conflict, InvalidAddress, ReceiverIsSource, UnknownGroup, UnknownHost
+from controller.errors import Conflict, InvalidAddress, ReceiverIsSource, UnknownGroup
 from controller.service import Service, StateFileError, Unauthorized
 from controller.topoview import TopologyView
 from lab.fakeof import FakeFabric
@@ -47,8 +47,9 @@ def test_join_leave_and_delete_drive_the_fabric():
     assert env.delivered(gid) == {R2: 1}
     with pytest.raises(ReceiverIsSource):
         env.service.join(gid, S)
-    with pytest.raises(UnknownHost):
-        env.service.join(gid, "10.9.9.9")
+    # a host not seen yet: accepted and pending (the controller looks for it)
+    assert env.service.join(gid, "10.9.9.9")["receivers"] == {R2: "installed", "10.9.9.9": "pending"}
+    assert env.service.leave(gid, "10.9.9.9")["receivers"] == {R2: "installed"}
     done = []
     env.service.delete_group(gid, done=lambda: done.append(True))
     assert done == [True]
@@ -68,6 +69,11 @@ def test_receiver_states_follow_confirmation():
     g = env.service.get_group(g["id"])
     assert g["state"] == "installed" and set(g["receivers"].values()) == {"installed"}
     assert env.metric("modelcast_receivers", state="installed") == 2
+    tree = env.core.group(g["id"]).tree
+    for dpid in env.topo.switches:  # one group and one (S,G) flow on each tree switch
+        n = 1 if dpid in tree.entries else 0
+        assert env.metric("modelcast_switch_entries", dpid=str(dpid), kind="groups") == n
+        assert env.metric("modelcast_switch_entries", dpid=str(dpid), kind="sg_flows") == n
     assert env.metric("modelcast_install_seconds_count") == 1
     assert env.metric("modelcast_install_seconds_sum") == pytest.approx(0.25)
     # a deferred delete confirms only with the barrier

@@ -21,6 +21,7 @@ from prometheus_client import CollectorRegistry
 import topologies as T
 from controller import ofmsgs
 from controller.core import MulticastCore, Plan
+from controller.reconnect import Reconnect
 from controller.service import Service
 from controller.topoview import TopologyView
 from lab.fakeof import FakeFabric
@@ -34,18 +35,21 @@ def default_topology() -> T.Topology:
 
 
 def core_and_fabric(topo: T.Topology, *, unknown_hosts: tuple[str, ...] = (),
-                    **core_options: Any) -> tuple[MulticastCore, FakeFabric]:
+                    pipeline: bool = False, **core_options: Any) -> tuple[MulticastCore, FakeFabric]:
     """A core that knows ``topo`` (minus ``unknown_hosts``, which the controller has not
     learned yet) with every switch entered, and a fake fabric wired as ``topo`` that holds
-    what the switches were sent on entering. ``core_options`` go to ``MulticastCore``
-    (``algorithm``, ``balance``, ``udp_port``)."""
+    what the switches were sent on entering; with ``pipeline`` also what a connecting
+    switch gets first (``Reconnect.features``: base flows and the known source table), so
+    unicast frames and the first frame of an unknown source behave as on a real switch.
+    ``core_options`` go to ``MulticastCore`` (``algorithm``, ``balance``, ``udp_port``)."""
     view = TopologyView.from_topology(topo)
     for ip in unknown_hosts:
         view.remove_host(ip)
     core = MulticastCore(view, **core_options)
     fabric = FakeFabric(topo)
     for dpid in topo.switches:
-        errors = fabric.apply_all(core.switch_enter(dpid))
+        first = Reconnect(core).features(dpid) if pipeline else []
+        errors = fabric.apply_all([(dpid, m) for m in first] + core.switch_enter(dpid).messages())
         assert not errors, errors
     return core, fabric
 
@@ -121,12 +125,14 @@ class Env:
 
 def make_env(topo: T.Topology | None = None, *, token: str | None = None,
              state_path: Path | None = None, deferred: bool = False,
-             unknown_hosts: tuple[str, ...] = (), **core_options: Any) -> Env:
+             unknown_hosts: tuple[str, ...] = (), pipeline: bool = False,
+             **core_options: Any) -> Env:
     """A service over ``core_and_fabric(topo)`` (default: ``default_topology()``) with
     its own metrics registry and a hand-moved clock; plans go to the fabric through a
     ``FabricInstaller`` (``deferred``: confirmed only on ``env.installer.flush()``)."""
     topo = topo or default_topology()
-    core, fabric = core_and_fabric(topo, unknown_hosts=unknown_hosts, **core_options)
+    core, fabric = core_and_fabric(topo, unknown_hosts=unknown_hosts, pipeline=pipeline,
+                                   **core_options)
     installer = FabricInstaller(fabric, deferred)
     registry = CollectorRegistry()
     clock = Clock()

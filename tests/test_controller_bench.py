@@ -1,0 +1,19 @@
+"""The controller benchmark keeps working and reports its times next to the same-run
+reference (plain networkx shortest-path trees) and the machine it ran on."""
+
+from __future__ import annotations
+
+import argparse
+
+from bench.controller import run
+
+
+def test_small_run_reports_ratios_against_the_reference_and_the_machine() -> None:
+    out = run(argparse.Namespace(topology="fat-tree:4", groups=20, receivers=4,
+                                 algorithm="spt", failures=3, seed=1))
+    assert out["messages_total"] > 0 and out["link_failures"] == 3
+    assert out["reference_trees_s"] > 0
+    assert out["trees_vs_reference"] > 0
+    assert out["reroute_vs_reference_p50"] > 0 and out["reroute_vs_reference_p99"] >= out["reroute_vs_reference_p50"]
+    assert 0 <= out["reroutes_with_gc_pause"] <= 3
+    assert out["machine"]["cores"] >= 1 and out["machine"]["cpu"]

@@ -1,0 +1,198 @@
+"""Host discovery (controller.hosts) on the simulated fabric: hosts that never broadcast are
+learned from their first frame or found by probing, receivers wait ``pending`` instead of
+failing, and hosts that go silent or lose their port are forgotten with their groups
+updated. Probes are answered (or not) by the hosts the fabric delivers them to, and every
+frame is traced through the switches' real pipeline."""
+
+from __future__ import annotations
+
+from ryu.lib.packet import arp, ethernet, packet
+from ryu.ofproto import ofproto_v1_3_parser as parser
+
+from controller import ofmsgs
+from controller.hosts import BROADCAST, PROBE_MAC, Actions, HostDiscovery
+from controller.unicast import forward
+from tests.support.controller_env import R1, R2, Env, S, make_env
+
+T0 = 1000.0
+
+
+def setup(*unknown: str, **options: float) -> tuple[Env, HostDiscovery]:
+    env = make_env(unknown_hosts=unknown, pipeline=True)
+    return env, HostDiscovery(env.core, **options)
+
+
+def ports(env: Env) -> dict[int, dict]:
+    return {d: env.fabric.ports(d) for d in env.topo.switches}
+
+
+def run(env: Env, acts: Actions) -> None:
+    """What the app does with a step's result: group changes through the service, switch
+    messages to the switches (packet-outs are the probes: see ``answer``)."""
+    assert not env.fabric.apply_all((d, m) for d, m in acts.msgs if isinstance(m, parser.OFPFlowMod))
+    env.service.apply(acts.plan, "host")
+
+
+def probes(acts: Actions) -> list[tuple[int, parser.OFPPacketOut, str, str]]:
+    """(dpid, packet-out, asked address, frame destination MAC) of each ARP probe sent."""
+    out = []
+    for d, m in acts.msgs:
+        if isinstance(m, parser.OFPPacketOut):
+            pkt = packet.Packet(m.data)
+            a, e = pkt.get_protocol(arp.arp), pkt.get_protocol(ethernet.ethernet)
+            assert a.opcode == arp.ARP_REQUEST and a.src_mac == e.src == PROBE_MAC and a.src_ip == "0.0.0.0"
+            out.append((d, m, a.dst_ip, e.dst))
+    return out
+
+
+def answer(env: Env, disc: HostDiscovery, acts: Actions, silent: set[str] = frozenset()) -> list[str]:
+    """Every host a probe reaches and that owns the asked address (and is not ``silent``)
+    answers it; the answer is traced from the host to wherever the switches send it, and
+    each copy punted to the controller becomes the ``seen`` the app would call.
+    Returns who answered."""
+    answered = []
+    for d, msg, asked, _ in probes(acts):
+        for h in env.fabric.packet_out_hosts(d, msg):
+            if h.ip != asked or h.ip in silent:
+                continue
+            tr = env.fabric.trace(h.ip, "0.0.0.0", eth_type=0x0806, eth_dst=PROBE_MAC)
+            assert not tr.delivered, "an answer to a probe must reach no host"
+            assert [(pd, p["in_port"], p["eth_src"]) for pd, p in tr.punted] == [(h.dpid, h.port, h.mac)]
+            run(env, disc.seen(h.ip, h.mac, h.dpid, h.port))
+            answered.append(h.ip)
+    return answered
+
+
+def test_a_host_that_only_talks_along_existing_paths_is_learned_from_its_first_frame():
+    env, disc = setup(R1)
+    r1, s = env.topo.host(R1), env.topo.host(S)
+    # the path towards S exists (another host used it), and R1 knows S's MAC: R1 never
+    # broadcasts. Its first frame still reaches the controller: its source is unknown.
+    path = forward(env.core.view, r1.dpid, 99, s.mac, b"", ports(env))
+    assert not env.fabric.apply_all((d, m) for d, m in path if isinstance(m, parser.OFPFlowMod))
+    tr = env.fabric.trace(R1, S)
+    assert not tr.delivered and [(d, p["in_port"], p["eth_src"], p["ipv4_src"]) for d, p in tr.punted] \
+        == [(r1.dpid, r1.port, r1.mac, R1)], tr.log
+    acts = disc.seen(R1, r1.mac, r1.dpid, r1.port)
+    assert acts.learned == [R1]
+    run(env, acts)
+    assert env.core.view.hosts[R1].port == r1.port
+    tr = env.fabric.trace(R1, S)  # learned: its frames pass the source table, unseen by us
+    assert dict(tr.delivered) == {S: 1} and not tr.punted, tr.log
+    # seen again at the same place: punted by the destination table (e.g. a broadcast),
+    # its entry is in place and nothing is sent; punted by the source table (its entry
+    # idled out), the entry is put back
+    again = disc.seen(R1, r1.mac, r1.dpid, r1.port, from_dst_table=True)
+    assert again.learned == [] and again.msgs == [] and not len(again.plan)
+    again = disc.seen(R1, r1.mac, r1.dpid, r1.port)
+    assert again.learned == [] and [m.match["eth_src"] for _, m in again.msgs] == [r1.mac]
+
+
+def test_a_group_naming_hosts_never_seen_waits_pending_probes_and_installs_them():
+    env, disc = setup(S, R1, R2)
+    g, created = env.service.create_group({"model": "m", "source": S, "receivers": [R1, R2]})
+    assert created and g["state"] == "pending" and g["receivers"] == {R1: "pending", R2: "pending"}
+    acts = disc.tick(T0, ports(env))
+    sent = probes(acts)
+    assert {ip for _, _, ip, _ in sent} == {S, R1, R2} and {e for *_, e in sent} == {BROADCAST}
+    for d, msg, _, _ in sent:  # out of every edge port, never into a link
+        assert all(env.core.view.edge_port(d, a.port) for a in msg.actions)
+    assert sorted(answer(env, disc, acts, silent={R2})) == [S, R1]
+    g = env.service.get_group(g["id"])
+    assert g["receivers"] == {R1: "installed", R2: "pending"}
+    assert env.delivered(g["id"]) == {R1: 1}
+    assert disc.looking_for() == [R2]
+    # R2 is asked again later, less and less often, until it answers
+    assert probes(disc.tick(T0 + 0.5, ports(env))) == []
+    assert {ip for *_, ip, _ in probes(disc.tick(T0 + 1, ports(env)))} == {R2}
+    assert probes(disc.tick(T0 + 2.5, ports(env))) == []
+    acts = disc.tick(T0 + 3, ports(env))
+    assert answer(env, disc, acts) == [R2]
+    g = env.service.get_group(g["id"])
+    assert g["state"] == "installed" and g["receivers"] == {R1: "installed", R2: "installed"}
+    assert env.delivered(g["id"]) == {R1: 1, R2: 1}
+    assert disc.looking_for() == [] and probes(disc.tick(T0 + 100, ports(env))) == []
+
+
+def test_a_silent_host_that_does_not_answer_is_forgotten_and_its_group_updated():
+    env, disc = setup(probe_interval_s=1.0, probe_tries=3)
+    r1 = env.topo.host(R1)
+    gid = env.service.create_group({"model": "m", "source": S, "receivers": [R1, R2]})[0]["id"]
+    # the switch removes R1's source entry after the host timeout and reports it
+    [idled] = [e for e in env.fabric.switches[r1.dpid].expire_idle(ofmsgs.COOKIE_SOURCE)
+               if e.match["eth_src"] == r1.mac]
+    disc.idle(r1.dpid, idled.match["in_port"], idled.match["eth_src"], T0)
+    for i in range(3):  # three unicast probes to its MAC out of its port, one a second
+        sent = probes(disc.tick(T0 + i, ports(env)))
+        assert [(d, [a.port for a in m.actions], ip, e) for d, m, ip, e in sent] == [
+            (r1.dpid, [r1.port], R1, r1.mac)]
+        assert probes(disc.tick(T0 + i + 0.5, ports(env))) == []
+    acts = disc.tick(T0 + 3, ports(env))
+    assert acts.forgotten == [R1] and R1 not in env.core.view.hosts
+    run(env, acts)
+    g = env.service.get_group(gid)
+    assert g["receivers"] == {R1: "pending", R2: "installed"}
+    assert env.delivered(gid) == {R2: 1}  # the tree no longer carries R1's branch
+    # ... and it is looked for again, so it comes back when it answers
+    acts = disc.tick(T0 + 4, ports(env))
+    assert answer(env, disc, acts) == [R1]
+    assert env.service.get_group(gid)["receivers"] == {R1: "installed", R2: "installed"}
+
+
+def test_a_silent_host_that_answers_a_probe_stays():
+    env, disc = setup()
+    r1 = env.topo.host(R1)
+    gid = env.service.create_group({"model": "m", "source": S, "receivers": [R1]})[0]["id"]
+    env.fabric.switches[r1.dpid].expire_idle(ofmsgs.COOKIE_SOURCE)
+    disc.idle(r1.dpid, r1.port, r1.mac, T0)
+    assert answer(env, disc, disc.tick(T0, ports(env))) == [R1]
+    for t in (1, 2, 3, 10):
+        acts = disc.tick(T0 + t, ports(env))
+        assert not acts.forgotten and not probes(acts)
+    assert env.service.get_group(gid)["receivers"] == {R1: "installed"}
+    assert any(f.match.get("eth_src") == r1.mac for f in env.fabric.switches[r1.dpid].flows)
+
+
+def test_a_host_whose_port_goes_down_is_forgotten_at_once_and_found_again():
+    env, disc = setup()
+    r1 = env.topo.host(R1)
+    gid = env.service.create_group({"model": "m", "source": S, "receivers": [R1, R2]})[0]["id"]
+    env.service.apply(env.core.port_down(r1.dpid, r1.port), "reroute")
+    acts = disc.port_down(r1.dpid, r1.port)
+    assert acts.forgotten == [R1]
+    run(env, acts)
+    assert not any(f.match.get("eth_src") == r1.mac for f in env.fabric.switches[r1.dpid].flows)
+    assert env.service.get_group(gid)["receivers"] == {R1: "pending", R2: "installed"}
+    # while the port is down no probe goes out of it; once it is up, R1 is found again
+    acts = disc.tick(T0, ports(env))
+    assert all(a.port != r1.port for d, m, *_ in probes(acts) if d == r1.dpid for a in m.actions)
+    env.service.apply(env.core.port_up(r1.dpid, r1.port), "reroute")
+    assert answer(env, disc, disc.tick(T0 + 1, ports(env))) == [R1]
+    assert env.service.get_group(gid)["receivers"] == {R1: "installed", R2: "installed"}
+    assert env.delivered(gid) == {R1: 1, R2: 1}
+
+
+def test_a_host_seen_at_a_new_place_moves_and_its_old_entry_goes():
+    env, disc = setup()
+    r1 = env.topo.host(R1)
+    gid = env.service.create_group({"model": "m", "source": S, "receivers": [R1]})[0]["id"]
+    spare = 9  # a free edge port on another leaf
+    acts = disc.seen(R1, r1.mac, 5, spare)
+    assert acts.learned == [R1]
+    deleted = [(d, m.match["in_port"]) for d, m in acts.msgs
+               if isinstance(m, parser.OFPFlowMod) and m.command == ofmsgs.ofp.OFPFC_DELETE_STRICT]
+    assert deleted == [(r1.dpid, r1.port)]
+    run(env, acts)
+    assert env.core.group(gid).tree.entries[5].out_ports == (spare,)
+
+
+def test_link_ports_pass_the_source_table_and_lose_that_when_the_link_goes():
+    env, disc = setup()
+    k = env.topo.links[0]
+    assert [(d, m.match["in_port"], m.priority) for d, m in disc.link_up(k.a, k.a_port, k.b, k.b_port)] \
+        == [(k.a, k.a_port, ofmsgs.PRIO_LINK_PORT), (k.b, k.b_port, ofmsgs.PRIO_LINK_PORT)]
+    assert disc.link_down(k.a, k.a_port, k.b, k.b_port) == []  # the view still has the link
+    env.core.link_remove(k.a, k.a_port, k.b, k.b_port)
+    gone = disc.link_down(k.a, k.a_port, k.b, k.b_port)
+    assert [(d, m.match["in_port"], m.command) for d, m in gone] == [
+        (k.a, k.a_port, ofmsgs.ofp.OFPFC_DELETE_STRICT), (k.b, k.b_port, ofmsgs.ofp.OFPFC_DELETE_STRICT)]
