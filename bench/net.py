@@ -39,7 +39,7 @@ def _cli(prefix: list[str], *args: str) -> subprocess.Popen:
 def transfer(src: Path, outdir: Path, group: str, sender_ip: str, receivers: list[tuple[list[str], str]],
              sender_prefix: list[str], rate: float, gso: bool) -> dict:
     """One CLI transfer; returns sender and receiver summaries."""
-    extra = ["--gso"] if gso else []
+    extra = ["--gso"] if gso else ["--no-gso"]
     procs = []
     outs = []
     for i, (prefix, iface) in enumerate(receivers):

@@ -35,11 +35,12 @@ from .events import (
     Failed, FileComplete, ReceiverCompleted, ReceiverEvent, ReceiverFailed, SenderEvent, StreamFinished,
     TransferFinished,
 )
+from .manifest import cache_dir, cached_digests
 from .net import (
-    FileSink, FileSource, parse_group, parse_ipv4, path_mtu, receiver_sockets, run, sender_socket,
+    GSO_BURST_BYTES, FileSink, FileSource, parse_group, parse_ipv4, path_mtu, receiver_sockets, run, sender_socket,
 )
 from .receiver import Receiver, ReceiverConfig
-from .sender import Sender, SenderConfig, build_manifest_pages
+from .sender import Sender, SenderConfig, build_manifest_pages, file_digests
 from .wire import DATA_HEADER_LEN, MAC_LEN, derive_key
 
 __all__ = [
@@ -93,8 +94,16 @@ class SendOptions(_Common):
     fec_overhead: float = 0.0  # proactive parity per data datagram (needs fec_k)
     payload_size: Optional[int] = None  # data bytes per datagram (None: fill one frame of the route's MTU)
     ttl: int = 1
-    gso: bool = False  # batch datagrams with UDP GSO
-    timeout: float = 60.0  # max seconds of repair after the stream
+    gso: bool = True  # batch paced datagrams with UDP GSO (falls back by itself where refused)
+    timeout: float = 60.0  # catch-up bound: receivers not verified this long after the stream fail as stragglers
+    # Loss policy (README "Loss is not congestion"): receivers' loss never cuts the rate
+    # below min_rate_mbit (None: 5% of the cap); loss counts as congestion only when more
+    # than congestion_quorum of the receivers report it at once; repairs get at most
+    # repair_share of the sends while the stream runs.
+    min_rate_mbit: Optional[float] = None
+    congestion_quorum: float = SenderConfig.congestion_quorum
+    repair_share: float = SenderConfig.repair_share
+    manifest_cache: bool = True  # reuse the file's digests while it is unchanged (hostagent.manifest)
 
 
 @dataclass(kw_only=True)
@@ -191,6 +200,7 @@ class ReceiverReport:
     addr: str
     ok: bool
     error: Optional[str]  # why not ok: its failure reason, or "incomplete"
+    loss: float = 0.0  # first-transmission loss it reported last (0..1)
 
 
 @dataclass
@@ -213,6 +223,8 @@ class SendResult:
     repair_bytes_multicast: int
     nacks: int
     rate_decreases: int
+    lowest_rate_mbit: Optional[float]  # the rate after the deepest cut (None: never cut)
+    loss_verdicts: dict[str, int]  # closed NACK windows: none / local (repaired) / group / link (congestion)
     receivers: list[ReceiverReport]
     stream_s: Optional[float]  # when the first pass was out, seconds from the start
     completed_s: list[float]  # when each receiver verified, seconds from the start
@@ -328,14 +340,20 @@ def _send(path: str, opts: SendOptions, source: FileSource, interface: str, emit
         rate_bps=opts.rate_mbit * 1e6, fec_k=opts.fec_k, fec_overhead=opts.fec_overhead,
         expected_receivers=opts.receivers, key=_derive(opts.secret),
         name=os.path.basename(path)[:100], linger_timeout=opts.timeout,
+        min_rate_bps=None if opts.min_rate_mbit is None else opts.min_rate_mbit * 1e6,
+        congestion_quorum=opts.congestion_quorum, repair_share=opts.repair_share,
         session_id=random.SystemRandom().getrandbits(64),
+        burst_bytes=GSO_BURST_BYTES if opts.gso else SenderConfig.burst_bytes,
     )
     try:
         config.validate()
     except ValueError as exc:
         raise TransferError(str(exc)) from None
-    # Digest the file once up front: the manifest needs it, and it names the model.
-    pages = build_manifest_pages(source, config, config.session_id)  # type: ignore[arg-type]
+    # The manifest needs the file's digests (they also name the model): one read of the
+    # file the first time, none while it is unchanged.
+    digests, _ = cached_digests(path, config.chunk_size, lambda: file_digests(source, config.chunk_size),
+                                cache_dir() if opts.manifest_cache else None)
+    pages = build_manifest_pages(source, config, config.session_id, digests)  # type: ignore[arg-type]
     group_id: Optional[int] = None
     if opts.controller:
         client = _client(opts)
@@ -400,7 +418,7 @@ def _stream(path: str, opts: SendOptions, sender: Sender, sock: socket.socket, g
     elapsed = time.monotonic() - started
     receivers = [
         ReceiverReport(f"{p.receiver_id:016x}", p.addr[0] if isinstance(p.addr, tuple) else str(p.addr), p.completed,
-                       None if p.completed else reasons.get(p.receiver_id, "incomplete"))
+                       None if p.completed else reasons.get(p.receiver_id, "incomplete"), round(p.loss, 3))
         for p in sorted(sender.peers.values(), key=lambda p: p.receiver_id)
     ]
     return SendResult(
@@ -411,6 +429,8 @@ def _stream(path: str, opts: SendOptions, sender: Sender, sock: socket.socket, g
         repair_bytes=stats.repair_bytes, repair_bytes_unicast=stats.repair_bytes_unicast,
         repair_bytes_multicast=stats.repair_bytes_multicast, nacks=stats.nacks_received,
         rate_decreases=stats.rate_decreases, receivers=receivers,
+        lowest_rate_mbit=None if sender.lowest_rate is None else round(sender.lowest_rate / 1e6, 1),
+        loss_verdicts=sender.loss_verdicts,
         stream_s=timeline.get("stream_s"), completed_s=timeline["completed_s"],
         final_rate_mbit=round(sender.rate / 1e6, 1), repairs_parity=stats.repairs_parity,
         repairs_unicast=stats.repairs_unicast, repairs_multicast=stats.repairs_multicast,
@@ -537,7 +557,8 @@ def _listen(out: str, opts: ReceiveOptions, receiver: Receiver, sink: FileSink, 
 
     def done() -> bool:
         if receiver.layout is not None:
-            marks.setdefault("first", time.monotonic())
+            if "first" not in marks:  # (called every loop turn: no clock read once set)
+                marks["first"] = time.monotonic()
             if on_progress is not None and throttle.due():
                 stats = receiver.stats
                 on_progress(ReceiveProgress(*_held_bytes(receiver), stats.repairs_received, stats.nacks_sent))

@@ -166,6 +166,7 @@ def cmd_send(args: argparse.Namespace) -> int:
         receiver_ips=tuple(args.receiver_ip or ()), wait_timeout=args.wait_timeout, poll=args.poll,
         rate_mbit=args.rate, chunk_size=args.chunk_size, fec_k=args.fec_k, fec_overhead=args.fec_overhead,
         payload_size=args.payload_size, ttl=args.ttl, gso=args.gso, timeout=args.timeout,
+        min_rate_mbit=args.min_rate, congestion_quorum=args.congestion_quorum, repair_share=args.repair_share,
     )
     report = Reporter(args, "send")
     try:
@@ -250,9 +251,21 @@ def build_parser() -> argparse.ArgumentParser:
     send.add_argument("--payload-size", type=int, default=None,
                       help="data bytes per datagram (default: fill one frame of the route's MTU)")
     send.add_argument("--ttl", type=int, default=SendOptions.ttl)
-    send.add_argument("--gso", action="store_true",
-                      help="batch datagrams with UDP GSO (faster sends, burstier: measure with bench_net)")
-    send.add_argument("--timeout", type=float, default=SendOptions.timeout, help="max seconds of repair after the stream")
+    send.add_argument("--gso", action=argparse.BooleanOptionalAction, default=SendOptions.gso,
+                      help="batch paced datagrams with UDP GSO, ~120 KB per wake-up in 64 KB sends (default on; "
+                           "--no-gso: one send per datagram)")
+    send.add_argument("--timeout", type=float, default=SendOptions.timeout,
+                      help="max seconds of repair after the stream (catch-up): receivers still not verified "
+                           "then are reported failed as stragglers")
+    send.add_argument("--min-rate", type=float, default=SendOptions.min_rate_mbit, metavar="MBIT",
+                      help="loss that receivers report never takes the rate below this (default: 5%% of --rate); "
+                           "only drops at the sender's own link do")
+    send.add_argument("--congestion-quorum", type=float, default=SendOptions.congestion_quorum, metavar="FRACTION",
+                      help="loss is congestion (the rate is cut) only when more than this fraction of the receivers "
+                           "report it at once; fewer are repaired at the group's rate (default %(default)s)")
+    send.add_argument("--repair-share", type=float, default=SendOptions.repair_share, metavar="FRACTION",
+                      help="max fraction of the sends given to repairs while the stream runs, so lagging "
+                           "receivers never starve it (default %(default)s)")
     recv = sub.add_parser("recv", parents=[common], help="receive a file from the group")
     recv.add_argument("--source", required=True, help="sender's IPv4 address (source-specific join)")
     recv.add_argument("--out", required=True, help="output path (e.g. /dev/shm/model.bin); written in place")

@@ -29,11 +29,24 @@ class ChunkSource(Protocol):
 class ChunkSink(Protocol):
     """Random-access write of the file being received, plus a slot for the resume record."""
 
-    def write(self, offset: int, data: bytes) -> None: ...
+    def write(self, offset: int, data: bytes | memoryview) -> None:
+        """``data`` may be a view into a reused receive buffer: write it now, keep no reference."""
 
     def read(self, offset: int, length: int) -> bytes: ...
 
     def save_state(self, state: bytes) -> None: ...
+
+
+def write_parts(sink: ChunkSink, offset: int, parts: list[memoryview]) -> None:
+    """Write consecutive pieces at ``offset``: one vectored write where the sink offers
+    ``write_many(offset, parts)`` (a file: one ``pwritev``), else one write per piece."""
+    write_many = getattr(sink, "write_many", None)
+    if write_many is not None:
+        write_many(offset, parts)
+        return
+    for part in parts:
+        sink.write(offset, part)
+        offset += len(part)
 
 
 class MemorySource:
@@ -58,12 +71,16 @@ class MemorySink:
         self.state: bytes | None = None
         self.writes = 0
 
-    def write(self, offset: int, data: bytes) -> None:
+    def write(self, offset: int, data: bytes | memoryview) -> None:
         end = offset + len(data)
         if len(self.data) < end:
             self.data.extend(b"\0" * (end - len(self.data)))
         self.data[offset:end] = data
         self.writes += 1
+
+    def write_many(self, offset: int, parts: list[memoryview]) -> None:
+        """Consecutive pieces as one write (what FileSink does with one pwritev)."""
+        self.write(offset, b"".join(parts))
 
     def read(self, offset: int, length: int) -> bytes:
         return bytes(self.data[offset : offset + length])

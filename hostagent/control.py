@@ -12,11 +12,12 @@ import ipaddress
 import os
 import socket
 import time
-from typing import Any, Callable, Optional
-
-import requests
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from .wire import KEY_LEN, derive_key
+
+if TYPE_CHECKING:
+    import requests  # imported where used: it is half the CLI's start-up, and most runs need no controller
 
 TOKEN_ENV = "MODELCAST_TOKEN"
 
@@ -40,6 +41,8 @@ class ControllerClient:
         self.base_url = base_url.rstrip("/")
         self.token = token if token is not None else os.environ.get(TOKEN_ENV) or None
         self.request_timeout = request_timeout
+        import requests
+
         self._http = session or requests.Session()
 
     # ------------------------------------------------------------------ calls
@@ -142,6 +145,8 @@ class ControllerClient:
     # ------------------------------------------------------------------ plumbing
 
     def _call(self, method: str, path: str, body: Optional[dict] = None) -> Any:
+        import requests
+
         headers = {"Accept": "application/json"}
         if self.token:
             headers["Authorization"] = f"Bearer {self.token}"
@@ -205,7 +210,10 @@ def group_endpoint(group: dict) -> tuple[str, int]:
 
 def session_key(group: dict) -> Optional[bytes]:
     """MAC key for the group: the controller's 32-byte hex ``key`` run through
-    ``derive_key`` (sender and receiver both call this, so they agree)."""
+    ``derive_key`` (sender and receiver both call this, so they agree). None when the
+    answer carries no key: the controller shows it only to a caller with a token that
+    covers the group (admin, or the host token of its source or of a receiver, which
+    gets it in its own join's answer); anonymous answers never hold one."""
     text = group.get("key")
     if not text:
         return None

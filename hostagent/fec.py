@@ -19,11 +19,13 @@ Pure functions plus small caches; no I/O, no clock.
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import Iterable, Sequence
-
-import zfec
+from typing import TYPE_CHECKING, Iterable, Sequence
 
 from .common import Layout
+
+if TYPE_CHECKING:
+    import zfec  # imported on first use below: most transfers never code a block, and
+    # zfec's package import (its command-line tools too) is a tenth of the agent's start-up
 
 MAX_SHARES = 256  # zfec's GF(2^8) limit: data + parity shares of one block
 MAX_K = 128  # largest block we allow (leaves >= 128 parity indices per block)
@@ -31,11 +33,15 @@ MAX_K = 128  # largest block we allow (leaves >= 128 parity indices per block)
 
 @lru_cache(maxsize=MAX_SHARES)
 def _encoder(k: int) -> zfec.Encoder:
+    import zfec
+
     return zfec.Encoder(k, MAX_SHARES)
 
 
 @lru_cache(maxsize=MAX_SHARES)
 def _decoder(k: int) -> zfec.Decoder:
+    import zfec
+
     return zfec.Decoder(k, MAX_SHARES)
 
 
@@ -86,6 +92,8 @@ def decode(k: int, shares: dict[int, bytes]) -> list[bytes]:
     if len(lengths) != 1 or any(not 0 <= i < MAX_SHARES for i in shares):
         raise ValueError("shares of unequal length or bad index")
     nums = sorted(shares)
+    import zfec
+
     try:
         out = _decoder(k).decode([shares[i] for i in nums], nums)
     except zfec.Error as exc:  # pragma: no cover - guarded above

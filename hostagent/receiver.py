@@ -35,7 +35,7 @@ import msgpack
 
 import hostagent.fec as fec
 import hostagent.wire as wire
-from .common import Addr, ChunkSink, Layout, Stats
+from .common import Addr, ChunkSink, Layout, Stats, write_parts
 from .events import ChunkCorrupt, Failed, FileComplete, ManifestReceived, ReceiverEvent
 from .rangeset import RangeSet
 
@@ -143,12 +143,27 @@ class Receiver:
 
     # ------------------------------------------------------------------ public API
 
-    def receive_datagram(self, data: bytes, addr: Addr, now: float) -> None:
-        """Process one datagram; bad, foreign or duplicate input is counted and dropped."""
-        self.stats.datagrams_in += 1
-        self.stats.bytes_in += len(data)
+    def receive_datagram(self, data: bytes | memoryview, addr: Addr, now: float) -> None:
+        """Process one datagram; bad, foreign or duplicate input is counted and dropped.
+
+        ``data`` may be a view into the caller's receive buffer: it is only read during
+        this call (a DATA payload goes straight to the sink, anything kept is copied)."""
+        stats = self.stats
+        stats.datagrams_in += 1
+        stats.bytes_in += len(data)
         if self.failed:
-            self.stats.drops["after_failure"] += 1
+            stats.drops["after_failure"] += 1
+            return
+        fields = wire.parse_data(data, self._key)
+        if fields is not None:  # the hot path: no message object, no payload copy
+            session, seq, chunk, offset, payload, repair, _ = fields
+            if session != self.session:
+                stats.drops["no_manifest" if self.session is None else "wrong_session"] += 1
+                return
+            if self.sender_addr is None:
+                self.sender_addr = addr
+            self._last_heard = now
+            self._on_data(seq, chunk, offset, payload, repair, now)
             return
         try:
             msg = wire.decode(data, self._key)
@@ -167,7 +182,7 @@ class Receiver:
             self.sender_addr = addr
         self._last_heard = now
         if isinstance(msg, wire.Data):
-            self._on_data(msg, now)
+            self._on_data(msg.seq, msg.chunk, msg.offset, msg.payload, msg.repair, now)
         elif isinstance(msg, wire.Manifest):
             self._on_manifest(msg, now)
         elif isinstance(msg, wire.End):
@@ -179,6 +194,83 @@ class Receiver:
                 self.acked = True
         else:
             self.stats.drops["unexpected_type"] += 1
+
+    def receive_batch(self, data: memoryview, seg: int, addr: Addr, now: float) -> None:
+        """A GRO super-packet: datagrams of ``seg`` bytes back to back (the last may be
+        shorter), all from ``addr``; ``seg`` <= 0 means one datagram. Same outcome as
+        ``receive_datagram`` on each in turn, but a run of new, in-order first
+        transmissions of one chunk costs one vectored write and one range insert."""
+        n = len(data)
+        if seg <= 0 or seg >= n:
+            self.receive_datagram(data, addr, now)
+            return
+        key = self._key
+        parsed = [wire.parse_data(data[off : off + seg], key) for off in range(0, n, seg)]
+        i, count = 0, len(parsed)
+        while i < count:
+            j = self._data_run(parsed, i)
+            if j - i > 1:
+                self._on_data_run(parsed[i:j], min(n, j * seg) - i * seg, addr, now)
+            else:
+                j = i + 1
+                self.receive_datagram(data[i * seg : min(n, j * seg)], addr, now)
+            i = j
+
+    def _data_run(self, parsed: list[Optional[wire.DataFields]], i: int) -> int:
+        """End of the run of fresh first-transmission fragments of one chunk that starts
+        at ``parsed[i]`` (``i`` itself when the fast path does not apply there)."""
+        layout = self.layout
+        if layout is None or self.failed or self.complete or self._parity:
+            return i
+        locate, total, session = layout.locate, layout.total_seq, self.session
+        j = i
+        prev_seq = chunk = -1
+        while j < len(parsed):
+            fields = parsed[j]
+            if fields is None or fields[0] != session or fields[5]:
+                break
+            _, seq, c, offset, payload, _, _ = fields
+            if (j > i and (seq != prev_seq + 1 or c != chunk)) or seq >= total:
+                break
+            if locate(seq) != (c, offset, len(payload)):
+                break
+            prev_seq, chunk = seq, c
+            j += 1
+        if j > i and self.have.count_in(parsed[i][1], prev_seq + 1):  # type: ignore[index]
+            return i  # duplicates among them: the per-datagram path counts them
+        return j
+
+    def _on_data_run(self, run: list, nbytes: int, addr: Addr, now: float) -> None:
+        """``_data_run``'s fragments: what ``_on_data`` does to each, done once."""
+        layout = self.layout
+        assert layout is not None
+        stats = self.stats
+        k = len(run)
+        first, last = run[0][1], run[-1][1]
+        chunk = run[0][2]
+        payloads = [f[4] for f in run]
+        stats.datagrams_in += k
+        stats.bytes_in += nbytes
+        if self.sender_addr is None:
+            self.sender_addr = addr
+        self._last_heard = now
+        if self._last_data_at is not None and now - self._last_data_at < 0.05:
+            self._gap_s += 0.05 * (now - self._last_data_at - self._gap_s)
+        for _ in range(k - 1):  # the rest arrived at the same instant (as _on_data would)
+            self._gap_s -= 0.05 * self._gap_s
+        self._last_data_at = now
+        stats.data_received += k
+        if self._loss_mark is None:
+            self._loss_mark = (first - 1, 0)
+        if first > self._highest + 1:
+            self._add_gap(now, self._highest + 1, first)
+        self._highest = max(self._highest, last)
+        write_parts(self._sink, chunk * layout.chunk_size + run[0][3], payloads)
+        self.have.add(first, last + 1)
+        start, end = layout.chunk_seqs(chunk)
+        if self.have.contains_range(start, end):
+            self._verify_chunk(chunk, now)
+            self._check_done(now)
 
     def datagrams_to_send(self, now: float) -> list[tuple[bytes, Addr]]:
         out, self._out = self._out, []
@@ -286,40 +378,41 @@ class Receiver:
             self._highest = max(self._highest, max(e for _, e in self.have) - 1)
         self._check_done(now)
 
-    def _on_data(self, msg: wire.Data, now: float) -> None:
+    def _on_data(self, seq: int, chunk: int, offset: int, payload: bytes | memoryview, repair: bool,
+                 now: float) -> None:
         layout = self.layout
         if layout is None:
             self.stats.drops["no_manifest"] += 1
             return
-        if msg.seq >= layout.total_seq or layout.locate(msg.seq) != (msg.chunk, msg.offset, len(msg.payload)):
+        if seq >= layout.total_seq or layout.locate(seq) != (chunk, offset, len(payload)):
             self.stats.drops["inconsistent"] += 1
             return
         if self._last_data_at is not None and now - self._last_data_at < 0.05:
             self._gap_s += 0.05 * (now - self._last_data_at - self._gap_s)
         self._last_data_at = now
-        if msg.repair:
+        if repair:
             self.stats.repairs_received += 1
-            if self._rounds and msg.seq not in self.have:
-                self._sample_repair(now, msg.seq, msg.seq + 1, served=True)
+            if self._rounds and seq not in self.have:
+                self._sample_repair(now, seq, seq + 1, served=True)
         else:
             self.stats.data_received += 1
             if self._loss_mark is None:
-                self._loss_mark = (msg.seq - 1, 0)  # joined here: earlier seqs are not loss
-            if msg.seq > self._highest + 1:
-                self._add_gap(now, self._highest + 1, msg.seq)
-            self._highest = max(self._highest, msg.seq)
-        if msg.seq in self.have or self.complete:
+                self._loss_mark = (seq - 1, 0)  # joined here: earlier seqs are not loss
+            if seq > self._highest + 1:
+                self._add_gap(now, self._highest + 1, seq)
+            self._highest = max(self._highest, seq)
+        if seq in self.have or self.complete:
             self.stats.duplicates += 1
             return
-        self._sink.write(msg.chunk * layout.chunk_size + msg.offset, msg.payload)
-        self.have.add(msg.seq)
+        self._sink.write(chunk * layout.chunk_size + offset, payload)
+        self.have.add(seq)
         if self._parity:
-            first = fec.block_of(layout, msg.seq, self._fec_k)[2]
+            first = fec.block_of(layout, seq, self._fec_k)[2]
             if first in self._parity:
                 self._try_decode(first)  # one more data share may complete the block
-        start, end = layout.chunk_seqs(msg.chunk)
+        start, end = layout.chunk_seqs(chunk)
         if self.have.contains_range(start, end):
-            self._verify_chunk(msg.chunk, now)
+            self._verify_chunk(chunk, now)
             self._check_done(now)
 
     def _on_parity(self, msg: wire.Parity, now: float) -> None:

@@ -15,6 +15,10 @@ at every receiver, which is what makes independent loss at large group sizes che
 Requests inside the FEC block still being streamed wait until the block is complete, so
 the sweep sees every receiver's losses in it.
 
+Repairs that serve the group (multicast, parity) go first; per-receiver unicast repairs
+then take turns, one datagram per receiver, so one lagging receiver's backlog never holds
+back the repairs of the others.
+
 The planner only decides; ``Sender`` builds the datagrams for what ``next_repair`` and
 ``next_proactive`` hand out. No clock and no socket: every call takes ``now``.
 """
@@ -107,7 +111,9 @@ class RepairPlanner:
         # NACK aggregation and repair queue
         self._window: dict[int, RangeSet] = {}
         self._window_any = RangeSet()  # union of this window's requests
-        self._repairs: deque[Union[list, _ParityJob]] = deque()  # [dest_receiver_id or None, start, end]
+        self._repairs: deque[Union[list, _ParityJob]] = deque()  # group repairs: [None, start, end] or parity
+        self._unicast: dict[int, deque[list]] = {}  # receiver -> its [receiver, start, end] ranges, in order
+        self._turns: deque[int] = deque()  # receivers with unicast repairs queued, next first
         self._queued_mc = RangeSet()
         self._queued_uc: dict[int, RangeSet] = {}
         self._recent_mc: deque[tuple[float, int, int]] = deque()
@@ -135,7 +141,7 @@ class RepairPlanner:
     @property
     def queued(self) -> bool:
         """Repairs (plain or parity) wait to be sent."""
-        return bool(self._repairs)
+        return bool(self._repairs or self._turns)
 
     @property
     def proactive_queued(self) -> bool:
@@ -162,6 +168,8 @@ class RepairPlanner:
     def forget(self, rid: int) -> None:
         """The receiver finished or gave up: drop its queued unicast repairs."""
         self._queued_uc.pop(rid, None)
+        if self._unicast.pop(rid, None) is not None:
+            self._turns.remove(rid)
 
     def _request(self, rid: int, requests: RangeSet, start: int, end: int) -> None:
         """Record one receiver's request. With a threshold of 2, a second asker (in this
@@ -284,7 +292,11 @@ class RepairPlanner:
                 if self._queued_mc.contains_range(s, e):
                     continue
                 queued.add(s, e)
-                self._repairs.append([rid, s, e])
+                own = self._unicast.get(rid)
+                if own is None:
+                    own = self._unicast[rid] = deque()
+                    self._turns.append(rid)
+                own.append([rid, s, e])
 
     def _expire_recent(self, now: float, nack_window: float) -> None:
         holdoff = self._holdoff if self._holdoff is not None else nack_window
@@ -303,9 +315,10 @@ class RepairPlanner:
     # ------------------------------------------------------------------ handing out
 
     def next_repair(self, now: float, peers: Mapping[int, PeerState]) -> Optional[Repair]:
-        """The next repair datagram to send, in queue order; unicast leftovers of
-        receivers that finished or gave up are skipped."""
-        while self._repairs:
+        """The next repair datagram to send: group repairs in queue order, then one
+        unicast datagram for the receiver whose turn it is; leftovers of receivers that
+        finished or gave up are skipped."""
+        if self._repairs:
             entry = self._repairs[0]
             if isinstance(entry, _ParityJob):
                 share = self._pop_share(self._repairs, proactive=False)
@@ -315,15 +328,26 @@ class RepairPlanner:
                 else:
                     self._parity_pending.pop(share.first, None)
                 return share
-            rid, seq, end = entry
+            _, seq, end = entry
             entry[1] += 1
             if entry[1] >= end:
                 self._repairs.popleft()
-            if rid is None:
-                self._queued_mc.discard(seq)
-                self._recent_mc.append((now, seq, seq + 1))
-                self._recent_mc_set.add(seq)
-                return PlainRepair(seq, None)
+            self._queued_mc.discard(seq)
+            self._recent_mc.append((now, seq, seq + 1))
+            self._recent_mc_set.add(seq)
+            return PlainRepair(seq, None)
+        while self._turns:
+            rid = self._turns.popleft()
+            own = self._unicast[rid]
+            entry = own[0]
+            seq, end = entry[1], entry[2]
+            entry[1] += 1
+            if entry[1] >= end:
+                own.popleft()
+            if own:
+                self._turns.append(rid)
+            else:
+                del self._unicast[rid]
             queued = self._queued_uc.get(rid)
             peer = peers.get(rid)
             if queued is None or peer is None or peer.completed or peer.failed:

@@ -7,6 +7,14 @@ own modules: which NACKed ranges to repair and how (unicast, multicast or FEC pa
 ``repair.RepairPlanner``, and how fast datagrams may leave (token bucket, AIMD) in
 ``pacing.Pacer``. While streaming, repairs get at most ``repair_share`` of the sends.
 
+Loss is not congestion; the group is not its slowest member. The rate is cut only when
+``pacing.LossClassifier`` judges a window's loss reports to be congestion: loss reported
+by more than ``congestion_quorum`` of the group at once, or drops at the sender's own
+link (``send_dropped``). One receiver's own loss, however high, leaves the group's rate
+alone; that receiver is repaired (unicast or FEC parity) within the repair share while
+the stream runs, and catches up after it -- or is reported failed as a straggler when
+``linger_timeout`` after the stream it still has not verified the file.
+
 Like aioquic's QuicConnection it never touches a socket or a clock: feed it
 ``receive_datagram(data, addr, now)``, drain ``datagrams_to_send(now)``, and call
 ``handle_timer(now)`` at ``get_timer()``.
@@ -28,10 +36,11 @@ from .common import GROUP, MAX_CHUNK_SIZE, MIN_CHUNK_SIZE, Addr, ChunkSource, De
 from .events import (
     ReceiverCompleted, ReceiverFailed, ReceiverJoined, SenderEvent, StreamFinished, TransferFinished,
 )
-from .pacing import Pacer
+from .pacing import LossClassifier, Pacer, RepairBudget, Verdict
 from .repair import ParityRepair, RepairPlanner
 
 _DIGESTS_PER_PAGE_BUDGET = 120  # bytes of a manifest page spent on fixed fields
+_REPAIR_BURST = 16.0  # datagrams of unused repair share kept while streaming
 
 
 @dataclass
@@ -40,7 +49,11 @@ class SenderConfig:
     payload_size: int = 1400
     rate_bps: float = 1e9  # hard cap
     initial_rate_fraction: float = 0.7  # start below the cap: switch buffers overrun on bursts
-    min_rate_fraction: float = 0.05
+    min_rate_fraction: float = 0.05  # hard floor: only drops at the sender's own link go this low
+    # Floor for cuts on loss that receivers report (None: the hard floor). Set it to a
+    # rate the network is known to carry, and receivers that lose more than that are
+    # repaired or fail as stragglers instead of slowing the group down.
+    min_rate_bps: Optional[float] = None
     # Additive increase, as a fraction of the cap per aimd_interval without loss. Until
     # the first decrease the sender ramps fast (70% -> cap in ~30 ms): a start at
     # 70% is a precaution, not a measurement, and every slow ramp millisecond is lost
@@ -50,6 +63,11 @@ class SenderConfig:
     aimd_decrease: float = 0.7
     aimd_interval: float = 0.1
     loss_tolerance: float = 0.02  # reported loss below this is noise, not congestion
+    # Loss is the group's (congestion) only when more than this fraction of the receivers
+    # taking part report loss above the tolerance at once; fewer: their own problem,
+    # served by repair at the group's rate.
+    congestion_quorum: float = 0.5
+    loss_memory: float = 0.5  # seconds a receiver's loss report counts towards the quorum
     burst_bytes: int = 64 * 1024  # token bucket depth
     nack_window: float = 0.075  # at nack_group_scale receivers or more; shorter below
     # Group size at which the NACK aggregation window (and the receivers' NACK backoff,
@@ -63,14 +81,18 @@ class SenderConfig:
     multicast_threshold: int = 2
     repair_holdoff: Optional[float] = None  # ignore NACKs for seqs multicast this recently
     shared_loss_memory: float = 1.0  # how long a unicast repair counts as one asker
-    repair_share: float = 0.5  # max fraction of sends given to repairs while streaming
+    # Max fraction of the paced sends given to repairs while streaming: a lagging receiver
+    # is served in parallel, and the stream (everyone else) keeps 1 - repair_share of the rate.
+    repair_share: float = 0.1
     manifest_every: int = 64  # data datagrams between manifest pages while streaming
     manifest_interval: float = 0.25  # manifest page repeat when not streaming
     end_interval: float = 0.1
     expected_receivers: Optional[int] = None
     receiver_timeout: float = 5.0  # incomplete receiver silent this long after END: failed
     idle_timeout: float = 2.0  # all known receivers resolved and quiet this long: finish
-    linger_timeout: float = 60.0  # hard bound on the repair phase
+    # Catch-up bound: how long receivers that have not verified the file when the stream
+    # ends are still served; then each is reported failed ("straggler: ...").
+    linger_timeout: float = 60.0
     max_datagram: int = 1472
     session_id: Optional[int] = None
     key: Optional[bytes] = None
@@ -92,6 +114,12 @@ class SenderConfig:
             raise ValueError("rate must be positive")
         if not 0 < self.initial_rate_fraction <= 1 or not 0 < self.min_rate_fraction <= 1:
             raise ValueError("rate fractions must be in (0, 1]")
+        if self.min_rate_bps is not None and not 0 < self.min_rate_bps <= self.rate_bps:
+            raise ValueError("min_rate must be positive and at most the rate cap")
+        if not 0 <= self.congestion_quorum < 1 or self.loss_memory <= 0:
+            raise ValueError("congestion_quorum must be in [0, 1) and loss_memory > 0")
+        if not 0 <= self.repair_share <= 1 or self.linger_timeout <= 0:
+            raise ValueError("repair_share must be in [0, 1] and linger_timeout > 0")
         if self.multicast_threshold < 1:
             raise ValueError("multicast_threshold must be >= 1")
         if self.ramp_increase_fraction < 0 or self.aimd_increase_fraction < 0 or self.aimd_interval <= 0:
@@ -117,10 +145,9 @@ class _Peer:
     loss: float = 0.0  # first-transmission loss it reported in its last NACK
 
 
-def build_manifest_pages(source: ChunkSource, config: SenderConfig, session: int) -> list[wire.Manifest]:
-    """Read the file once to digest every chunk and the whole file; split the digest
-    list into pages that each fit in one datagram."""
-    layout = Layout(source.size, config.chunk_size, config.payload_size)
+def file_digests(source: ChunkSource, chunk_size: int) -> tuple[bytes, bytes]:
+    """Read the file once: (every chunk's digest, concatenated; the whole-file digest)."""
+    layout = Layout(source.size, chunk_size, chunk_size)
     whole = blake3.blake3()
     digests = bytearray()
     for chunk in range(layout.chunk_count):
@@ -129,7 +156,16 @@ def build_manifest_pages(source: ChunkSource, config: SenderConfig, session: int
             raise ValueError("source returned a short read")
         whole.update(data)
         digests += wire.chunk_digest(data)
-    file_digest = whole.digest()
+    return bytes(digests), whole.digest()
+
+
+def build_manifest_pages(source: ChunkSource, config: SenderConfig, session: int,
+                         known: Optional[tuple[bytes, bytes]] = None) -> list[wire.Manifest]:
+    """Digest the file (``file_digests``, unless ``known`` already holds its result, e.g.
+    from hostagent.manifest's cache); split the digest list into pages that each fit in
+    one datagram."""
+    layout = Layout(source.size, config.chunk_size, config.payload_size)
+    digests, file_digest = known if known is not None else file_digests(source, config.chunk_size)
     budget = config.max_datagram - wire.HEADER_LEN - wire.MAC_LEN - _DIGESTS_PER_PAGE_BUDGET
     budget -= len(config.name.encode())
     per_page = max(1, budget // wire.CHUNK_DIGEST_LEN)
@@ -180,11 +216,13 @@ class Sender:
         self._last_manifest = now
         self._stream_done_at: Optional[float] = None
         self._last_end = -1e18
-        self._sends_streaming = 0
-        self._repairs_streaming = 0
+        self._budget = RepairBudget(config.repair_share, _REPAIR_BURST)
 
+        initial = config.initial_rate_fraction
+        if config.min_rate_bps is not None:  # a floor above the start: start there
+            initial = max(initial, config.min_rate_bps / config.rate_bps)
         self._pacer = Pacer(
-            config.rate_bps, now, initial_fraction=config.initial_rate_fraction,
+            config.rate_bps, now, initial_fraction=initial,
             min_fraction=config.min_rate_fraction, ramp_increase=config.ramp_increase_fraction,
             increase=config.aimd_increase_fraction, decrease=config.aimd_decrease,
             interval=config.aimd_interval, burst_bytes=config.burst_bytes, max_datagram=config.max_datagram,
@@ -196,6 +234,9 @@ class Sender:
             fec_anticipate=config.fec_anticipate,
         )
         self._parity_cache: dict[tuple[int, int, int], bytes] = {}  # encoded shares of queued jobs
+        self._loss = LossClassifier(
+            quorum=config.congestion_quorum, tolerance=config.loss_tolerance, memory=config.loss_memory,
+        )
 
         # receivers
         self.peers: dict[int, _Peer] = {}
@@ -252,6 +293,16 @@ class Sender:
             self._last_end = now
         return self._account(out)
 
+    def send_dropped(self, count: int, now: float) -> None:
+        """The socket layer could not send ``count`` datagrams (send buffer or link full):
+        congestion at the one link every datagram crosses, whatever receivers report.
+        The rate is cut when the window this opens closes."""
+        if count <= 0 or self.closed:
+            return
+        self._loss.send_dropped(count)
+        self._pacer.congested = True  # hold the rate increase until the verdict
+        self._repair.open_window(now + self.nack_window, True)
+
     def get_timer(self) -> Optional[float]:
         """Earliest time at which handle_timer or datagrams_to_send has work."""
         if self.closed:
@@ -298,6 +349,18 @@ class Sender:
     def rate(self) -> float:
         """Current pacing rate, bits/s."""
         return self._pacer.rate
+
+    @property
+    def lowest_rate(self) -> Optional[float]:
+        """The pacing rate after the deepest cut so far, bits/s (None: never cut)."""
+        return self._pacer.lowest_cut
+
+    @property
+    def loss_verdicts(self) -> dict[str, int]:
+        """Closed NACK windows by what their loss meant: none, local (one receiver's own
+        problem, repaired), group or link (congestion: the rate was cut, at most once
+        per interval)."""
+        return {v.value: n for v, n in self._loss.verdicts.items()}
 
     @property
     def stream_position(self) -> int:
@@ -355,7 +418,7 @@ class Sender:
         if now >= self._stream_done_at + cfg.linger_timeout:
             for peer in self.peers.values():
                 if not (peer.completed or peer.failed):
-                    self._fail(peer, "linger timeout")
+                    self._fail(peer, f"straggler: not verified {cfg.linger_timeout:g} s after the stream ended")
             self._finish(now)
             return
         resolved = all(p.completed or p.failed for p in self.peers.values())
@@ -365,6 +428,7 @@ class Sender:
     def _fail(self, peer: _Peer, reason: str) -> None:
         peer.failed = True
         self._repair.forget(peer.receiver_id)
+        self._loss.forget(peer.receiver_id)
         self._events.append(ReceiverFailed(peer.receiver_id, reason))
 
     def _maybe_finish(self, now: float) -> None:
@@ -396,19 +460,35 @@ class Sender:
         peer.loss = msg.loss_permille / 1000
         limit = self._next_seq  # cannot repair what has not been sent yet
         ranges = [(start, min(end, limit)) for start, end in msg.ranges if min(end, limit) > start]
-        if ranges and msg.loss_permille > self.config.loss_tolerance * 1000:
-            # The receiver measures loss of first transmissions since its last NACK,
-            # so this is recent loss, not a late joiner catching up.
-            self._pacer.congested = True
+        # The receiver measures loss of first transmissions since its last NACK, so this
+        # is recent loss, not a late joiner catching up. Whether it is congestion (the
+        # group's) or this receiver's own is judged when the window closes.
+        if self._loss.report(peer.receiver_id, peer.loss, now, bool(ranges)) and self._loss.shared(
+                now, self._taking_part()):
+            self._pacer.congested = True  # looks like the group's: hold the rate increase until the verdict
         window = self.nack_window
         self._repair.nack(msg.receiver_id, ranges, now, window)
-        self._repair.open_window(now + window, self._pacer.congested)
+        self._repair.open_window(now + window, self._loss.pending)
 
     def _close_window(self, now: float) -> None:
-        """Plan the repairs of the window's requests, then react to its congestion signal."""
-        self._repair.close_window(now, self.peers, self._next_seq, self._pacer.rate, self.nack_window)
-        if self._pacer.window_closed(now):
+        """Plan the repairs of the window's requests, then judge its loss reports: only
+        congestion cuts the rate, and loss the receivers report never takes it below
+        ``min_rate_bps`` (drops at our own link may)."""
+        pacer = self._pacer
+        self._repair.close_window(now, self.peers, self._next_seq, pacer.rate, self.nack_window)
+        verdict = self._loss.verdict(now, self._taking_part())
+        # Only congestion cuts; one receiver's own loss is repaired at the group's rate.
+        pacer.congested = verdict in (Verdict.GROUP, Verdict.LINK)
+        floor = self.config.min_rate_bps if verdict is Verdict.GROUP else None
+        if pacer.window_closed(now, floor):
             self.stats.rate_decreases += 1
+
+    def _taking_part(self) -> int:
+        """Receivers the congestion quorum counts: all not failed (verified ones too),
+        or the expected number if more (some have not said hello yet)."""
+        failed = sum(1 for p in self.peers.values() if p.failed)
+        expected = (self.config.expected_receivers or 0) - failed
+        return max(1, len(self.peers) - failed, expected)
 
     # ------------------------------------------------------------------ paced sends
 
@@ -426,22 +506,18 @@ class Sender:
         if streaming and self._since_manifest >= self.config.manifest_every:
             self._since_manifest = 0
             return self._manifest_page(now), GROUP
-        take_repair = self._repair.queued and (
-            not streaming or self._repairs_streaming <= self.config.repair_share * self._sends_streaming
-        )
-        if take_repair:
+        if self._repair.queued and (not streaming or self._budget.allows):
             item = self._pop_repair(now)
             if item is not None:
                 if streaming:
-                    self._repairs_streaming += 1
-                    self._sends_streaming += 1
+                    self._budget.sent(repair=True)
                 return item
         if not streaming:
             return None
         seq = self._next_seq
         self._next_seq += 1
         self._since_manifest += 1
-        self._sends_streaming += 1
+        self._budget.sent(repair=False)
         data = self._data(seq, repair=False, multicast=True)
         self.stats.data_sent += 1
         self.stats.data_bytes_sent += len(data)

@@ -62,6 +62,7 @@ _HEADER = struct.Struct("!2sBBBxQ")  # magic, version, type, flags, session
 HEADER_LEN = _HEADER.size  # 14
 _DATA = struct.Struct("!QIIH")  # seq, chunk, fragment offset, payload length
 DATA_HEADER_LEN = HEADER_LEN + _DATA.size  # 32
+_DATA_FULL = struct.Struct("!2sBBBxQQIIH")  # header + DATA fields: one unpack on the hot path
 _COMPLETE = struct.Struct("!Q32s")  # receiver id, whole-file digest
 _RID = struct.Struct("!Q")  # receiver id (HELLO, COMPLETE_ACK)
 _END = struct.Struct("!QI")  # total sequence numbers, receivers hint
@@ -358,6 +359,37 @@ def peek_type(data: bytes) -> int | None:
     if len(data) < HEADER_LEN or data[:2] != MAGIC:
         return None
     return data[3]
+
+
+DataFields = tuple[int, int, int, int, memoryview, bool, bool]
+
+
+def parse_data(data: bytes | bytearray | memoryview, key: bytes | None = None) -> DataFields | None:
+    """The receiver's hot path: a well-formed DATA/REPAIR datagram as ``(session, seq,
+    chunk, offset, payload, repair, multicast)`` with ``payload`` a view into ``data``
+    (no copy, no message object); None for anything else, which ``decode`` then accepts
+    or refuses with its reason. It accepts exactly what ``decode`` accepts as ``Data``
+    (the tests hold the two to that), so the fast path cannot widen what gets in."""
+    n = len(data)
+    if n < DATA_HEADER_LEN or n > MAX_DATAGRAM:
+        return None
+    magic, version, mtype, flags, session, seq, chunk, offset, plen = _DATA_FULL.unpack_from(data)
+    if (mtype != T_DATA and mtype != T_REPAIR) or magic != MAGIC or version != VERSION or flags & ~_KNOWN_FLAGS:
+        return None
+    end = n
+    if flags & FLAG_MAC:
+        end -= MAC_LEN
+        if key is not None and (end < DATA_HEADER_LEN or _mac(key, memoryview(data)[:end]) != data[end:]):
+            return None
+    elif key is not None:
+        return None
+    if end - DATA_HEADER_LEN != plen or plen == 0 or offset + plen > MAX_CHUNK_SIZE:
+        return None
+    if mtype == T_DATA:
+        if flags & FLAG_MULTICAST:
+            return None
+        return session, seq, chunk, offset, memoryview(data)[DATA_HEADER_LEN:end], False, True
+    return session, seq, chunk, offset, memoryview(data)[DATA_HEADER_LEN:end], True, bool(flags & FLAG_MULTICAST)
 
 
 def decode(data: bytes | bytearray | memoryview, key: bytes | None = None) -> Message:

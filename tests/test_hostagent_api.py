@@ -28,7 +28,8 @@ def _port_is_free(port: int) -> bool:
     return True
 
 
-def test_send_and_receive_in_process(tmp_path, capsys) -> None:
+def test_send_and_receive_in_process(tmp_path, capsys, monkeypatch) -> None:
+    monkeypatch.setenv("MODELCAST_CACHE_DIR", str(tmp_path / "cache"))
     group, port = loopback_group()
     model = make_model(tmp_path / "model.bin", 700_000, seed=3)
     out = tmp_path / "copy.bin"
@@ -68,6 +69,8 @@ def test_send_and_receive_in_process(tmp_path, capsys) -> None:
     got: Optional[hostagent.ReceiveResult] = received.get("result")
 
     assert sent.ok and sent.error is None and sent.file_digest == model.digest
+    assert sent.gso and sent.gso_datagrams > 0  # GSO by default (loopback takes it)
+    assert len(list((tmp_path / "cache").iterdir())) == 1  # the digests, for the next send
     assert [r.ok for r in sent.receivers] == [True] and sent.authenticated
     assert got is not None and got.ok and got.digest_ok and got.file_digest == model.digest
     assert file_digest(out) == model.digest and got.bytes == model.size

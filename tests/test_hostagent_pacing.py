@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hostagent.pacing import Pacer
+from hostagent.pacing import LossClassifier, Pacer, RepairBudget, Verdict
 
 CAP = 80e6  # bits/s: 10 MB/s, so 1 ms earns 10_000 bytes at the cap
 
@@ -83,3 +83,93 @@ def test_after_a_cut_it_probes_back_gently_and_not_while_congested() -> None:
     p.congested = False
     p.refill(0.3)  # 0.1 s clean at increase 0.1: +10% of the cap
     assert p.rate == pytest.approx(cut + 0.1 * CAP)
+
+
+def test_a_cut_stops_at_the_floor_it_is_given() -> None:
+    p = pacer(initial_fraction=1.0, decrease=0.5)
+    for i in range(5):
+        p.congested = True
+        p.window_closed(1.0 + i, floor=CAP * 0.6)
+    assert p.rate == pytest.approx(CAP * 0.6) and p.lowest_cut == pytest.approx(CAP * 0.6)
+    p.congested = True
+    assert p.window_closed(7.0, floor=CAP * 0.6) is False  # already at that floor: no cut counted
+    p.congested = True
+    p.window_closed(8.0)  # without a floor: down to the hard one
+    assert p.rate == pytest.approx(CAP * 0.3)
+
+
+# --------------------------------------------------------------------------- loss classifier
+
+
+def classifier(**overrides: float) -> LossClassifier:
+    knobs: dict = dict(quorum=0.5, tolerance=0.02, memory=0.5)
+    knobs.update(overrides)
+    return LossClassifier(**knobs)
+
+
+def test_one_receivers_loss_is_local_however_high() -> None:
+    c = classifier()
+    assert c.report(1, 0.6, 0.0) is True  # a signal ...
+    assert c.pending and not c.shared(0.0, group=4)  # ... but 1 of 4 is not the group's loss
+    assert c.verdict(0.01, group=4) is Verdict.LOCAL
+    assert not c.pending
+    assert c.verdict(0.02, group=4) is Verdict.NONE  # nothing new since
+
+
+def test_loss_reported_by_more_than_the_quorum_is_congestion() -> None:
+    c = classifier()
+    c.report(1, 0.05, 0.0)
+    c.report(2, 0.05, 0.1)
+    assert not c.shared(0.1, group=4)
+    c.report(3, 0.05, 0.2)
+    assert c.shared(0.2, group=4)  # 3 of 4 within the memory
+    assert c.verdict(0.2, group=4) is Verdict.GROUP
+    c.report(1, 0.05, 0.9)  # the others' reports are older than the memory
+    assert c.verdict(0.9, group=4) is Verdict.LOCAL
+    assert c.verdicts == {Verdict.NONE: 0, Verdict.LOCAL: 1, Verdict.GROUP: 1, Verdict.LINK: 0}
+
+
+def test_a_lone_receiver_is_its_whole_group() -> None:
+    c = classifier()
+    c.report(1, 0.05, 0.0)
+    assert c.verdict(0.0, group=1) is Verdict.GROUP
+
+
+def test_noise_and_requestless_reports_are_no_signal_but_failed_receivers_leave() -> None:
+    c = classifier()
+    assert c.report(1, 0.01, 0.0) is False  # below the tolerance
+    assert c.report(2, 0.5, 0.0, requests=False) is False  # asked for nothing: no signal ...
+    assert not c.pending and c.verdict(0.0, group=2) is Verdict.NONE
+    assert c.lossy(0.0) == 1  # ... but it still counts towards the quorum
+    c.forget(2)
+    assert c.lossy(0.0) == 0
+
+
+def test_drops_at_the_senders_own_link_are_congestion_whatever_receivers_say() -> None:
+    c = classifier()
+    c.send_dropped(3)
+    assert c.pending
+    assert c.verdict(0.0, group=100) is Verdict.LINK
+    assert c.verdict(0.1, group=100) is Verdict.NONE
+
+
+# --------------------------------------------------------------------------- repair budget
+
+
+def test_repairs_get_their_share_of_the_sends_and_no_saved_up_burst() -> None:
+    budget = RepairBudget(0.25, depth=2.0)
+    sent = []
+    for _ in range(400):
+        repair = budget.allows  # a repair is always waiting
+        budget.sent(repair)
+        sent.append(repair)
+    assert sum(sent) == 100  # a quarter of the sends
+    quiet = RepairBudget(0.25, depth=2.0)
+    for _ in range(1000):  # a long stretch with no repair waiting
+        quiet.sent(False)
+    burst = 0
+    while quiet.allows:
+        quiet.sent(True)
+        burst += 1
+    assert burst == 3  # only `depth` datagrams' worth was kept
+    assert not RepairBudget(0.0, depth=2.0).allows

@@ -99,6 +99,23 @@ def test_leftovers_of_receivers_that_finished_are_skipped() -> None:
     assert drain(p, peers) == [PlainRepair(10, 2), PlainRepair(11, 2)]
 
 
+def test_one_receivers_backlog_does_not_hold_back_the_others() -> None:
+    """Group repairs first, then unicast repairs take turns a datagram at a time: a
+    lagging receiver with a long list is served alongside, not ahead of, the others."""
+    p = planner(threshold=3)
+    peers = {rid: Peer() for rid in (1, 2, 3)}
+    nack(p, 1, [(0, 6)])  # the laggard, asking first
+    nack(p, 2, [(20, 22)])
+    for rid in (1, 2, 3):
+        nack(p, rid, [(40, 41)])  # shared by three: multicast
+    p.close_window(WINDOW, peers, LAYOUT.total_seq, 1e9, WINDOW)
+    assert drain(p, peers) == [
+        PlainRepair(40, None),
+        PlainRepair(0, 1), PlainRepair(20, 2), PlainRepair(1, 1), PlainRepair(21, 2),
+        PlainRepair(2, 1), PlainRepair(3, 1), PlainRepair(4, 1), PlainRepair(5, 1),
+    ]
+
+
 def test_a_window_opens_for_requests_or_a_congestion_signal_only() -> None:
     p = planner()
     p.open_window(1.0)

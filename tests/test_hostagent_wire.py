@@ -102,11 +102,9 @@ def test_random_bytes_only_raise_wire_error(data) -> None:
             pass
 
 
-@settings(max_examples=500, deadline=None)
-@given(messages, st.data())
-def test_mutated_datagrams_only_raise_wire_error(msg, data) -> None:
-    raw = bytearray(encode(msg))
-    kind = data.draw(st.sampled_from(["flip", "truncate", "extend", "splice"]))
+def _mutate(raw: bytearray, data, kinds: list[str]) -> bytearray:
+    """Damage an encoded datagram in one of the ways ``kinds`` names ("intact": not at all)."""
+    kind = data.draw(st.sampled_from(kinds))
     if kind == "flip" and raw:
         for _ in range(data.draw(st.integers(1, 4))):
             i = data.draw(st.integers(0, len(raw) - 1))
@@ -115,9 +113,16 @@ def test_mutated_datagrams_only_raise_wire_error(msg, data) -> None:
         raw = raw[: data.draw(st.integers(0, len(raw)))]
     elif kind == "extend":
         raw += data.draw(st.binary(min_size=1, max_size=50))
-    else:
+    elif kind == "splice":
         i = data.draw(st.integers(0, len(raw)))
         raw[i:i] = data.draw(st.binary(min_size=1, max_size=20))
+    return raw
+
+
+@settings(max_examples=500, deadline=None)
+@given(messages, st.data())
+def test_mutated_datagrams_only_raise_wire_error(msg, data) -> None:
+    raw = _mutate(bytearray(encode(msg)), data, ["flip", "truncate", "extend", "splice"])
     try:
         decode(bytes(raw))
     except WireError:
@@ -198,3 +203,38 @@ def test_parity_refusals() -> None:
         decode(raw[: wire.HEADER_LEN + 5])
     assert info.value.reason == "truncated"
     assert decode(raw).multicast is True
+
+
+def _as_data(raw: bytes, key: bytes | None) -> Data | None:
+    """What ``decode`` makes of ``raw`` if it is a Data message, else None."""
+    try:
+        msg = decode(raw, key)
+    except WireError:
+        return None
+    return msg if isinstance(msg, Data) else None
+
+
+def _fast(raw: bytes, key: bytes | None) -> Data | None:
+    fields = wire.parse_data(memoryview(raw), key)
+    if fields is None:
+        return None
+    session, seq, chunk, offset, payload, repair, multicast = fields
+    return Data(session, seq, chunk, offset, bytes(payload), repair, multicast)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.one_of(datas(), messages), st.sampled_from([None, KEY]), st.sampled_from([None, KEY]), st.data())
+def test_fast_data_path_accepts_exactly_what_decode_accepts(msg, send_key, recv_key, data) -> None:
+    """The receiver's hot path may not widen (or narrow) what gets in: on intact, mutated,
+    keyed and unkeyed datagrams it returns exactly decode's Data, or None."""
+    raw = _mutate(bytearray(encode(msg, send_key)), data, ["intact", "flip", "truncate", "extend", "splice"])
+    assert _fast(bytes(raw), recv_key) == _as_data(bytes(raw), recv_key)
+
+
+def test_fast_data_path_payload_is_a_view_not_a_copy() -> None:
+    raw = bytearray(encode(Data(7, 3, 0, 3000, b"x" * 1000), KEY))
+    fields = wire.parse_data(memoryview(raw), KEY)
+    assert fields is not None and fields[:4] == (7, 3, 0, 3000) and fields[5:] == (False, True)
+    raw[wire.DATA_HEADER_LEN] = ord("y")  # the buffer changes under the view
+    assert bytes(fields[4][:2]) == b"yx" and len(fields[4]) == 1000
+    assert wire.parse_data(encode(Hello(7, 1)), None) is None  # other types: decode's job
