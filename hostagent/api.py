@@ -37,7 +37,8 @@ from .events import (
 )
 from .manifest import cache_dir, cached_digests
 from .net import (
-    GSO_BURST_BYTES, FileSink, FileSource, parse_group, parse_ipv4, path_mtu, receiver_sockets, run, sender_socket,
+    FileSink, FileSource, gso_burst_bytes, parse_group, parse_ipv4, path_mtu, receiver_sockets, run,
+    sender_socket,
 )
 from .receiver import Receiver, ReceiverConfig
 from .sender import Sender, SenderConfig, build_manifest_pages, file_digests
@@ -343,7 +344,7 @@ def _send(path: str, opts: SendOptions, source: FileSource, interface: str, emit
         min_rate_bps=None if opts.min_rate_mbit is None else opts.min_rate_mbit * 1e6,
         congestion_quorum=opts.congestion_quorum, repair_share=opts.repair_share,
         session_id=random.SystemRandom().getrandbits(64),
-        burst_bytes=GSO_BURST_BYTES if opts.gso else SenderConfig.burst_bytes,
+        burst_bytes=gso_burst_bytes(opts.rate_mbit * 1e6) if opts.gso else SenderConfig.burst_bytes,
     )
     try:
         config.validate()
