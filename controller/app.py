@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import logging
 import time
+from pathlib import Path
 from typing import Any, Callable
 
 import controller.compat  # noqa: F401  (before ryu.app.wsgi)
+from eventlet import tpool
 from ryu.app.wsgi import WSGIApplication
 from ryu.base import app_manager
 from ryu.controller import ofp_event
@@ -30,6 +32,7 @@ from controller import ofmsgs, settings, unicast
 from controller.core import MulticastCore, Plan, tune_gc
 from controller.errors import CoreError
 from controller.hosts import PROBE_MAC, Actions, HostDiscovery
+from controller.igmp import IgmpPolicy
 from controller.reconnect import AuditClock, Reconnect, port_status
 from controller.rest import RestApi
 from controller.service import Service, StateFileError
@@ -51,10 +54,13 @@ class ModelcastApp(app_manager.RyuApp):
         self._xid_errors: dict[tuple[int, int], list[str]] = {}  # (dpid, xid) -> plan's errors
         self._queue: Any = hub.Queue()
         core = MulticastCore(algorithm=conf.algorithm, udp_port=conf.udp_port)
-        self.service = Service(core, installer=self, state_path=conf.state_file, token=conf.token)
+        self._save_lock = hub.Semaphore()
+        self.service = Service(core, installer=self, state_path=conf.state_file, token=conf.token,
+                               host_tokens=conf.host_tokens, writer=self._write_state)
         self.reconnect = Reconnect(core, host_idle_s=conf.host_timeout_s)
         self.discovery = HostDiscovery(core, idle_s=conf.host_timeout_s)
         self.audits = AuditClock(conf.audit_interval_s)
+        self.igmp_policy = IgmpPolicy.from_settings(conf.igmp_allow, conf.host_tokens)
         try:
             problems = self.service.load()  # before any switch connects
         except StateFileError as exc:
@@ -67,15 +73,23 @@ class ModelcastApp(app_manager.RyuApp):
                                           "barrier_timeout": 3 * conf.barrier_timeout_s + 2})
         hub.spawn(self._install_loop)
         hub.spawn(self._timer_loop)
-        if not conf.token:
-            log.warning("no REST token configured (--token or MODELCAST_TOKEN): "
-                        "anyone who reaches the REST port can change groups")
+        if self.service.credentials.open:
+            log.warning("no REST token configured (--token or MODELCAST_TOKEN): local callers "
+                        "may change groups, and no caller is given a session key")
         log.info("modelcast controller: %d groups restored, algorithm %s, state file %s",
                  len(core.groups), conf.algorithm, conf.state_file or "(none: groups are not persisted)")
 
     @property
     def core(self) -> MulticastCore:
         return self.service.core
+
+    def _write_state(self, path: Path, payload: bytes) -> None:
+        """Write and fsync in a native thread: the hub keeps serving OpenFlow and REST
+        meanwhile. Writes run one at a time in the order they were encoded (the lock is
+        taken before this green thread first yields), so an older state never replaces
+        a newer one."""
+        with self._save_lock:
+            tpool.execute(Service._write, path, payload)
 
     # -- Installer (used by Service) ---------------------------------------------------
     def install(self, plan: Plan, done: Callable[[list[str]], None]) -> None:
@@ -223,7 +237,7 @@ class ModelcastApp(app_manager.RyuApp):
             self._send(self.discovery.link_up(s.dpid, s.port_no, d.dpid, d.port_no))
             self._apply(plan, "reroute")
             self._flush_unicast()
-            self.service.save()
+            self.service.save_soon()
 
     @set_ev_cls(topo_event.EventLinkDelete)
     def _link_delete(self, ev: Any) -> None:
@@ -238,7 +252,7 @@ class ModelcastApp(app_manager.RyuApp):
             self._apply(plan, "reroute")
             self._send(self.discovery.link_down(s.dpid, s.port_no, d.dpid, d.port_no))
             self._flush_unicast()
-            self.service.save()
+            self.service.save_soon()
 
     # -- packets: host learning, IGMP snooping, unicast forwarding -------------------------
     @set_ev_cls(ofp_event.EventOFPPacketIn, MAIN_DISPATCHER)
@@ -258,13 +272,16 @@ class ModelcastApp(app_manager.RyuApp):
         a = pkt.get_protocol(arp.arp)
         src_ip = ip4.src if ip4 else (a.src_ip if a else None)
         if edge and src_ip and src_ip != "0.0.0.0":
-            self._discovered(self.discovery.seen(src_ip, eth.src, dp.id, in_port,
-                                                 msg.table_id == ofmsgs.TABLE_DST))
+            acts = self.discovery.seen(src_ip, eth.src, dp.id, in_port,
+                                       msg.table_id == ofmsgs.TABLE_DST)
+            self._discovered(acts)
+            if acts.refused:  # it claims a known host's address: neither forwarded nor heard
+                return
         if eth.dst == PROBE_MAC:
             return  # an answer to our probe: it taught us the host, it goes nowhere
         if ip4 is not None and ip4.proto == 2:
             if edge:
-                self._igmp(pkt, ip4.src)
+                self._igmp(pkt, ip4.src, (dp.id, in_port, eth.src))
             return
         if ip4 is not None and unicast.is_multicast(ip4.dst):
             return  # never flood multicast: only controller-built trees carry it
@@ -299,6 +316,7 @@ class ModelcastApp(app_manager.RyuApp):
             try:
                 self._discovery_tick()
                 self._start_audits(time.monotonic())
+                self.service.flush_state(time.monotonic())
             except Exception:  # never let one bad step stop the timers
                 log.exception("timer step failed")
 
@@ -319,12 +337,23 @@ class ModelcastApp(app_manager.RyuApp):
             log.info("host %s (%s) at switch %#x port %d", ip, h.mac, h.dpid, h.port)
         for ip in acts.forgotten:
             log.info("host %s forgotten (port down, or silent and not answering probes)", ip)
+        for ip in acts.contested:
+            h = view.hosts[ip]
+            log.warning("a frame claims host %s's address from elsewhere: not moved; probing it at "
+                        "switch %#x port %d (forgotten if silent, then learned where it is)",
+                        ip, h.dpid, h.port)
         self._apply(acts.plan, "host")
         if acts.learned or acts.forgotten:
-            self.service.save()
+            self.service.save_soon()  # written by the timer: a burst of new hosts is one write
 
-    def _igmp(self, pkt: packet.Packet, reporter: str) -> None:
-        """Membership reports act exactly like REST joins/leaves of the (S,G) groups."""
+    def _igmp(self, pkt: packet.Packet, reporter: str, place: tuple[int, int, str]) -> None:
+        """Membership reports act exactly like REST joins/leaves of the (S,G) groups, for
+        hosts the operator allows (``--igmp-allow``) reporting from where they were
+        learned."""
+        refusal = self.igmp_policy.refuses(reporter, self.core.view.hosts.get(reporter), place)
+        if refusal:
+            log.info("IGMP report from %s ignored: %s", reporter, refusal)
+            return
         said = igmp_decisions.statements(pkt.protocols)
         for d in igmp_decisions.decide(reporter, said, self.core.groups):
             st, g, verb = d.statement, d.group, "join" if d.join else "leave"

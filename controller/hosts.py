@@ -22,10 +22,18 @@ How a host is found and kept:
   unicast ARP probes ``probe_interval_s`` apart. An answer re-learns it; silence
   forgets it (default: ~303 s after its last frame), as does its port going down. Its
   groups are re-planned at once and keep it as a ``pending`` receiver, probed for again.
+* **Moves follow the REST rule**: REST never moves a known host (declaring it elsewhere
+  is a 409 until it is removed), and neither does a frame. A frame claiming a known
+  host's address from another port or MAC is ``refused`` (the app drops it) and the
+  incumbent is probed at once at its known place: if it answers, it stays (the claim was
+  a spoof); if it stays silent for ``probe_tries`` probes it is forgotten, and the
+  claimant's next frame teaches the new place (a real move costs ~3 s). A host whose
+  old port went down is already forgotten, so it moves at once.
 """
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping
 
@@ -42,6 +50,9 @@ HOST_IDLE_S = 300  # a source entry's idle timeout: silence this long starts the
 PROBE_INTERVAL_S = 1.0
 PROBE_TRIES = 3  # unanswered probes before a silent host is forgotten
 WANTED_MAX_INTERVAL_S = 30.0  # slowest probing for a named host not found yet
+# named addresses probed per timer step (each probe is a packet-out per switch): a group
+# naming 18,000 unknown receivers is probed over ~2 minutes, not in one hub stall
+MAX_PROBES_PER_TICK = 32
 PROBE_MAC = "02:4d:43:00:00:01"  # locally administered ("MC"): the probes' sender
 BROADCAST = "ff:ff:ff:ff:ff:ff"
 
@@ -55,6 +66,8 @@ class Actions:
     msgs: list[tuple[int, ofmsgs.Msg]] = field(default_factory=list)
     learned: list[str] = field(default_factory=list)
     forgotten: list[str] = field(default_factory=list)
+    refused: list[str] = field(default_factory=list)  # claims on a known host's address
+    contested: list[str] = field(default_factory=list)  # ... that started probing its holder
 
 
 @dataclass
@@ -107,13 +120,21 @@ class HostDiscovery:
 
     # -- what the switches report ------------------------------------------------------
     def seen(self, ip: str, mac: str, dpid: int, port: int, from_dst_table: bool = False) -> Actions:
-        """A frame from ``ip``/``mac`` arrived on edge port ``dpid``:``port``: learn (or
-        move) the host and let its frames through the source table. ``from_dst_table``:
-        the switch punted it from the destination table, so its source entry is in place
-        (only a host that moved then needs a new one)."""
+        """A frame from ``ip``/``mac`` arrived on edge port ``dpid``:``port``: learn the
+        host and let its frames through the source table. ``from_dst_table``: the switch
+        punted it from the destination table, so its source entry is in place. A known
+        host elsewhere is not moved (see the module docstring: ``refused``, and the
+        incumbent is probed)."""
         acts = Actions()
         mac = mac.lower()
         known = self.view.hosts.get(ip)
+        if known is not None and (known.dpid, known.port, known.mac) != (dpid, port, mac) \
+                and self.view.host_attached(known):
+            acts.refused.append(ip)
+            if ip not in self._suspects:  # probe the incumbent now (``tick`` sends it)
+                self._suspects[ip] = _Probing(float("-inf"), self.probe_interval_s)
+                acts.contested.append(ip)
+            return acts
         try:
             acts.plan = self.core.host_add(ip, mac, dpid, port)
         except CoreError:  # not a unicast host address
@@ -178,10 +199,12 @@ class HostDiscovery:
         missing = self._missing()
         for ip in set(self._wanted) - missing:
             del self._wanted[ip]
-        for ip in sorted(missing):
-            pr = self._wanted.setdefault(ip, _Probing(now, self.probe_interval_s))
-            if now < pr.next_at:
-                continue
+        for ip in missing:
+            self._wanted.setdefault(ip, _Probing(now, self.probe_interval_s))
+        due = heapq.nsmallest(MAX_PROBES_PER_TICK, ((pr.next_at, ip) for ip, pr in self._wanted.items()
+                                                    if now >= pr.next_at))
+        for _, ip in due:  # the longest-waiting first
+            pr = self._wanted[ip]
             frame = arp_probe(ip)
             for d, ports in sorted(switch_ports.items()):
                 out = flood_ports(self.view, d, ports)

@@ -14,16 +14,78 @@ source-specific record, its source is S):
 * ``MODE_IS_EXCLUDE``/``CHANGE_TO_EXCLUDE`` with no sources (any-source membership):
   join every group on G. Other records say nothing we act on.
 * IGMPv1/v2 report: join every group on G; IGMPv2 leave: leave every group on G.
+
+Who may join by IGMP (``IgmpPolicy``, README "REST API"): hosts in ``--igmp-allow``
+(CIDRs, ``any`` or ``none``); without that option, the hosts holding a host token when
+``--host-tokens`` is given, else any host. In every case a report counts only from the
+port and MAC the reporter was learned at (the rule that stops a frame from moving a host).
 """
 
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
 from ryu.lib.packet import igmp
 
 from controller.core import Group
+from controller.topoview import HostLoc
+
+Networks = tuple[ipaddress.IPv4Network, ...]
+ANY: Networks = (ipaddress.IPv4Network("0.0.0.0/0"),)
+
+
+def parse_allow(text: str) -> Networks:
+    """``--igmp-allow``: ``any``, ``none`` or CIDRs separated by commas; ValueError names
+    the bad item."""
+    word = text.strip().lower()
+    if word == "any":
+        return ANY
+    if word == "none":
+        return ()
+    out = []
+    for item in text.split(","):
+        try:
+            out.append(ipaddress.IPv4Network(item.strip(), strict=False))
+        except ValueError:
+            raise ValueError(f"{item.strip()!r} is not an IPv4 CIDR (e.g. 10.0.0.0/24), any or none") from None
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class IgmpPolicy:
+    """The hosts whose membership reports join and leave groups: in ``networks`` or named
+    in ``hosts``, reporting from the place they were learned at."""
+
+    networks: Networks = ANY
+    hosts: frozenset[str] = frozenset()
+
+    @classmethod
+    def from_settings(cls, allow: Networks | None, host_tokens: Iterable[str] = ()) -> "IgmpPolicy":
+        """``allow`` None: the default (the host-token holders if any, else any host)."""
+        if allow is not None:
+            return cls(allow)
+        hosts = frozenset(host_tokens)
+        return cls((), hosts) if hosts else cls(ANY)
+
+    def allows(self, ip: str) -> bool:
+        if ip in self.hosts:
+            return True
+        try:
+            addr = ipaddress.IPv4Address(ip)
+        except ValueError:
+            return False
+        return any(addr in net for net in self.networks)
+
+    def refuses(self, reporter: str, known: HostLoc | None, place: tuple[int, int, str]) -> str | None:
+        """Why a report from ``reporter`` at ``place`` (dpid, port, MAC) is ignored, or None."""
+        if not self.allows(reporter):
+            return "the host is not allowed to join by IGMP (--igmp-allow)"
+        dpid, port, mac = place
+        if known is None or (known.dpid, known.port, known.mac) != (dpid, port, mac.lower()):
+            return "not from the port and MAC the host was learned at"
+        return None
 
 V3_JOIN = frozenset({igmp.MODE_IS_INCLUDE, igmp.CHANGE_TO_INCLUDE_MODE, igmp.ALLOW_NEW_SOURCES})
 V3_EMPTY_INCLUDE = frozenset({igmp.MODE_IS_INCLUDE, igmp.CHANGE_TO_INCLUDE_MODE})

@@ -8,11 +8,14 @@ Our options are parsed here; everything else (``--ofp-tcp-listen-port``, ``--wsa
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import os
 import sys
 from pathlib import Path
 
 from controller import settings
+from controller.auth import CredentialsError, load_host_tokens
+from controller.igmp import parse_allow
 from controller.trees import ALGORITHMS
 
 
@@ -23,7 +26,15 @@ def parse(argv: list[str]) -> tuple[settings.Settings, list[str]]:
                     "(other options are ryu-manager's: --ofp-tcp-listen-port, --wsapi-host, "
                     "--wsapi-port, --verbose, ...)")
     ap.add_argument("-h", "--help", action="store_true")
-    ap.add_argument("--token", help="REST bearer token for mutating calls (env MODELCAST_TOKEN)")
+    ap.add_argument("--token", help="the REST admin bearer token (env MODELCAST_TOKEN); required "
+                    "unless REST listens on loopback only")
+    ap.add_argument("--host-tokens", type=Path, metavar="FILE",
+                    help='per-host tokens, a JSON object {"10.0.0.3": "<token>", ...}: a host token '
+                    "joins and leaves only its own address and sees only its own groups' keys")
+    ap.add_argument("--igmp-allow", metavar="CIDR[,CIDR]|any|none",
+                    help="hosts whose IGMP reports join and leave groups (default: the hosts in "
+                    "--host-tokens when given, else any host); a report counts only from the port "
+                    "and MAC its host was learned at")
     ap.add_argument("--state-file", type=Path, help="where groups and topology are saved "
                     "(env MODELCAST_STATE_FILE); restored at start")
     ap.add_argument("--algorithm", help=f"tree algorithm: {' or '.join(ALGORITHMS)} (default spt)")
@@ -50,6 +61,16 @@ def parse(argv: list[str]) -> tuple[settings.Settings, list[str]]:
         conf.host_timeout_s = ours.host_timeout
     if ours.audit_interval is not None:
         conf.audit_interval_s = ours.audit_interval
+    if ours.igmp_allow is not None:
+        try:
+            conf.igmp_allow = parse_allow(ours.igmp_allow)
+        except ValueError as exc:
+            ap.error(f"--igmp-allow: {exc}")
+    if ours.host_tokens is not None:
+        try:
+            conf.host_tokens = load_host_tokens(ours.host_tokens, conf.token)
+        except CredentialsError as exc:
+            ap.error(str(exc))
     if conf.algorithm not in ALGORITHMS:
         ap.error(f"--algorithm must be one of {', '.join(ALGORITHMS)}, not {conf.algorithm!r}")
     if not 1 <= conf.udp_port <= 65535:
@@ -63,6 +84,16 @@ def parse(argv: list[str]) -> tuple[settings.Settings, list[str]]:
         if not parent.is_dir():
             ap.error(f"--state-file: directory {parent} does not exist")
     return conf, rest
+
+
+def loopback(host: str | None) -> bool:
+    """REST reachable from this machine only: without a token, nothing else is allowed."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host or "0.0.0.0").is_loopback
+    except ValueError:  # a name: it may resolve to anything
+        return False
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -86,6 +117,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except SystemExit as exc:  # argparse inside oslo.config already printed the reason
         return int(exc.code or 0) if isinstance(exc.code, int) else 2
+    if not conf.token and not conf.host_tokens and not loopback(cfg.CONF.wsapi_host):
+        print(f"modelcast-controller: refusing to serve REST on {cfg.CONF.wsapi_host or '0.0.0.0'} "
+              "without a token: give --token (or MODELCAST_TOKEN), or --wsapi-host 127.0.0.1",
+              file=sys.stderr)
+        return 2
     print(f"modelcast-controller: OpenFlow on {cfg.CONF.ofp_listen_host or '0.0.0.0'}:"
           f"{cfg.CONF.ofp_tcp_listen_port}, REST on http://{cfg.CONF.wsapi_host}:"
           f"{cfg.CONF.wsapi_port}/v1, state file {conf.state_file or '(none)'}", flush=True)

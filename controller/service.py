@@ -10,12 +10,12 @@ methods. Nothing here touches a socket or the event loop, so tests drive it with
 
 from __future__ import annotations
 
-import hmac
 import json
 import logging
 import os
 import re
 import secrets
+import socket
 import tempfile
 import time
 from collections import Counter
@@ -26,8 +26,10 @@ import prometheus_client
 from prometheus_client import CollectorRegistry, Counter as PCounter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 
-from controller.addressing import check_model
-from controller.core import Group, MulticastCore, Plan
+from controller.addressing import check_model, check_ssm
+from controller.auth import (ADMIN, Credentials, Principal, check_admin, check_create, check_self,
+                             check_source, may_see_key)
+from controller.core import MAX_GID, Group, MulticastCore, Plan
 from controller.errors import Conflict, CoreError, InvalidAddress
 from controller.topoview import check_unicast
 from controller.trees import ALGORITHMS
@@ -39,12 +41,7 @@ RECEIVER_STATES = ("installed", "pending", "unreachable")  # see receiver_state
 _MAC = re.compile(r"^[0-9a-f]{2}(:[0-9a-f]{2}){5}$")
 MAX_DPID = (1 << 64) - 1
 MAX_PORT = 0xFFFFFF00  # OFPP_MAX
-
-
-class Unauthorized(CoreError):
-    """A mutating call without the configured bearer token."""
-
-    status = 401
+SAVE_INTERVAL_S = 1.0  # changes learned from the network are written at most this often
 
 
 class StateFileError(Exception):
@@ -91,15 +88,26 @@ class Metrics:
 
 
 class Service:
-    """Group lifecycle, install state, persistence, metrics and auth over a core."""
+    """Group lifecycle, install state, persistence, metrics and auth over a core.
+
+    Group calls take ``who``, the caller (``controller.auth``): the REST layer passes the
+    authenticated principal (None: anonymous); in-process callers -- the app's IGMP
+    handling, tests -- are the controller itself and default to ``ADMIN``."""
 
     def __init__(self, core: MulticastCore, installer: Installer, state_path: Path | None = None,
                  token: str | None = None, registry: CollectorRegistry | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 host_tokens: dict[str, str] | None = None,
+                 writer: Callable[[Path, bytes], None] | None = None,
+                 save_interval_s: float = SAVE_INTERVAL_S) -> None:
         self.core = core
         self.installer = installer
         self.state_path = Path(state_path) if state_path is not None else None
-        self.token = token or None
+        self.writer = writer or self._write  # (path, payload): atomic and durable
+        self.save_interval_s = save_interval_s
+        self._dirty = False  # changes not written yet (save_soon)
+        self._next_save = float("-inf")
+        self.credentials = Credentials(token, host_tokens)
         self.clock = clock
         self.metrics = Metrics(registry if registry is not None else CollectorRegistry())
         self.keys: dict[int, str] = {}  # gid -> hex session key for host agents
@@ -172,10 +180,13 @@ class Service:
         return self._plans_inflight > 0
 
     # -- groups ------------------------------------------------------------------------
-    def create_group(self, body: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+    def create_group(self, body: dict[str, Any], who: Principal | None = ADMIN
+                     ) -> tuple[dict[str, Any], bool]:
         """Create the (model, source) group or return the existing one (created False).
         The existing group is returned unchanged (receivers join with ``join``), but an
-        explicitly requested different algorithm is a conflict, not silently ignored."""
+        explicitly requested different algorithm is a conflict, not silently ignored.
+        A new group gets a new session key: every transfer that re-creates its group
+        (after a delete) runs under a fresh key."""
         model = check_model(body.get("model"))
         source = check_unicast(body.get("source"), "source")
         algorithm = body.get("algorithm")
@@ -184,6 +195,9 @@ class Service:
         receivers = body.get("receivers") or []
         if not isinstance(receivers, list):
             raise CoreError("receivers must be a list of IPv4 addresses")
+        if len(set(receivers)) != len(receivers):  # here, not uniqueItems: that is O(n^2)
+            raise CoreError("receivers must not name an address twice")
+        check_create(who, source, receivers)
         existing = self.core.find(model, source)
         if existing is not None and algorithm is not None and algorithm != existing.algorithm:
             raise Conflict(f"group {existing.gid} for model {model!r} from {source} already "
@@ -195,26 +209,40 @@ class Service:
         g, plan = self.core.create_group(model, source, receivers, algorithm=algorithm,
                                          address=address)
         if existing is not None:
-            return self.group_json(g), False
+            return self.group_json(g, who), False
         self.keys[g.gid] = secrets.token_hex(32)
-        log.info("group %d created: model %r from %s to %d receivers at %s:%d (%s)", g.gid,
-                 g.model, g.source, len(g.receivers), g.address, g.port, g.algorithm)
+        log.info("group %d created by %s: model %r from %s to %d receivers at %s:%d (%s)", g.gid,
+                 who or "anonymous", g.model, g.source, len(g.receivers), g.address, g.port,
+                 g.algorithm)
         self.apply(plan, "create")
         self.save()
-        return self.group_json(g), True
+        return self.group_json(g, who), True
 
-    def get_group(self, gid: int) -> dict[str, Any]:
-        return self.group_json(self.core.group(gid))
+    def get_group(self, gid: int, who: Principal | None = ADMIN) -> dict[str, Any]:
+        return self.group_json(self.core.group(gid), who)
 
-    def list_groups(self, model: str | None = None, source: str | None = None) -> list[dict[str, Any]]:
+    def list_groups(self, model: str | None = None, source: str | None = None,
+                    who: Principal | None = ADMIN) -> list[dict[str, Any]]:
         if source is not None:
             source = check_unicast(source, "source")
-        return [self.group_json(g) for gid, g in sorted(self.core.groups.items())
+        return [self.group_json(g, who) for gid, g in sorted(self.core.groups.items())
                 if (model is None or g.model == model) and (source is None or g.source == source)]
 
-    def delete_group(self, gid: int, done: Callable[[], None] | None = None) -> None:
+    def rekey(self, gid: int, who: Principal | None = ADMIN) -> dict[str, Any]:
+        """A fresh session key for the group's next transfer (the admin or its source):
+        receivers get it by joining again (a join is idempotent and answers the key)."""
+        g = self.core.group(gid)
+        check_source(who, g.source, "rekey its group")
+        self.keys[g.gid] = secrets.token_hex(32)
+        log.info("group %d rekeyed by %s", g.gid, who or "anonymous")
+        self.save()
+        return self.group_json(g, who)
+
+    def delete_group(self, gid: int, done: Callable[[], None] | None = None,
+                     who: Principal | None = ADMIN) -> None:
         """Remove the group and its switch state; ``done`` runs once the switches have
         confirmed the removal (at once when nothing was installed)."""
+        check_source(who, self.core.group(gid).source, "delete its group")
         plan = self.core.delete_group(gid)
         gid = int(gid)
         self.keys.pop(gid, None)
@@ -223,25 +251,31 @@ class Service:
         self.apply(plan, "delete", (lambda errors: done()) if done is not None else None)
         self.save()
 
-    def join(self, gid: int, ip: str) -> dict[str, Any]:
+    def join(self, gid: int, ip: str, who: Principal | None = ADMIN) -> dict[str, Any]:
+        """Add ``ip``; the answer carries the key when ``who`` may see it (a host joining
+        itself with its own token does), so a receiver needs no second call for it."""
         g = self.core.group(gid)
+        check_self(who, ip)
         plan = self.core.join(g.gid, ip)
         self.apply(plan, "join")
         self.save()
-        return self.group_json(g)
+        return self.group_json(g, who)
 
-    def leave(self, gid: int, ip: str) -> dict[str, Any]:
+    def leave(self, gid: int, ip: str, who: Principal | None = ADMIN) -> dict[str, Any]:
         g = self.core.group(gid)
+        check_self(who, ip)
         plan = self.core.leave(g.gid, ip)
         self.apply(plan, "leave")
         self.save()
-        return self.group_json(g)
+        return self.group_json(g, who)
 
     # -- hosts and topology ------------------------------------------------------------
-    def declare_host(self, ip: str, mac: str, dpid: int, port: int) -> dict[str, Any]:
+    def declare_host(self, ip: str, mac: str, dpid: int, port: int,
+                     who: Principal | None = ADMIN) -> dict[str, Any]:
         """A host declared by an operator (it may not have sent a packet yet). Declaring
         an address already known elsewhere, or on an inter-switch link port, is a
         conflict: a declaration must not silently move a live receiver."""
+        check_admin(who, "declare hosts")
         ip = check_unicast(ip)
         if not isinstance(mac, str) or not _MAC.match(mac.lower()):
             raise InvalidAddress(f"mac {mac!r} is not a MAC address like 00:00:00:00:00:01")
@@ -262,9 +296,10 @@ class Service:
         self.save()
         return {"ip": ip, "mac": mac, "dpid": dpid, "port": port}
 
-    def remove_host(self, ip: str) -> None:
+    def remove_host(self, ip: str, who: Principal | None = ADMIN) -> None:
         """Forget a host (e.g. before declaring it somewhere else); its groups keep it
         as an unreachable receiver until it is seen again."""
+        check_admin(who, "remove hosts")
         ip = check_unicast(ip)
         self.core.view.host(ip)  # UnknownHost -> 404
         self.apply(self.core.host_remove(ip), "host")
@@ -291,20 +326,16 @@ class Service:
         return prometheus_client.generate_latest(self.metrics.registry)
 
     def count_request(self, method: str, status: int) -> None:
+        """``method`` must come from a fixed set (the REST layer maps others to "other"):
+        every distinct label value is a time series kept forever."""
         self.metrics.rest_requests.labels(method=method, status=str(status)).inc()
 
     # -- auth --------------------------------------------------------------------------
-    def check_auth(self, header: str | None) -> None:
-        """Raise Unauthorized unless no token is configured or ``header`` is exactly
-        ``Bearer <token>`` (compared in constant time)."""
-        if self.token is None:
-            return
-        if not header:
-            raise Unauthorized("this call needs an 'Authorization: Bearer <token>' header")
-        scheme, _, given = header.strip().partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(
-                given.strip().encode("utf-8", "replace"), self.token.encode("utf-8")):
-            raise Unauthorized("the bearer token is not valid")
+    def authenticate(self, header: str | None, mutating: bool = False) -> Principal | None:
+        """The caller behind an Authorization header (None: anonymous). A wrong token is
+        a 401 on any call; a mutating call needs a token unless none is configured."""
+        who = self.credentials.authenticate(header)
+        return self.credentials.require(who) if mutating else who
 
     # -- views -------------------------------------------------------------------------
     def receiver_state(self, g: Group, ip: str) -> str:
@@ -346,7 +377,8 @@ class Service:
             return "pending"
         return "installed"
 
-    def group_json(self, g: Group) -> dict[str, Any]:
+    def group_json(self, g: Group, who: Principal | None = ADMIN) -> dict[str, Any]:
+        """The group as REST shows it; ``key`` only for a caller allowed to see it."""
         t = g.tree
         tree: dict[str, Any] = {"switches": [], "links": [], "out_ports": {}, "in_ports": {}}
         if t is not None:
@@ -354,12 +386,15 @@ class Service:
                     "links": [[p, c] for p, c in sorted(t.links())],
                     "out_ports": {str(d): sorted(e.out_ports) for d, e in sorted(t.entries.items())},
                     "in_ports": {str(d): e.in_port for d, e in sorted(t.entries.items())}}
-        return {"id": g.gid, "model": g.model, "source": g.source, "address": g.address,
-                "port": g.port, "algorithm": g.algorithm, "state": self.group_state(g),
-                "receivers": {ip: self.receiver_state(g, ip)
-                              for ip in sorted(g.receivers, key=_ip_key)},
-                "tree": tree, "errors": list(self._errors.get(g.gid, [])),
-                "key": self.keys.get(g.gid, "")}
+        out = {"id": g.gid, "model": g.model, "source": g.source, "address": g.address,
+               "port": g.port, "algorithm": g.algorithm, "state": self.group_state(g),
+               "receivers": {ip: self.receiver_state(g, ip)
+                             for ip in sorted(g.receivers, key=_ip_key)},
+               "tree": tree, "errors": list(self._errors.get(g.gid, []))}
+        key = self.keys.get(g.gid)
+        if key and may_see_key(who, g.source, g.receivers):
+            out["key"] = key
+        return out
 
     def _count_receivers(self, state: str) -> int:
         return sum(1 for g in self.core.groups.values() for ip in g.receivers
@@ -380,24 +415,45 @@ class Service:
         return data
 
     def save(self) -> bool:
-        """Write the state file atomically: a crash leaves the old file or the new one,
-        never a torn one (temp file in the same directory, fsync, rename, fsync dir).
-        Returns False, after logging the reason, when the disk refuses: the change the
-        switches already received stands and the next save retries."""
+        """Write the state file now (a REST change: its caller is answered after the
+        file holds it). Atomic: a crash leaves the old file or the new one, never a torn
+        one (temp file in the same directory, fsync, rename, fsync dir). The encoding runs
+        here; the write and fsyncs through ``writer`` (the app's runs them in a native
+        thread, off the hub). Returns False, after logging the reason, when the disk
+        refuses: the change the switches already received stands and the next save
+        retries."""
+        self._dirty = False
         if self.state_path is None:
             return True
+        # compact: json's C encoder (an indented dump runs in Python, ~4x slower)
+        payload = json.dumps(self.state(), sort_keys=True, separators=(",", ":")).encode()
         try:
-            # compact: json's C encoder (an indented dump runs in Python, ~4x slower, and
-            # the whole state is written on every change: 4000 groups are ~0.7 MB)
-            self._write(self.state_path, json.dumps(self.state(), sort_keys=True,
-                                                    separators=(",", ":")).encode())
+            self.writer(self.state_path, payload)
         except OSError as exc:
             log.error("cannot save state to %s: %s", self.state_path, exc)
+            self._dirty = True  # flush_state retries
             return False
         return True
 
+    def save_soon(self) -> None:
+        """Note a change the network taught us (a host learned or forgotten, a link): it
+        is written by the next ``flush_state`` that is due, so a burst of packet-ins costs
+        one encoding, not one per new address. Losing the last second of it in a crash
+        only means re-learning: switches and hosts report it again."""
+        self._dirty = True
+
+    def flush_state(self, now: float) -> bool:
+        """Write pending changes if any, at most every ``save_interval_s`` (the app's
+        timer calls this every 0.25 s)."""
+        if not self._dirty or now < self._next_save:
+            return True
+        self._next_save = now + self.save_interval_s
+        return self.save()
+
     @staticmethod
     def _write(path: Path, payload: bytes) -> None:
+        """The file replaced atomically and durably (also what the app's writer runs in
+        a native thread)."""
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         try:
@@ -446,17 +502,22 @@ class Service:
         if data.get("version") != STATE_VERSION:
             raise StateFileError(f"state file {path} has version {data.get('version')!r}; "
                                  f"this controller reads version {STATE_VERSION}")
+        try:
+            check_state(data)
+        except ValueError as exc:  # one entry is wrong: starting without it would save over it
+            raise StateFileError(f"state file {path}: {exc}; fix it or move it aside to "
+                                 "start empty") from None
         problems: list[str] = []
-        groups = []
-        for d in data.get("groups", []):
-            if isinstance(d, dict):
-                groups.append(d)
-            else:
-                problems.append(f"group {d!r}: not an object")
+        groups = data.get("groups", [])
         before = set(self.core.groups)
         # keys stay out of restore(): its problem lines quote the group and get logged
-        problems += self.core.restore(dict(data, groups=[
-            {k: v for k, v in d.items() if k != "key"} for d in groups]))
+        try:
+            problems += self.core.restore(dict(data, groups=[
+                {k: v for k, v in d.items() if k != "key"} for d in groups]))
+        except Exception as exc:  # check_state missed something: still one line, no traceback
+            log.debug("restoring %s failed", path, exc_info=True)
+            raise StateFileError(f"state file {path} cannot be restored ({type(exc).__name__}: "
+                                 f"{exc}); fix it or move it aside to start empty") from None
         for d in groups:
             try:
                 gid = int(d["id"])
@@ -477,6 +538,79 @@ class Service:
                  len(set(self.core.groups) - before), len(view.switches), len(view.links),
                  len(view.hosts), path)
         return problems
+
+
+def check_state(data: dict[str, Any]) -> None:
+    """Raise ValueError naming the first entry of a state file's content that the core
+    could not take as it is (wrong types, out-of-range ids and ports, a receiver equal to
+    its source, a duplicate id). One linear pass, before anything is restored."""
+    def integer(v: Any, lo: int, hi: int, where: str) -> None:
+        if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
+            raise ValueError(f"{where} is {v!r:.60}, not an integer in {lo}..{hi}")
+
+    def items(v: Any, n: int, where: str) -> list[Any]:
+        if not isinstance(v, list) or len(v) != n:
+            raise ValueError(f"{where} is {v!r:.60}, not a list of {n}")
+        return v
+
+    def listed(v: Any, where: str) -> list[Any]:
+        if not isinstance(v, list):
+            raise ValueError(f"{where} is {type(v).__name__}, not a list")
+        return v
+
+    topo = data.get("topology", {})
+    for i, dpid in enumerate(listed(topo.get("switches", []), "topology.switches")):
+        integer(dpid, 1, MAX_DPID, f"topology.switches[{i}]")
+    for i, link in enumerate(listed(topo.get("links", []), "topology.links")):
+        a, ap, b, bp = items(link, 4, f"topology.links[{i}]")
+        for v, hi, what in ((a, MAX_DPID, "dpid"), (ap, MAX_PORT, "port"), (b, MAX_DPID, "dpid"),
+                            (bp, MAX_PORT, "port")):
+            integer(v, 1, hi, f"topology.links[{i}] {what}")
+    for i, host in enumerate(listed(topo.get("hosts", []), "topology.hosts")):
+        ip, mac, dpid, port = items(host, 4, f"topology.hosts[{i}]")
+        where = f"topology.hosts[{i}]"
+        if not isinstance(ip, str):
+            raise ValueError(f"{where} address is {ip!r:.60}, not a string")
+        check_unicast(ip, f"{where} host")
+        if not isinstance(mac, str) or not _MAC.match(mac.lower()):
+            raise ValueError(f"{where} MAC {mac!r:.60} is not a MAC address")
+        integer(dpid, 1, MAX_DPID, f"{where} dpid")
+        integer(port, 1, MAX_PORT, f"{where} port")
+    seen: set[int] = set()
+    for i, d in enumerate(listed(data.get("groups", []), "groups")):
+        where = f"groups[{i}]"
+        if not isinstance(d, dict):
+            raise ValueError(f"{where} is {type(d).__name__}, not an object")
+        integer(d.get("id"), 1, MAX_GID, f"{where} id")
+        if d["id"] in seen:
+            raise ValueError(f"{where} id {d['id']} is used twice")
+        seen.add(d["id"])
+        where = f"group {d['id']}"
+        for name in ("model", "source", "address"):
+            if not isinstance(d.get(name), str):
+                raise ValueError(f"{where} {name} is {d.get(name)!r:.60}, not a string")
+        try:
+            check_model(d["model"])
+            check_ssm(d["address"])
+        except CoreError as exc:
+            raise ValueError(f"{where}: {exc}") from None
+        source = check_unicast(d["source"], f"{where} source")
+        integer(d.get("port"), 1, 65535, f"{where} port")
+        if d.get("algorithm", ALGORITHMS[0]) not in ALGORITHMS:
+            raise ValueError(f"{where} algorithm {d['algorithm']!r:.60} is not one of {', '.join(ALGORITHMS)}")
+        receivers = listed(d.get("receivers", []), f"{where} receivers")
+        for r in receivers:
+            if not isinstance(r, str):
+                raise ValueError(f"{where} receiver {r!r:.60} is not a string")
+            if check_unicast(r, f"{where} receiver") == source:
+                raise ValueError(f"{where} receiver {r} is the group's source")
+        if len(set(receivers)) != len(receivers):
+            raise ValueError(f"{where} names a receiver twice")
+        for j, edge in enumerate(listed(d.get("tree", []), f"{where} tree")):
+            for v in items(edge, 2, f"{where} tree[{j}]"):
+                integer(v, 1, MAX_DPID, f"{where} tree[{j}] dpid")
+        if not isinstance(d.get("key", ""), str):
+            raise ValueError(f"{where} key is not a string")
 
 
 class _SwitchEntries:
@@ -504,8 +638,6 @@ def _ids(gids: list[int], limit: int = 10) -> str:
     return f"[{head}]" if len(gids) <= limit else f"[{head}, ... {len(gids)} in all]"
 
 
-def _ip_key(ip: str) -> tuple[int, ...]:
-    try:
-        return tuple(int(x) for x in ip.split("."))
-    except ValueError:
-        return (1 << 32,)
+def _ip_key(ip: str) -> bytes:
+    """Numeric order of canonical IPv4 strings (every address the core holds is one)."""
+    return socket.inet_aton(ip)

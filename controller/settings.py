@@ -4,6 +4,7 @@ the Ryu app (which Ryu instantiates itself, so it cannot take constructor argume
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -12,6 +13,10 @@ from pathlib import Path
 @dataclass
 class Settings:
     token: str | None = field(default_factory=lambda: os.environ.get("MODELCAST_TOKEN") or None)
+    # host address -> its own token (--host-tokens FILE): see controller.auth
+    host_tokens: dict[str, str] = field(default_factory=dict)
+    # who may join by IGMP (--igmp-allow); None: the default of controller.igmp.IgmpPolicy
+    igmp_allow: tuple[ipaddress.IPv4Network, ...] | None = None
     state_file: Path | None = field(default_factory=lambda: Path(p) if (
         p := os.environ.get("MODELCAST_STATE_FILE")) else None)
     algorithm: str = field(default_factory=lambda: os.environ.get("MODELCAST_ALGORITHM", "spt"))

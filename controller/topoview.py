@@ -4,6 +4,7 @@ up and down). Kept separate from tree logic so both can be driven by tests direc
 from __future__ import annotations
 
 import ipaddress
+import re
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -40,9 +41,23 @@ class LinkKey:
         return self.a_port if dpid == self.a else self.b_port
 
 
+_OCTET = r"(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
+_DOTTED = re.compile(rf"(?:{_OCTET}\.){{3}}{_OCTET}")  # canonical: what ipaddress prints
+
+
+def is_ipv4(text: str) -> bool:
+    """A dotted-quad IPv4 address as ``ipaddress`` accepts it (no leading zeros), in one
+    regex match: ~10x faster than parsing, for bodies naming thousands of addresses."""
+    return _DOTTED.fullmatch(text) is not None
+
+
 @lru_cache(maxsize=1 << 16)  # the same few thousand host addresses are checked constantly
 def check_unicast(ip: str, what: str = "host") -> str:
     """Normalise an IPv4 unicast address or raise InvalidAddress naming the field."""
+    if isinstance(ip, str) and _DOTTED.fullmatch(ip):  # canonical already: no parse
+        if ip in ("0.0.0.0", "255.255.255.255") or 224 <= int(ip[:ip.index(".")]) <= 239:
+            raise InvalidAddress(f"{what} address {ip} is not a unicast host address")
+        return ip
     try:
         addr = ipaddress.IPv4Address(str(ip).strip())
     except ValueError as exc:

@@ -10,7 +10,7 @@ from ryu.lib.packet import arp, ethernet, packet
 from ryu.ofproto import ofproto_v1_3_parser as parser
 
 from controller import ofmsgs
-from controller.hosts import BROADCAST, PROBE_MAC, Actions, HostDiscovery
+from controller.hosts import BROADCAST, MAX_PROBES_PER_TICK, PROBE_MAC, Actions, HostDiscovery
 from controller.unicast import forward
 from tests.support.controller_env import R1, R2, Env, S, make_env
 
@@ -172,18 +172,58 @@ def test_a_host_whose_port_goes_down_is_forgotten_at_once_and_found_again():
     assert env.delivered(gid) == {R1: 1, R2: 1}
 
 
-def test_a_host_seen_at_a_new_place_moves_and_its_old_entry_goes():
-    env, disc = setup()
+def test_a_claim_on_a_known_host_does_not_move_it_while_the_host_answers():
+    """The REST rule (a known host is never moved by a declaration) holds for frames: a
+    frame claiming R1's address from another port is refused, and R1, probed at once at
+    its place, answers and stays."""
+    env, disc = setup(probe_interval_s=1.0, probe_tries=3)
     r1 = env.topo.host(R1)
     gid = env.service.create_group({"model": "m", "source": S, "receivers": [R1]})[0]["id"]
     spare = 9  # a free edge port on another leaf
+    for mac in (r1.mac, "02:66:66:66:66:66"):  # its MAC or another one
+        acts = disc.seen(R1, mac, 5, spare)
+        assert acts.refused == [R1] and not acts.learned and not acts.msgs and not len(acts.plan)
+    assert acts.contested == []  # the holder is probed once per claim, not per frame
+    held = env.core.view.hosts[R1]
+    assert (held.mac, held.dpid, held.port) == (r1.mac, r1.dpid, r1.port)
+    sent = disc.tick(T0, ports(env))
+    assert [(d, [a.port for a in m.actions], ip, e) for d, m, ip, e in probes(sent)] == [
+        (r1.dpid, [r1.port], R1, r1.mac)]
+    assert answer(env, disc, sent) == [R1]  # the real R1 answers from its place: no move
+    for t in range(1, 6):
+        assert not disc.tick(T0 + t, ports(env)).forgotten
+    assert env.core.view.hosts[R1].port == r1.port and env.delivered(gid) == {R1: 1}
+
+
+def test_a_host_that_really_moved_is_learned_at_its_new_place_once_the_old_is_silent():
+    env, disc = setup(probe_interval_s=1.0, probe_tries=3)
+    r1 = env.topo.host(R1)
+    gid = env.service.create_group({"model": "m", "source": S, "receivers": [R1]})[0]["id"]
+    spare = 9
     acts = disc.seen(R1, r1.mac, 5, spare)
-    assert acts.learned == [R1]
+    assert acts.refused == [R1] and acts.contested == [R1]
+    for t in range(3):  # nobody answers at the old place
+        assert [ip for *_, ip, _ in probes(disc.tick(T0 + t, ports(env)))] == [R1]
+    acts = disc.tick(T0 + 3, ports(env))
+    assert acts.forgotten == [R1]
     deleted = [(d, m.match["in_port"]) for d, m in acts.msgs
                if isinstance(m, parser.OFPFlowMod) and m.command == ofmsgs.ofp.OFPFC_DELETE_STRICT]
     assert deleted == [(r1.dpid, r1.port)]
     run(env, acts)
+    acts = disc.seen(R1, r1.mac, 5, spare)  # its next frame
+    assert acts.learned == [R1] and not acts.refused
+    run(env, acts)
     assert env.core.group(gid).tree.entries[5].out_ports == (spare,)
+
+
+def test_a_host_whose_port_went_down_moves_at_once():
+    env, disc = setup()
+    r1 = env.topo.host(R1)
+    env.service.create_group({"model": "m", "source": S, "receivers": [R1]})
+    env.service.apply(env.core.port_down(r1.dpid, r1.port), "reroute")
+    run(env, disc.port_down(r1.dpid, r1.port))
+    acts = disc.seen(R1, r1.mac, 5, 9)
+    assert acts.learned == [R1] and not acts.refused
 
 
 def test_link_ports_pass_the_source_table_and_lose_that_when_the_link_goes():
@@ -196,3 +236,17 @@ def test_link_ports_pass_the_source_table_and_lose_that_when_the_link_goes():
     gone = disc.link_down(k.a, k.a_port, k.b, k.b_port)
     assert [(d, m.match["in_port"], m.command) for d, m in gone] == [
         (k.a, k.a_port, ofmsgs.ofp.OFPFC_DELETE_STRICT), (k.b, k.b_port, ofmsgs.ofp.OFPFC_DELETE_STRICT)]
+
+
+def test_probing_for_many_named_hosts_is_spread_over_timer_steps():
+    """A group naming thousands of unseen receivers must not stall the hub with one
+    packet-out per address per switch in a single step."""
+    env, disc = setup()
+    many = [f"10.9.{i // 250}.{1 + i % 250}" for i in range(3 * MAX_PROBES_PER_TICK + 5)]
+    env.service.create_group({"model": "m", "source": S, "receivers": many})
+    asked: list[str] = []
+    for step in range(4):
+        now = {ip for *_, ip, _ in probes(disc.tick(T0 + step * 0.25, ports(env)))}
+        assert len(now) == min(MAX_PROBES_PER_TICK, len(many) - len(asked)), step
+        asked += sorted(now)
+    assert sorted(asked) == sorted(many)  # every address asked once, none twice

@@ -7,7 +7,10 @@ from hypothesis import strategies as st
 from ryu.lib.packet import ethernet, igmp, ipv4, packet
 
 from controller.core import Group
-from controller.igmp import Statement, decide, statements
+import pytest
+
+from controller.igmp import ANY, IgmpPolicy, Statement, decide, parse_allow, statements
+from controller.topoview import HostLoc
 
 HOST, OTHER = "10.0.0.4", "10.0.0.5"
 S1, S2 = "10.0.0.1", "10.0.0.2"
@@ -125,3 +128,36 @@ def test_decisions_are_minimal_and_end_in_the_last_statement(said, members):
         last = [s.join for s in said if s.address == g.address and s.source in (None, g.source)]
         want = HOST in g.receivers if gid == 4 or not last else last[-1]
         assert state[gid] == want
+
+
+MAC = "00:00:00:00:00:04"
+AT = (3, 4, MAC)
+
+
+def test_igmp_policy_default_is_any_host_or_only_the_token_holders():
+    anyone = IgmpPolicy.from_settings(None)
+    assert anyone.networks == ANY and anyone.allows(HOST) and anyone.allows("192.168.1.1")
+    enrolled = IgmpPolicy.from_settings(None, {HOST: "t"})
+    assert enrolled.allows(HOST) and not enrolled.allows(OTHER)
+    # an explicit --igmp-allow wins over the host-token default
+    narrow = IgmpPolicy.from_settings(parse_allow("10.0.0.4/32, 10.1.0.0/16"), {OTHER: "t"})
+    assert narrow.allows(HOST) and narrow.allows("10.1.200.3") and not narrow.allows(OTHER)
+    nobody = IgmpPolicy.from_settings(parse_allow("none"))
+    assert not nobody.allows(HOST) and parse_allow("ANY") == ANY
+
+
+@pytest.mark.parametrize("bad", ["10.0.0.0/33", "h1", "10.0.0.1,", ""])
+def test_igmp_allow_names_the_bad_item(bad):
+    with pytest.raises(ValueError, match="is not an IPv4 CIDR"):
+        parse_allow(bad)
+
+
+def test_a_report_counts_only_from_an_allowed_host_at_its_learned_place():
+    policy = IgmpPolicy.from_settings(parse_allow("10.0.0.0/29"))
+    here = HostLoc(HOST, MAC, 3, 4)
+    assert policy.refuses(HOST, here, AT) is None
+    assert policy.refuses(HOST, here, (3, 4, MAC.upper())) is None
+    assert "learned" in policy.refuses(HOST, here, (3, 5, MAC))  # another port
+    assert "learned" in policy.refuses(HOST, here, (3, 4, "02:00:00:00:00:09"))  # another MAC
+    assert "learned" in policy.refuses(HOST, None, AT)  # not a known host
+    assert "--igmp-allow" in policy.refuses("10.0.0.9", HostLoc("10.0.0.9", MAC, 3, 4), AT)

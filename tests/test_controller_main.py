@@ -21,6 +21,7 @@ def run(*args: str, timeout: float = 30) -> subprocess.CompletedProcess:
     (["--host-timeout", "0"], "--host-timeout must be 1..65535 s"),
     (["--audit-interval", "-1"], "--audit-interval must be >= 0 s"),
     (["--state-file", "/nonexistent-dir/state.json"], "does not exist"),
+    (["--igmp-allow", "10.0.0.0/40"], "--igmp-allow: '10.0.0.0/40' is not an IPv4 CIDR"),
     (["--no-such-option"], "unrecognized arguments"),
     (["--ofp-tcp-listen-port", "x"], "Invalid Integer value"),
 ])
@@ -43,3 +44,42 @@ def test_unreadable_state_file_stops_the_controller(tmp_path):
 def test_help_lists_our_options():
     proc = run("--help")
     assert proc.returncode == 0 and "--state-file" in proc.stdout and "--token" in proc.stdout
+    assert "--host-tokens" in proc.stdout and "--igmp-allow" in proc.stdout
+
+
+def test_no_token_is_refused_unless_rest_is_on_loopback(monkeypatch):
+    monkeypatch.delenv("MODELCAST_TOKEN", raising=False)
+    proc = run("--ofp-tcp-listen-port", str(free_port()), "--wsapi-host", "0.0.0.0",
+               "--wsapi-port", str(free_port()))
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "refusing to serve REST on 0.0.0.0 without a token" in lines[0]
+
+
+@pytest.mark.parametrize("content,needle", [
+    ("{not json", "is not JSON"),
+    ('["10.0.0.3"]', "must hold an object"),
+    ('{"10.0.0.300": "0123456789abcdef"}', "is not an IPv4 address"),
+    ('{"232.1.1.1": "0123456789abcdef"}', "is not a host address"),
+    ('{"10.0.0.3": "short"}', "at least 16 characters"),
+    ('{"10.0.0.3": "0123456789abcdef", "10.0.0.4": "0123456789abcdef"}', "not unique"),
+])
+def test_bad_host_token_file_is_one_line(tmp_path, content, needle):
+    path = tmp_path / "hosts.json"
+    path.write_text(content)
+    proc = run("--host-tokens", str(path))
+    assert proc.returncode == 2 and needle in proc.stderr, proc.stderr
+
+
+def test_a_hostile_state_file_stops_the_controller_with_one_line(tmp_path):
+    state = tmp_path / "state.json"
+    content = ('{"version": 1, "topology": {}, "groups": [{"id": 3, "model": "m", "source": "10.0.0.1", '
+               '"address": "232.1.1.1", "port": 5500, "receivers": ["10.0.0.1"]}]}')
+    state.write_text(content)
+    proc = run("--state-file", str(state), "--ofp-tcp-listen-port", str(free_port()),
+               "--wsapi-host", "127.0.0.1", "--wsapi-port", str(free_port()))
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2 and "Traceback" not in out, out
+    [line] = [l for l in out.splitlines() if "move it aside" in l]
+    assert "group 3 receiver 10.0.0.1 is the group's source" in line
+    assert state.read_text() == content

@@ -38,7 +38,7 @@ import pytest
 
 import controller.rest as rest
 from lab.controller import Controller
-from tests.support.controller_env import core_and_fabric, default_topology
+from tests.support.controller_env import default_topology, real_controller
 from tests.support.lab import skip_or_fail
 
 README = Path(__file__).resolve().parents[1] / "README.md"
@@ -219,6 +219,7 @@ def _list_filters(ex: Example, groups: Any, ctl: Controller) -> None:
     """Every filter the comment names narrows the list: the group's own value keeps it,
     another value drops it."""
     assert [g["id"] for g in groups] == [1], groups
+    assert "no key without a token" in ex.comment and all("key" not in g for g in groups)
     names = re.findall(r"[?&](\w+)=", ex.comment)
     assert names, f"{ex.key}: the comment names no filters: {ex.comment!r}"
     for name in names:
@@ -231,6 +232,14 @@ def _list_filters(ex: Example, groups: Any, ctl: Controller) -> None:
 
 def _one_group(ex: Example, group: Any, ctl: Controller) -> None:
     assert group["id"] == int(ex.path.rsplit("/", 1)[1]), group
+    assert "key" not in group  # the README reads it without a token
+
+
+def _rekeyed(ex: Example, group: Any, ctl: Controller) -> None:
+    """A fresh key: the one receivers get by joining again, unseen without a token."""
+    assert group["id"] == 1 and len(group["key"]) == 64, group
+    assert ctl.api("PUT", "/v1/groups/1/receivers/10.0.0.5").json()["key"] == group["key"]
+    assert "key" not in ctl.api("GET", "/v1/groups/1", headers={"Authorization": ""}).json()
 
 
 def _group_gone(ex: Example, body: Any, ctl: Controller) -> None:
@@ -270,6 +279,7 @@ EXPECTED: dict[str, Expect] = {
     "DELETE /v1/groups/1/receivers/10.0.0.3": Expect((200,), _receiver_left),
     "GET /v1/groups": Expect((200,), _list_filters),
     "GET /v1/groups/1": Expect((200,), _one_group),
+    "POST /v1/groups/1/rekey": Expect((200,), _rekeyed),
     "DELETE /v1/groups/1": Expect((204,), _group_gone),
     "POST /v1/hosts": Expect((201,), _host_declared),
     "GET /v1/topology": Expect((200,), _topology),
@@ -309,14 +319,8 @@ def controller(tmp_path: Path, examples: list[Example]) -> Iterator[Controller]:
     """A real controller that knows the README's hosts (from its state file)."""
     if shutil.which("curl") is None:
         skip_or_fail("curl is not installed; the README's REST examples need it (apt-get install curl)")
-    ctl = Controller(tmp_path, token=readme_token(examples))
-    core, _ = core_and_fabric(default_topology())
-    ctl.state.write_text(json.dumps(core.to_dict()), encoding="utf-8")
-    ctl.start()
-    try:
+    with real_controller(tmp_path, readme_token(examples)) as ctl:
         yield ctl
-    finally:
-        ctl.stop()
 
 
 def test_every_readme_example_has_a_documented_outcome(examples):

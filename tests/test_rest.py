@@ -12,50 +12,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from ryu.app.wsgi import WSGIApplication
 from webob import Request
 
 import controller.rest as rest
 from controller import ofmsgs
-from controller.rest import RestApi
-from tests.support.controller_env import R1, R2, R3, S, Env, make_env
-
-TOKEN = "t0ken-for-tests"
-AUTH = {"Authorization": f"Bearer {TOKEN}"}
-
-
-class Api:
-    """A WSGI app with RestApi registered as the Ryu app does, and a JSON client."""
-
-    def __init__(self, env: Env, **data: Any) -> None:
-        self.env = env
-        self.app = WSGIApplication()
-        self.app.register(RestApi, {"service": env.service, **data})
-
-    def call(self, method: str, path: str, body: Any = None, headers: dict | None = None,
-             auth: bool = True, raw: bytes | None = None,
-             content_type: str | None = "application/json"):
-        """One request; a body goes with ``content_type`` (``None``: no Content-Type)."""
-        h = dict(AUTH if auth else {})
-        h.update(headers or {})
-        if raw is None and body is not None:
-            raw = json.dumps(body).encode()
-        if raw is not None and content_type is not None:
-            h.setdefault("Content-Type", content_type)
-        resp = Request.blank(path, method=method, body=raw or b"", headers=h).get_response(self.app)
-        if resp.status_code != 204 and not (path == "/metrics" and resp.status_code == 200):
-            assert resp.content_type == "application/json", (path, resp.status, resp.body)
-        return resp
-
-    def json(self, method: str, path: str, body: Any = None, status: int = 200, **kw: Any) -> Any:
-        resp = self.call(method, path, body, **kw)
-        assert resp.status_code == status, (method, path, resp.status, resp.body)
-        data = resp.json
-        if status >= 400:
-            assert set(data) == {"error", "detail"} and isinstance(data["error"], str), data
-            assert "Traceback" not in resp.text
-        return data
-
+from controller.auth import Credentials
+from tests.support.controller_env import R1, R2, R3, S, TOKEN, Api, Env, make_env
 
 def valid(schema: str, data: Any) -> Any:
     errors = list(rest.validator(schema).iter_errors(data))
@@ -108,7 +70,9 @@ def test_list_filter_and_get(api):
     assert api.json("GET", "/v1/groups?model=none") == []
     assert api.json("GET", "/v1/groups?source=10.0.0.300", status=400)["error"]
     assert api.json("GET", "/v1/groups?modle=x", status=400)["detail"] == {"unknown": ["modle"]}
-    assert api.json("GET", "/v1/groups/2", auth=False) == b
+    anonymous = api.json("GET", "/v1/groups/2", auth=False)
+    assert "key" not in anonymous and anonymous == {k: v for k, v in b.items() if k != "key"}
+    assert api.json("GET", "/v1/groups/2") == b  # the admin token sees the key
     assert "no group" in api.json("GET", "/v1/groups/99", status=404)["error"]
     for bad in ("abc", "0", "-1", "1.5", "99999999999"):
         assert api.json("GET", f"/v1/groups/{bad}", status=400)["error"]
@@ -338,13 +302,95 @@ def test_auth_required_for_mutating_calls(api, env):
     for path in ("/v1/groups", "/v1/groups/1", "/v1/topology", "/v1/health", "/metrics",
                  "/v1/openapi.json"):
         assert api.call("GET", path, auth=False).status_code == 200, path
+        # a wrong token is refused on reads too: the client learns at once
+        assert api.call("GET", path, auth=False, headers={"Authorization": "Bearer wrong"}
+                        ).status_code == 401, path
     assert api.json("GET", "/v1/groups/1")["receivers"] == {R1: "installed"}
 
 
-def test_no_token_means_open(env):
-    env.service.token = None
+def test_no_session_key_without_a_token(api):
+    """The key is the group's MAC secret: no unauthenticated answer carries it."""
+    created = create(api, receivers=[R1])
+    assert re.fullmatch("[0-9a-f]{64}", created["key"])
+    assert "key" not in api.json("GET", "/v1/groups/1", auth=False)
+    assert all("key" not in g for g in api.json("GET", "/v1/groups", auth=False))
+    assert all("key" not in g for g in api.json("GET", f"/v1/groups?source={S}", auth=False))
+    assert created["key"] not in api.call("GET", "/metrics", auth=False).text
+    assert api.json("GET", "/v1/groups/1")["key"] == created["key"]
+    joined = api.json("PUT", f"/v1/groups/1/receivers/{R2}")
+    assert joined["key"] == created["key"]  # a receiver gets it in its own join
+
+
+def test_no_token_means_open_but_keyless(env):
+    """No credential configured (the entry point allows it on loopback only): anyone may
+    change groups, and nobody is given a key, since nobody proved who they are."""
+    env.service.credentials = Credentials(None)
     api = Api(env)
-    assert api.call("POST", "/v1/groups", {"model": "m", "source": S}, auth=False).status_code == 201
+    resp = api.call("POST", "/v1/groups", {"model": "m", "source": S}, auth=False)
+    assert resp.status_code == 201 and "key" not in resp.json
+    assert "key" not in api.json("PUT", f"/v1/groups/1/receivers/{R1}", auth=False)
+    assert api.call("GET", "/v1/groups/1", auth=False, headers={"Authorization": "Bearer x"}
+                    ).status_code == 401
+
+
+HOST_TOKENS = {S: "source-token-0123456789", R1: "r1-token-0123456789ab", R2: "r2-token-0123456789ab"}
+
+
+def as_host(ip: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {HOST_TOKENS[ip]}"}
+
+
+@pytest.fixture
+def hosts_api() -> Api:
+    return Api(make_env(token=TOKEN, host_tokens=HOST_TOKENS))
+
+
+def test_host_tokens_act_only_for_their_host(hosts_api):
+    api = hosts_api
+    # a receiver may look up (or create) its sender's group first: no key, it is no member
+    early = api.json("POST", "/v1/groups", {"model": "m", "source": S}, 201, auth=False,
+                     headers=as_host(R1))
+    assert "key" not in early
+    # the source creates-or-gets it and sees the key; a receiver gets it in its own join
+    sent = api.json("POST", "/v1/groups", {"model": "m", "source": S}, 200, auth=False,
+                    headers=as_host(S))
+    joined = api.json("PUT", f"/v1/groups/1/receivers/{R1}", auth=False, headers=as_host(R1))
+    assert joined["key"] == sent["key"] and re.fullmatch("[0-9a-f]{64}", sent["key"])
+    assert api.json("GET", "/v1/groups/1", auth=False, headers=as_host(R1))["key"] == sent["key"]
+    # a host that is not a member sees no key and cannot act for others
+    assert "key" not in api.json("GET", "/v1/groups/1", auth=False, headers=as_host(R2))
+    for method, path in (("PUT", f"/v1/groups/1/receivers/{R1}"), ("DELETE", f"/v1/groups/1/receivers/{R1}"),
+                         ("DELETE", "/v1/groups/1"), ("POST", "/v1/groups/1/rekey"),
+                         ("DELETE", f"/v1/hosts/{R1}")):
+        err = api.json(method, path, status=403, auth=False, headers=as_host(R2))
+        assert str(R2) in err["error"] or "admin" in err["error"], err
+    err = api.json("POST", "/v1/groups", {"model": "x", "source": S, "receivers": [R1, R2]}, 403,
+                   auth=False, headers=as_host(R2))
+    assert "cannot add other receivers" in err["error"]
+    assert api.json("POST", "/v1/hosts", {"ip": "10.0.0.50", "mac": "00:00:00:00:00:50", "dpid": 5,
+                                          "port": 9}, 403, auth=False, headers=as_host(S))["error"]
+    assert set(api.env.core.groups) == {1} and api.env.core.group(1).receivers == {R1}
+    # leaving itself is allowed; the source deletes its own group
+    assert api.json("DELETE", f"/v1/groups/1/receivers/{R1}", auth=False, headers=as_host(R1))
+    assert api.call("DELETE", "/v1/groups/1", headers=as_host(S), auth=False).status_code == 204
+
+
+def test_fresh_key_per_transfer(api):
+    """Re-creating a deleted group, or a rekey, gives a new key; the old one is gone."""
+    first = create(api, receivers=[R1])
+    assert api.call("DELETE", f"/v1/groups/{first['id']}").status_code == 204
+    second = create(api, receivers=[R1])
+    assert second["key"] != first["key"] and second["id"] != first["id"]
+    rekeyed = valid("Group", api.json("POST", f"/v1/groups/{second['id']}/rekey"))
+    assert rekeyed["key"] not in (first["key"], second["key"]) and rekeyed["id"] == second["id"]
+    assert api.json("PUT", f"/v1/groups/{second['id']}/receivers/{R1}")["key"] == rekeyed["key"]
+    assert api.call("POST", f"/v1/groups/{second['id']}/rekey", auth=False).status_code == 401
+    api.json("POST", "/v1/groups/99/rekey", status=404)
+
+
+def test_duplicate_receivers_are_a_400(api, env):
+    err = create(api, 400, receivers=[R1, R2, R1])
+    assert "twice" in err["error"] and env.core.groups == {}
 
 
 def test_unknown_route_and_wrong_method(api):
@@ -423,7 +469,7 @@ def test_openapi_documents_every_route(api):
                   for m in ops if m in ("get", "put", "post", "delete", "patch")}
     in_code = _routes_in_source()
     assert in_code == set(rest.routes())
-    assert len(in_code) == 12
+    assert len(in_code) == 13
     assert in_code == documented
     # every $ref resolves and every operation's error responses use the Error schema
     refs = re.findall(r'"\$ref": "#/components/(\w+)/(\w+)"', resp.text)
@@ -434,8 +480,11 @@ def test_openapi_documents_every_route(api):
             if method == "parameters":
                 continue
             assert op["responses"] and op["operationId"], (method, path)
-            if op.get("security"):
-                assert (method.upper(), path) in {(m, p) for m, p in in_code if m != "GET"}
+            security = op.get("security")
+            if method == "get":  # reads: anonymous, or a token (which then shows keys)
+                assert security == [{}, {"bearer": []}], (method, path)
+            else:
+                assert security == [{"bearer": []}] and "403" in op["responses"], (method, path)
 
 
 def test_create_with_an_explicit_ssm_address(api, env):

@@ -1,8 +1,9 @@
 """The one builder for tests that drive the controller without Ryu or sockets: a topology
 becomes a ``MulticastCore`` over a ``TopologyView`` plus a ``FakeFabric`` wired the same
 way (``core_and_fabric``), and optionally a ``Service`` whose plans land on that fabric
-(``make_env``). Core, service and REST tests share it so they prove things on the same
-fabric, built the same way.
+(``make_env``), and ``Api``: that service behind Ryu's real ``WSGIApplication``, called
+without a server (ryu's test_ofctl_rest pattern). Core, service and REST tests share it
+so they prove things on the same fabric, built the same way.
 
 The default fabric is ``leaf_spine(2, 3, 2)``: spines 1, 2; leaves 3, 4, 5; hosts
 10.0.0.1-2 on leaf 3 (ports 3, 4), 10.0.0.3-4 on leaf 4, 10.0.0.5-6 on leaf 5. Leaf port
@@ -12,18 +13,24 @@ other leaves.
 
 from __future__ import annotations
 
+import contextlib
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from prometheus_client import CollectorRegistry
+from ryu.app.wsgi import WSGIApplication
+from webob import Request
 
 import topologies as T
 from controller import ofmsgs
 from controller.core import MulticastCore, Plan
 from controller.reconnect import Reconnect
+from controller.rest import RestApi
 from controller.service import Service
 from controller.topoview import TopologyView
+from lab.controller import Controller
 from lab.fakeof import FakeFabric
 
 S, R1, R2, R3 = "10.0.0.1", "10.0.0.3", "10.0.0.5", "10.0.0.6"
@@ -124,6 +131,7 @@ class Env:
 
 
 def make_env(topo: T.Topology | None = None, *, token: str | None = None,
+             host_tokens: dict[str, str] | None = None,
              state_path: Path | None = None, deferred: bool = False,
              unknown_hosts: tuple[str, ...] = (), pipeline: bool = False,
              **core_options: Any) -> Env:
@@ -136,5 +144,57 @@ def make_env(topo: T.Topology | None = None, *, token: str | None = None,
     installer = FabricInstaller(fabric, deferred)
     registry = CollectorRegistry()
     clock = Clock()
-    service = Service(core, installer, state_path, token, registry, clock)
+    service = Service(core, installer, state_path, token, registry, clock, host_tokens)
     return Env(topo, core, fabric, installer, service, registry, clock, [h.ip for h in topo.hosts])
+
+
+TOKEN = "t0ken-for-tests"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+class Api:
+    """A WSGI app with RestApi registered as the Ryu app does, and a JSON client."""
+
+    def __init__(self, env: Env, **data: Any) -> None:
+        self.env = env
+        self.app = WSGIApplication()
+        self.app.register(RestApi, {"service": env.service, **data})
+
+    def call(self, method: str, path: str, body: Any = None, headers: dict | None = None,
+             auth: bool = True, raw: bytes | None = None,
+             content_type: str | None = "application/json"):
+        """One request; a body goes with ``content_type`` (``None``: no Content-Type)."""
+        h = dict(AUTH if auth else {})
+        h.update(headers or {})
+        if raw is None and body is not None:
+            raw = json.dumps(body).encode()
+        if raw is not None and content_type is not None:
+            h.setdefault("Content-Type", content_type)
+        resp = Request.blank(path, method=method, body=raw or b"", headers=h).get_response(self.app)
+        if resp.status_code != 204 and not (path == "/metrics" and resp.status_code == 200):
+            assert resp.content_type == "application/json", (path, resp.status, resp.body)
+        return resp
+
+    def json(self, method: str, path: str, body: Any = None, status: int = 200, **kw: Any) -> Any:
+        resp = self.call(method, path, body, **kw)
+        assert resp.status_code == status, (method, path, resp.status, resp.body)
+        data = resp.json
+        if status >= 400:
+            assert set(data) == {"error", "detail"} and isinstance(data["error"], str), data
+            assert "Traceback" not in resp.text
+        return data
+
+
+@contextlib.contextmanager
+def real_controller(workdir: Path, token: str) -> Iterator[Controller]:
+    """A real ``modelcast-controller`` subprocess (no switch connected) that knows
+    ``default_topology()`` from its state file: creates and joins name hosts it knows,
+    so requests reach the core and not only the validator."""
+    ctl = Controller(workdir, token=token)
+    core, _ = core_and_fabric(default_topology())
+    ctl.state.write_text(json.dumps(core.to_dict()), encoding="utf-8")
+    ctl.start()
+    try:
+        yield ctl
+    finally:
+        ctl.stop()
