@@ -15,6 +15,21 @@ Every detected gap carries its own timer (as in SRM), so a gap that another rece
 already got repaired by multicast is simply found filled when its timer fires; a single
 shared timer would let new gaps ride on old timers and fire in lockstep.
 
+Timers fire at most once per ``nack_tick``: gaps due within a tick go out together
+(a receiver at 50% loss has a gap every other datagram). A NACKed range is asked for
+again after at most ``nack_retry``, or as soon as the sender, which serves a request in
+order, has served a later seq of the same request -- so a receiver at heavy loss keeps
+talking to the sender (never silent past its ``receiver_timeout``) and, once END says
+the stream is over, asks for everything it misses within a few ticks: catch-up runs
+near the sender's rate instead of in generations of retry timeouts.
+
+Loss reports: the sender cuts its rate only for loss a quorum of the group reports,
+but NACK suppression leaves only a few receivers NACKing a loss they all share. So
+while the stream runs, a receiver whose first-transmission loss (a per-datagram
+average over ~``loss_horizon`` datagrams) is above ``loss_report_threshold`` also sends
+a NACK without ranges every ``loss_report_interval`` -- at once when a gap takes it
+there -- never suppressed: one small datagram per lossy receiver per interval.
+
 PARITY shares are kept per FEC block while the block has holes; as soon as data plus
 shares reach the block's k, the missing datagrams are rebuilt (``hostagent.fec``) and
 written like any fragment, so the chunk digest still decides what is good. A NACK asks
@@ -60,6 +75,16 @@ class ReceiverConfig:
     min_nack_retry: float = 0.03  # ... or sooner: a few measured NACK-to-repair delays
     loss_horizon: int = 1024  # datagrams the reported loss rate averages over
     max_nacks_per_round: int = 4  # NACK datagrams per timer expiry; the rest waits
+    # NACK rounds at most this often: gaps falling due within one tick go out together,
+    # so a receiver with a gap every other datagram fires hundreds, not tens of
+    # thousands, of timers per second.
+    nack_tick: float = 0.003
+    # While the stream runs and this receiver's first-transmission loss is above
+    # loss_report_threshold, it tells the sender so every loss_report_interval in a NACK
+    # without ranges, never suppressed: suppression leaves only a few NACKs for a loss the
+    # whole group shares, and the sender's congestion quorum counts every lossy receiver.
+    loss_report_threshold: float = 0.02
+    loss_report_interval: float = 0.25
     complete_interval: float = 0.2
     complete_attempts: int = 20
     idle_timeout: float = 10.0  # sender silent this long: give up
@@ -115,10 +140,14 @@ class Receiver:
 
         self._gap_timers: list[tuple[float, int, int, bool]] = []  # heap of (deadline, start, end, retry)
         # NACKs still awaiting repair: [sent at, retry due at, ranges, last repair datagram
-        # for it at (None: nothing yet; -1.0: only parity shares of its blocks so far)]
+        # for it at (None: nothing yet; -1.0: only parity shares of its blocks so far),
+        # highest seq served for it so far (-1: none)]
         self._rounds: deque[list] = deque()
-        self._loss = 0.0
-        self._loss_mark: Optional[tuple[int, int]] = None  # (highest, data_received) at last NACK
+        self._loss = 0.0  # first-transmission loss, per-datagram EWMA over ~loss_horizon
+        self._loss_pos: Optional[int] = None  # highest seq the estimate accounts for
+        self._last_loss_sent = -1e18  # last NACK or loss report (both carry the loss)
+        self._last_round = -1e18  # last NACK round (see nack_tick)
+        self.loss_reports_sent = 0
         self._repair_srtt: Optional[float] = None  # NACK -> repair delay, smoothed
         self._repair_rttvar = 0.0
         self._repair_min: Optional[float] = None  # fastest NACK -> repair seen
@@ -260,11 +289,15 @@ class Receiver:
             self._gap_s -= 0.05 * self._gap_s
         self._last_data_at = now
         stats.data_received += k
-        if self._loss_mark is None:
-            self._loss_mark = (first - 1, 0)
-        if first > self._highest + 1:
+        if self._loss_pos is None:
+            self._loss_pos = first - 1  # joined here: earlier seqs are not loss
+        gap = first > self._highest + 1
+        if gap:
             self._add_gap(now, self._highest + 1, first)
+            self._measure_loss(gap_to=first)
         self._highest = max(self._highest, last)
+        if gap:
+            self._maybe_report(now)
         write_parts(self._sink, chunk * layout.chunk_size + run[0][3], payloads)
         self.have.add(first, last + 1)
         start, end = layout.chunk_seqs(chunk)
@@ -285,7 +318,10 @@ class Receiver:
             return self._complete_at
         times = [self._last_heard + self.config.idle_timeout]
         if self._gap_timers:
-            times.append(self._gap_timers[0][0])
+            times.append(max(self._gap_timers[0][0], self._last_round + self.config.nack_tick))
+        report = self._report_due()
+        if report is not None:
+            times.append(report)
         return min(times)
 
     def handle_timer(self, now: float) -> None:
@@ -298,8 +334,9 @@ class Receiver:
         if now >= self._last_heard + self.config.idle_timeout:
             self._fail("sender silent")
             return
-        if self._gap_timers and now >= self._gap_timers[0][0]:
+        if self._gap_timers and now >= max(self._gap_timers[0][0], self._last_round + self.config.nack_tick):
             self._fire_nack(now)
+        self._maybe_report(now)
 
     def next_event(self) -> Optional[ReceiverEvent]:
         return self._events.popleft() if self._events else None
@@ -396,10 +433,13 @@ class Receiver:
                 self._sample_repair(now, seq, seq + 1, served=True)
         else:
             self.stats.data_received += 1
-            if self._loss_mark is None:
-                self._loss_mark = (seq - 1, 0)  # joined here: earlier seqs are not loss
+            if self._loss_pos is None:
+                self._loss_pos = seq - 1  # joined here: earlier seqs are not loss
             if seq > self._highest + 1:
                 self._add_gap(now, self._highest + 1, seq)
+                self._measure_loss(gap_to=seq)
+                self._highest = seq
+                self._maybe_report(now)
             self._highest = max(self._highest, seq)
         if seq in self.have or self.complete:
             self.stats.duplicates += 1
@@ -648,8 +688,11 @@ class Receiver:
             # The stream is over (END): the sender no longer holds requests back for the FEC
             # block being streamed (which is what spreads the delays measured so far), and
             # the link is idle, so a lost repair is re-asked for after a few of the
-            # fastest round trips instead of the streaming-time timeout.
-            rto = min(rto, 3 * self._repair_min + self._backoff_span() + 0.005)
+            # fastest round trips instead of the streaming-time timeout -- plus a fresh
+            # suppression backoff rather than the whole span: catch-up goes in rounds (at
+            # 50% loss, a dozen), and a full 0.3 s span per round would dwarf the time
+            # the sender needs to send the repairs.
+            rto = min(rto, 2 * self._repair_min + self._backoff() + 0.005)
         return rto
 
     def _sample_repair(self, now: float, start: int, end: int, served: bool = False) -> None:
@@ -657,8 +700,10 @@ class Receiver:
         just a parity share of its block): time it against the oldest NACK round that
         asked for any of it."""
         for entry in self._rounds:
-            sent_at, _, ranges, last = entry
+            sent_at, _, ranges, last, _ = entry
             if ranges.count_in(start, end):
+                if served and start > entry[4]:
+                    self._served_past(now, entry, start)
                 if last is not None:
                     entry[3] = now if served else last
                     return  # later repairs of one request also measure its size; not a delay
@@ -672,6 +717,20 @@ class Receiver:
                     self._repair_srtt = 0.875 * self._repair_srtt + 0.125 * sample
                 return
 
+    def _served_past(self, now: float, entry: list, seq: int) -> None:
+        """The sender serves a request in order, and it just served ``seq``: what the
+        request asked for below it and is still missing was lost on the way (as a gap
+        in first transmissions is). Take it out of the request and ask again after one
+        tick (room for a little reordering), not when the whole request has drained --
+        at 50% loss that made catch-up crawl in generations of retry timeouts. If the
+        sender still has it queued after all, it ignores the repeat."""
+        ranges: RangeSet = entry[2]
+        for s, e in ranges.covered(entry[4] + 1, seq):
+            for gs, ge in self.have.missing(s, e):
+                self._add_gap(now, gs, ge, delay=self.config.nack_tick)
+        ranges.discard(0, seq)
+        entry[4] = seq
+
     def _add_gap(self, now: float, start: int, end: int, delay: Optional[float] = None) -> None:
         if end > start:
             when = now + (self._backoff() if delay is None else delay)
@@ -683,6 +742,7 @@ class Receiver:
         if layout is None or self.complete:
             self._gap_timers.clear()
             return
+        self._last_round = now
         if any(now >= r[1] for r in self._rounds):
             # Each round expires when its own retry timer fires (the retry delay adapts,
             # so rounds need not expire in the order they were sent) -- unless its
@@ -693,7 +753,7 @@ class Receiver:
                     r[1] = now + self._retry_delay()
             self._rounds = deque(r for r in self._rounds if now < r[1])
         requested = RangeSet()
-        for _, _, ranges, _ in self._rounds:
+        for _, _, ranges, _, _ in self._rounds:
             for s, e in ranges:
                 requested.add(s, e)
         due = RangeSet()
@@ -720,8 +780,13 @@ class Receiver:
             fit = max(1, wire.nack_fit(wanted, self.config.max_datagram, keyed))
             sent, wanted = wanted[:fit], wanted[fit:]
             self._send_nack(now, sent)
-        for s, e in wanted:  # did not fit this round
-            self._add_gap(now, s, e)
+        # Did not fit this round. Once the stream is over, the rest goes at the next
+        # tick: these gaps already waited out their backoff, and asking at up to
+        # max_nacks_per_round full NACKs per tick keeps the idle sender busy (a new
+        # backoff each time limited catch-up to a few NACKs per backoff span).
+        after_end = self._total_seq is not None
+        for s, e in wanted:
+            self._add_gap(now, s, e, delay=self.config.nack_tick if after_end else None)
 
     def _credit_parity(self, wanted: list[tuple[int, int]], requested: RangeSet) -> list[tuple[int, int]]:
         """A block with p shares held and r holes needs only r - p more datagrams (any
@@ -744,30 +809,64 @@ class Receiver:
                 surplus -= cut
         return asked.ranges()
 
+    def _measure_loss(self, gap_to: Optional[int] = None) -> float:
+        """Bring the loss estimate up to the highest first transmission seen (received
+        since the last update, so each counts as a delivery), then, for a gap just found
+        below ``gap_to``, count each of its seqs as a loss. A per-datagram EWMA over
+        ~loss_horizon datagrams: random 1% loss must not read as more than the sender's
+        2% tolerance, yet a burst shows at once, not diluted over the time since the
+        last NACK (a receiver that never NACKs still knows its loss)."""
+        pos = self._loss_pos
+        if pos is None:
+            return self._loss
+        keep = 1.0 - 1.0 / max(1, self.config.loss_horizon)
+        if self._highest > pos:
+            self._loss *= keep ** (self._highest - pos)
+            pos = self._highest
+        if gap_to is not None and gap_to - 1 > pos:
+            self._loss = 1.0 - (1.0 - self._loss) * keep ** (gap_to - 1 - pos)
+            pos = gap_to - 1
+        self._loss_pos = pos
+        return self._loss
+
+    def _report_due(self) -> Optional[float]:
+        """When the next loss report is due (None: not lossy, or the stream is over)."""
+        if (self._total_seq is not None or self.layout is None or self.complete
+                or self._loss <= self.config.loss_report_threshold):
+            return None
+        return self._last_loss_sent + self.config.loss_report_interval
+
+    def _maybe_report(self, now: float) -> None:
+        """Send a loss report (a NACK without ranges) if one is due and the loss, brought
+        up to date, is still above the threshold."""
+        due = self._report_due()
+        if due is None or now < due or self._measure_loss() <= self.config.loss_report_threshold:
+            return
+        assert self.session is not None
+        self._send(wire.Nack(self.session, self.receiver_id, (), round(1000 * self._loss)))
+        self._last_loss_sent = now
+        self.loss_reports_sent += 1
+
     def _send_nack(self, now: float, ranges: list[tuple[int, int]]) -> None:
-        mark = self._loss_mark or (self._highest, self.stats.data_received)
-        expected = self._highest - mark[0]
-        got = self.stats.data_received - mark[1]
-        if expected > 0:
-            sample = max(0.0, min(1.0, 1 - got / expected))
-            # Smooth over ~loss_horizon datagrams: a NACK every few dozen datagrams makes
-            # single samples noisy, and noise above the sender's loss tolerance would read
-            # as congestion (random 1% loss must not slow the sender down).
-            weight = min(1.0, expected / max(1, self.config.loss_horizon))
-            self._loss = (1 - weight) * self._loss + weight * sample
-        loss = round(1000 * self._loss)
-        self._loss_mark = (self._highest, self.stats.data_received)
+        loss = round(1000 * self._measure_loss())
         assert self.session is not None
         self._send(wire.Nack(self.session, self.receiver_id, tuple(ranges), loss))
+        self._last_loss_sent = now
         self.stats.nacks_sent += 1
         asked = sum(e - s for s, e in ranges)
         self.stats.nack_seqs_requested += asked
         # A big request (a late joiner, a restart) takes a while to be served: add the time
-        # to send what is outstanding at the pace data has been arriving, halved (repairs
-        # get about half the sends while the sender still streams).
+        # to send what is outstanding at the sender's pace (data's arrival pace with this
+        # receiver's own loss taken out), doubled while the stream still takes most sends.
+        # Never longer than nack_retry: a receiver at 50% loss would otherwise wait
+        # seconds, go silent past the sender's receiver_timeout and be failed while it
+        # still needs repairs. (The sender ignores a range it already has queued, and
+        # a request whose repairs are visibly arriving is not re-asked: see _fire_nack.)
         outstanding = asked + sum(r[2].count for r in self._rounds)
-        retry = self._retry_delay() + 2 * outstanding * self._gap_s
-        self._rounds.append([now, now + retry, RangeSet(ranges), None])
+        pace = self._gap_s * (1.0 - min(0.9, self._loss))
+        serve = (2 if self._total_seq is None else 1) * outstanding * pace
+        retry = min(self.config.nack_retry, self._retry_delay() + serve)
+        self._rounds.append([now, now + retry, RangeSet(ranges), None, -1])
         for s, e in ranges:  # ask again if the repair does not arrive
             self._add_gap(now, s, e, delay=retry)
 
