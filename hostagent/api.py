@@ -24,6 +24,7 @@ import resource
 import shlex
 import socket
 import subprocess
+import threading
 import time
 from dataclasses import asdict, dataclass, field, fields
 from typing import IO, Any, Callable, Optional, Union
@@ -366,7 +367,9 @@ def _send(path: str, opts: SendOptions, source: FileSource, interface: str, emit
             config.key = session_key(info)
         group_id = info.get("id")
         emit(GroupAssigned(group_id, model, group, opts.receivers))
-        client.wait_installed(info, opts.receivers, opts.wait_timeout, opts.poll)
+        info = client.wait_installed(info, opts.receivers, opts.wait_timeout, opts.poll)
+        # Only the group's receivers count (README "Who the sender listens to").
+        config.allowed_receivers = frozenset(info.get("receivers") or ()) | frozenset(opts.receiver_ips)
         if interface == _ANY:
             interface = src_ip  # the tree is rooted at this address: send from it
     else:
@@ -378,7 +381,12 @@ def _send(path: str, opts: SendOptions, source: FileSource, interface: str, emit
         emit(SendStarted(path, source.size, group, sock.getsockname()))
         metrics = _serve_metrics(opts, "sender", lambda: sender.stats, lambda: (_sent_bytes(sender), source.size), emit)
         try:
-            return _stream(path, opts, sender, sock, group, group_id, started, emit, on_progress)
+            lister = _ReceiverLister(_client(opts), group_id, opts.poll) if opts.controller else None
+            try:
+                return _stream(path, opts, sender, sock, group, group_id, started, emit, on_progress, lister)
+            finally:
+                if lister is not None:
+                    lister.stop()
         finally:
             _stop(metrics)
     finally:
@@ -387,7 +395,8 @@ def _send(path: str, opts: SendOptions, source: FileSource, interface: str, emit
 
 def _stream(path: str, opts: SendOptions, sender: Sender, sock: socket.socket, group: tuple[str, int],
             group_id: Optional[int], started: float, emit: OnEvent,
-            on_progress: Optional[Callable[[SendProgress], None]]) -> SendResult:
+            on_progress: Optional[Callable[[SendProgress], None]],
+            lister: Optional[_ReceiverLister] = None) -> SendResult:
     """Run the sender's loop to its TransferFinished and summarise."""
     reasons: dict[int, str] = {}
     timeline: dict[str, Any] = {"completed_s": []}
@@ -405,6 +414,8 @@ def _stream(path: str, opts: SendOptions, sender: Sender, sock: socket.socket, g
         emit(event)  # type: ignore[arg-type]
 
     def should_stop() -> bool:
+        if lister is not None and (hosts := lister.changed()) is not None:
+            sender.set_allowed_receivers(hosts | (sender.allowed_receivers or frozenset()))
         if on_progress is not None and throttle.due():
             stats = sender.stats
             want = opts.receivers if opts.receivers is not None else len(sender.peers)
@@ -440,6 +451,32 @@ def _stream(path: str, opts: SendOptions, sender: Sender, sock: socket.socket, g
         send_buffer_drops=loop.send_drops, dropped=dict(stats.drops), peak_rss_mb=_peak_rss_mb(), cpu_s=_cpu_s(),
         finished=finished, error=None if finished.ok else _send_failure(finished, opts.receivers),
     )
+
+
+class _ReceiverLister:
+    """Polls the controller for the group's receivers in a thread (a late joiner is on
+    the list before its first datagram; the send loop must never block on HTTP)."""
+
+    def __init__(self, client: ControllerClient, group_id: Optional[int], poll: float) -> None:
+        self._hosts: Optional[frozenset[str]] = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(client, group_id, poll), daemon=True)
+        self._thread.start()
+
+    def _run(self, client: ControllerClient, group_id: Optional[int], poll: float) -> None:
+        while group_id is not None and not self._stop.wait(poll):
+            try:
+                self._hosts = frozenset((client.get_group(int(group_id)) or {}).get("receivers") or ())
+            except ControllerError:
+                pass  # (restarting): keep the list we have
+
+    def changed(self) -> Optional[frozenset[str]]:
+        """The latest list, once per answer (None: nothing new)."""
+        hosts, self._hosts = self._hosts, None
+        return hosts
+
+    def stop(self) -> None:
+        self._stop.set()
 
 
 def _datagram_sizes(opts: SendOptions, interface: str) -> tuple[int, int]:

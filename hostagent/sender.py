@@ -15,6 +15,16 @@ alone; that receiver is repaired (unicast or FEC parity) within the repair share
 the stream runs, and catches up after it -- or is reported failed as a straggler when
 ``linger_timeout`` after the stream it still has not verified the file.
 
+Trust (README "Who the sender listens to"): only receivers the sender is told about
+count. With ``allowed_receivers`` (the controller's receiver list: host addresses) a
+datagram from any other host is dropped before it creates any state; without a list
+every host may join, up to ``max_peers``. A peer's address is pinned at its first
+datagram: another host using its id is dropped (a HELLO from the same host, new port, is
+the receiver restarted and moves it). Repairs are bounded per peer (``max_nack_ranges``
+per NACK, ``repair_budget`` times the file in unicast bytes in total), a wrong-digest
+COMPLETE fails that receiver only, and the transfer ends early only when every admitted
+receiver is resolved: forged COMPLETEs cannot close it under the real receivers.
+
 Like aioquic's QuicConnection it never touches a socket or a clock: feed it
 ``receive_datagram(data, addr, now)``, drain ``datagrams_to_send(now)``, and call
 ``handle_timer(now)`` at ``get_timer()``.
@@ -97,6 +107,17 @@ class SenderConfig:
     session_id: Optional[int] = None
     key: Optional[bytes] = None
     name: str = ""
+    # Trust and bounds (README "Who the sender listens to"). Host addresses (the first
+    # element of an Addr tuple) allowed to be receivers; None: any host (plain --group).
+    allowed_receivers: Optional[frozenset[str]] = None
+    max_peers: int = 4096  # beyond: new receiver ids are dropped and counted
+    hello_expiry: float = 2.0  # a peer heard only by HELLO, silent this long, may be evicted for a new one
+    # Ranges of one NACK taken in; the rest are ignored (bounded work per NACK). 1024 holds
+    # a full standard-MTU NACK (~700 ranges); a jumbo one (~4400) is cut, and re-asked.
+    max_nack_ranges: int = 1024
+    # Unicast repair bytes one peer may cost, as a multiple of the file's datagram bytes
+    # (plus a margin of 64 datagrams); beyond, its requests are ignored.
+    repair_budget: float = 1.5
     # FEC: datagrams per parity block (0: off, plain per-datagram repair only).
     fec_k: int = 0
     fec_overhead: float = 0.0  # proactive parity shares per data datagram (e.g. 0.02)
@@ -130,6 +151,8 @@ class SenderConfig:
             raise ValueError(f"fec_k must be 0..{fec.MAX_K}")
         if not 0 <= self.fec_overhead <= 1 or (self.fec_overhead and not self.fec_k):
             raise ValueError("fec_overhead must be in [0, 1] and needs fec_k")
+        if self.max_peers < 1 or self.max_nack_ranges < 1 or self.repair_budget <= 0 or self.hello_expiry <= 0:
+            raise ValueError("max_peers, max_nack_ranges, repair_budget and hello_expiry must be positive")
         if fec.MAX_SHARES - self.fec_k - (int(self.fec_overhead * self.fec_k) + 2) < 32:
             # keep share indices free for several on-demand repair rounds per block
             raise ValueError("fec_overhead too large for fec_k")
@@ -143,6 +166,13 @@ class _Peer:
     completed: bool = False
     failed: bool = False
     loss: float = 0.0  # first-transmission loss it reported in its last NACK
+    repair_bytes: int = 0  # unicast repair bytes sent to it (bounded by the repair budget)
+    rejected: bool = False  # sent a COMPLETE with a wrong digest: failed, without failing the transfer
+
+
+def _host(addr: Addr) -> object:
+    """The host part of an address: (host, port) tuples compare by host."""
+    return addr[0] if isinstance(addr, tuple) and addr else addr
 
 
 def file_digests(source: ChunkSource, chunk_size: int) -> tuple[bytes, bytes]:
@@ -240,6 +270,15 @@ class Sender:
 
         # receivers
         self.peers: dict[int, _Peer] = {}
+        self._allowed = config.allowed_receivers
+        self._open: set[int] = set()  # admitted, neither completed nor failed
+        self._n_completed = 0
+        self._fresh: dict[int, None] = {}  # heard only by HELLO, oldest first: evictable
+        self._sweep_at: Optional[float] = None  # earliest possible receiver timeout (after the stream)
+        self.peer_sweeps = 0  # timeout sweeps over the open peers (each visits at most max_peers)
+        self._repair_cap = int(config.repair_budget * (
+            self.layout.file_size + self.layout.total_seq * (wire.DATA_HEADER_LEN + wire.MAC_LEN))) \
+            + 64 * config.max_datagram
         self._last_activity = now
         self.finished = False
         self.closed = False
@@ -263,7 +302,7 @@ class Sender:
         elif isinstance(msg, wire.Complete):
             self._on_complete(msg, addr, now)
         elif isinstance(msg, wire.Hello):
-            self._peer(msg.receiver_id, addr, now)
+            self._peer(msg.receiver_id, addr, now, hello=True)
         else:
             # Our own multicast looped back, or another sender: not for us.
             self.stats.drops["unexpected_type"] += 1
@@ -288,6 +327,7 @@ class Sender:
         if (self._next_seq >= self.layout.total_seq and self._stream_done_at is None
                 and not self._repair.proactive_queued):
             self._stream_done_at = now
+            self._sweep_at = now + self.config.receiver_timeout
             self._events.append(StreamFinished(self.layout.total_seq))
             out.append((self._end(False), GROUP))
             self._last_end = now
@@ -318,11 +358,10 @@ class Sender:
             times.append(self._last_end + self.config.end_interval)
             times.append(self._last_manifest + self.config.manifest_interval)
             times.append(self._stream_done_at + self.config.linger_timeout)
-            if all(p.completed or p.failed for p in self.peers.values()):
+            if not self._open:
                 times.append(self._last_activity + self.config.idle_timeout)
-            for peer in self.peers.values():
-                if not (peer.completed or peer.failed):
-                    times.append(max(peer.last_heard, self._stream_done_at) + self.config.receiver_timeout)
+            elif self._sweep_at is not None:
+                times.append(self._sweep_at)
         return min(times)
 
     def handle_timer(self, now: float) -> None:
@@ -340,6 +379,17 @@ class Sender:
 
     def next_event(self) -> Optional[SenderEvent]:
         return self._events.popleft() if self._events else None
+
+    def set_allowed_receivers(self, hosts: Optional[frozenset[str]]) -> None:
+        """The receiver list changed (a late joiner joined through the controller): admit
+        datagrams from these hosts from now on. Peers already admitted stay (a receiver
+        leaves the controller's group once it verified the file)."""
+        self._allowed = hosts
+
+    @property
+    def allowed_receivers(self) -> Optional[frozenset[str]]:
+        """Hosts admitted as receivers (None: any)."""
+        return self._allowed
 
     @property
     def completed(self) -> list[int]:
@@ -382,58 +432,122 @@ class Sender:
 
     # ------------------------------------------------------------------ receivers
 
-    def _peer(self, rid: int, addr: Addr, now: float) -> _Peer:
-        self._last_activity = now
+    def _peer(self, rid: int, addr: Addr, now: float, hello: bool = False) -> Optional[_Peer]:
+        """The admitted peer ``rid`` for a datagram from ``addr``, or None (dropped and
+        counted): a host not on the list, a known id from another host (or, except in a
+        HELLO, from another port of its host), a full peer table."""
         peer = self.peers.get(rid)
-        if peer is None:
-            peer = self.peers[rid] = _Peer(rid, addr, now)
-            self._events.append(ReceiverJoined(rid, addr))
-        peer.addr = addr
-        peer.last_heard = now
+        if peer is not None:
+            if peer.addr != addr:
+                if not (hello and _host(peer.addr) == _host(addr)):
+                    self.stats.drops["peer_addr_mismatch"] += 1
+                    return None
+                peer.addr = addr  # the receiver restarted on its host: new socket, same id
+            if not hello:
+                self._fresh.pop(rid, None)
+            elif rid in self._fresh:
+                del self._fresh[rid]
+                self._fresh[rid] = None  # youngest again
+            peer.last_heard = now
+            self._last_activity = now
+            return peer
+        if self._allowed is not None and _host(addr) not in self._allowed:
+            self.stats.drops["unlisted_receiver"] += 1
+            return None
+        if len(self.peers) >= self.config.max_peers and not self._evict_one(now):
+            self.stats.drops["peer_table_full"] += 1
+            return None
+        self._last_activity = now
+        peer = self.peers[rid] = _Peer(rid, addr, now)
+        self._open.add(rid)
+        if hello:
+            self._fresh[rid] = None
+        if self._stream_done_at is not None:
+            deadline = now + self.config.receiver_timeout
+            self._sweep_at = deadline if self._sweep_at is None else min(self._sweep_at, deadline)
+        self._events.append(ReceiverJoined(rid, addr))
         return peer
+
+    def _evict_one(self, now: float) -> bool:
+        """Make room: forget the peer heard longest ago only by HELLO, if it has been
+        silent ``hello_expiry`` (a flood of invented ids cannot push out working peers)."""
+        if not self._fresh:
+            return False
+        rid = next(iter(self._fresh))
+        peer = self.peers[rid]
+        if now < peer.last_heard + self.config.hello_expiry:
+            return False
+        del self._fresh[rid]
+        del self.peers[rid]
+        self._open.discard(rid)
+        self._repair.forget(rid)
+        self._loss.forget(rid)
+        self.stats.drops["peer_evicted"] += 1
+        return True
+
+    def _resolved(self, peer: _Peer) -> None:
+        self._open.discard(peer.receiver_id)
+        self._fresh.pop(peer.receiver_id, None)
 
     def _on_complete(self, msg: wire.Complete, addr: Addr, now: float) -> None:
         peer = self._peer(msg.receiver_id, addr, now)
-        if msg.file_digest != self.file_digest:
-            if not peer.failed:
-                peer.failed = True
-                self._events.append(ReceiverFailed(peer.receiver_id, "digest mismatch"))
+        if peer is None:
             return
-        self._control.append((self._encode(wire.CompleteAck(self.session, msg.receiver_id)), addr))
+        if msg.file_digest != self.file_digest:
+            # A real receiver verifies before it says COMPLETE: this one is broken or
+            # forged. It fails alone; the transfer's verdict rests on the others.
+            if not (peer.failed or peer.completed):
+                peer.rejected = True
+                self._fail(peer, "digest mismatch")
+            return
+        self._control.append((self._encode(wire.CompleteAck(self.session, msg.receiver_id)), peer.addr))
         if not peer.completed:
             peer.completed = True
             peer.failed = False
+            peer.rejected = False
+            self._n_completed += 1
+            self._resolved(peer)
             self._repair.forget(peer.receiver_id)
-            self._events.append(ReceiverCompleted(peer.receiver_id, addr))
+            self._events.append(ReceiverCompleted(peer.receiver_id, peer.addr))
             self._maybe_finish(now)
 
     def _check_stragglers(self, now: float) -> None:
         assert self._stream_done_at is not None
         cfg = self.config
-        for peer in self.peers.values():
-            if peer.completed or peer.failed:
-                continue
-            if now >= max(peer.last_heard, self._stream_done_at) + cfg.receiver_timeout:
-                self._fail(peer, "timed out")
+        if self._sweep_at is not None and now >= self._sweep_at and self._open:
+            # Only the open peers, and only when one may have timed out.
+            self.peer_sweeps += 1
+            earliest: Optional[float] = None
+            for rid in list(self._open):
+                peer = self.peers[rid]
+                deadline = max(peer.last_heard, self._stream_done_at) + cfg.receiver_timeout
+                if now >= deadline:
+                    self._fail(peer, "timed out")
+                elif earliest is None or deadline < earliest:
+                    earliest = deadline
+            self._sweep_at = earliest
         if now >= self._stream_done_at + cfg.linger_timeout:
-            for peer in self.peers.values():
-                if not (peer.completed or peer.failed):
-                    self._fail(peer, f"straggler: not verified {cfg.linger_timeout:g} s after the stream ended")
+            for rid in list(self._open):
+                self._fail(self.peers[rid], f"straggler: not verified {cfg.linger_timeout:g} s after the stream ended")
             self._finish(now)
             return
-        resolved = all(p.completed or p.failed for p in self.peers.values())
-        if resolved and now >= self._last_activity + cfg.idle_timeout:
+        if not self._open and now >= self._last_activity + cfg.idle_timeout:
             self._finish(now)
 
     def _fail(self, peer: _Peer, reason: str) -> None:
         peer.failed = True
+        self._resolved(peer)
         self._repair.forget(peer.receiver_id)
         self._loss.forget(peer.receiver_id)
         self._events.append(ReceiverFailed(peer.receiver_id, reason))
 
     def _maybe_finish(self, now: float) -> None:
+        """End early once the expected number verified and no admitted receiver is
+        still at work: COMPLETEs from invented ids never close the session under the
+        real receivers."""
         expected = self.config.expected_receivers
-        if expected is not None and len(self.completed) >= expected and self._stream_done_at is not None:
+        if (expected is not None and not self._open and self._n_completed >= expected
+                and self._stream_done_at is not None):
             self._finish(now)
 
     def _finish(self, now: float) -> None:
@@ -444,7 +558,9 @@ class Sender:
         failed = tuple(sorted(p.receiver_id for p in self.peers.values() if p.failed))
         expected = self.config.expected_receivers
         missing = max(0, expected - len(self.peers)) if expected is not None else 0
-        ok = not failed and (len(completed) >= expected if expected is not None else bool(completed))
+        # A wrong-digest COMPLETE fails its sender, not the transfer.
+        counted = any(p.failed and not p.rejected for p in self.peers.values())
+        ok = not counted and (len(completed) >= expected if expected is not None else bool(completed))
         self._events.append(TransferFinished(ok, completed, failed, missing))
         closing = self._end(True)
         self._control.extend([(closing, GROUP)] * 3)  # cheap insurance against loss
@@ -454,12 +570,22 @@ class Sender:
 
     def _on_nack(self, msg: wire.Nack, addr: Addr, now: float) -> None:
         peer = self._peer(msg.receiver_id, addr, now)
+        if peer is None:
+            return
         self.stats.nacks_received += 1
         if peer.completed or peer.failed:
             return
         peer.loss = msg.loss_permille / 1000
+        asked = msg.ranges
+        if len(asked) > self.config.max_nack_ranges:
+            # Bounded work per NACK; a real receiver asks again for the rest.
+            self.stats.drops["nack_ranges_cut"] += 1
+            asked = asked[: self.config.max_nack_ranges]
+        if peer.repair_bytes >= self._repair_cap:
+            self.stats.drops["repair_budget_spent"] += 1
+            asked = ()
         limit = self._next_seq  # cannot repair what has not been sent yet
-        ranges = [(start, min(end, limit)) for start, end in msg.ranges if min(end, limit) > start]
+        ranges = [(start, min(end, limit)) for start, end in asked if min(end, limit) > start]
         # The receiver measures loss of first transmissions since its last NACK, so this
         # is recent loss, not a late joiner catching up. Whether it is congestion (the
         # group's) or this receiver's own is judged when the window closes.
@@ -486,7 +612,7 @@ class Sender:
     def _taking_part(self) -> int:
         """Receivers the congestion quorum counts: all not failed (verified ones too),
         or the expected number if more (some have not said hello yet)."""
-        failed = sum(1 for p in self.peers.values() if p.failed)
+        failed = len(self.peers) - len(self._open) - self._n_completed
         expected = (self.config.expected_receivers or 0) - failed
         return max(1, len(self.peers) - failed, expected)
 
@@ -538,10 +664,14 @@ class Sender:
             self.stats.repairs_multicast += 1
             self.stats.repair_bytes_multicast += len(raw)
             return raw, GROUP
+        peer = self.peers[repair.receiver_id]
         raw = self._data(repair.seq, repair=True, multicast=False)
         self.stats.repairs_unicast += 1
         self.stats.repair_bytes_unicast += len(raw)
-        return raw, self.peers[repair.receiver_id].addr
+        peer.repair_bytes += len(raw)
+        if peer.repair_bytes >= self._repair_cap:
+            self._repair.forget(peer.receiver_id)  # budget spent: its queue goes too
+        return raw, peer.addr
 
     # ------------------------------------------------------------------ building datagrams
 

@@ -142,8 +142,11 @@ def test_send_and_receive_through_the_controller(tmp_path) -> None:
     env = {**os.environ, "MODELCAST_TOKEN": "tok"}
     with FakeController(port, pending_polls=3) as fake:
         receivers = [
-            cli("recv", "--controller", fake.url, "--model", digest, "--source", LOOPBACK, "--interface", LOOPBACK,
-                "--ip", f"127.0.0.{i + 2}", "--out", str(tmp_path / f"out{i}.bin"), "--json", "--timeout", "20", env=env)
+            # Each receiver sends from the address it registers: the sender admits only
+            # the controller's receivers (README "Who the sender listens to").
+            cli("recv", "--controller", fake.url, "--model", digest, "--source", LOOPBACK,
+                "--interface", f"127.0.0.{i + 2}", "--ip", f"127.0.0.{i + 2}", "--out", str(tmp_path / f"out{i}.bin"),
+                "--json", "--timeout", "20", env=env)
             for i in range(2)
         ]
         try:
