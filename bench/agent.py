@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import random
 import statistics
 import subprocess
@@ -35,8 +34,10 @@ from pathlib import Path
 from typing import Any, Optional
 
 from bench import baselines as B
+from bench.machine import describe, machine
 from lab import loss as impair
 from lab.bridge import BridgeLab
+from lab.controller import stamp_printer
 from lab.models import ModelFile, file_digest, make_model
 from lab.sh import LabError
 
@@ -73,19 +74,6 @@ class Run:
         return {**asdict(self), "cpu_sender_per_gb": self.cpu_sender_per_gb,
                 "cpu_receiver_per_gb": self.cpu_receiver_per_gb,
                 "vs_line_rate": self.seconds / self.line_rate_s}
-
-
-def machine() -> str:
-    """CPU model and cores: absolute times only mean something next to this."""
-    model = "unknown CPU"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{model}, {os.cpu_count()} cores, Linux {platform.release()}"
 
 
 def _agent(lab: BridgeLab, host: int, out: Path, *args: str) -> subprocess.Popen:
@@ -245,7 +233,7 @@ def clean_receivers_ratio(runs: list[Run]) -> Optional[float]:
 
 def markdown(rows: list[dict[str, Any]], meta: dict[str, Any], runs: list[Run]) -> str:
     fmt = lambda v, f=".2f": "-" if v is None else format(v, f)  # noqa: E731
-    out = [f"Host agent at line rate — {meta['machine']}, {meta['date']}",
+    out = [f"Host agent at line rate — {describe(meta['machine'])}, {meta['date']}",
            "",
            f"speed: {meta['size_mb']:g} MB, sender NIC capped at {meta['rate_cap']:g} Mbit/s, "
            f"MTU {meta['mtu']}, kernel-bridge lab; medians of {meta['runs']} runs",
@@ -274,11 +262,7 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any], runs: list[Run]) 
 
 
 def run(args: argparse.Namespace) -> int:
-    t0 = time.monotonic()
-
-    def say(text: str) -> None:
-        print(f"[{time.monotonic() - t0:6.1f}s] {text}", flush=True)
-
+    say = stamp_printer()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     base = Path("/dev/shm") if Path("/dev/shm").is_dir() else None

@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import os
 import random
 import re
 import statistics
@@ -33,6 +32,7 @@ from typing import Any
 
 import networkx as nx
 
+from bench.machine import machine
 from controller.core import MulticastCore, tune_gc
 from controller.topoview import TopologyView
 from topologies import Topology, TopologyError, parse
@@ -57,18 +57,6 @@ def load_ratios(core: MulticastCore, topo: Topology) -> tuple[float, float]:
         return 0.0, 0.0
     per_class = max(max(v) / statistics.mean(v) for v in classes.values() if any(v))
     return per_class, max(used) / statistics.mean(used)
-
-
-def machine() -> dict[str, Any]:
-    """What the numbers were measured on: they mean little without it."""
-    model = "unknown"
-    try:
-        with open("/proc/cpuinfo") as f:
-            model = next((line.split(":", 1)[1].strip() for line in f
-                          if line.startswith("model name")), model)
-    except OSError:
-        pass
-    return {"cpu": model, "cores": os.cpu_count(), "loadavg_1m": round(os.getloadavg()[0], 2)}
 
 
 def workload(topo: Topology, groups: int, receivers: int, seed: int) -> list[tuple[str, str, list[str]]]:

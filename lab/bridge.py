@@ -12,7 +12,7 @@ start) and kills only the processes it started, by PID.
 from __future__ import annotations
 
 import secrets
-from typing import Any, Optional
+from typing import Optional
 
 from lab import loss
 from lab.sh import HOST_IFACE, NetnsHosts, leftovers, require, sh
@@ -50,13 +50,6 @@ class BridgeLab(NetnsHosts):
         return f"{self._prefix}.{host + 1}"
 
     # ------------------------------------------------------------------ lifecycle
-
-    def __enter__(self) -> "BridgeLab":
-        self.start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.stop()
 
     def start(self) -> None:
         """Build everything; on any failure tear down what exists and re-raise."""

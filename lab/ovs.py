@@ -31,7 +31,6 @@ import sys
 import threading
 import time
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 if __package__ in (None, ""):  # `python lab/ovs.py` rather than `-m lab.ovs`
@@ -223,14 +222,6 @@ class Lab(NetnsHosts):
         raise LabError("could not find an unused lab tag")
 
     # ---------------------------------------------------------------- lifecycle
-
-    def __enter__(self) -> "Lab":
-        self.start()
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self.stop()
 
     def start(self) -> None:
         """Build bridges, veths and namespaces. On any failure (including Ctrl-C) tear down

@@ -15,7 +15,7 @@ import signal
 import socket
 import subprocess
 import time
-from typing import Any, Optional, Sequence
+from typing import Any, Optional, Self, Sequence
 
 log = logging.getLogger("modelcast.lab")
 
@@ -166,6 +166,21 @@ class NetnsHosts:
 
     def __init__(self) -> None:
         self._procs: list[subprocess.Popen] = []
+
+    def start(self) -> None:
+        """Build the lab; on any failure tear down what was built and raise."""
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        """Remove exactly what the lab made; idempotent."""
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
 
     def ns(self, host: Any) -> str:
         """The network namespace of ``host``."""
