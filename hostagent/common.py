@@ -9,11 +9,12 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Hashable, Protocol, Union
 
+from .wire import MIN_CHUNK_SIZE  # noqa: F401 -- the sender's minimum is what receivers accept
+
 Addr = Hashable  # whatever the transport uses for a peer (a (host, port) tuple in net.py)
 GROUP = "group"  # destination meaning "the multicast group"
 Dest = Union[str, Addr]
 
-MIN_CHUNK_SIZE = 1024
 MAX_CHUNK_SIZE = 1024 * 1024
 
 

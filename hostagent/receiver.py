@@ -55,7 +55,13 @@ from .events import ChunkCorrupt, Failed, FileComplete, ManifestReceived, Receiv
 from .rangeset import RangeSet
 
 STATE_VERSION = 1
-MAX_PARITY_BLOCKS = 4096  # blocks with held shares; bounds memory (a late joiner sees many)
+# Parity shares held while their blocks have holes, in bytes (payload plus a fixed
+# charge per share for its bookkeeping): forged or surplus shares past this are dropped
+# and counted (``parity_overflow``), so they cannot grow memory beyond it; a block that
+# loses its shares this way is still repaired by NACK.
+MAX_PARITY_BYTES = 32 * 1024 * 1024
+PARITY_SHARE_OVERHEAD = 256
+DIGEST_SEGMENT = 1024  # chunk digests are stored in segments of this many chunks (16 KiB)
 
 
 @dataclass
@@ -89,8 +95,80 @@ class ReceiverConfig:
     complete_attempts: int = 20
     idle_timeout: float = 10.0  # sender silent this long: give up
     max_datagram: int = 1472
-    state_save_every: int = 64  # verified chunks between resume-record saves
-    verify_resume: bool = False  # re-hash chunks claimed by a resume record
+    max_parity_bytes: int = MAX_PARITY_BYTES
+    # The resume record is saved at most this long after progress (newly verified chunks),
+    # so a crash loses at most this much of the transfer. The sink makes the data durable
+    # before the record that claims it (FileSink: fdatasync, off the receive loop).
+    state_save_interval: float = 0.25
+    # Chunks a resume record claims are re-hashed before they count (a crash may have
+    # left them torn, the disk may have lost them): this many bytes per call of
+    # handle_timer, interleaved with receiving, instead of one pass before joining.
+    resume_check_bytes: int = 4 * 1024 * 1024
+
+
+class _Digests:
+    """The chunk digests of the manifest pages that arrived, in segments allocated as
+    pages land: memory follows what was received, not the chunk count a manifest claims."""
+
+    def __init__(self) -> None:
+        self._segments: dict[int, bytearray] = {}
+        self.known = RangeSet()  # chunks whose digest arrived
+
+    def add(self, first: int, digests: bytes) -> None:
+        size = wire.CHUNK_DIGEST_LEN
+        pos, end = first, first + len(digests) // size
+        while pos < end:
+            seg, slot = divmod(pos, DIGEST_SEGMENT)
+            n = min(end - pos, DIGEST_SEGMENT - slot)
+            buf = self._segments.get(seg)
+            if buf is None:
+                buf = self._segments[seg] = bytearray(DIGEST_SEGMENT * size)
+            lo = (pos - first) * size
+            buf[slot * size : (slot + n) * size] = digests[lo : lo + n * size]
+            pos += n
+        self.known.add(first, end)
+
+    def get(self, chunk: int) -> bytes:
+        seg, slot = divmod(chunk, DIGEST_SEGMENT)
+        size = wire.CHUNK_DIGEST_LEN
+        return bytes(self._segments[seg][slot * size : (slot + 1) * size])
+
+
+class _ParityStore:
+    """Parity shares per FEC block (first seq -> (block end, share index -> payload)),
+    bounded in bytes (``ReceiverConfig.max_parity_bytes``), not in blocks."""
+
+    def __init__(self, limit: int) -> None:
+        self.blocks: dict[int, tuple[int, dict[int, bytes]]] = {}
+        self.limit = limit
+        self.bytes = 0
+
+    def __bool__(self) -> bool:
+        return bool(self.blocks)
+
+    def add(self, first: int, end: int, index: int, payload: bytes) -> Optional[bool]:
+        """Hold a share: True if new, False if a duplicate, None if over the byte limit."""
+        entry = self.blocks.get(first)
+        if entry is not None and index in entry[1]:
+            return False
+        cost = len(payload) + PARITY_SHARE_OVERHEAD
+        if self.bytes + cost > self.limit:
+            return None
+        if entry is None:
+            entry = self.blocks[first] = (end, {})
+        entry[1][index] = payload
+        self.bytes += cost
+        return True
+
+    def pop(self, first: int) -> Optional[tuple[int, dict[int, bytes]]]:
+        entry = self.blocks.pop(first, None)
+        if entry is not None:
+            self.bytes -= sum(len(p) + PARITY_SHARE_OVERHEAD for p in entry[1].values())
+        return entry
+
+    def clear(self) -> None:
+        self.blocks.clear()
+        self.bytes = 0
 
 
 class Receiver:
@@ -126,23 +204,28 @@ class Receiver:
         self.sender_addr: Optional[Addr] = None
         self.layout: Optional[Layout] = None
         self.manifest: Optional[wire.Manifest] = None
-        self._digests = bytearray()
-        self._digests_known = RangeSet()
+        self._digests = _Digests()
         self.have = RangeSet()  # sequence numbers written
         self.verified = RangeSet()  # chunks whose digest checked out
         self._unverified = RangeSet()  # complete chunks waiting for their manifest page
+        self._claimed = RangeSet()  # chunks a resume record claims, not re-hashed yet
         self.resumed_chunks = 0
         self._highest = -1  # highest first-transmission seq seen
         self._total_seq: Optional[int] = None  # from END
         self._group_hint = 1
         self._last_heard = now
-        self._since_save = 0
+        self._unsaved_since: Optional[float] = None  # first verification not in the record yet
 
         self._gap_timers: list[tuple[float, int, int, bool]] = []  # heap of (deadline, start, end, retry)
         # NACKs still awaiting repair: [sent at, retry due at, ranges, last repair datagram
         # for it at (None: nothing yet; -1.0: only parity shares of its blocks so far),
         # highest seq served for it so far (-1: none)]
         self._rounds: deque[list] = deque()
+        # Kept as rounds come and go, not rebuilt per timer (at 50% loss that rebuild was
+        # most of the receiver's CPU): the union of the rounds' ranges (disjoint: a round
+        # asks only for what no live round asks for) and the earliest retry due.
+        self._requested = RangeSet()
+        self._rounds_due = math.inf
         self._loss = 0.0  # first-transmission loss, per-datagram EWMA over ~loss_horizon
         self._loss_pos: Optional[int] = None  # highest seq the estimate accounts for
         self._last_loss_sent = -1e18  # last NACK or loss report (both carry the loss)
@@ -159,8 +242,8 @@ class Receiver:
         self._whole = blake3.blake3()
         self._whole_next = 0  # next chunk the whole-file hasher needs
 
-        # FEC: block first seq -> (block end, share index -> payload); nominal k of the sender
-        self._parity: dict[int, tuple[int, dict[int, bytes]]] = {}
+        # FEC: shares held per block; nominal k of the sender
+        self._parity = _ParityStore(config.max_parity_bytes)
         self._fec_k = 0
         self._fec_chunks: set[int] = set()  # chunks holding rebuilt data not yet verified
 
@@ -317,8 +400,12 @@ class Receiver:
         if self.complete:
             return self._complete_at
         times = [self._last_heard + self.config.idle_timeout]
-        if self._gap_timers:
-            times.append(max(self._gap_timers[0][0], self._last_round + self.config.nack_tick))
+        if self._unsaved_since is not None:
+            times.append(self._unsaved_since + self.config.state_save_interval)
+        if self._claims_due():
+            times.append(self._last_heard)  # now: re-hash the next slice of claimed chunks
+        if self._gap_timers or self._rounds:
+            times.append(max(self._nack_due(), self._last_round + self.config.nack_tick))
         report = self._report_due()
         if report is not None:
             times.append(report)
@@ -334,7 +421,12 @@ class Receiver:
         if now >= self._last_heard + self.config.idle_timeout:
             self._fail("sender silent")
             return
-        if self._gap_timers and now >= max(self._gap_timers[0][0], self._last_round + self.config.nack_tick):
+        if self._claims_due():
+            self._check_claims(now)
+            if self.complete:
+                return
+        self._maybe_save(now)
+        if (self._gap_timers or self._rounds) and now >= max(self._nack_due(), self._last_round + self.config.nack_tick):
             self._fire_nack(now)
         self._maybe_report(now)
 
@@ -373,12 +465,10 @@ class Receiver:
             self.stats.drops["manifest_mismatch"] += 1
             return
         count = len(msg.digests) // wire.CHUNK_DIGEST_LEN
-        if count == 0 or self._digests_known.contains_range(msg.first_chunk, msg.first_chunk + count):
+        if count == 0 or self._digests.known.contains_range(msg.first_chunk, msg.first_chunk + count):
             return
-        lo = msg.first_chunk * wire.CHUNK_DIGEST_LEN
-        self._digests[lo : lo + len(msg.digests)] = msg.digests
-        self._digests_known.add(msg.first_chunk, msg.first_chunk + count)
-        for start, end in list(self._unverified):
+        self._digests.add(msg.first_chunk, msg.digests)
+        for start, end in self._unverified.covered(msg.first_chunk, msg.first_chunk + count):
             s, e = max(start, msg.first_chunk), min(end, msg.first_chunk + count)
             for chunk in range(s, e):
                 self._unverified.discard(chunk)
@@ -388,7 +478,6 @@ class Receiver:
     def _start(self, msg: wire.Manifest, now: float) -> None:
         self.manifest = msg
         layout = self.layout = Layout(msg.file_size, msg.chunk_size, msg.payload_size)
-        self._digests = bytearray(layout.chunk_count * wire.CHUNK_DIGEST_LEN)
         resume = self._resume
         if (
             resume is not None
@@ -396,17 +485,14 @@ class Receiver:
             and resume.get("size") == msg.file_size
             and resume.get("chunk") == msg.chunk_size
         ):
+            # Claimed chunks count as held (not NACKed) but not as verified: each is
+            # re-hashed (_check_claims) once its digest is known; a mismatch re-fetches it.
             for s, e in RangeSet.from_list(resume.get("verified", [])):
-                for chunk in range(s, min(e, layout.chunk_count)):
-                    if self.config.verify_resume:
-                        continue  # re-hash once the digest page arrives
-                    self.verified.add(chunk)
-                    self.have.add(*layout.chunk_seqs(chunk))
-                if self.config.verify_resume:
-                    for chunk in range(s, min(e, layout.chunk_count)):
-                        self.have.add(*layout.chunk_seqs(chunk))
-                        self._unverified.add(chunk)
-            self.resumed_chunks = self.verified.count + self._unverified.count
+                e = min(e, layout.chunk_count)
+                if s < e:
+                    self._claimed.add(s, e)
+                    self.have.add(layout.chunk_seqs(s)[0], layout.chunk_seqs(e - 1)[1])
+            self.resumed_chunks = self._claimed.count
         self._events.append(
             ManifestReceived(msg.session, msg.name, msg.file_size, layout.chunk_count, self.resumed_chunks)
         )
@@ -448,7 +534,7 @@ class Receiver:
         self.have.add(seq)
         if self._parity:
             first = fec.block_of(layout, seq, self._fec_k)[2]
-            if first in self._parity:
+            if first in self._parity.blocks:
                 self._try_decode(first)  # one more data share may complete the block
         start, end = layout.chunk_seqs(chunk)
         if self.have.contains_range(start, end):
@@ -476,16 +562,13 @@ class Receiver:
         if self.complete or self.have.contains_range(first, end):
             self.stats.parity_unneeded += 1
             return
-        entry = self._parity.get(first)
-        if entry is None:
-            if len(self._parity) >= MAX_PARITY_BLOCKS:
-                self.stats.drops["parity_overflow"] += 1
-                return
-            entry = self._parity[first] = (end, {})
-        if msg.index in entry[1]:
+        held = self._parity.add(first, end, msg.index, msg.payload)
+        if held is None:
+            self.stats.drops["parity_overflow"] += 1
+            return
+        if not held:
             self.stats.duplicates += 1
             return
-        entry[1][msg.index] = msg.payload
         if self._rounds:
             self._sample_repair(now, first, end)
         chunk = msg.chunk
@@ -499,15 +582,15 @@ class Receiver:
         """Rebuild a block's missing datagrams once data + shares reach k; True if done."""
         layout = self.layout
         assert layout is not None
-        end, shares = self._parity[first]
+        end, shares = self._parity.blocks[first]
         k_eff = end - first
         missing = k_eff - self.have.count_in(first, end)
         if missing == 0:
-            del self._parity[first]
+            self._parity.pop(first)
             return False
         if len(shares) < missing:
             return False
-        del self._parity[first]
+        self._parity.pop(first)
         chunk, offset, _ = layout.locate(first)
         base = chunk * layout.chunk_size + offset
         _, last_off, last_len = layout.locate(end - 1)
@@ -560,10 +643,8 @@ class Receiver:
             # retries of requests still out.
             retry = self._retry_delay()
             for r in self._rounds:
-                if r[0] + retry < r[1]:
-                    r[1] = max(now, r[0] + retry)
-                    for s, e in r[2]:
-                        self._add_gap(now, s, e, delay=r[1] - now)
+                r[1] = min(r[1], max(now, r[0] + retry))
+            self._rounds_due = min((r[1] for r in self._rounds), default=math.inf)
         if msg.total_seq > self._highest + 1:
             self._add_gap(now, self._highest + 1, msg.total_seq)  # lost tail
             self._highest = msg.total_seq - 1
@@ -579,25 +660,25 @@ class Receiver:
         assert layout is not None
         if chunk in self.verified:
             return
-        if chunk not in self._digests_known:
+        if chunk not in self._digests.known:
             self._unverified.add(chunk)
             return
         data = self._sink.read(chunk * layout.chunk_size, layout.chunk_len(chunk))
-        expected = bytes(self._digests[chunk * wire.CHUNK_DIGEST_LEN : (chunk + 1) * wire.CHUNK_DIGEST_LEN])
         rebuilt = chunk in self._fec_chunks
         self._fec_chunks.discard(chunk)
-        if wire.chunk_digest(data) == expected:
+        if wire.chunk_digest(data) == self._digests.get(chunk):
             self.verified.add(chunk)
             if chunk == self._whole_next:
                 self._whole.update(data)
                 self._whole_next += 1
                 self._feed_whole()
-            self._since_save += 1
-            if self._since_save >= self.config.state_save_every:
-                self._save_state()
+            if self._unsaved_since is None:
+                self._unsaved_since = now
+            self._maybe_save(now)
             return
-        # Corrupt (forged or damaged fragment or parity share): forget the whole chunk,
-        # and any shares held for it, and ask again.
+        # Corrupt (forged or damaged fragment or parity share, or a chunk a resume record
+        # claimed that is not what the disk holds): forget the whole chunk, and any
+        # shares held for it, and ask again.
         self.stats.corrupt_chunks += 1
         if rebuilt:
             self.stats.drops["corrupt_parity"] += 1
@@ -605,7 +686,7 @@ class Receiver:
         self.have.discard(start, end)
         if self._parity and self._fec_k:
             for first in range(start, end, self._fec_k):
-                self._parity.pop(first, None)
+                self._parity.pop(first)
         self._events.append(ChunkCorrupt(chunk))
         self._add_gap(now, start, end)
 
@@ -617,7 +698,7 @@ class Receiver:
         self._feed_whole()
         digest = self._whole.digest()
         if digest != self.manifest.file_digest:
-            self._fail("whole-file digest mismatch")
+            self._fail("whole-file digest mismatch", record_bad=True)
             return
         self.complete = True
         # Gaps whose NACK never went out because a repair filled them first.
@@ -648,15 +729,50 @@ class Receiver:
         self._send(wire.Complete(self.manifest.session, self.receiver_id, self.manifest.file_digest))
         self._complete_at = now + self.config.complete_interval
 
-    def _save_state(self) -> None:
-        self._since_save = 0
-        self._sink.save_state(self.snapshot_state())
+    def _check_claims(self, now: float) -> None:
+        """Re-hash chunks a resume record claims, whose digests are known, up to
+        ``resume_check_bytes`` per call (in file order, so the whole-file hasher reads
+        each once); a mismatch is re-fetched like any corrupt chunk."""
+        layout = self.layout
+        assert layout is not None
+        budget = self.config.resume_check_bytes
+        while budget > 0 and self._claimed:
+            s, e = next(iter(self._claimed))
+            known = self._digests.known.covered(s, e)
+            if not known:
+                return  # the first claimed run's page has not come yet (pages repeat)
+            chunk = known[0][0]
+            self._claimed.discard(chunk)
+            budget -= layout.chunk_len(chunk)
+            corrupt = self.stats.corrupt_chunks
+            self._verify_chunk(chunk, now)
+            if self.stats.corrupt_chunks > corrupt:
+                self.resumed_chunks -= 1
+        self._check_done(now)
 
-    def _fail(self, reason: str) -> None:
+    def _claims_due(self) -> bool:
+        """A claimed chunk can be re-hashed now (its digest page arrived)."""
+        if not self._claimed or self.layout is None:
+            return False
+        s, e = next(iter(self._claimed))
+        return bool(self._digests.known.count_in(s, e))
+
+    def _maybe_save(self, now: float) -> None:
+        if self._unsaved_since is not None and now >= self._unsaved_since + self.config.state_save_interval:
+            self._save_state()
+
+    def _save_state(self, record: Optional[bytes] = None) -> None:
+        self._unsaved_since = None
+        self._sink.save_state(self.snapshot_state() if record is None else record)
+
+    def _fail(self, reason: str, record_bad: bool = False) -> None:
+        """Stop. The record is saved for a restart to resume from -- unless it is what
+        failed (``record_bad``): then it is emptied, so a restart starts over instead of
+        failing the same way forever."""
         if not self.failed:
             self.failed = True
             self._gap_timers.clear()
-            self._save_state()
+            self._save_state(b"" if record_bad else None)
             self._events.append(Failed(reason))
 
     # ------------------------------------------------------------------ NACKs
@@ -699,6 +815,8 @@ class Receiver:
         """A repair for [start, end) arrived (``served``: a datagram it asked for, not
         just a parity share of its block): time it against the oldest NACK round that
         asked for any of it."""
+        if not self._requested.count_in(start, end):
+            return  # no round asked for it
         for entry in self._rounds:
             sent_at, _, ranges, last, _ = entry
             if ranges.count_in(start, end):
@@ -728,6 +846,8 @@ class Receiver:
         for s, e in ranges.covered(entry[4] + 1, seq):
             for gs, ge in self.have.missing(s, e):
                 self._add_gap(now, gs, ge, delay=self.config.nack_tick)
+        for s, e in ranges.covered(0, seq):
+            self._requested.discard(s, e)
         ranges.discard(0, seq)
         entry[4] = seq
 
@@ -736,6 +856,10 @@ class Receiver:
             when = now + (self._backoff() if delay is None else delay)
             heapq.heappush(self._gap_timers, (when, start, end, delay is not None))
 
+    def _nack_due(self) -> float:
+        """When the next gap timer or round retry falls due."""
+        return min(self._gap_timers[0][0] if self._gap_timers else math.inf, self._rounds_due)
+
     def _fire_nack(self, now: float) -> None:
         """Gaps whose timers expired: NACK what is still missing and not already asked for."""
         layout = self.layout
@@ -743,20 +867,9 @@ class Receiver:
             self._gap_timers.clear()
             return
         self._last_round = now
-        if any(now >= r[1] for r in self._rounds):
-            # Each round expires when its own retry timer fires (the retry delay adapts,
-            # so rounds need not expire in the order they were sent) -- unless its
-            # repairs are still arriving: a big request is being served, not lost.
-            quiet = max(0.01, 8 * self._gap_s)
-            for r in self._rounds:
-                if now >= r[1] and r[3] is not None and now - r[3] < quiet and r[2].count > 1:
-                    r[1] = now + self._retry_delay()
-            self._rounds = deque(r for r in self._rounds if now < r[1])
-        requested = RangeSet()
-        for _, _, ranges, _, _ in self._rounds:
-            for s, e in ranges:
-                requested.add(s, e)
-        due = RangeSet()
+        due = self._expire_rounds(now) if now >= self._rounds_due else RangeSet()
+        requested = self._requested
+        retry_delay: Optional[float] = None
         while self._gap_timers and now >= self._gap_timers[0][0]:
             _, start, end, retry = heapq.heappop(self._gap_timers)
             if self.have.contains_range(start, end):
@@ -764,7 +877,9 @@ class Receiver:
                     self.stats.nacks_suppressed += 1  # repaired (for someone else) before we asked
                 continue
             if retry and requested and requested.count_in(start, end):
-                self._add_gap(now, start, end, delay=self._retry_delay())  # still being served
+                if retry_delay is None:
+                    retry_delay = self._retry_delay()
+                self._add_gap(now, start, end, delay=retry_delay)  # still being served
                 continue
             due.add(start, end)
         wanted: list[tuple[int, int]] = []
@@ -788,12 +903,33 @@ class Receiver:
         for s, e in wanted:
             self._add_gap(now, s, e, delay=self.config.nack_tick if after_end else None)
 
+    def _expire_rounds(self, now: float) -> RangeSet:
+        """Rounds whose retry fell due: what they asked for is due again (the caller
+        NACKs what is still missing). Each round expires when its own retry falls due
+        (the retry delay adapts, so rounds need not expire in the order they were sent)
+        -- unless its repairs are still arriving: a big request is being served, not lost."""
+        quiet = max(0.01, 8 * self._gap_s)
+        keep: deque[list] = deque()
+        due = RangeSet()
+        for r in self._rounds:
+            if now >= r[1] and r[3] is not None and now - r[3] < quiet and r[2].count > 1:
+                r[1] = now + self._retry_delay()
+            if now < r[1]:
+                keep.append(r)
+                continue
+            for s, e in r[2]:
+                self._requested.discard(s, e)
+                due.add(s, e)
+        self._rounds = keep
+        self._rounds_due = min((r[1] for r in keep), default=math.inf)
+        return due
+
     def _credit_parity(self, wanted: list[tuple[int, int]], requested: RangeSet) -> list[tuple[int, int]]:
         """A block with p shares held and r holes needs only r - p more datagrams (any
         of them), so ask for no more than that, less what is already on request; the
         rest get rebuilt when those arrive."""
         asked = RangeSet(wanted)
-        for first, (end, shares) in self._parity.items():
+        for first, (end, shares) in self._parity.blocks.items():
             inside = asked.count_in(first, end)
             if not inside:
                 continue
@@ -862,13 +998,14 @@ class Receiver:
         # seconds, go silent past the sender's receiver_timeout and be failed while it
         # still needs repairs. (The sender ignores a range it already has queued, and
         # a request whose repairs are visibly arriving is not re-asked: see _fire_nack.)
-        outstanding = asked + sum(r[2].count for r in self._rounds)
+        for s, e in ranges:
+            self._requested.add(s, e)
+        outstanding = self._requested.count
         pace = self._gap_s * (1.0 - min(0.9, self._loss))
         serve = (2 if self._total_seq is None else 1) * outstanding * pace
         retry = min(self.config.nack_retry, self._retry_delay() + serve)
         self._rounds.append([now, now + retry, RangeSet(ranges), None, -1])
-        for s, e in ranges:  # ask again if the repair does not arrive
-            self._add_gap(now, s, e, delay=retry)
+        self._rounds_due = min(self._rounds_due, now + retry)  # then ask again for what is missing
 
     def _send(self, msg: wire.Message) -> None:
         if self.sender_addr is None:

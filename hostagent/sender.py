@@ -129,7 +129,7 @@ class SenderConfig:
         """Refuse settings that would break the wire format or the pacing maths."""
         if not MIN_CHUNK_SIZE <= self.chunk_size <= MAX_CHUNK_SIZE:
             raise ValueError(f"chunk_size must be {MIN_CHUNK_SIZE}..{MAX_CHUNK_SIZE}")
-        if not 64 <= self.payload_size <= self.max_datagram - wire.DATA_HEADER_LEN - wire.MAC_LEN:
+        if not wire.MIN_PAYLOAD <= self.payload_size <= self.max_datagram - wire.DATA_HEADER_LEN - wire.MAC_LEN:
             raise ValueError("payload_size does not fit max_datagram")
         if self.rate_bps <= 0:
             raise ValueError("rate must be positive")

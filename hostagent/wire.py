@@ -54,6 +54,14 @@ MAX_DATAGRAM = 65507
 # a future sender with other settings still decodes).
 MAX_CHUNK_SIZE = 16 * 1024 * 1024
 MAX_PAYLOAD = MAX_DATAGRAM - 64
+# A manifest is a promise the receiver sizes its work by, so it is held to what a real
+# file can need: chunks of at least MIN_CHUNK_SIZE (then a file of S bytes has at most
+# S / MIN_CHUNK_SIZE + 1 chunks, so an 84-byte manifest cannot declare 2^32 chunks of one
+# byte), datagrams of at least MIN_PAYLOAD, and at most MAX_CHUNK_COUNT chunks (16 TiB in
+# 1 MiB chunks). Equal to the sender's own minimums (hostagent.common).
+MIN_CHUNK_SIZE = 1024
+MIN_PAYLOAD = 64
+MAX_CHUNK_COUNT = 1 << 24
 MAX_FILE_SIZE = (1 << 63) - 1
 MAX_NAME_BYTES = 255
 U64_MAX = (1 << 64) - 1
@@ -493,7 +501,7 @@ def _decode_manifest(session: int, body: memoryview) -> Manifest:
     file_size = _u(fields[0], MAX_FILE_SIZE)
     chunk_size = _u(fields[1], MAX_CHUNK_SIZE)
     payload_size = _u(fields[2], MAX_PAYLOAD)
-    chunk_count = _u(fields[3], 1 << 32)
+    chunk_count = _u(fields[3], 1 << 64)
     file_digest = fields[4]
     page_index = _u(fields[5], 1 << 32)
     page_count = _u(fields[6], 1 << 32)
@@ -501,8 +509,10 @@ def _decode_manifest(session: int, body: memoryview) -> Manifest:
     digests = fields[8]
     name = fields[9]
     hint = _u(fields[10], (1 << 32) - 1)
-    if chunk_size == 0 or payload_size == 0:
-        raise BadField("zero chunk or payload size")
+    if chunk_size < MIN_CHUNK_SIZE or payload_size < MIN_PAYLOAD:
+        raise BadField(f"chunk size below {MIN_CHUNK_SIZE} or payload size below {MIN_PAYLOAD}")
+    if chunk_count > MAX_CHUNK_COUNT:
+        raise BadField(f"{chunk_count} chunks: more than {MAX_CHUNK_COUNT}")
     if chunk_count != -(-file_size // chunk_size):
         raise BadField("chunk count does not match file size")
     if type(file_digest) is not bytes or len(file_digest) != FILE_DIGEST_LEN:

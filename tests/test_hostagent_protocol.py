@@ -197,7 +197,7 @@ def test_restarted_receiver_resumes_from_saved_state() -> None:
     sim = Sim(data, sender_config(expected_receivers=3))
     sim.add_receiver()
     sim.add_receiver()
-    crashy = sim.add_receiver(ReceiverConfig(state_save_every=4), down=(0.1, 0.2))
+    crashy = sim.add_receiver(ReceiverConfig(state_save_interval=0.02), down=(0.1, 0.2))
     sim.run(until=60)
     assert_all_verified(sim, data)
     total = sim.sender.layout.total_seq

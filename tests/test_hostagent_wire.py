@@ -19,7 +19,7 @@ u32 = st.integers(0, (1 << 32) - 1)
 
 @st.composite
 def manifests(draw):
-    chunk_size = draw(st.integers(1, 1 << 20))
+    chunk_size = draw(st.integers(wire.MIN_CHUNK_SIZE, 1 << 20))
     chunk_count = draw(st.integers(0, 50))
     file_size = 0 if chunk_count == 0 else draw(
         st.integers((chunk_count - 1) * chunk_size + 1, chunk_count * chunk_size))
@@ -28,7 +28,7 @@ def manifests(draw):
     page_count = draw(st.integers(1, 100))
     return Manifest(
         session=draw(u64), file_size=file_size, chunk_size=chunk_size,
-        payload_size=draw(st.integers(1, 9000)), chunk_count=chunk_count,
+        payload_size=draw(st.integers(wire.MIN_PAYLOAD, 9000)), chunk_count=chunk_count,
         file_digest=draw(st.binary(min_size=32, max_size=32)),
         page_index=draw(st.integers(0, page_count - 1)), page_count=page_count,
         first_chunk=first, digests=draw(st.binary(min_size=16 * n, max_size=16 * n)),
