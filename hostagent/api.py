@@ -280,7 +280,10 @@ class ReceiveResult:
     nacks: int
     repairs_received: int
     duplicates: int
-    resumed_chunks: int
+    resumed_chunks: int  # chunks a resume record claimed that re-hashed correctly
+    corrupt_chunks: int  # chunks that failed their digest (received, or claimed by the record) and were re-fetched
+    resume_records: int  # resume records made durable (fdatasync of the data, then the record)
+    record_sync_s: float  # time those took, in the writer thread (not the receive loop)
     authenticated: bool
     verify_s: Optional[float]
     nacks_suppressed: int
@@ -609,6 +612,7 @@ def _listen(out: str, opts: ReceiveOptions, receiver: Receiver, sink: FileSink, 
     ok = isinstance(end, FileComplete)
     if ok and receiver.manifest is not None:
         sink.finish(receiver.manifest.file_size)
+    records = sink.record_stats
     stats = receiver.stats
     size = receiver.manifest.file_size if receiver.manifest else 0
     # Goodput from the first datagram of the file to verification (not our idle wait).
@@ -624,7 +628,8 @@ def _listen(out: str, opts: ReceiveOptions, receiver: Receiver, sink: FileSink, 
         goodput_mbit=_goodput(size, elapsed) if ok else 0.0,
         datagrams_received=stats.datagrams_in, bytes_received=stats.bytes_in, nacks=stats.nacks_sent,
         repairs_received=stats.repairs_received, duplicates=stats.duplicates,
-        resumed_chunks=receiver.resumed_chunks, authenticated=key is not None,
+        resumed_chunks=receiver.resumed_chunks, corrupt_chunks=stats.corrupt_chunks,
+        resume_records=records[0], record_sync_s=round(records[1], 3), authenticated=key is not None,
         verify_s=round(marks["end_at"] - first, 3) if "end_at" in marks else None,
         nacks_suppressed=stats.nacks_suppressed, parity_received=stats.parity_received,
         fec_recovered=stats.fec_recovered, nack_seqs=stats.nack_seqs_requested, gro=loop.gro,

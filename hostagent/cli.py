@@ -13,6 +13,7 @@ The transfer itself is ``hostagent.api``; this module is arguments, output and e
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import sys
@@ -284,8 +285,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except (CliError, TransferError, ControllerError, ValueError) as exc:
         print(f"modelcast: error: {exc}", file=sys.stderr)
         return 1
-    except OSError as exc:
-        print(f"modelcast: error: {exc.strerror or exc}", file=sys.stderr)
+    except OSError as exc:  # one line naming the file and the errno (ENOSPC: disk full), no traceback
+        where = f"{exc.filename}: " if exc.filename else ""
+        code = f" ({errno.errorcode[exc.errno]})" if exc.errno in errno.errorcode else ""
+        print(f"modelcast: error: {where}{exc.strerror or exc}{code}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("modelcast: interrupted", file=sys.stderr)

@@ -19,6 +19,7 @@ import os
 import selectors
 import socket
 import struct
+import threading
 import time
 from dataclasses import dataclass
 from typing import Callable, Optional, Union
@@ -80,36 +81,135 @@ class FileSource:
         os.close(self._fd)
 
 
+class _RecordWriter:
+    """Makes resume records durable off the receive loop: for the latest record handed
+    over, ``fdatasync`` the data file (everything the record claims was written before it
+    was handed over), then write the record to a temporary file, fsync it, rename it over
+    the old one and fsync the directory. A crash at any point leaves the old record or
+    the new one, each claiming only data already on disk. Records handed over while one
+    is being written collapse into the newest."""
+
+    def __init__(self, data_fd: int, data_path: str, path: str) -> None:
+        self._fd = data_fd
+        self._data_path = data_path
+        self._path = path
+        self._pending: Optional[bytes] = None
+        self._busy = False
+        self._closed = False
+        self._cond = threading.Condition()
+        self.error: Optional[OSError] = None  # the first failure, with the path it hit
+        self.saves = 0
+        self.sync_s = 0.0  # time spent making records durable (in this thread)
+        self._thread = threading.Thread(target=self._run, name="modelcast-record", daemon=True)
+        self._thread.start()
+
+    def submit(self, state: bytes) -> None:
+        with self._cond:
+            self._pending = state
+            self._cond.notify()
+
+    def flush(self) -> None:
+        """Wait until every record handed over is written (or failed)."""
+        with self._cond:
+            while self._pending is not None or self._busy:
+                self._cond.wait()
+
+    def close(self) -> None:
+        self.flush()
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while self._pending is None and not self._closed:
+                    self._cond.wait()
+                if self._pending is None:
+                    return
+                state, self._pending, self._busy = self._pending, None, True
+            started = time.perf_counter()
+            try:
+                self._write(state)
+            except OSError as exc:
+                if self.error is None:
+                    self.error = exc
+            finally:
+                with self._cond:
+                    self._busy = False
+                    self.saves += 1
+                    self.sync_s += time.perf_counter() - started
+                    self._cond.notify_all()
+
+    def _write(self, state: bytes) -> None:
+        try:
+            os.fdatasync(self._fd)
+        except OSError as exc:
+            raise OSError(exc.errno, exc.strerror, self._data_path) from None
+        tmp = self._path + ".tmp"
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                os.write(fd, state)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, self._path)
+            dirfd = os.open(os.path.dirname(os.path.abspath(self._path)), os.O_RDONLY)
+            try:
+                os.fsync(dirfd)
+            finally:
+                os.close(dirfd)
+        except OSError as exc:
+            raise OSError(exc.errno, exc.strerror, self._path) from None
+
+
 class FileSink:
-    """ChunkSink over a file plus a resume record next to it (``PATH.modelcast-state``)."""
+    """ChunkSink over a file plus a resume record next to it (``PATH.modelcast-state``),
+    made durable after the data it claims (``_RecordWriter``). I/O errors name the path."""
 
     def __init__(self, path: str) -> None:
         self.path = path
         self.state_path = path + STATE_SUFFIX
         self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        self._records = _RecordWriter(self._fd, path, self.state_path)
 
     def write(self, offset: int, data: bytes | memoryview) -> None:
-        os.pwrite(self._fd, data, offset)
+        try:
+            os.pwrite(self._fd, data, offset)
+        except OSError as exc:
+            raise OSError(exc.errno, exc.strerror, self.path) from None
 
     def write_many(self, offset: int, parts: list[memoryview]) -> None:
         """Consecutive pieces (a GRO batch's payloads) in one ``pwritev``."""
         want = sum(len(p) for p in parts)
-        done = os.pwritev(self._fd, parts, offset)
-        if done != want:  # short write (disk full shows as an error on the retry)
-            blob = b"".join(parts)
-            while done < want:
-                done += os.pwrite(self._fd, blob[done:], offset + done)
+        try:
+            done = os.pwritev(self._fd, parts, offset)
+            if done != want:  # short write (disk full shows as an error on the retry)
+                blob = b"".join(parts)
+                while done < want:
+                    done += os.pwrite(self._fd, blob[done:], offset + done)
+        except OSError as exc:
+            raise OSError(exc.errno, exc.strerror, self.path) from None
 
     def read(self, offset: int, length: int) -> bytes:
         return os.pread(self._fd, length, offset)
 
     def save_state(self, state: bytes) -> None:
-        tmp = self.state_path + ".tmp"
-        with open(tmp, "wb") as handle:
-            handle.write(state)
-        os.replace(tmp, self.state_path)
+        """Hand the record to the writer thread; a failure it hit (ENOSPC writing the
+        record) is raised here, with its path."""
+        if self._records.error is not None:
+            raise self._records.error
+        self._records.submit(state)
+
+    @property
+    def record_stats(self) -> tuple[int, float]:
+        """(records written, seconds spent making them durable, off the receive loop)."""
+        return self._records.saves, self._records.sync_s
 
     def load_state(self) -> Optional[bytes]:
+        self._records.flush()  # what was handed over is what a restart would read
         try:
             with open(self.state_path, "rb") as handle:
                 return handle.read()
@@ -118,6 +218,7 @@ class FileSink:
 
     def finish(self, size: int) -> None:
         """Trim stale bytes from an older, longer file and drop the resume record."""
+        self._records.close()
         os.ftruncate(self._fd, size)
         os.fsync(self._fd)
         try:
@@ -126,6 +227,8 @@ class FileSink:
             pass
 
     def close(self) -> None:
+        """Write the last record handed over (a failure now keeps the previous one)."""
+        self._records.close()
         os.close(self._fd)
 
 
