@@ -2,7 +2,7 @@
 
     python -m bench.agent [--size-mb 96] [--rate-cap 1000] [--mtu 9000] [--receivers 1,4]
                           [--runs 3] [--methods modelcast,tcp,uftp] [--out docs/bench]
-                          [--no-asymmetry] [--smoke]
+                          [--no-asymmetry] [--smoke] [--work DIR]
 
 A kernel-bridge lab (Linux bridge, one netns per host: the agent, not the switch, is
 what is measured), the sender's NIC capped with ``tc tbf`` at ``--rate-cap``:
@@ -14,6 +14,11 @@ what is measured), the sender's NIC capped with ``tc tbf`` at ``--rate-cap``:
   random: does one lossy receiver slow the group? modelcast clean, modelcast with the
   lossy receiver, UFTP with the lossy receiver; the clean receivers' times are compared
   with their times in the clean run.
+
+Method ``modelcast-norecord`` is modelcast with the receivers' resume records off during
+the transfer (``--resume-interval`` beyond its length): next to ``modelcast`` in the same
+run it prices the records (fdatasync, then the record). The files go to ``--work``
+(default ``/dev/shm``, where a sync costs nothing: give a disk directory to see its cost).
 
 Writes ``agent.json`` (every run) and ``agent.md`` (medians) to ``--out``.
 """
@@ -41,7 +46,8 @@ from lab.controller import stamp_printer
 from lab.models import ModelFile, file_digest, make_model
 from lab.sh import LabError
 
-METHODS = ("modelcast", "tcp", "uftp")
+METHODS = ("modelcast", "tcp", "uftp", "modelcast-norecord")
+NO_RECORD = ("--resume-interval", "1e9")
 GB = 1e9
 
 
@@ -91,7 +97,8 @@ def _summary(out: Path) -> dict[str, Any]:
 
 
 def run_modelcast(lab: BridgeLab, model: ModelFile, receivers: list[int], rate: float,
-                  work: Path, timeout: float, extra: tuple[str, ...] = ()) -> Run:
+                  work: Path, timeout: float, extra: tuple[str, ...] = (),
+                  recv_extra: tuple[str, ...] = ()) -> Run:
     """The real CLI: receivers first (they wait for the stream), then the sender."""
     work.mkdir(parents=True, exist_ok=True)
     group = f"232.{random.randint(1, 254)}.{random.randint(1, 254)}.{random.randint(1, 254)}"
@@ -101,7 +108,7 @@ def run_modelcast(lab: BridgeLab, model: ModelFile, receivers: list[int], rate: 
     for h in receivers:
         out = work / f"rx{h}.bin"
         procs[h] = (out, _agent(lab, h, work / f"recv-{h}", "recv", "--group", addr, "--source", src,
-                                "--out", str(out), "--json", "--timeout", str(timeout)))
+                                "--out", str(out), "--json", "--timeout", str(timeout), *recv_extra))
     time.sleep(0.5)  # joined before the stream starts
     t0 = time.monotonic()
     sender = _agent(lab, 0, work / "send", "send", str(model.path), "--group", addr, "--interface",
@@ -142,8 +149,11 @@ def _from_baseline(res: B.RunResult) -> Run:
 
 def one(method: str, lab: BridgeLab, model: ModelFile, receivers: list[int], rate: float,
         work: Path, index: int, mtu: int, timeout: float) -> Run:
-    if method == "modelcast":
-        return run_modelcast(lab, model, receivers, rate, work, timeout)
+    if method.startswith("modelcast"):
+        res = run_modelcast(lab, model, receivers, rate, work, timeout,
+                            recv_extra=NO_RECORD if method == "modelcast-norecord" else ())
+        res.method = method
+        return res
     if method == "tcp":
         return _from_baseline(B.tcp_fanout(lab, 0, receivers, model.path, work, timeout=timeout))
     group = f"232.201.{index // 250}.{index % 250 + 1}"
@@ -265,7 +275,7 @@ def run(args: argparse.Namespace) -> int:
     say = stamp_printer()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    base = Path("/dev/shm") if Path("/dev/shm").is_dir() else None
+    base = Path(args.work) if args.work else Path("/dev/shm") if Path("/dev/shm").is_dir() else None
     work = Path(tempfile.mkdtemp(prefix="modelcast-bench-agent-", dir=base))
     meta = {"machine": machine(), "date": time.strftime("%Y-%m-%d"), "size_mb": args.size_mb,
             "rate_cap": args.rate_cap, "mtu": args.mtu, "runs": args.runs,
@@ -293,7 +303,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--mtu", type=int, default=9000)
     ap.add_argument("--receivers", default="1,4")
     ap.add_argument("--runs", type=int, default=3)
-    ap.add_argument("--methods", default=",".join(METHODS))
+    ap.add_argument("--methods", default=",".join(METHODS[:3]))
+    ap.add_argument("--work", default=None, help="directory for the files (default /dev/shm)")
     ap.add_argument("--timeout", type=float, default=120, help="per transfer, seconds")
     ap.add_argument("--asymmetry", action=argparse.BooleanOptionalAction, default=True,
                     help="also run the one-lossy-receiver scenario (default on)")

@@ -116,6 +116,9 @@ class ReceiveOptions(_Common):
     source: str
     timeout: float = 30.0  # give up after this long without the sender
     gro: bool = True  # ask the kernel for UDP GRO
+    # A crash loses at most this long of progress: the resume record (data fdatasynced
+    # first) is written at most this long after chunks verify.
+    resume_interval: float = ReceiverConfig.state_save_interval
     on_complete: Optional[str] = None  # command run as `CMD OUT_PATH` after verification
     hook_stdout: Optional[IO[Any]] = None  # where that command's stdout goes (None: ours)
 
@@ -570,7 +573,8 @@ def _receive(out: str, opts: ReceiveOptions, group: tuple[str, int], source_ip: 
         raise
     metrics = None
     try:
-        receiver = Receiver(sink, ReceiverConfig(key=key, idle_timeout=opts.timeout), time.monotonic(),
+        config = ReceiverConfig(key=key, idle_timeout=opts.timeout, state_save_interval=opts.resume_interval)
+        receiver = Receiver(sink, config, time.monotonic(),
                             state=sink.load_state())
         emit(ReceiveStarted(out, group))
         metrics = _serve_metrics(opts, "receiver", lambda: receiver.stats, lambda: _held_bytes(receiver), emit)

@@ -196,6 +196,7 @@ def cmd_recv(args: argparse.Namespace) -> int:
         raise CliError("--model is required with --controller")
     options = ReceiveOptions(
         **_common(args, secret), source=args.source, timeout=args.timeout, gro=not args.no_gro,
+        resume_interval=args.resume_interval,
         # The hook's stdout must not corrupt our single JSON line: send it to stderr.
         on_complete=args.on_complete, hook_stdout=sys.stderr if args.json else None,
     )
@@ -272,6 +273,8 @@ def build_parser() -> argparse.ArgumentParser:
     recv.add_argument("--out", required=True, help="output path (e.g. /dev/shm/model.bin); written in place")
     recv.add_argument("--timeout", type=float, default=ReceiveOptions.timeout, help="give up after this long without the sender")
     recv.add_argument("--no-gro", action="store_true", help="do not ask the kernel for UDP GRO")
+    recv.add_argument("--resume-interval", type=float, default=ReceiveOptions.resume_interval, metavar="SECONDS",
+                      help="make the resume record durable at most this long after progress (default %(default)s)")
     recv.add_argument("--on-complete", metavar="CMD", help="run CMD OUT_PATH after verification (exit status in summary)")
     return parser
 
