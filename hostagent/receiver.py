@@ -443,11 +443,21 @@ class Receiver:
                 "digest": self.manifest.file_digest,
                 "size": self.manifest.file_size,
                 "chunk": self.manifest.chunk_size,
-                "verified": self.verified.to_list(),
+                "verified": self._held_for_record().to_list(),
                 "complete": self.complete,
                 "rid": self.receiver_id,
             }
         )
+
+    def _held_for_record(self) -> RangeSet:
+        """Verified chunks, plus the previous record's claims not re-hashed yet (a crash
+        during the re-check must not forget them; they are checked again next time)."""
+        if not self._claimed:
+            return self.verified
+        held = self.verified.copy()
+        for s, e in self._claimed:
+            held.add(s, e)
+        return held
 
     @property
     def missing_seqs(self) -> int:

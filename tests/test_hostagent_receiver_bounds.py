@@ -225,3 +225,26 @@ def test_a_record_that_failed_is_not_saved_again() -> None:
     half.handle_timer(5.0)
     assert half.failed and _pairs(silent_sink.state), "a valid record was not kept"
     assert blake3.blake3(data).digest() == msgpack.unpackb(silent_sink.state, raw=False)["digest"]
+
+
+def test_a_crash_during_the_recheck_does_not_forget_the_claims() -> None:
+    """Claims not re-hashed yet stay in every record saved meanwhile."""
+    data = payload(512 * KIB)
+    cfg = sender_config(chunk_size=16 * KIB, expected_receivers=1, session_id=9)
+    sim = Sim(data, cfg)
+    first = sim.add_receiver()
+    sim.run(until=60)
+    sink = MemorySink()
+    sink.data[:] = data
+    rx = Receiver(sink, ReceiverConfig(resume_check_bytes=16 * KIB, state_save_interval=0.0), 0.0,
+                  state=_record(first.receiver, range(0, 20)))
+    for page in build_manifest_pages(MemorySource(data), cfg, 9):
+        rx.receive_datagram(wire.encode(page), SENDER_ADDR, 0.0)
+    for step in range(5):  # one chunk re-hashed per timer
+        assert rx.get_timer() is not None and rx.get_timer() <= 0.001 * step
+        rx.handle_timer(0.001 * step)
+    assert rx.verified.count == 5
+    assert _pairs(sink.state) == [(0, 20)]
+    again = Receiver(MemorySink(), ReceiverConfig(), 0.0, state=sink.state)
+    again.receive_datagram(wire.encode(build_manifest_pages(MemorySource(data), cfg, 9)[0]), SENDER_ADDR, 0.0)
+    assert again.resumed_chunks == 20
