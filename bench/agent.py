@@ -126,20 +126,24 @@ def run_modelcast(lab: BridgeLab, model: ModelFile, receivers: list[int], rate: 
     except subprocess.TimeoutExpired:
         sender.kill()
     ok = sender.returncode == 0 and len(done) == len(procs)
-    cpu_rx = 0.0
+    cpu_rx = sync_s = 0.0
+    records = 0
     for h, (out, p) in procs.items():
         if p.poll() is None:
             p.kill()
         s = _summary(work / f"recv-{h}")
         ok = ok and p.returncode == 0 and file_digest(out) == model.digest
         cpu_rx += s.get("cpu_s") or 0.0
+        records += s.get("resume_records") or 0
+        sync_s += s.get("record_sync_s") or 0.0
         out.unlink(missing_ok=True)
     s = _summary(work / "send")
     return Run("", "modelcast", len(receivers), max(done.values(), default=float("nan")), ok,
                0.0, model.size, s.get("cpu_s"), cpu_rx, {f"h{h}": t for h, t in sorted(done.items())},
                {"repair_pct": 100 * (s.get("repair_bytes") or 0) / max(1, model.size),
                 "rate_decreases": s.get("rate_decreases"), "goodput_mbit": s.get("goodput_mbit"),
-                "error": s.get("error") if not ok else None})
+                "error": s.get("error") if not ok else None,
+                "resume_records": records, "record_sync_s": round(sync_s, 3)})
 
 
 def _from_baseline(res: B.RunResult) -> Run:
