@@ -162,6 +162,10 @@ class _RecordWriter:
             finally:
                 os.close(dirfd)
         except OSError as exc:
+            try:
+                os.unlink(tmp)  # a half-written temporary (disk full) only takes space
+            except OSError:
+                pass
             raise OSError(exc.errno, exc.strerror, self._path) from None
 
 

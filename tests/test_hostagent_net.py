@@ -193,3 +193,38 @@ def test_a_full_queue_is_a_drop_but_a_refused_gso_falls_back_for_good() -> None:
     sock = _FullQueue(errno.EIO)
     DatagramWriter(sock, ("232.1.1.1", 1), True, stats).send(items)  # type: ignore[arg-type]
     assert not stats.gso and stats.send_drops == 0 and sock.sent == [d for d, _ in items]
+
+
+def test_file_sink_syncs_the_data_before_the_record_that_claims_it(tmp_path, monkeypatch) -> None:
+    """The record is written off the caller's thread: fdatasync of the data file, then a
+    temporary record fsynced and renamed over the old one; a restart reads the newest."""
+    import hostagent.net as net
+
+    calls: list[str] = []
+    real_fdatasync, real_replace = os.fdatasync, os.replace
+    monkeypatch.setattr(net.os, "fdatasync", lambda fd: (calls.append("fdatasync"), real_fdatasync(fd))[1])
+    monkeypatch.setattr(net.os, "replace", lambda a, b: (calls.append("replace"), real_replace(a, b))[1])
+    sink = FileSink(str(tmp_path / "o.bin"))
+    sink.write(0, b"data")
+    sink.save_state(b"one")
+    sink.save_state(b"two")
+    assert sink.load_state() == b"two"
+    sink.close()
+    assert calls[:2] == ["fdatasync", "replace"] and calls.count("fdatasync") == calls.count("replace")
+    assert not (tmp_path / "o.bin.modelcast-state.tmp").exists()
+
+
+def test_file_sink_errors_name_the_path(tmp_path, monkeypatch) -> None:
+    import hostagent.net as net
+
+    sink = FileSink(str(tmp_path / "o.bin"))
+
+    def full(*args: object) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(net.os, "pwrite", full)
+    with pytest.raises(OSError) as info:
+        sink.write(0, b"x")
+    assert info.value.errno == errno.ENOSPC and info.value.filename == str(tmp_path / "o.bin")
+    monkeypatch.undo()
+    sink.close()
