@@ -34,6 +34,16 @@ PARITY shares are kept per FEC block while the block has holes; as soon as data 
 shares reach the block's k, the missing datagrams are rebuilt (``hostagent.fec``) and
 written like any fragment, so the chunk digest still decides what is good. A NACK asks
 only for as many datagrams of a block as the held shares do not already cover.
+
+Work is bounded by what arrives, not by what a peer claims: the wire refuses manifests
+with tiny chunks or huge chunk counts, chunk digests are stored per page received, held
+parity shares are capped in bytes, and the NACK bookkeeping is kept incrementally.
+
+Resume: a record of the verified chunks is handed to the sink at most
+``state_save_interval`` after progress (the sink makes the data durable first). A
+restarted receiver treats the chunks its record claims as held but re-hashes each
+before it counts (a slice per timer call, interleaved with receiving); a claim that does
+not match is re-fetched. A whole-file digest failure empties the record.
 """
 
 from __future__ import annotations
