@@ -195,6 +195,9 @@ def build_manifest_pages(source: ChunkSource, config: SenderConfig, session: int
     from hostagent.manifest's cache); split the digest list into pages that each fit in
     one datagram."""
     layout = Layout(source.size, config.chunk_size, config.payload_size)
+    if layout.chunk_count > wire.MAX_CHUNK_COUNT:  # receivers refuse such a manifest
+        raise ValueError(f"{layout.chunk_count} chunks of {config.chunk_size} bytes: at most "
+                         f"{wire.MAX_CHUNK_COUNT}; use a larger chunk size")
     digests, file_digest = known if known is not None else file_digests(source, config.chunk_size)
     budget = config.max_datagram - wire.HEADER_LEN - wire.MAC_LEN - _DIGESTS_PER_PAGE_BUDGET
     budget -= len(config.name.encode())

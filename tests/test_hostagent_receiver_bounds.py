@@ -248,3 +248,14 @@ def test_a_crash_during_the_recheck_does_not_forget_the_claims() -> None:
     again = Receiver(MemorySink(), ReceiverConfig(), 0.0, state=sink.state)
     again.receive_datagram(wire.encode(build_manifest_pages(MemorySource(data), cfg, 9)[0]), SENDER_ADDR, 0.0)
     assert again.resumed_chunks == 20
+
+
+def test_sender_refuses_a_file_receivers_would_refuse() -> None:
+    class Huge:
+        size = (wire.MAX_CHUNK_COUNT + 1) * 1024
+
+        def read(self, offset: int, length: int) -> bytes:
+            raise AssertionError("must refuse before reading")
+
+    with pytest.raises(ValueError, match="use a larger chunk size"):
+        build_manifest_pages(Huge(), sender_config(chunk_size=1024), 1)  # type: ignore[arg-type]
