@@ -433,7 +433,7 @@ class Receiver:
             return
         if self._claims_due():
             self._check_claims(now)
-            if self.complete:
+            if self.complete or self.failed:
                 return
         self._maybe_save(now)
         if (self._gap_timers or self._rounds) and now >= max(self._nack_due(), self._last_round + self.config.nack_tick):
