@@ -39,6 +39,7 @@ only for as many datagrams of a block as the held shares do not already cover.
 from __future__ import annotations
 
 import heapq
+import hmac
 import math
 import random
 from collections import deque
@@ -586,7 +587,7 @@ class Receiver:
         expected = bytes(self._digests[chunk * wire.CHUNK_DIGEST_LEN : (chunk + 1) * wire.CHUNK_DIGEST_LEN])
         rebuilt = chunk in self._fec_chunks
         self._fec_chunks.discard(chunk)
-        if wire.chunk_digest(data) == expected:
+        if hmac.compare_digest(wire.chunk_digest(data), expected):
             self.verified.add(chunk)
             if chunk == self._whole_next:
                 self._whole.update(data)
@@ -616,7 +617,7 @@ class Receiver:
         assert self.manifest is not None
         self._feed_whole()
         digest = self._whole.digest()
-        if digest != self.manifest.file_digest:
+        if not hmac.compare_digest(digest, self.manifest.file_digest):
             self._fail("whole-file digest mismatch")
             return
         self.complete = True

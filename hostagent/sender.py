@@ -33,6 +33,7 @@ Like aioquic's QuicConnection it never touches a socket or a clock: feed it
 from __future__ import annotations
 
 import dataclasses
+import hmac
 import random
 from collections import deque
 from dataclasses import dataclass
@@ -493,7 +494,7 @@ class Sender:
         peer = self._peer(msg.receiver_id, addr, now)
         if peer is None:
             return
-        if msg.file_digest != self.file_digest:
+        if not hmac.compare_digest(msg.file_digest, self.file_digest):
             # A real receiver verifies before it says COMPLETE: this one is broken or
             # forged. It fails alone; the transfer's verdict rests on the others.
             if not (peer.failed or peer.completed):
