@@ -63,6 +63,9 @@ MAX_PARITY_BLOCKS = 4096  # blocks with held shares; bounds memory (a late joine
 class ReceiverConfig:
     receiver_id: Optional[int] = None  # None: random 64-bit id
     session_id: Optional[int] = None  # None: lock onto the first session whose manifest arrives
+    # The file the announced transfer sends (None: any): a manifest of another is refused,
+    # so a replayed earlier transfer cannot be "completed" (README "Security").
+    file_digest: Optional[bytes] = None
     key: Optional[bytes] = None
     # Upper bound of the random NACK delay. Must exceed the sender's aggregation window
     # plus a round trip, or the first multicast repair comes too late to suppress anyone.
@@ -225,6 +228,17 @@ class Receiver:
         else:
             self.stats.drops["unexpected_type"] += 1
 
+    def expect(self, session: int, file_digest: Optional[bytes], key: bytes) -> bool:
+        """A transfer announced after this receiver started (see ``ReceiverConfig``):
+        from now on only its datagrams count. Refused (False) once a manifest locked the
+        receiver onto a transfer: it finishes that one."""
+        if self.manifest is not None:
+            return False
+        self.session = session
+        self.config.file_digest = file_digest
+        self._key = self.config.key = key
+        return True
+
     def receive_batch(self, data: memoryview, seg: int, addr: Addr, now: float) -> None:
         """A GRO super-packet: datagrams of ``seg`` bytes back to back (the last may be
         shorter), all from ``addr``; ``seg`` <= 0 means one datagram. Same outcome as
@@ -365,6 +379,10 @@ class Receiver:
     # ------------------------------------------------------------------ handlers
 
     def _on_manifest(self, msg: wire.Manifest, now: float) -> None:
+        expected = self.config.file_digest
+        if self.manifest is None and expected is not None and not hmac.compare_digest(msg.file_digest, expected):
+            self.stats.drops["wrong_file"] += 1
+            return
         self._group_hint = max(self._group_hint, msg.receivers_hint)
         if self.manifest is None:
             self._start(msg, now)

@@ -189,6 +189,14 @@ class FakeController:
             if method == "GET" and len(parts) == 3:
                 g["reads"] += 1
                 return 200, self._view(g)
+            if method == "POST" and len(parts) == 4 and parts[3] == "rekey":
+                g["key"] = f"{int(g['key'][:2], 16) + 1 & 0xFF:02x}" * 32  # a fresh key every time
+                for name in ("session", "file_digest"):
+                    if (body or {}).get("session"):
+                        g[name] = (body or {}).get(name)
+                    else:
+                        g.pop(name, None)
+                return 200, self._view(g)
             if len(parts) == 5 and parts[3] == "receivers":
                 if method == "PUT":
                     if parts[4] not in g["receivers"]:
