@@ -17,7 +17,8 @@ the sweep sees every receiver's losses in it.
 
 Repairs that serve the group (multicast, parity) go first; per-receiver unicast repairs
 then take turns, one datagram per receiver, so one lagging receiver's backlog never holds
-back the repairs of the others.
+back the repairs of the others. Every group repair names the receivers that asked for
+it, so the sender can charge them (``pacing.PeerBudget``): a multicast is no free lunch.
 
 The planner only decides; ``Sender`` builds the datagrams for what ``next_repair`` and
 ``next_proactive`` hand out. No clock and no socket: every call takes ``now``.
@@ -28,7 +29,7 @@ from __future__ import annotations
 import random
 from bisect import bisect_right
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Optional, Protocol, Union
 
 import hostagent.fec as fec
@@ -49,10 +50,12 @@ class PeerState(Protocol):
 
 @dataclass(frozen=True)
 class PlainRepair:
-    """Send data datagram ``seq`` again: to the group, or by unicast to ``receiver_id``."""
+    """Send data datagram ``seq`` again: to the group, or by unicast to ``receiver_id``.
+    A multicast names the receivers that asked for it (``askers``): they pay for it."""
 
     seq: int
     receiver_id: Optional[int]  # None: multicast
+    askers: tuple[int, ...] = field(default=(), compare=False)
 
 
 @dataclass(frozen=True)
@@ -66,6 +69,7 @@ class ParityRepair:
     end: int
     index: int
     remaining: tuple[int, ...]
+    askers: tuple[int, ...] = field(default=(), compare=False)  # on demand: who pays (proactive: nobody)
 
 
 Repair = Union[PlainRepair, ParityRepair]
@@ -78,6 +82,7 @@ class _ParityJob:
     count: int
     indices: Optional[tuple[int, ...]] = None  # chosen when the job reaches the queue head
     sent: int = 0
+    askers: tuple[int, ...] = ()
 
 
 class RepairPlanner:
@@ -111,7 +116,8 @@ class RepairPlanner:
         # NACK aggregation and repair queue
         self._window: dict[int, RangeSet] = {}
         self._window_any = RangeSet()  # union of this window's requests
-        self._repairs: deque[Union[list, _ParityJob]] = deque()  # group repairs: [None, start, end] or parity
+        # group repairs: [None, start, end, askers] or parity
+        self._repairs: deque[Union[list, _ParityJob]] = deque()
         self._unicast: dict[int, deque[list]] = {}  # receiver -> its [receiver, start, end] ranges, in order
         self._turns: deque[int] = deque()  # receivers with unicast repairs queued, next first
         self._queued_mc = RangeSet()
@@ -187,7 +193,9 @@ class RepairPlanner:
                     # Re-asking for our own lost unicast repair is not a second asker.
                     parts = [p for s, e in parts for p in own.missing(s, e)]
                 for s, e in parts:
-                    self._queue_repair_split(s, e, {rid}, shared=True)
+                    # Everyone who asked for it in this window pays its share.
+                    askers = {rid} | {r for r, asked in self._window.items() if asked.count_in(s, e)}
+                    self._queue_repair_split(s, e, askers, shared=True)
                     for other in self._window.values():
                         other.discard(s, e)
                     self._window_any.discard(s, e)
@@ -284,7 +292,7 @@ class RepairPlanner:
         if shared or len(receivers) >= self._threshold:
             for s, e in self._queued_mc.missing(start, end):
                 self._queued_mc.add(s, e)
-                self._repairs.append([None, s, e])
+                self._repairs.append([None, s, e, tuple(receivers)])
             return
         for rid in receivers:
             queued = self._queued_uc.setdefault(rid, RangeSet())
@@ -328,14 +336,14 @@ class RepairPlanner:
                 else:
                     self._parity_pending.pop(share.first, None)
                 return share
-            _, seq, end = entry
+            _, seq, end, askers = entry
             entry[1] += 1
             if entry[1] >= end:
                 self._repairs.popleft()
             self._queued_mc.discard(seq)
             self._recent_mc.append((now, seq, seq + 1))
             self._recent_mc_set.add(seq)
-            return PlainRepair(seq, None)
+            return PlainRepair(seq, None, askers)
         while self._turns:
             rid = self._turns.popleft()
             own = self._unicast[rid]
@@ -389,7 +397,7 @@ class RepairPlanner:
         job.sent += 1
         if job.sent >= len(job.indices):
             queue.popleft()
-        return ParityRepair(job.chunk, job.block, first, end, remaining[0], remaining)
+        return ParityRepair(job.chunk, job.block, first, end, remaining[0], remaining, job.askers)
 
     # ------------------------------------------------------------------ FEC
 
@@ -459,7 +467,7 @@ class RepairPlanner:
             anticipate = self._anticipate and others >= 0.5
             if not (cost < plain or (cost == plain and anticipate)):
                 continue
-            self._repairs.append(_ParityJob(chunk, block, m))
+            self._repairs.append(_ParityJob(chunk, block, m, askers=tuple(wanting)))
             self._parity_pending[first] = pending + m
             for rid, parts in asks.items():
                 window[rid].discard(first, end)

@@ -21,7 +21,9 @@ datagram from any other host is dropped before it creates any state; without a l
 every host may join, up to ``max_peers``. A peer's address is pinned at its first
 datagram: another host using its id is dropped (a HELLO from the same host, new port, is
 the receiver restarted and moves it). Repairs are bounded per peer (``max_nack_ranges``
-per NACK, ``repair_budget`` times the file in unicast bytes in total), a wrong-digest
+per NACK; ``repair_budget`` times the file in total and ``repair_rate`` of the cap per
+second, counting its unicast repairs and its share of the multicast and parity repairs
+it asked for: ``pacing.PeerBudget``), a wrong-digest
 COMPLETE fails that receiver only, and the transfer ends early only when every admitted
 receiver is resolved: forged COMPLETEs cannot close it under the real receivers.
 
@@ -47,7 +49,7 @@ from .common import GROUP, MAX_CHUNK_SIZE, MIN_CHUNK_SIZE, Addr, ChunkSource, De
 from .events import (
     ReceiverCompleted, ReceiverFailed, ReceiverJoined, SenderEvent, StreamFinished, TransferFinished,
 )
-from .pacing import LossClassifier, Pacer, RepairBudget, Verdict
+from .pacing import LossClassifier, Pacer, PeerBudget, RepairBudget, Verdict
 from .repair import ParityRepair, RepairPlanner
 
 _DIGESTS_PER_PAGE_BUDGET = 120  # bytes of a manifest page spent on fixed fields
@@ -116,9 +118,15 @@ class SenderConfig:
     # Ranges of one NACK taken in; the rest are ignored (bounded work per NACK). 1024 holds
     # a full standard-MTU NACK (~700 ranges); a jumbo one (~4400) is cut, and re-asked.
     max_nack_ranges: int = 1024
-    # Unicast repair bytes one peer may cost, as a multiple of the file's datagram bytes
-    # (plus a margin of 64 datagrams); beyond, its requests are ignored.
+    # Repair bytes one peer may cost, as a multiple of the file's datagram bytes (plus a
+    # margin of 64 datagrams): unicast repairs to it, and its share of every multicast
+    # or parity repair it asked for. Beyond, its requests are ignored.
     repair_budget: float = 1.5
+    # ... and how fast: bytes/s per peer as a fraction of the rate cap, in bursts of up
+    # to repair_burst seconds at that rate. A request is cut to what the peer can
+    # afford now (counted: repair_rate_limited); a real receiver asks again.
+    repair_rate: float = 0.5
+    repair_burst: float = 1.0
     # FEC: datagrams per parity block (0: off, plain per-datagram repair only).
     fec_k: int = 0
     fec_overhead: float = 0.0  # proactive parity shares per data datagram (e.g. 0.02)
@@ -154,6 +162,8 @@ class SenderConfig:
             raise ValueError("fec_overhead must be in [0, 1] and needs fec_k")
         if self.max_peers < 1 or self.max_nack_ranges < 1 or self.repair_budget <= 0 or self.hello_expiry <= 0:
             raise ValueError("max_peers, max_nack_ranges, repair_budget and hello_expiry must be positive")
+        if not 0 < self.repair_rate <= 1 or self.repair_burst <= 0:
+            raise ValueError("repair_rate must be in (0, 1] and repair_burst > 0")
         if fec.MAX_SHARES - self.fec_k - (int(self.fec_overhead * self.fec_k) + 2) < 32:
             # keep share indices free for several on-demand repair rounds per block
             raise ValueError("fec_overhead too large for fec_k")
@@ -167,7 +177,7 @@ class _Peer:
     completed: bool = False
     failed: bool = False
     loss: float = 0.0  # first-transmission loss it reported in its last NACK
-    repair_bytes: int = 0  # unicast repair bytes sent to it (bounded by the repair budget)
+    budget: Optional[PeerBudget] = None  # what its repairs may cost (set on admission)
     rejected: bool = False  # sent a COMPLETE with a wrong digest: failed, without failing the transfer
 
 
@@ -280,6 +290,8 @@ class Sender:
         self._repair_cap = int(config.repair_budget * (
             self.layout.file_size + self.layout.total_seq * (wire.DATA_HEADER_LEN + wire.MAC_LEN))) \
             + 64 * config.max_datagram
+        self._peer_rate = config.repair_rate * config.rate_bps / 8  # bytes/s
+        self._datagram_bytes = config.payload_size + wire.DATA_HEADER_LEN + wire.MAC_LEN
         self._last_activity = now
         self.finished = False
         self.closed = False
@@ -459,7 +471,9 @@ class Sender:
             self.stats.drops["peer_table_full"] += 1
             return None
         self._last_activity = now
-        peer = self.peers[rid] = _Peer(rid, addr, now)
+        peer = self.peers[rid] = _Peer(rid, addr, now, budget=PeerBudget(
+            self._repair_cap, self._peer_rate, self._peer_rate * self.config.repair_burst, now,
+            unit=self._datagram_bytes))
         self._open.add(rid)
         if hello:
             self._fresh[rid] = None
@@ -582,11 +596,9 @@ class Sender:
             # Bounded work per NACK; a real receiver asks again for the rest.
             self.stats.drops["nack_ranges_cut"] += 1
             asked = asked[: self.config.max_nack_ranges]
-        if peer.repair_bytes >= self._repair_cap:
-            self.stats.drops["repair_budget_spent"] += 1
-            asked = ()
         limit = self._next_seq  # cannot repair what has not been sent yet
         ranges = [(start, min(end, limit)) for start, end in asked if min(end, limit) > start]
+        ranges = self._affordable(peer, ranges, now)
         # The receiver measures loss of first transmissions since its last NACK, so this
         # is recent loss, not a late joiner catching up. Whether it is congestion (the
         # group's) or this receiver's own is judged when the window closes.
@@ -596,6 +608,33 @@ class Sender:
         window = self.nack_window
         self._repair.nack(msg.receiver_id, ranges, now, window)
         self._repair.open_window(now + window, self._loss.pending)
+
+    def _affordable(self, peer: _Peer, ranges: list[tuple[int, int]], now: float) -> list[tuple[int, int]]:
+        """The leading part of ``ranges`` the peer's repair budget still covers."""
+        budget = peer.budget
+        assert budget is not None
+        if not ranges:
+            return ranges
+        if budget.exhausted:
+            self.stats.drops["repair_budget_spent"] += 1
+            return []
+        left = int(budget.affordable(now) // self._datagram_bytes)
+        kept: list[tuple[int, int]] = []
+        for start, end in ranges:
+            if left <= 0:
+                break
+            kept.append((start, min(end, start + left)))
+            left -= kept[-1][1] - start
+        if sum(e - s for s, e in kept) < sum(e - s for s, e in ranges):
+            self.stats.drops["repair_rate_limited"] += 1
+        return kept
+
+    def _charge(self, askers: tuple[int, ...], nbytes: int, now: float) -> None:
+        """A group repair's cost, split among the receivers that asked for it."""
+        for rid in askers:
+            peer = self.peers.get(rid)
+            if peer is not None and peer.budget is not None:
+                peer.budget.charge(nbytes / len(askers), now)
 
     def _close_window(self, now: float) -> None:
         """Plan the repairs of the window's requests, then judge its loss reports: only
@@ -659,18 +698,21 @@ class Sender:
             raw = self._parity(repair)
             self.stats.repairs_parity += 1
             self.stats.repair_bytes_parity += len(raw)
+            self._charge(repair.askers, len(raw), now)
             return raw, GROUP
         if repair.receiver_id is None:
             raw = self._data(repair.seq, repair=True, multicast=True)
             self.stats.repairs_multicast += 1
             self.stats.repair_bytes_multicast += len(raw)
+            self._charge(repair.askers, len(raw), now)
             return raw, GROUP
         peer = self.peers[repair.receiver_id]
         raw = self._data(repair.seq, repair=True, multicast=False)
         self.stats.repairs_unicast += 1
         self.stats.repair_bytes_unicast += len(raw)
-        peer.repair_bytes += len(raw)
-        if peer.repair_bytes >= self._repair_cap:
+        assert peer.budget is not None
+        peer.budget.charge(len(raw), now)
+        if peer.budget.exhausted:
             self._repair.forget(peer.receiver_id)  # budget spent: its queue goes too
         return raw, peer.addr
 
