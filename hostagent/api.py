@@ -54,6 +54,11 @@ __all__ = [
 _ANY = "0.0.0.0"
 PROGRESS_INTERVAL = 0.1  # seconds between on_progress calls
 _PROBE_GROUP = "232.0.1.1"  # any SSM address takes the multicast route
+# With a controller, the sender holds its data (manifests only) until the expected
+# receivers said HELLO, at most this long: they pick the announced key up within their
+# 0.1 s poll (_WATCH_POLL), and data sent before that would have to be repaired.
+_START_WAIT = 1.0
+_WATCH_POLL = 0.1
 
 
 class TransferError(Exception):
@@ -382,6 +387,7 @@ def _send(path: str, opts: SendOptions, source: FileSource, interface: str, emit
             # receivers accept nothing else, so an earlier transfer cannot be replayed to them.
             info = client.rekey(int(info["id"]), f"{config.session_id:016x}", pages[0].file_digest.hex())
             announced = True
+            config.start_wait = _START_WAIT
             if config.key is None:
                 config.key = session_key(info)
             _require_key(config.key, opts, emit, "the controller gave no session key (no --token?)")
@@ -623,7 +629,7 @@ def _await_announced(client: ControllerClient, gid: int, joined: dict, secret_ke
     if first is not None:
         return first
     group = client.wait_until(lambda: client.get_group(gid), lambda g: _announced(g, secret_key) is not None,
-                              f"the source of group {gid} to announce a transfer", timeout, 0.05,
+                              f"the source of group {gid} to announce a transfer", timeout, _WATCH_POLL,
                               unreachable_ok=True)
     found = _announced(group, secret_key)
     assert found is not None
@@ -659,12 +665,18 @@ def _receive(out: str, opts: ReceiveOptions, group: tuple[str, int], source_ip: 
         emit(ReceiveStarted(out, group))
         metrics = _serve_metrics(opts, "receiver", lambda: receiver.stats, lambda: _held_bytes(receiver), emit)
         if joined is not None:
-            watcher = _GroupWatcher(joined[0], joined[1], 0.1)
+            watcher = _GroupWatcher(joined[0], joined[1], _WATCH_POLL)
 
         def reannounced() -> None:
             """Before a manifest locks it, the receiver follows a new announcement (the
-            one it joined with was left behind by an earlier sender that crashed)."""
-            g = watcher.changed() if watcher is not None and receiver.manifest is None else None
+            one it joined with was left behind by an earlier sender that crashed);
+            then it stops asking."""
+            if watcher is None:
+                return
+            if receiver.manifest is not None:
+                watcher.stop()
+                return
+            g = watcher.changed()
             new = _announced(g, key) if g is not None else None
             if new is not None and (new.session, new.key) != (receiver.session, receiver.config.key) and new.key:
                 receiver.expect(new.session, new.file_digest, new.key)  # type: ignore[arg-type]

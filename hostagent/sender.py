@@ -99,6 +99,12 @@ class SenderConfig:
     repair_share: float = 0.1
     manifest_every: int = 64  # data datagrams between manifest pages while streaming
     manifest_interval: float = 0.25  # manifest page repeat when not streaming
+    # Hold the data back (manifest pages only, every hold_interval) until the expected
+    # receivers said HELLO, for at most this long: receivers of a controller learn the
+    # transfer's key from its announcement a poll after the sender made it, and data
+    # sent before they can check it is data they must ask for again. 0: no hold.
+    start_wait: float = 0.0
+    hold_interval: float = 0.02
     end_interval: float = 0.1
     expected_receivers: Optional[int] = None
     receiver_timeout: float = 5.0  # incomplete receiver silent this long after END: failed
@@ -256,6 +262,7 @@ class Sender:
         self._page_cursor = 0
         self._last_manifest = now
         self._stream_done_at: Optional[float] = None
+        self._hold_until: Optional[float] = now + config.start_wait if config.start_wait > 0 else None
         self._last_end = -1e18
         self._budget = RepairBudget(config.repair_share, _REPAIR_BURST)
 
@@ -363,7 +370,9 @@ class Sender:
         times: list[float] = []
         if self._repair.deadline is not None:
             times.append(self._repair.deadline)
-        if self._has_paced_work():
+        if self._hold_until is not None:
+            times.append(min(self._hold_until, self._last_manifest + self.config.hold_interval))
+        elif self._has_paced_work():
             times.append(self._pacer.next_send_at())
         if self._stream_done_at is None:
             times.append(self._last_manifest + self.config.manifest_interval)
@@ -661,7 +670,20 @@ class Sender:
     def _has_paced_work(self) -> bool:
         return self._repair.queued or self._repair.proactive_queued or self._next_seq < self.layout.total_seq
 
+    def _holding(self, now: float) -> bool:
+        """Still waiting for the expected receivers' HELLOs before the first data?"""
+        if self._hold_until is None:
+            return False
+        if now >= self._hold_until or len(self.peers) >= (self.config.expected_receivers or 1):
+            self._hold_until = None
+            return False
+        return True
+
     def _next_paced(self, now: float) -> Optional[tuple[bytes, Dest]]:
+        if self._holding(now):
+            if now >= self._last_manifest + self.config.hold_interval or not self.stats.manifests_sent:
+                return self._manifest_page(now), GROUP
+            return None
         share = self._repair.next_proactive()
         if share is not None:
             raw = self._parity(share)

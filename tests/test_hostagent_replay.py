@@ -94,3 +94,31 @@ def test_a_manifest_of_another_file_is_refused_and_expect_only_before_a_lock() -
     assert receiver.manifest is not None and receiver.manifest.file_digest == live.file_digest
     assert not receiver.expect(OLD_SESSION, None, K1)  # locked: it finishes its transfer
     assert receiver.session == NEW_SESSION
+
+
+def test_the_sender_holds_its_data_until_the_expected_receivers_said_hello() -> None:
+    """Receivers pick an announced transfer's key up a poll after the sender made it:
+    the sender sends only manifest pages until every expected receiver said HELLO (or
+    ``start_wait`` ran out), so no first transmission is wasted on them."""
+    def first_data_at(hellos: int) -> tuple[float, int]:
+        cfg = sender_config(key=K2, session_id=NEW_SESSION, expected_receivers=2, start_wait=1.0)
+        sender = Sender(MemorySource(payload(64 * KIB)), cfg, 0.0)
+        now, manifests = 0.0, 0
+        while now < 2.0:
+            now += 0.001
+            if now >= 0.3 and hellos:  # the receivers answer the announcement's manifests
+                for rid in range(hellos):
+                    sender.receive_datagram(wire.encode(wire.Hello(NEW_SESSION, rid), K2), ("rx", rid), now)
+                hellos = 0
+            sender.handle_timer(now)
+            for raw, _ in sender.datagrams_to_send(now):
+                kind = wire.peek_type(raw)
+                if kind == wire.T_DATA:
+                    return now, manifests
+                manifests += kind == wire.T_MANIFEST
+        raise AssertionError("no data in 2 s")
+
+    at, manifests = first_data_at(2)
+    assert 0.3 <= at < 0.31 and manifests >= 10  # at once after the HELLOs; pages every 20 ms before
+    at, _ = first_data_at(1)
+    assert 1.0 <= at < 1.01  # one never came: the hold ends after start_wait
