@@ -30,9 +30,8 @@ import pytest
 
 from lab.bridge import BridgeLab
 from lab.models import make_model
-from lab.sh import LabError
 from tests.support.agents import REPO, FakeController, cli_argv
-from tests.support.lab import need_lab, skip_or_fail
+from tests.support.lab import bridge_lab
 
 pytestmark = pytest.mark.lab
 
@@ -42,17 +41,8 @@ SENDER, RECEIVERS, ATTACKER = 0, (1, 2, 3), 4
 
 @pytest.fixture
 def lab5():
-    need_lab(ovs=False)
-    lab = BridgeLab(5)
-    try:
-        lab.start()
-    except LabError as exc:
-        skip_or_fail(str(exc))
-    try:
+    with bridge_lab(5) as lab:
         yield lab
-    finally:
-        lab.stop()
-        assert lab.leftovers() == [], "lab objects left behind"
 
 
 def _py(lab: BridgeLab, host: int, *args: str) -> subprocess.Popen:
