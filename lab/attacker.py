@@ -3,6 +3,7 @@ the attacker's lab namespace as ``python -m lab.attacker record|attack ...``.
 
 ``record`` joins the group (S,G) like any receiver could and saves every datagram of a
 transfer (``--out``, length-prefixed), stopping once the sender said it closes.
+Both commands print ``{"ready": true}`` once they listen, and one JSON result at the end.
 
 ``attack`` waits for the next transfer on the group, learns from its first datagrams
 what anyone on the segment can read (the sender's address, the session id, the file
@@ -75,8 +76,14 @@ class Forger:
         self.bytes += len(payload)
 
 
+def _ready() -> None:
+    """First line of output: joined and listening (start the transfer now)."""
+    print(json.dumps({"ready": True}), flush=True)
+
+
 def record(args: argparse.Namespace) -> None:
     sock = _join(args.group, args.port, args.source, args.local)
+    _ready()
     out: list[bytes] = []
     sender: Optional[tuple[str, int]] = None
     deadline = time.monotonic() + args.seconds
@@ -110,6 +117,7 @@ def attack(args: argparse.Namespace) -> None:
     own.bind((args.local, args.own_port))
     victim = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)  # ... and to the spoofed victim's
     victim.bind((args.victim, args.victim_port))
+    _ready()
     replay = _recorded(args.replay)
     replay_src = tuple(json.loads(args.replay_from))
     forger = Forger()

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import random
+import select
 import subprocess
 import sys
 
@@ -47,6 +48,15 @@ def lab5():
 
 def _py(lab: BridgeLab, host: int, *args: str) -> subprocess.Popen:
     return lab.popen(host, *args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+
+
+def _attacker(lab: BridgeLab, *args: str) -> subprocess.Popen:
+    """``python -m lab.attacker ARGS`` on the attacker host, once it listens."""
+    proc = _py(lab, ATTACKER, sys.executable, "-m", "lab.attacker", *args)
+    if not select.select([proc.stdout], [], [], 30)[0] or json.loads(proc.stdout.readline() or "{}") != {"ready": True}:
+        proc.kill()
+        raise AssertionError(f"attacker not ready: {proc.communicate()[1]}")
+    return proc
 
 
 def _transfer(lab: BridgeLab, fake: FakeController, model, outs: dict[int, str]) -> tuple[dict, dict[int, dict]]:
@@ -77,10 +87,9 @@ def test_a_third_host_cannot_forge_reflect_flood_or_replay(lab5: BridgeLab, tmp_
     old = make_model(tmp_path / "old.bin", 2 * 1024 * 1024, seed=1)
     new = make_model(tmp_path / "new.bin", 12 * 1024 * 1024, seed=2)
     where = ["--group", group, "--port", str(port), "--source", lab.ip(SENDER), "--local", lab.ip(ATTACKER)]
-    attacker_py = [sys.executable, "-m", "lab.attacker"]
     with FakeController(port, pending_polls=0, token=TOKEN, host=lab.gateway(), address=group) as fake:
         # Transfer 1, recorded from the wire by the attacker.
-        recorder = _py(lab, ATTACKER, *attacker_py, "record", *where, "--out", str(tmp_path / "t1.rec"))
+        recorder = _attacker(lab, "record", *where, "--out", str(tmp_path / "t1.rec"))
         first, _ = _transfer(lab, fake, old, {h: str(tmp_path / f"old{h}.bin") for h in RECEIVERS})
         rec_out, rec_err = recorder.communicate(timeout=30)
         recorded = json.loads(rec_out)
@@ -88,7 +97,7 @@ def test_a_third_host_cannot_forge_reflect_flood_or_replay(lab5: BridgeLab, tmp_
 
         # Transfer 2 of the same group, under attack.
         lab.add_loss(1, "random", port, pct=5.0)
-        attacker = _py(lab, ATTACKER, *attacker_py, "attack", *where, "--replay", str(tmp_path / "t1.rec"),
+        attacker = _attacker(lab, "attack", *where, "--replay", str(tmp_path / "t1.rec"),
                        "--replay-from", json.dumps(recorded["sender"]), "--victim", victim,
                        "--receiver-ip", lab.ip(1), "--subnet", lab.subnet)
         outs = {h: str(tmp_path / f"new{h}.bin") for h in RECEIVERS}
