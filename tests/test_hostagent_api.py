@@ -143,3 +143,21 @@ def test_failed_receive_returns_the_reason_leaves_and_skips_the_hook(tmp_path) -
     assert isinstance(events[0], hostagent.GroupJoined) and events[0].ip == "127.0.0.9"
     leaves = [(m, p) for m, p, _, _ in fake.calls].count(("DELETE", "/v1/groups/1/receivers/127.0.0.9"))
     assert leaves == 2  # it left the group both times
+
+
+def test_no_key_from_the_controller_is_refused_unless_insecure(tmp_path, monkeypatch) -> None:
+    """A controller that shows no key (this caller has no covering token) gives nothing
+    to authenticate with: refused, and the announcement is retired again; with
+    ``insecure`` the transfer goes ahead, unauthenticated, and says so."""
+    monkeypatch.delenv("MODELCAST_TOKEN", raising=False)
+    model = make_model(tmp_path / "m.bin", 1000)
+    with FakeController(5000, token="only-the-admin-has-it") as fake:
+        with pytest.raises(TransferError, match=r"the controller gave no session key \(no --token\?\).*--insecure"):
+            hostagent.send(str(model.path), SendOptions(controller=fake.url, interface=LOOPBACK, receivers=1))
+        assert [b for m, p, b, _ in fake.calls if p.endswith("/rekey")][-1] is None  # retired
+        events: list = []
+        with pytest.raises(hostagent.ControllerError, match="timed out"):  # (no receiver ever comes)
+            hostagent.send(str(model.path), SendOptions(controller=fake.url, interface=LOOPBACK, receivers=1,
+                                                        insecure=True, wait_timeout=0.2, poll=0.05),
+                           on_event=events.append)
+    assert hostagent.Unauthenticated("the controller gave no session key (no --token?)") in events
