@@ -681,7 +681,7 @@ def _receive(out: str, opts: ReceiveOptions, group: tuple[str, int], source_ip: 
             if new is not None and (new.session, new.key) != (receiver.session, receiver.config.key) and new.key:
                 receiver.expect(new.session, new.file_digest, new.key)  # type: ignore[arg-type]
 
-        return _listen(out, opts, receiver, sink, mc, uc, group, expect.key, emit, on_progress, reannounced)
+        return _listen(out, opts, receiver, sink, mc, uc, group, emit, on_progress, reannounced)
     finally:
         if watcher is not None:
             watcher.stop()
@@ -692,7 +692,7 @@ def _receive(out: str, opts: ReceiveOptions, group: tuple[str, int], source_ip: 
 
 
 def _listen(out: str, opts: ReceiveOptions, receiver: Receiver, sink: FileSink, mc: socket.socket,
-            uc: socket.socket, group: tuple[str, int], key: Optional[bytes], emit: OnEvent,
+            uc: socket.socket, group: tuple[str, int], emit: OnEvent,
             on_progress: Optional[Callable[[ReceiveProgress], None]],
             each_turn: Callable[[], None] = lambda: None) -> ReceiveResult:
     """Run the receiver's loop until it verified the file (and the sender acknowledged)
@@ -739,7 +739,7 @@ def _listen(out: str, opts: ReceiveOptions, receiver: Receiver, sink: FileSink, 
         goodput_mbit=_goodput(size, elapsed) if ok else 0.0,
         datagrams_received=stats.datagrams_in, bytes_received=stats.bytes_in, nacks=stats.nacks_sent,
         repairs_received=stats.repairs_received, duplicates=stats.duplicates,
-        resumed_chunks=receiver.resumed_chunks, authenticated=key is not None,
+        resumed_chunks=receiver.resumed_chunks, authenticated=receiver.config.key is not None,
         verify_s=round(marks["end_at"] - first, 3) if "end_at" in marks else None,
         nacks_suppressed=stats.nacks_suppressed, parity_received=stats.parity_received,
         fec_recovered=stats.fec_recovered, nack_seqs=stats.nack_seqs_requested, gro=loop.gro,
