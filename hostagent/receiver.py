@@ -386,9 +386,9 @@ class Receiver:
         self._group_hint = max(self._group_hint, msg.receivers_hint)
         if self.manifest is None:
             self._start(msg, now)
-        elif (msg.file_digest, msg.file_size, msg.chunk_size, msg.payload_size) != (
-            self.manifest.file_digest, self.manifest.file_size, self.manifest.chunk_size, self.manifest.payload_size
-        ):
+        elif not hmac.compare_digest(msg.file_digest, self.manifest.file_digest) or (
+            msg.file_size, msg.chunk_size, msg.payload_size
+        ) != (self.manifest.file_size, self.manifest.chunk_size, self.manifest.payload_size):
             self.stats.drops["manifest_mismatch"] += 1
             return
         count = len(msg.digests) // wire.CHUNK_DIGEST_LEN
