@@ -17,8 +17,9 @@ the sweep sees every receiver's losses in it.
 
 Repairs that serve the group (multicast, parity) go first; per-receiver unicast repairs
 then take turns, one datagram per receiver, so one lagging receiver's backlog never holds
-back the repairs of the others. Every group repair names the receivers that asked for
-it, so the sender can charge them (``pacing.PeerBudget``): a multicast is no free lunch.
+back the repairs of the others. Every group repair is charged, when queued, to the
+receivers that asked for it (``take_charges``; the sender splits its cost among them,
+``pacing.PeerBudget``): a multicast is no free lunch for whoever asks for it.
 
 The planner only decides; ``Sender`` builds the datagrams for what ``next_repair`` and
 ``next_proactive`` hand out. No clock and no socket: every call takes ``now``.
@@ -29,7 +30,7 @@ from __future__ import annotations
 import random
 from bisect import bisect_right
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Iterable, Mapping, Optional, Protocol, Union
 
 import hostagent.fec as fec
@@ -50,12 +51,10 @@ class PeerState(Protocol):
 
 @dataclass(frozen=True)
 class PlainRepair:
-    """Send data datagram ``seq`` again: to the group, or by unicast to ``receiver_id``.
-    A multicast names the receivers that asked for it (``askers``): they pay for it."""
+    """Send data datagram ``seq`` again: to the group, or by unicast to ``receiver_id``."""
 
     seq: int
     receiver_id: Optional[int]  # None: multicast
-    askers: tuple[int, ...] = field(default=(), compare=False)
 
 
 @dataclass(frozen=True)
@@ -69,7 +68,6 @@ class ParityRepair:
     end: int
     index: int
     remaining: tuple[int, ...]
-    askers: tuple[int, ...] = field(default=(), compare=False)  # on demand: who pays (proactive: nobody)
 
 
 Repair = Union[PlainRepair, ParityRepair]
@@ -82,7 +80,6 @@ class _ParityJob:
     count: int
     indices: Optional[tuple[int, ...]] = None  # chosen when the job reaches the queue head
     sent: int = 0
-    askers: tuple[int, ...] = ()
 
 
 class RepairPlanner:
@@ -116,8 +113,7 @@ class RepairPlanner:
         # NACK aggregation and repair queue
         self._window: dict[int, RangeSet] = {}
         self._window_any = RangeSet()  # union of this window's requests
-        # group repairs: [None, start, end, askers] or parity
-        self._repairs: deque[Union[list, _ParityJob]] = deque()
+        self._repairs: deque[Union[list, _ParityJob]] = deque()  # group repairs: [None, start, end] or parity
         self._unicast: dict[int, deque[list]] = {}  # receiver -> its [receiver, start, end] ranges, in order
         self._turns: deque[int] = deque()  # receivers with unicast repairs queued, next first
         self._queued_mc = RangeSet()
@@ -127,6 +123,7 @@ class RepairPlanner:
         self._recent_uc: deque[tuple[float, int, int, int]] = deque()  # (time, rid, start, end)
         self._recent_uc_set = RangeSet()  # unicast-repaired lately: a second asker means shared loss
         self._recent_uc_by: dict[int, RangeSet] = {}
+        self._charges: list[tuple[tuple[int, ...], int]] = []  # (askers, datagrams) queued for the group
 
         # FEC
         self._fec_k = fec_k
@@ -171,6 +168,12 @@ class RepairPlanner:
         if self.deadline is None and (self._window or congested):
             self.deadline = deadline
 
+    def take_charges(self) -> list[tuple[tuple[int, ...], int]]:
+        """The group repairs queued since the last call: (the receivers that asked,
+        datagrams), for the sender to charge to them."""
+        charges, self._charges = self._charges, []
+        return charges
+
     def forget(self, rid: int) -> None:
         """The receiver finished or gave up: drop its queued unicast repairs."""
         self._queued_uc.pop(rid, None)
@@ -193,11 +196,12 @@ class RepairPlanner:
                     # Re-asking for our own lost unicast repair is not a second asker.
                     parts = [p for s, e in parts for p in own.missing(s, e)]
                 for s, e in parts:
-                    # Everyone who asked for it in this window pays its share.
-                    askers = {rid} | {r for r, asked in self._window.items() if asked.count_in(s, e)}
+                    askers = {rid}  # everyone who asked for it in this window pays its share
+                    for other_rid, other in self._window.items():
+                        if other.count_in(s, e):
+                            askers.add(other_rid)
+                            other.discard(s, e)
                     self._queue_repair_split(s, e, askers, shared=True)
-                    for other in self._window.values():
-                        other.discard(s, e)
                     self._window_any.discard(s, e)
             # Whatever is now queued for multicast needs no per-receiver record.
             for s, e in self._queued_mc.missing(start, end) if self._queued_mc else [(start, end)]:
@@ -292,7 +296,8 @@ class RepairPlanner:
         if shared or len(receivers) >= self._threshold:
             for s, e in self._queued_mc.missing(start, end):
                 self._queued_mc.add(s, e)
-                self._repairs.append([None, s, e, tuple(receivers)])
+                self._repairs.append([None, s, e])
+                self._charges.append((tuple(receivers), e - s))
             return
         for rid in receivers:
             queued = self._queued_uc.setdefault(rid, RangeSet())
@@ -336,14 +341,14 @@ class RepairPlanner:
                 else:
                     self._parity_pending.pop(share.first, None)
                 return share
-            _, seq, end, askers = entry
+            _, seq, end = entry
             entry[1] += 1
             if entry[1] >= end:
                 self._repairs.popleft()
             self._queued_mc.discard(seq)
             self._recent_mc.append((now, seq, seq + 1))
             self._recent_mc_set.add(seq)
-            return PlainRepair(seq, None, askers)
+            return PlainRepair(seq, None)
         while self._turns:
             rid = self._turns.popleft()
             own = self._unicast[rid]
@@ -397,7 +402,7 @@ class RepairPlanner:
         job.sent += 1
         if job.sent >= len(job.indices):
             queue.popleft()
-        return ParityRepair(job.chunk, job.block, first, end, remaining[0], remaining, job.askers)
+        return ParityRepair(job.chunk, job.block, first, end, remaining[0], remaining)
 
     # ------------------------------------------------------------------ FEC
 
@@ -467,7 +472,8 @@ class RepairPlanner:
             anticipate = self._anticipate and others >= 0.5
             if not (cost < plain or (cost == plain and anticipate)):
                 continue
-            self._repairs.append(_ParityJob(chunk, block, m, askers=tuple(wanting)))
+            self._repairs.append(_ParityJob(chunk, block, m))
+            self._charges.append((tuple(wanting), m))
             self._parity_pending[first] = pending + m
             for rid, parts in asks.items():
                 window[rid].discard(first, end)

@@ -616,6 +616,7 @@ class Sender:
             self._pacer.congested = True  # looks like the group's: hold the rate increase until the verdict
         window = self.nack_window
         self._repair.nack(msg.receiver_id, ranges, now, window)
+        self._charge_group_repairs(now)
         self._repair.open_window(now + window, self._loss.pending)
 
     def _affordable(self, peer: _Peer, ranges: list[tuple[int, int]], now: float) -> list[tuple[int, int]]:
@@ -638,12 +639,15 @@ class Sender:
             self.stats.drops["repair_rate_limited"] += 1
         return kept
 
-    def _charge(self, askers: tuple[int, ...], nbytes: int, now: float) -> None:
-        """A group repair's cost, split among the receivers that asked for it."""
-        for rid in askers:
-            peer = self.peers.get(rid)
-            if peer is not None and peer.budget is not None:
-                peer.budget.charge(nbytes / len(askers), now)
+    def _charge_group_repairs(self, now: float) -> None:
+        """The multicast and parity repairs just queued, their cost split among the
+        receivers that asked for them (once per queued range, not per datagram)."""
+        for askers, datagrams in self._repair.take_charges():
+            share = datagrams * self._datagram_bytes / len(askers)
+            for rid in askers:
+                peer = self.peers.get(rid)
+                if peer is not None and peer.budget is not None:
+                    peer.budget.charge(share, now)
 
     def _close_window(self, now: float) -> None:
         """Plan the repairs of the window's requests, then judge its loss reports: only
@@ -651,6 +655,7 @@ class Sender:
         ``min_rate_bps`` (drops at our own link may)."""
         pacer = self._pacer
         self._repair.close_window(now, self.peers, self._next_seq, pacer.rate, self.nack_window)
+        self._charge_group_repairs(now)
         verdict = self._loss.verdict(now, self._taking_part())
         # Only congestion cuts; one receiver's own loss is repaired at the group's rate.
         pacer.congested = verdict in (Verdict.GROUP, Verdict.LINK)
@@ -720,13 +725,11 @@ class Sender:
             raw = self._parity(repair)
             self.stats.repairs_parity += 1
             self.stats.repair_bytes_parity += len(raw)
-            self._charge(repair.askers, len(raw), now)
             return raw, GROUP
         if repair.receiver_id is None:
             raw = self._data(repair.seq, repair=True, multicast=True)
             self.stats.repairs_multicast += 1
             self.stats.repair_bytes_multicast += len(raw)
-            self._charge(repair.askers, len(raw), now)
             return raw, GROUP
         peer = self.peers[repair.receiver_id]
         raw = self._data(repair.seq, repair=True, multicast=False)
