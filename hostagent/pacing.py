@@ -125,8 +125,8 @@ class RepairBudget:
 class PeerBudget:
     """What one receiver's repair requests may cost the sender: ``total`` bytes over the
     transfer and ``rate`` bytes/s on average (a bucket ``burst`` bytes deep). Every
-    repair sent for it is charged: a unicast whole, a multicast or parity share split
-    among the receivers that asked. Requests are cut to what it can still afford, so
+    repair for it is charged: a unicast one whole as it is sent, a multicast or parity
+    one when queued, split among the receivers that asked for it. Requests are cut to what it can still afford, so
     neither a forged id nor a receiver that keeps asking can make the sender spend more
     than its budget, or repair it faster than ``rate`` (others' repairs go on)."""
 
