@@ -43,7 +43,7 @@ from bench.machine import describe, machine
 from lab import loss as impair
 from lab.bridge import BridgeLab
 from lab.controller import stamp_printer
-from lab.models import ModelFile, file_digest, make_model
+from lab.models import ModelFile, file_digest, make_key_file, make_model
 from lab.sh import LabError
 
 METHODS = ("modelcast", "tcp", "uftp", "modelcast-norecord")
@@ -104,16 +104,18 @@ def run_modelcast(lab: BridgeLab, model: ModelFile, receivers: list[int], rate: 
     group = f"232.{random.randint(1, 254)}.{random.randint(1, 254)}.{random.randint(1, 254)}"
     port = random.randint(20000, 60000)
     addr, src = f"{group}:{port}", lab.ip(0)
+    key = str(make_key_file(work / "session.key"))  # authenticated, as a controller run is
     procs = {}
     for h in receivers:
         out = work / f"rx{h}.bin"
         procs[h] = (out, _agent(lab, h, work / f"recv-{h}", "recv", "--group", addr, "--source", src,
-                                "--out", str(out), "--json", "--timeout", str(timeout), *recv_extra))
+                                "--out", str(out), "--json", "--timeout", str(timeout), "--key-file", key,
+                                *recv_extra))
     time.sleep(0.5)  # joined before the stream starts
     t0 = time.monotonic()
     sender = _agent(lab, 0, work / "send", "send", str(model.path), "--group", addr, "--interface",
                     src, "--receivers", str(len(receivers)), "--rate", f"{rate:g}", "--json",
-                    "--timeout", str(timeout), *extra)
+                    "--timeout", str(timeout), "--key-file", key, *extra)
     done: dict[int, float] = {}
     deadline = t0 + timeout * 3
     while len(done) < len(procs) and time.monotonic() < deadline:

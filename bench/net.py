@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from lab.models import make_model
+from lab.models import make_key_file, make_model
 from lab.probes import blast
 from lab.sh import free_port
 
@@ -39,6 +39,7 @@ def _cli(prefix: list[str], *args: str) -> subprocess.Popen:
 def transfer(src: Path, outdir: Path, group: str, sender_ip: str, receivers: list[tuple[list[str], str]],
              sender_prefix: list[str], rate: float, gso: bool) -> dict:
     """One CLI transfer; returns sender and receiver summaries."""
+    key = ["--key-file", str(make_key_file(outdir / "bench.key"))]  # authenticated, as real runs are
     extra = ["--gso"] if gso else ["--no-gso"]
     procs = []
     outs = []
@@ -46,12 +47,12 @@ def transfer(src: Path, outdir: Path, group: str, sender_ip: str, receivers: lis
         out = outdir / f"bench-out-{i}.bin"
         outs.append(out)
         procs.append(_cli(prefix, "recv", "--group", group, "--source", sender_ip, "--interface", iface,
-                          "--out", str(out), "--json", "--timeout", "60"))
+                          "--out", str(out), "--json", "--timeout", "60", *key))
     try:
         time.sleep(0.5)
         sender = _cli(sender_prefix, "send", str(src), "--group", group, "--interface", sender_ip, "--ttl",
                       "0" if sender_ip.startswith("127.") else "1", "--receivers", str(len(receivers)),
-                      "--rate", str(rate), "--json", "--timeout", "60", *extra)
+                      "--rate", str(rate), "--json", "--timeout", "60", *key, *extra)
         s_out, s_err = sender.communicate(timeout=600)
         r = [p.communicate(timeout=120) for p in procs]
     finally:

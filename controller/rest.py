@@ -248,17 +248,23 @@ class RestApi(ControllerBase):
         self.barrier_timeout = float(data.get("barrier_timeout", DEFAULT_BARRIER_TIMEOUT))
 
     # -- body ------------------------------------------------------------------------
-    def _body(self, req: Any, schema: str) -> dict[str, Any]:
-        """The request's JSON body, validated against ``schema``. A body whose sender
-        named no type -- no Content-Type, or the form type ``curl -d`` adds by default --
-        is parsed as JSON (a body that parses is JSON; one that does not is a 400). Any
-        other explicit non-JSON type is a 415: the client said it sends something else."""
+    def _body(self, req: Any, schema: str, optional: bool = False) -> dict[str, Any]:
+        """The request's JSON body, validated against ``schema`` (``optional``: an empty
+        body is ``{}``). A body whose sender named no type -- no Content-Type, or the form
+        type ``curl -d`` adds by default -- is parsed as JSON (a body that parses is JSON;
+        one that does not is a 400). Any other explicit non-JSON type is a 415: the client
+        said it sends something else."""
         ctype = (req.content_type or "").lower()
-        if ctype not in UNTYPED_BODY and ctype != "application/json" and not ctype.endswith("+json"):
+        typed = ctype not in UNTYPED_BODY and ctype != "application/json" and not ctype.endswith("+json")
+        if typed and not optional:
             raise ApiError(415, f"request body must be application/json, not {ctype}")
         raw = read_body(req)
         if not raw.strip():
+            if optional:
+                return {}
             raise ApiError(400, "request body is empty; send a JSON object")
+        if typed:
+            raise ApiError(415, f"request body must be application/json, not {ctype}")
         try:
             data = json.loads(raw)
         except UnicodeDecodeError as exc:
@@ -300,7 +306,7 @@ class RestApi(ControllerBase):
     @route("modelcast_group_rekey", "/v1/groups/{id}/rekey", methods=["POST"])
     @endpoint(mutating=True)
     def rekey(self, req: Any, id: str, who: Principal | None, **_: Any) -> Response:
-        return json_response(200, self.service.rekey(parse_gid(id), who))
+        return json_response(200, self.service.rekey(parse_gid(id), who, self._body(req, "Rekey", optional=True)))
 
     @route("modelcast_group_delete", "/v1/groups/{id}", methods=["DELETE"])
     @endpoint(mutating=True)

@@ -111,6 +111,8 @@ class Service:
         self.clock = clock
         self.metrics = Metrics(registry if registry is not None else CollectorRegistry())
         self.keys: dict[int, str] = {}  # gid -> hex session key for host agents
+        # gid -> the transfer its source announced with the key ({"session", "file_digest"})
+        self.transfers: dict[int, dict[str, str]] = {}
         self._inflight: Counter[int] = Counter()  # gid -> plans sent, not yet confirmed
         self._plans_inflight = 0
         self._errors: dict[int, list[str]] = {}  # gid -> errors of its last confirmed plan
@@ -228,13 +230,24 @@ class Service:
         return [self.group_json(g, who) for gid, g in sorted(self.core.groups.items())
                 if (model is None or g.model == model) and (source is None or g.source == source)]
 
-    def rekey(self, gid: int, who: Principal | None = ADMIN) -> dict[str, Any]:
-        """A fresh session key for the group's next transfer (the admin or its source):
-        receivers get it by joining again (a join is idempotent and answers the key)."""
+    def rekey(self, gid: int, who: Principal | None = ADMIN,
+              transfer: dict[str, Any] | None = None) -> dict[str, Any]:
+        """A fresh session key for the group's next transfer (the admin or its source).
+        ``transfer`` ({"session", "file_digest"}, schema ``Rekey``) announces that
+        transfer: receivers are shown the key with the session id and digest it is for,
+        and accept nothing else (no replay of an earlier transfer). Without one the
+        announcement is cleared and the old key retired (a sender does so when done).
+        Receivers get the new key by joining again (idempotent) or reading the group."""
         g = self.core.group(gid)
         check_source(who, g.source, "rekey its group")
         self.keys[g.gid] = secrets.token_hex(32)
-        log.info("group %d rekeyed by %s", g.gid, who or "anonymous")
+        announced = {k: str(v) for k, v in (transfer or {}).items() if k in ("session", "file_digest")}
+        if announced.get("session"):
+            self.transfers[g.gid] = announced
+        else:
+            self.transfers.pop(g.gid, None)
+        log.info("group %d rekeyed by %s%s", g.gid, who or "anonymous",
+                 f" for session {announced['session']}" if announced.get("session") else "")
         self.save()
         return self.group_json(g, who)
 
@@ -246,6 +259,7 @@ class Service:
         plan = self.core.delete_group(gid)
         gid = int(gid)
         self.keys.pop(gid, None)
+        self.transfers.pop(gid, None)
         self._errors.pop(gid, None)
         log.info("group %d deleted", gid)
         self.apply(plan, "delete", (lambda errors: done()) if done is not None else None)
@@ -391,6 +405,7 @@ class Service:
                "receivers": {ip: self.receiver_state(g, ip)
                              for ip in sorted(g.receivers, key=_ip_key)},
                "tree": tree, "errors": list(self._errors.get(g.gid, []))}
+        out.update(self.transfers.get(g.gid, {}))  # not secret: every datagram names its session
         key = self.keys.get(g.gid)
         if key and may_see_key(who, g.source, g.receivers):
             out["key"] = key
@@ -408,10 +423,12 @@ class Service:
     def state(self) -> dict[str, Any]:
         """What a restarted controller needs: ``core.to_dict()`` (groups and the last
         known switches, links and hosts, so it routes as soon as switches reconnect) with
-        each group's session key added."""
+        each group's session key (and announced transfer) added."""
         data = self.core.to_dict()
         for d in data.get("groups", []):
             d["key"] = self.keys.get(d["id"], "")
+            if d["id"] in self.transfers:
+                d["transfer"] = dict(self.transfers[d["id"]])
         return data
 
     def save(self) -> bool:
@@ -513,7 +530,7 @@ class Service:
         # keys stay out of restore(): its problem lines quote the group and get logged
         try:
             problems += self.core.restore(dict(data, groups=[
-                {k: v for k, v in d.items() if k != "key"} for d in groups]))
+                {k: v for k, v in d.items() if k not in ("key", "transfer")} for d in groups]))
         except Exception as exc:  # check_state missed something: still one line, no traceback
             log.debug("restoring %s failed", path, exc_info=True)
             raise StateFileError(f"state file {path} cannot be restored ({type(exc).__name__}: "
@@ -531,6 +548,10 @@ class Service:
             else:
                 self.keys[gid] = secrets.token_hex(32)
                 problems.append(f"group {gid}: no valid session key saved; issued a new one")
+                continue  # an announced transfer belonged to the lost key
+            transfer = d.get("transfer")
+            if transfer:
+                self.transfers[gid] = dict(transfer)
         for p in problems:
             log.warning("state file %s: %s", path, p)
         view = self.core.view
@@ -538,6 +559,17 @@ class Service:
                  len(set(self.core.groups) - before), len(view.switches), len(view.links),
                  len(view.hosts), path)
         return problems
+
+
+def _valid_transfer(t: Any) -> bool:
+    """An announced transfer as saved: {} or {"session": 16 hex[, "file_digest": 64 hex]}."""
+    if t == {}:
+        return True
+    if not isinstance(t, dict) or not set(t) <= {"session", "file_digest"}:
+        return False
+    session, digest = t.get("session"), t.get("file_digest", "0" * 64)
+    return (isinstance(session, str) and re.fullmatch(r"[0-9a-f]{16}", session) is not None
+            and isinstance(digest, str) and re.fullmatch(r"[0-9a-f]{64}", digest) is not None)
 
 
 def check_state(data: dict[str, Any]) -> None:
@@ -611,6 +643,8 @@ def check_state(data: dict[str, Any]) -> None:
                 integer(v, 1, MAX_DPID, f"{where} tree[{j}] dpid")
         if not isinstance(d.get("key", ""), str):
             raise ValueError(f"{where} key is not a string")
+        if not _valid_transfer(d.get("transfer", {})):
+            raise ValueError(f"{where} transfer is not {{session: 16 hex digits[, file_digest: 64 hex digits]}}")
 
 
 class _SwitchEntries:

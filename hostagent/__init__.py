@@ -12,11 +12,11 @@ imports the package, round a cycle): they import ``from .x import name`` or
 from .api import (
     ControllerError, GroupAssigned, GroupJoined, HookResult, LeaveFailed, MetricsServing, ReceiveOptions,
     ReceiveProgress, ReceiveResult, ReceiveStarted, ReceiverReport, SendOptions, SendProgress, SendResult,
-    SendStarted, TransferError, receive, send,
+    SendStarted, TransferError, Unauthenticated, receive, send,
 )
 
 __all__ = [
     "ControllerError", "GroupAssigned", "GroupJoined", "HookResult", "LeaveFailed", "MetricsServing",
     "ReceiveOptions", "ReceiveProgress", "ReceiveResult", "ReceiveStarted", "ReceiverReport", "SendOptions",
-    "SendProgress", "SendResult", "SendStarted", "TransferError", "receive", "send",
+    "SendProgress", "SendResult", "SendStarted", "TransferError", "Unauthenticated", "receive", "send",
 ]

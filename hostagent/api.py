@@ -48,12 +48,17 @@ from .wire import DATA_HEADER_LEN, MAC_LEN, derive_key
 __all__ = [
     "ControllerError", "GroupAssigned", "GroupJoined", "HookResult", "LeaveFailed", "MetricsServing",
     "ReceiveOptions", "ReceiveProgress", "ReceiveResult", "ReceiveStarted", "ReceiverReport", "SendOptions",
-    "SendProgress", "SendResult", "SendStarted", "TransferError", "receive", "send",
+    "SendProgress", "SendResult", "SendStarted", "TransferError", "Unauthenticated", "receive", "send",
 ]
 
 _ANY = "0.0.0.0"
 PROGRESS_INTERVAL = 0.1  # seconds between on_progress calls
 _PROBE_GROUP = "232.0.1.1"  # any SSM address takes the multicast route
+# With a controller, the sender holds its data (manifests only) until the expected
+# receivers said HELLO, at most this long: they pick the announced key up within their
+# 0.1 s poll (_WATCH_POLL), and data sent before that would have to be repaired.
+_START_WAIT = 1.0
+_WATCH_POLL = 0.1
 
 
 class TransferError(Exception):
@@ -78,6 +83,9 @@ class _Common:
     request_timeout: float = 10.0  # seconds per controller request
     interface: str = _ANY  # local IPv4 address of the interface to use
     secret: Optional[bytes] = None  # shared secret: every datagram is MAC'd (overrides the controller key)
+    # Run without a MAC key (no secret, and no key from the controller): refused unless
+    # set, because then anyone on the path can forge any datagram (README "Security").
+    insecure: bool = False
     metrics_port: Optional[int] = None  # serve Prometheus metrics here during the transfer
     metrics_addr: str = "127.0.0.1"
 
@@ -166,6 +174,13 @@ class MetricsServing:
 
 
 @dataclass(frozen=True)
+class Unauthenticated:
+    """``insecure`` and no key: this transfer's datagrams carry no MAC (``reason`` says why)."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
 class LeaveFailed:
     """Leaving the group after the transfer failed; the transfer's result stands."""
 
@@ -191,7 +206,7 @@ class ReceiveProgress:
 
 
 Event = Union[SenderEvent, ReceiverEvent, GroupAssigned, GroupJoined, SendStarted, ReceiveStarted,
-              MetricsServing, LeaveFailed]
+              MetricsServing, LeaveFailed, Unauthenticated]
 OnEvent = Callable[[Event], None]
 
 # ----------------------------------------------------------------------------- results
@@ -357,29 +372,57 @@ def _send(path: str, opts: SendOptions, source: FileSource, interface: str, emit
         config.validate()
     except ValueError as exc:
         raise TransferError(str(exc)) from None
+    if not opts.controller:  # (with one, the key comes with the group)
+        _require_key(config.key, opts, emit, "--group without --key-file")
     # The manifest needs the file's digests (they also name the model): one read of the
     # file the first time, none while it is unchanged.
     digests, _ = cached_digests(path, config.chunk_size, lambda: file_digests(source, config.chunk_size),
                                 cache_dir() if opts.manifest_cache else None)
     pages = build_manifest_pages(source, config, config.session_id, digests)  # type: ignore[arg-type]
     group_id: Optional[int] = None
-    if opts.controller:
-        client = _client(opts)
-        src_ip = _ipv4(opts.ip or (interface if interface != _ANY else local_ip_towards(_url_host(opts.controller))))
-        model = opts.model or pages[0].file_digest.hex()
-        info = client.create_group(model, src_ip, list(opts.receiver_ips) or None)
-        group = group_endpoint(info)
-        if config.key is None:
-            config.key = session_key(info)
-        group_id = info.get("id")
-        emit(GroupAssigned(group_id, model, group, opts.receivers))
-        info = client.wait_installed(info, opts.receivers, opts.wait_timeout, opts.poll)
-        # Only the group's receivers count (README "Who the sender listens to").
-        config.allowed_receivers = frozenset(info.get("receivers") or ()) | frozenset(opts.receiver_ips)
-        if interface == _ANY:
-            interface = src_ip  # the tree is rooted at this address: send from it
-    else:
-        group = _group(opts.group)
+    announced = False
+    try:
+        if opts.controller:
+            client = _client(opts)
+            src_ip = _ipv4(opts.ip or (interface if interface != _ANY else local_ip_towards(_url_host(opts.controller))))
+            model = opts.model or pages[0].file_digest.hex()
+            info = client.create_group(model, src_ip, list(opts.receiver_ips) or None)
+            group = group_endpoint(info)
+            group_id = info.get("id")
+            # A fresh key for this transfer, announced with its session and file digest:
+            # receivers accept nothing else, so an earlier transfer cannot be replayed to them.
+            info = client.rekey(int(info["id"]), f"{config.session_id:016x}", pages[0].file_digest.hex())
+            announced = True
+            config.start_wait = _START_WAIT
+            if config.key is None:
+                config.key = session_key(info)
+            _require_key(config.key, opts, emit, "the controller gave no session key (no --token?)")
+            emit(GroupAssigned(group_id, model, group, opts.receivers))
+            info = client.wait_installed(info, opts.receivers, opts.wait_timeout, opts.poll)
+            # Only the group's receivers count (README "Who the sender listens to").
+            config.allowed_receivers = frozenset(info.get("receivers") or ()) | frozenset(opts.receiver_ips)
+            if interface == _ANY:
+                interface = src_ip  # the tree is rooted at this address: send from it
+        else:
+            group = _group(opts.group)
+        return _send_on(path, opts, source, config, pages, group, group_id, interface, emit, on_progress)
+    finally:
+        if announced:
+            _retire(opts, int(group_id), emit)  # type: ignore[arg-type]
+
+
+def _retire(opts: SendOptions, group_id: int, emit: OnEvent) -> None:
+    """The transfer is over: a bare rekey clears its announcement and retires its key."""
+    try:
+        _client(opts).rekey(group_id)
+    except ControllerError as exc:
+        emit(LeaveFailed(group_id, f"retiring the session key: {exc}"))
+
+
+def _send_on(path: str, opts: SendOptions, source: FileSource, config: SenderConfig, pages: list,
+             group: tuple[str, int], group_id: Optional[int], interface: str, emit: OnEvent,
+             on_progress: Optional[Callable[[SendProgress], None]]) -> SendResult:
+    """The sender's socket and loop, once the group and its key are settled."""
     sock = sender_socket(interface, opts.ttl)
     try:
         started = time.monotonic()
@@ -387,7 +430,7 @@ def _send(path: str, opts: SendOptions, source: FileSource, interface: str, emit
         emit(SendStarted(path, source.size, group, sock.getsockname()))
         metrics = _serve_metrics(opts, "sender", lambda: sender.stats, lambda: (_sent_bytes(sender), source.size), emit)
         try:
-            lister = _ReceiverLister(_client(opts), group_id, opts.poll) if opts.controller else None
+            lister = _GroupWatcher(_client(opts), group_id, opts.poll) if opts.controller else None
             try:
                 return _stream(path, opts, sender, sock, group, group_id, started, emit, on_progress, lister)
             finally:
@@ -402,7 +445,7 @@ def _send(path: str, opts: SendOptions, source: FileSource, interface: str, emit
 def _stream(path: str, opts: SendOptions, sender: Sender, sock: socket.socket, group: tuple[str, int],
             group_id: Optional[int], started: float, emit: OnEvent,
             on_progress: Optional[Callable[[SendProgress], None]],
-            lister: Optional[_ReceiverLister] = None) -> SendResult:
+            lister: Optional[_GroupWatcher] = None) -> SendResult:
     """Run the sender's loop to its TransferFinished and summarise."""
     reasons: dict[int, str] = {}
     timeline: dict[str, Any] = {"completed_s": []}
@@ -420,7 +463,8 @@ def _stream(path: str, opts: SendOptions, sender: Sender, sock: socket.socket, g
         emit(event)  # type: ignore[arg-type]
 
     def should_stop() -> bool:
-        if lister is not None and (hosts := lister.changed()) is not None:
+        if lister is not None and (g := lister.changed()) is not None:
+            hosts = frozenset(g.get("receivers") or ())
             sender.set_allowed_receivers(hosts | (sender.allowed_receivers or frozenset()))
         if on_progress is not None and throttle.due():
             stats = sender.stats
@@ -459,12 +503,13 @@ def _stream(path: str, opts: SendOptions, sender: Sender, sock: socket.socket, g
     )
 
 
-class _ReceiverLister:
-    """Polls the controller for the group's receivers in a thread (a late joiner is on
-    the list before its first datagram; the send loop must never block on HTTP)."""
+class _GroupWatcher:
+    """Polls the controller for the group in a thread, so the loop never blocks on HTTP:
+    the sender learns late joiners (on the list before their first datagram), a receiver
+    a transfer announced after it joined."""
 
     def __init__(self, client: ControllerClient, group_id: Optional[int], poll: float) -> None:
-        self._hosts: Optional[frozenset[str]] = None
+        self._group: Optional[dict] = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, args=(client, group_id, poll), daemon=True)
         self._thread.start()
@@ -472,14 +517,14 @@ class _ReceiverLister:
     def _run(self, client: ControllerClient, group_id: Optional[int], poll: float) -> None:
         while group_id is not None and not self._stop.wait(poll):
             try:
-                self._hosts = frozenset((client.get_group(int(group_id)) or {}).get("receivers") or ())
+                self._group = client.get_group(int(group_id)) or {}
             except ControllerError:
-                pass  # (restarting): keep the list we have
+                pass  # (restarting): keep what we have
 
-    def changed(self) -> Optional[frozenset[str]]:
-        """The latest list, once per answer (None: nothing new)."""
-        hosts, self._hosts = self._hosts, None
-        return hosts
+    def changed(self) -> Optional[dict]:
+        """The latest answer, once per answer (None: nothing new)."""
+        group, self._group = self._group, None
+        return group
 
     def stop(self) -> None:
         self._stop.set()
@@ -536,6 +581,7 @@ def receive(
         raise TransferError(f"cannot write output in {out_dir}")
     key = _derive(options.secret)
     if not options.controller:
+        _require_key(key, options, emit, "--group without --key-file")
         return _receive(out, options, _group(options.group), source_ip, interface, key, emit, on_progress)
     if not options.model:
         raise TransferError("model is required with a controller")
@@ -548,10 +594,8 @@ def receive(
     try:
         if (info.get("receivers") or {}).get(my_ip) == "unreachable":
             raise TransferError(f"controller cannot reach this host ({my_ip}) in group {gid}")
-        if key is None:
-            key = session_key(info)
         emit(GroupJoined(gid, group, my_ip))
-        return _receive(out, options, group, source_ip, interface, key, emit, on_progress)
+        return _receive(out, options, group, source_ip, interface, key, emit, on_progress, (client, gid, info))
     finally:
         try:
             client.leave(gid, my_ip)
@@ -559,9 +603,52 @@ def receive(
             emit(LeaveFailed(gid, str(exc)))
 
 
+@dataclass(frozen=True)
+class _Expected:
+    """What a receiver accepts: datagrams MAC'd with ``key``, of ``session`` (None: the
+    first whose manifest arrives) and a manifest of the file ``file_digest`` (None: any)."""
+
+    key: Optional[bytes]
+    session: Optional[int] = None
+    file_digest: Optional[bytes] = None
+
+
+def _announced(group: dict, secret_key: Optional[bytes]) -> Optional[_Expected]:
+    """The transfer a controller answer announces with its key (None: none announced)."""
+    text = group.get("session")
+    if not text:
+        return None
+    try:
+        session = int(text, 16)
+        digest = bytes.fromhex(group["file_digest"]) if group.get("file_digest") else None
+    except (TypeError, ValueError):
+        raise ControllerError("controller announced a malformed session or file digest") from None
+    return _Expected(secret_key if secret_key is not None else session_key(group), session, digest)
+
+
+def _await_announced(client: ControllerClient, gid: int, joined: dict, secret_key: Optional[bytes],
+                     timeout: float) -> _Expected:
+    """The transfer the group's source announced (its rekey): at once when the join
+    answered it, else as soon as the source announces one (the socket is already open,
+    so datagrams sent meanwhile wait in its buffer)."""
+    first = _announced(joined, secret_key)
+    if first is not None:
+        return first
+    group = client.wait_until(lambda: client.get_group(gid), lambda g: _announced(g, secret_key) is not None,
+                              f"the source of group {gid} to announce a transfer", timeout, _WATCH_POLL,
+                              unreachable_ok=True)
+    found = _announced(group, secret_key)
+    assert found is not None
+    return found
+
+
 def _receive(out: str, opts: ReceiveOptions, group: tuple[str, int], source_ip: str, interface: str,
              key: Optional[bytes], emit: OnEvent,
-             on_progress: Optional[Callable[[ReceiveProgress], None]]) -> ReceiveResult:
+             on_progress: Optional[Callable[[ReceiveProgress], None]],
+             joined: Optional[tuple[ControllerClient, int, dict]] = None) -> ReceiveResult:
+    """Receive on the group's sockets. ``joined`` (client, group id, join answer): the
+    key, session and digest come from the controller, and a new announcement is taken
+    until a manifest locks the receiver onto one transfer."""
     try:
         sink = FileSink(out)
     except OSError as exc:
@@ -571,15 +658,39 @@ def _receive(out: str, opts: ReceiveOptions, group: tuple[str, int], source_ip: 
     except BaseException:
         sink.close()
         raise
-    metrics = None
+    metrics = watcher = None
     try:
-        config = ReceiverConfig(key=key, idle_timeout=opts.timeout, state_save_interval=opts.resume_interval)
-        receiver = Receiver(sink, config, time.monotonic(),
-                            state=sink.load_state())
+        expect = _Expected(key)
+        if joined is not None:
+            client, gid, answer = joined
+            expect = _await_announced(client, gid, answer, key, opts.timeout)
+            _require_key(expect.key, opts, emit, "the controller gave no session key (no --token?)")
+        config = ReceiverConfig(key=expect.key, session_id=expect.session, file_digest=expect.file_digest,
+                                idle_timeout=opts.timeout, state_save_interval=opts.resume_interval)
+        receiver = Receiver(sink, config, time.monotonic(), state=sink.load_state())
         emit(ReceiveStarted(out, group))
         metrics = _serve_metrics(opts, "receiver", lambda: receiver.stats, lambda: _held_bytes(receiver), emit)
-        return _listen(out, opts, receiver, sink, mc, uc, group, key, emit, on_progress)
+        if joined is not None:
+            watcher = _GroupWatcher(joined[0], joined[1], _WATCH_POLL)
+
+        def reannounced() -> None:
+            """Before a manifest locks it, the receiver follows a new announcement (the
+            one it joined with was left behind by an earlier sender that crashed);
+            then it stops asking."""
+            if watcher is None:
+                return
+            if receiver.manifest is not None:
+                watcher.stop()
+                return
+            g = watcher.changed()
+            new = _announced(g, key) if g is not None else None
+            if new is not None and (new.session, new.key) != (receiver.session, receiver.config.key) and new.key:
+                receiver.expect(new.session, new.file_digest, new.key)  # type: ignore[arg-type]
+
+        return _listen(out, opts, receiver, sink, mc, uc, group, emit, on_progress, reannounced)
     finally:
+        if watcher is not None:
+            watcher.stop()
         sink.close()
         mc.close()
         uc.close()
@@ -587,10 +698,12 @@ def _receive(out: str, opts: ReceiveOptions, group: tuple[str, int], source_ip: 
 
 
 def _listen(out: str, opts: ReceiveOptions, receiver: Receiver, sink: FileSink, mc: socket.socket,
-            uc: socket.socket, group: tuple[str, int], key: Optional[bytes], emit: OnEvent,
-            on_progress: Optional[Callable[[ReceiveProgress], None]]) -> ReceiveResult:
+            uc: socket.socket, group: tuple[str, int], emit: OnEvent,
+            on_progress: Optional[Callable[[ReceiveProgress], None]],
+            each_turn: Callable[[], None] = lambda: None) -> ReceiveResult:
     """Run the receiver's loop until it verified the file (and the sender acknowledged)
-    or gave up; run the on_complete command; summarise."""
+    or gave up; run the on_complete command; summarise. ``each_turn`` runs every loop
+    turn (in the loop's thread)."""
     marks: dict[str, Any] = {}
     throttle = _Throttle()
 
@@ -601,6 +714,7 @@ def _listen(out: str, opts: ReceiveOptions, receiver: Receiver, sink: FileSink, 
         emit(event)  # type: ignore[arg-type]
 
     def done() -> bool:
+        each_turn()
         if receiver.layout is not None:
             if "first" not in marks:  # (called every loop turn: no clock read once set)
                 marks["first"] = time.monotonic()
@@ -633,7 +747,8 @@ def _listen(out: str, opts: ReceiveOptions, receiver: Receiver, sink: FileSink, 
         datagrams_received=stats.datagrams_in, bytes_received=stats.bytes_in, nacks=stats.nacks_sent,
         repairs_received=stats.repairs_received, duplicates=stats.duplicates,
         resumed_chunks=receiver.resumed_chunks, corrupt_chunks=stats.corrupt_chunks,
-        resume_records=records[0], record_sync_s=round(records[1], 3), authenticated=key is not None,
+        resume_records=records[0], record_sync_s=round(records[1], 3),
+        authenticated=receiver.config.key is not None,
         verify_s=round(marks["end_at"] - first, 3) if "end_at" in marks else None,
         nacks_suppressed=stats.nacks_suppressed, parity_received=stats.parity_received,
         fec_recovered=stats.fec_recovered, nack_seqs=stats.nack_seqs_requested, gro=loop.gro,
@@ -705,6 +820,16 @@ def _group(text: Optional[str]) -> tuple[str, int]:
 
 def _derive(secret: Optional[bytes]) -> Optional[bytes]:
     return derive_key(secret) if secret is not None else None
+
+
+def _require_key(key: Optional[bytes], opts: _Common, emit: OnEvent, why: str) -> None:
+    """No MAC key: refuse, unless ``insecure`` (then say so: ``Unauthenticated``)."""
+    if key is not None:
+        return
+    if not opts.insecure:
+        raise TransferError(f"{why}: datagrams would not be authenticated and anyone on the network could "
+                            "forge them; give a key (--key-file, or a controller --token) or --insecure")
+    emit(Unauthenticated(why))
 
 
 def _client(opts: _Common) -> ControllerClient:

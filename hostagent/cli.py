@@ -7,6 +7,8 @@ usage errors, as argparse does). ``--json`` prints exactly one summary object on
 
 The multicast group comes either from ``--group ADDR:PORT`` or from the controller
 (``--controller URL``), which also supplies the session MAC key and installs the tree.
+Every datagram is MAC'd: without a key (``--key-file``, or the controller's, which needs a
+``--token``) the agent refuses to run unless ``--insecure`` is given.
 The transfer itself is ``hostagent.api``; this module is arguments, output and exit codes.
 """
 
@@ -21,7 +23,7 @@ from typing import Any, Optional, Sequence
 
 from .api import (
     GroupAssigned, GroupJoined, LeaveFailed, MetricsServing, ReceiveOptions, ReceiveProgress, ReceiveStarted,
-    SendOptions, SendProgress, SendStarted, TransferError, receive, send,
+    SendOptions, SendProgress, SendStarted, TransferError, Unauthenticated, receive, send,
 )
 from .control import ControllerError
 from .events import ChunkCorrupt, ManifestReceived, ReceiverCompleted, ReceiverFailed, ReceiverJoined
@@ -113,6 +115,10 @@ class Reporter:
             _say(args, f"joined group {event.group_id} ({event.group[0]}:{event.group[1]}) as {event.ip}")
         elif isinstance(event, MetricsServing):
             _say(args, f"metrics on http://{event.addr}:{event.port}/metrics")
+        elif isinstance(event, Unauthenticated):
+            # Printed even with --json/--quiet: running unauthenticated must never go unnoticed.
+            print(f"modelcast: warning: --insecure and {event.reason}: datagrams carry no MAC, anyone on the "
+                  "network can forge them, fail or falsely complete this transfer", file=sys.stderr)
         elif isinstance(event, LeaveFailed):
             _say(args, f"warning: leaving group {event.group_id}: {event.error}")
         elif isinstance(event, ReceiverJoined) and not bar_shown:
@@ -151,7 +157,7 @@ def _common(args: argparse.Namespace, secret: Optional[bytes]) -> dict[str, Any]
     return dict(
         group=args.group, controller=args.controller, token=args.token, model=args.model, ip=args.ip,
         request_timeout=args.request_timeout, interface=args.interface, secret=secret,
-        metrics_port=args.metrics_port, metrics_addr=args.metrics_addr,
+        metrics_port=args.metrics_port, metrics_addr=args.metrics_addr, insecure=args.insecure,
     )
 
 
@@ -233,6 +239,9 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--request-timeout", type=float, default=SendOptions.request_timeout, help="seconds per controller request")
     common.add_argument("--interface", default=SendOptions.interface, help="local IPv4 address of the interface to use")
     common.add_argument("--key-file", help="shared secret file; every datagram is MAC'd with it (overrides the controller key)")
+    common.add_argument("--insecure", action="store_true",
+                        help="run without a MAC key (no --key-file, no key from the controller): refused otherwise; "
+                             "anyone on the network can then forge datagrams")
     common.add_argument("--json", action="store_true", help="print one JSON summary object on stdout")
     common.add_argument("--quiet", action="store_true")
     common.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")

@@ -1,8 +1,8 @@
 """Client for the modelcast controller's REST API (``/v1/groups``).
 
 The controller owns the multicast tree: it hands out the group address/port and the
-session MAC key, and installs flows as receivers join. The host agent only needs four
-calls (create-or-get, get, join, leave) and one wait loop, so this is a thin layer over
+session MAC key, and installs flows as receivers join. The host agent only needs five
+calls (create-or-get, get, join, leave, rekey) and one wait loop, so this is a thin layer over
 ``requests`` whose job is to turn every failure into one clear ``ControllerError`` line.
 """
 
@@ -63,6 +63,13 @@ class ControllerClient:
 
     def leave(self, group_id: int, ip: str) -> Optional[dict]:
         return self._call("DELETE", f"/v1/groups/{group_id}/receivers/{ip}")
+
+    def rekey(self, group_id: int, session: Optional[str] = None, file_digest: Optional[str] = None) -> dict:
+        """POST /v1/groups/{id}/rekey: a fresh session key, announced for the transfer
+        ``session`` (16 hex digits) of the file ``file_digest`` (hex); with neither, the
+        announcement is cleared and the old key retired."""
+        body = {k: v for k, v in (("session", session), ("file_digest", file_digest)) if v is not None}
+        return self._call("POST", f"/v1/groups/{group_id}/rekey", body or None)
 
     def list_groups(self) -> list[dict]:
         return self._call("GET", "/v1/groups") or []

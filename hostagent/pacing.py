@@ -122,6 +122,43 @@ class RepairBudget:
         self._credit = min(self._depth, self._credit + self.share - (1.0 if repair else 0.0))
 
 
+class PeerBudget:
+    """What one receiver's repair requests may cost the sender: ``total`` bytes over the
+    transfer and ``rate`` bytes/s on average (a bucket ``burst`` bytes deep). Every
+    repair for it is charged: a unicast one whole as it is sent, a multicast or parity
+    one when queued, split among the receivers that asked for it. Requests are cut to what it can still afford, so
+    neither a forged id nor a receiver that keeps asking can make the sender spend more
+    than its budget, or repair it faster than ``rate`` (others' repairs go on)."""
+
+    def __init__(self, total: float, rate: float, burst: float, now: float, unit: float = 1.0) -> None:
+        self.total = total
+        self.unit = unit  # the smallest repair (one datagram): less left than this is nothing left
+        self.rate = rate
+        self.burst = burst
+        self.spent = 0.0  # bytes charged so far
+        self._tokens = burst
+        self._at = now
+
+    def charge(self, nbytes: float, now: float) -> None:
+        self._refill(now)
+        self._tokens -= nbytes
+        self.spent += nbytes
+
+    @property
+    def exhausted(self) -> bool:
+        return self.total - self.spent < self.unit
+
+    def affordable(self, now: float) -> float:
+        """Bytes of repair it may ask for now (never negative)."""
+        self._refill(now)
+        return max(0.0, min(self._tokens, self.total - self.spent))
+
+    def _refill(self, now: float) -> None:
+        if now > self._at:
+            self._tokens = min(self.burst, self._tokens + (now - self._at) * self.rate)
+            self._at = now
+
+
 class Verdict(enum.Enum):
     """What a closed NACK window's loss reports mean for the rate."""
 

@@ -49,6 +49,7 @@ not match is re-fetched. A whole-file digest failure empties the record.
 from __future__ import annotations
 
 import heapq
+import hmac
 import math
 import random
 from collections import deque
@@ -78,6 +79,9 @@ DIGEST_SEGMENT = 1024  # chunk digests are stored in segments of this many chunk
 class ReceiverConfig:
     receiver_id: Optional[int] = None  # None: random 64-bit id
     session_id: Optional[int] = None  # None: lock onto the first session whose manifest arrives
+    # The file the announced transfer sends (None: any): a manifest of another is refused,
+    # so a replayed earlier transfer cannot be "completed" (README "Security").
+    file_digest: Optional[bytes] = None
     key: Optional[bytes] = None
     # Upper bound of the random NACK delay. Must exceed the sender's aggregation window
     # plus a round trip, or the first multicast repair comes too late to suppress anyone.
@@ -317,6 +321,17 @@ class Receiver:
         else:
             self.stats.drops["unexpected_type"] += 1
 
+    def expect(self, session: int, file_digest: Optional[bytes], key: bytes) -> bool:
+        """A transfer announced after this receiver started (see ``ReceiverConfig``):
+        from now on only its datagrams count. Refused (False) once a manifest locked the
+        receiver onto a transfer: it finishes that one."""
+        if self.manifest is not None:
+            return False
+        self.session = session
+        self.config.file_digest = file_digest
+        self._key = self.config.key = key
+        return True
+
     def receive_batch(self, data: memoryview, seg: int, addr: Addr, now: float) -> None:
         """A GRO super-packet: datagrams of ``seg`` bytes back to back (the last may be
         shorter), all from ``addr``; ``seg`` <= 0 means one datagram. Same outcome as
@@ -476,12 +491,16 @@ class Receiver:
     # ------------------------------------------------------------------ handlers
 
     def _on_manifest(self, msg: wire.Manifest, now: float) -> None:
+        expected = self.config.file_digest
+        if self.manifest is None and expected is not None and not hmac.compare_digest(msg.file_digest, expected):
+            self.stats.drops["wrong_file"] += 1
+            return
         self._group_hint = max(self._group_hint, msg.receivers_hint)
         if self.manifest is None:
             self._start(msg, now)
-        elif (msg.file_digest, msg.file_size, msg.chunk_size, msg.payload_size) != (
-            self.manifest.file_digest, self.manifest.file_size, self.manifest.chunk_size, self.manifest.payload_size
-        ):
+        elif not hmac.compare_digest(msg.file_digest, self.manifest.file_digest) or (
+            msg.file_size, msg.chunk_size, msg.payload_size
+        ) != (self.manifest.file_size, self.manifest.chunk_size, self.manifest.payload_size):
             self.stats.drops["manifest_mismatch"] += 1
             return
         count = len(msg.digests) // wire.CHUNK_DIGEST_LEN
@@ -686,7 +705,7 @@ class Receiver:
         data = self._sink.read(chunk * layout.chunk_size, layout.chunk_len(chunk))
         rebuilt = chunk in self._fec_chunks
         self._fec_chunks.discard(chunk)
-        if wire.chunk_digest(data) == self._digests.get(chunk):
+        if hmac.compare_digest(wire.chunk_digest(data), self._digests.get(chunk)):
             self.verified.add(chunk)
             if chunk == self._whole_next:
                 self._whole.update(data)
@@ -717,7 +736,7 @@ class Receiver:
         assert self.manifest is not None
         self._feed_whole()
         digest = self._whole.digest()
-        if digest != self.manifest.file_digest:
+        if not hmac.compare_digest(digest, self.manifest.file_digest):
             self._fail("whole-file digest mismatch", record_bad=True)
             return
         self.complete = True

@@ -17,7 +17,9 @@ the sweep sees every receiver's losses in it.
 
 Repairs that serve the group (multicast, parity) go first; per-receiver unicast repairs
 then take turns, one datagram per receiver, so one lagging receiver's backlog never holds
-back the repairs of the others.
+back the repairs of the others. Every group repair is charged, when queued, to the
+receivers that asked for it (``take_charges``; the sender splits its cost among them,
+``pacing.PeerBudget``): a multicast is no free lunch for whoever asks for it.
 
 The planner only decides; ``Sender`` builds the datagrams for what ``next_repair`` and
 ``next_proactive`` hand out. No clock and no socket: every call takes ``now``.
@@ -121,6 +123,7 @@ class RepairPlanner:
         self._recent_uc: deque[tuple[float, int, int, int]] = deque()  # (time, rid, start, end)
         self._recent_uc_set = RangeSet()  # unicast-repaired lately: a second asker means shared loss
         self._recent_uc_by: dict[int, RangeSet] = {}
+        self._charges: list[tuple[tuple[int, ...], int]] = []  # (askers, datagrams) queued for the group
 
         # FEC
         self._fec_k = fec_k
@@ -165,6 +168,12 @@ class RepairPlanner:
         if self.deadline is None and (self._window or congested):
             self.deadline = deadline
 
+    def take_charges(self) -> list[tuple[tuple[int, ...], int]]:
+        """The group repairs queued since the last call: (the receivers that asked,
+        datagrams), for the sender to charge to them."""
+        charges, self._charges = self._charges, []
+        return charges
+
     def forget(self, rid: int) -> None:
         """The receiver finished or gave up: drop its queued unicast repairs."""
         self._queued_uc.pop(rid, None)
@@ -187,9 +196,12 @@ class RepairPlanner:
                     # Re-asking for our own lost unicast repair is not a second asker.
                     parts = [p for s, e in parts for p in own.missing(s, e)]
                 for s, e in parts:
-                    self._queue_repair_split(s, e, {rid}, shared=True)
-                    for other in self._window.values():
-                        other.discard(s, e)
+                    askers = {rid}  # everyone who asked for it in this window pays its share
+                    for other_rid, other in self._window.items():
+                        if other.count_in(s, e):
+                            askers.add(other_rid)
+                            other.discard(s, e)
+                    self._queue_repair_split(s, e, askers, shared=True)
                     self._window_any.discard(s, e)
             # Whatever is now queued for multicast needs no per-receiver record.
             for s, e in self._queued_mc.missing(start, end) if self._queued_mc else [(start, end)]:
@@ -285,6 +297,7 @@ class RepairPlanner:
             for s, e in self._queued_mc.missing(start, end):
                 self._queued_mc.add(s, e)
                 self._repairs.append([None, s, e])
+                self._charges.append((tuple(receivers), e - s))
             return
         for rid in receivers:
             queued = self._queued_uc.setdefault(rid, RangeSet())
@@ -460,6 +473,7 @@ class RepairPlanner:
             if not (cost < plain or (cost == plain and anticipate)):
                 continue
             self._repairs.append(_ParityJob(chunk, block, m))
+            self._charges.append((tuple(wanting), m))
             self._parity_pending[first] = pending + m
             for rid, parts in asks.items():
                 window[rid].discard(first, end)

@@ -21,7 +21,9 @@ datagram from any other host is dropped before it creates any state; without a l
 every host may join, up to ``max_peers``. A peer's address is pinned at its first
 datagram: another host using its id is dropped (a HELLO from the same host, new port, is
 the receiver restarted and moves it). Repairs are bounded per peer (``max_nack_ranges``
-per NACK, ``repair_budget`` times the file in unicast bytes in total), a wrong-digest
+per NACK; ``repair_budget`` times the file in total and ``repair_rate`` of the cap per
+second, counting its unicast repairs and its share of the multicast and parity repairs
+it asked for: ``pacing.PeerBudget``), a wrong-digest
 COMPLETE fails that receiver only, and the transfer ends early only when every admitted
 receiver is resolved: forged COMPLETEs cannot close it under the real receivers.
 
@@ -33,6 +35,7 @@ Like aioquic's QuicConnection it never touches a socket or a clock: feed it
 from __future__ import annotations
 
 import dataclasses
+import hmac
 import random
 from collections import deque
 from dataclasses import dataclass
@@ -46,7 +49,7 @@ from .common import GROUP, MAX_CHUNK_SIZE, MIN_CHUNK_SIZE, Addr, ChunkSource, De
 from .events import (
     ReceiverCompleted, ReceiverFailed, ReceiverJoined, SenderEvent, StreamFinished, TransferFinished,
 )
-from .pacing import LossClassifier, Pacer, RepairBudget, Verdict
+from .pacing import LossClassifier, Pacer, PeerBudget, RepairBudget, Verdict
 from .repair import ParityRepair, RepairPlanner
 
 _DIGESTS_PER_PAGE_BUDGET = 120  # bytes of a manifest page spent on fixed fields
@@ -96,6 +99,12 @@ class SenderConfig:
     repair_share: float = 0.1
     manifest_every: int = 64  # data datagrams between manifest pages while streaming
     manifest_interval: float = 0.25  # manifest page repeat when not streaming
+    # Hold the data back (manifest pages only, every hold_interval) until the expected
+    # receivers said HELLO, for at most this long: receivers of a controller learn the
+    # transfer's key from its announcement a poll after the sender made it, and data
+    # sent before they can check it is data they must ask for again. 0: no hold.
+    start_wait: float = 0.0
+    hold_interval: float = 0.02
     end_interval: float = 0.1
     expected_receivers: Optional[int] = None
     receiver_timeout: float = 5.0  # incomplete receiver silent this long after END: failed
@@ -115,9 +124,15 @@ class SenderConfig:
     # Ranges of one NACK taken in; the rest are ignored (bounded work per NACK). 1024 holds
     # a full standard-MTU NACK (~700 ranges); a jumbo one (~4400) is cut, and re-asked.
     max_nack_ranges: int = 1024
-    # Unicast repair bytes one peer may cost, as a multiple of the file's datagram bytes
-    # (plus a margin of 64 datagrams); beyond, its requests are ignored.
+    # Repair bytes one peer may cost, as a multiple of the file's datagram bytes (plus a
+    # margin of 64 datagrams): unicast repairs to it, and its share of every multicast
+    # or parity repair it asked for. Beyond, its requests are ignored.
     repair_budget: float = 1.5
+    # ... and how fast: bytes/s per peer as a fraction of the rate cap, in bursts of up
+    # to repair_burst seconds at that rate. A request is cut to what the peer can
+    # afford now (counted: repair_rate_limited); a real receiver asks again.
+    repair_rate: float = 0.5
+    repair_burst: float = 1.0
     # FEC: datagrams per parity block (0: off, plain per-datagram repair only).
     fec_k: int = 0
     fec_overhead: float = 0.0  # proactive parity shares per data datagram (e.g. 0.02)
@@ -153,6 +168,8 @@ class SenderConfig:
             raise ValueError("fec_overhead must be in [0, 1] and needs fec_k")
         if self.max_peers < 1 or self.max_nack_ranges < 1 or self.repair_budget <= 0 or self.hello_expiry <= 0:
             raise ValueError("max_peers, max_nack_ranges, repair_budget and hello_expiry must be positive")
+        if not 0 < self.repair_rate <= 1 or self.repair_burst <= 0:
+            raise ValueError("repair_rate must be in (0, 1] and repair_burst > 0")
         if fec.MAX_SHARES - self.fec_k - (int(self.fec_overhead * self.fec_k) + 2) < 32:
             # keep share indices free for several on-demand repair rounds per block
             raise ValueError("fec_overhead too large for fec_k")
@@ -166,7 +183,7 @@ class _Peer:
     completed: bool = False
     failed: bool = False
     loss: float = 0.0  # first-transmission loss it reported in its last NACK
-    repair_bytes: int = 0  # unicast repair bytes sent to it (bounded by the repair budget)
+    budget: Optional[PeerBudget] = None  # what its repairs may cost (set on admission)
     rejected: bool = False  # sent a COMPLETE with a wrong digest: failed, without failing the transfer
 
 
@@ -248,6 +265,7 @@ class Sender:
         self._page_cursor = 0
         self._last_manifest = now
         self._stream_done_at: Optional[float] = None
+        self._hold_until: Optional[float] = now + config.start_wait if config.start_wait > 0 else None
         self._last_end = -1e18
         self._budget = RepairBudget(config.repair_share, _REPAIR_BURST)
 
@@ -282,6 +300,8 @@ class Sender:
         self._repair_cap = int(config.repair_budget * (
             self.layout.file_size + self.layout.total_seq * (wire.DATA_HEADER_LEN + wire.MAC_LEN))) \
             + 64 * config.max_datagram
+        self._peer_rate = config.repair_rate * config.rate_bps / 8  # bytes/s
+        self._datagram_bytes = config.payload_size + wire.DATA_HEADER_LEN + wire.MAC_LEN
         self._last_activity = now
         self.finished = False
         self.closed = False
@@ -353,7 +373,9 @@ class Sender:
         times: list[float] = []
         if self._repair.deadline is not None:
             times.append(self._repair.deadline)
-        if self._has_paced_work():
+        if self._hold_until is not None:
+            times.append(min(self._hold_until, self._last_manifest + self.config.hold_interval))
+        elif self._has_paced_work():
             times.append(self._pacer.next_send_at())
         if self._stream_done_at is None:
             times.append(self._last_manifest + self.config.manifest_interval)
@@ -461,7 +483,9 @@ class Sender:
             self.stats.drops["peer_table_full"] += 1
             return None
         self._last_activity = now
-        peer = self.peers[rid] = _Peer(rid, addr, now)
+        peer = self.peers[rid] = _Peer(rid, addr, now, budget=PeerBudget(
+            self._repair_cap, self._peer_rate, self._peer_rate * self.config.repair_burst, now,
+            unit=self._datagram_bytes))
         self._open.add(rid)
         if hello:
             self._fresh[rid] = None
@@ -496,7 +520,7 @@ class Sender:
         peer = self._peer(msg.receiver_id, addr, now)
         if peer is None:
             return
-        if msg.file_digest != self.file_digest:
+        if not hmac.compare_digest(msg.file_digest, self.file_digest):
             # A real receiver verifies before it says COMPLETE: this one is broken or
             # forged. It fails alone; the transfer's verdict rests on the others.
             if not (peer.failed or peer.completed):
@@ -584,11 +608,9 @@ class Sender:
             # Bounded work per NACK; a real receiver asks again for the rest.
             self.stats.drops["nack_ranges_cut"] += 1
             asked = asked[: self.config.max_nack_ranges]
-        if peer.repair_bytes >= self._repair_cap:
-            self.stats.drops["repair_budget_spent"] += 1
-            asked = ()
         limit = self._next_seq  # cannot repair what has not been sent yet
         ranges = [(start, min(end, limit)) for start, end in asked if min(end, limit) > start]
+        ranges = self._affordable(peer, ranges, now)
         # The receiver measures loss of first transmissions since its last NACK, so this
         # is recent loss, not a late joiner catching up. Whether it is congestion (the
         # group's) or this receiver's own is judged when the window closes.
@@ -597,7 +619,38 @@ class Sender:
             self._pacer.congested = True  # looks like the group's: hold the rate increase until the verdict
         window = self.nack_window
         self._repair.nack(msg.receiver_id, ranges, now, window)
+        self._charge_group_repairs(now)
         self._repair.open_window(now + window, self._loss.pending)
+
+    def _affordable(self, peer: _Peer, ranges: list[tuple[int, int]], now: float) -> list[tuple[int, int]]:
+        """The leading part of ``ranges`` the peer's repair budget still covers."""
+        budget = peer.budget
+        assert budget is not None
+        if not ranges:
+            return ranges
+        if budget.exhausted:
+            self.stats.drops["repair_budget_spent"] += 1
+            return []
+        left = int(budget.affordable(now) // self._datagram_bytes)
+        kept: list[tuple[int, int]] = []
+        for start, end in ranges:
+            if left <= 0:
+                break
+            kept.append((start, min(end, start + left)))
+            left -= kept[-1][1] - start
+        if sum(e - s for s, e in kept) < sum(e - s for s, e in ranges):
+            self.stats.drops["repair_rate_limited"] += 1
+        return kept
+
+    def _charge_group_repairs(self, now: float) -> None:
+        """The multicast and parity repairs just queued, their cost split among the
+        receivers that asked for them (once per queued range, not per datagram)."""
+        for askers, datagrams in self._repair.take_charges():
+            share = datagrams * self._datagram_bytes / len(askers)
+            for rid in askers:
+                peer = self.peers.get(rid)
+                if peer is not None and peer.budget is not None:
+                    peer.budget.charge(share, now)
 
     def _close_window(self, now: float) -> None:
         """Plan the repairs of the window's requests, then judge its loss reports: only
@@ -605,6 +658,7 @@ class Sender:
         ``min_rate_bps`` (drops at our own link may)."""
         pacer = self._pacer
         self._repair.close_window(now, self.peers, self._next_seq, pacer.rate, self.nack_window)
+        self._charge_group_repairs(now)
         verdict = self._loss.verdict(now, self._taking_part())
         # Only congestion cuts; one receiver's own loss is repaired at the group's rate.
         pacer.congested = verdict in (Verdict.GROUP, Verdict.LINK)
@@ -624,7 +678,20 @@ class Sender:
     def _has_paced_work(self) -> bool:
         return self._repair.queued or self._repair.proactive_queued or self._next_seq < self.layout.total_seq
 
+    def _holding(self, now: float) -> bool:
+        """Still waiting for the expected receivers' HELLOs before the first data?"""
+        if self._hold_until is None:
+            return False
+        if now >= self._hold_until or len(self.peers) >= (self.config.expected_receivers or 1):
+            self._hold_until = None
+            return False
+        return True
+
     def _next_paced(self, now: float) -> Optional[tuple[bytes, Dest]]:
+        if self._holding(now):
+            if now >= self._last_manifest + self.config.hold_interval or not self.stats.manifests_sent:
+                return self._manifest_page(now), GROUP
+            return None
         share = self._repair.next_proactive()
         if share is not None:
             raw = self._parity(share)
@@ -671,8 +738,9 @@ class Sender:
         raw = self._data(repair.seq, repair=True, multicast=False)
         self.stats.repairs_unicast += 1
         self.stats.repair_bytes_unicast += len(raw)
-        peer.repair_bytes += len(raw)
-        if peer.repair_bytes >= self._repair_cap:
+        assert peer.budget is not None
+        peer.budget.charge(len(raw), now)
+        if peer.budget.exhausted:
             self._repair.forget(peer.receiver_id)  # budget spent: its queue goes too
         return raw, peer.addr
 

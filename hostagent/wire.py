@@ -16,6 +16,7 @@ does not like, so callers can drop and count with one ``except``.
 
 from __future__ import annotations
 
+import hmac
 import struct
 from dataclasses import dataclass
 from typing import Union
@@ -232,6 +233,7 @@ def chunk_digest(data: bytes) -> bytes:
 
 
 def _mac(key: bytes, data: bytes | memoryview) -> bytes:
+    """The 16-byte tag; compare tags only with ``hmac.compare_digest`` (constant time)."""
     return blake3.blake3(data, key=key).digest(length=MAC_LEN)
 
 
@@ -387,7 +389,8 @@ def parse_data(data: bytes | bytearray | memoryview, key: bytes | None = None) -
     end = n
     if flags & FLAG_MAC:
         end -= MAC_LEN
-        if key is not None and (end < DATA_HEADER_LEN or _mac(key, memoryview(data)[:end]) != data[end:]):
+        if key is not None and (end < DATA_HEADER_LEN
+                                or not hmac.compare_digest(_mac(key, memoryview(data)[:end]), data[end:])):
             return None
     elif key is not None:
         return None
@@ -432,7 +435,7 @@ def _decode(data: bytes, key: bytes | None) -> Message:
             raise Truncated("no room for MAC")
         tag = data[-MAC_LEN:]
         data = data[:-MAC_LEN]
-        if key is not None and _mac(key, data) != tag:
+        if key is not None and not hmac.compare_digest(_mac(key, data), tag):
             raise BadMac("MAC does not verify")
     elif key is not None:
         raise Unauthenticated("datagram carries no MAC")

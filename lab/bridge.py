@@ -80,6 +80,24 @@ class BridgeLab(NetnsHosts):
         # No default route in a bare namespace: multicast needs an explicit one.
         sh([*x, "route", "add", "224.0.0.0/4", "dev", HOST_IFACE], what=f"host {i}: multicast route")
 
+    def gateway(self) -> str:
+        """Give the root namespace an address on the lab's bridge (``.254``) and return
+        it: a service the test runs itself (a stand-in controller) is then reachable
+        from every host. It goes with the bridge."""
+        ip = f"{self._prefix}.254"
+        sh(["ip", "addr", "replace", f"{ip}/24", "dev", self.bridge], what="bridge gateway address")
+        return ip
+
+    def add_address(self, host: int, ip: str) -> None:
+        """A second address on a host's interface (e.g. a victim address an attacker
+        watches, to see whether anything is reflected to it)."""
+        sh(["ip", "-n", self.ns(host), "addr", "add", f"{ip}/24", "dev", HOST_IFACE], what=f"host {host}: address")
+
+    @property
+    def subnet(self) -> str:
+        """The hosts' /24 as a prefix ending in a dot (``"10.123.45."``)."""
+        return self._prefix + "."
+
     def stop(self) -> None:
         """Kill our processes by PID, then delete our links and namespaces. Idempotent."""
         self.stop_procs()

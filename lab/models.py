@@ -1,9 +1,11 @@
-"""The one maker of test "models" (files of incompressible bytes, like weights) and the
-one digest helper the labs, tests and benchmarks check copies with."""
+"""The one maker of test "models" (files of incompressible bytes, like weights), the
+one digest helper the labs, tests and benchmarks check copies with, and the one maker
+of shared key files (``modelcast --key-file``) for runs without a controller."""
 
 from __future__ import annotations
 
 import random
+import secrets
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -44,3 +46,12 @@ def file_digest(path: Path | str) -> Optional[str]:
         return h.hexdigest()
     except FileNotFoundError:
         return None
+
+
+def make_key_file(path: Path | str) -> Path:
+    """A fresh random shared secret for ``--key-file`` (mode 0600): every run without a
+    controller authenticates its datagrams like a controller run does."""
+    path = Path(path)
+    path.touch(mode=0o600)
+    path.write_text(secrets.token_hex(32) + "\n")
+    return path

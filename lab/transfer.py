@@ -12,7 +12,6 @@ tests. Every process is started through the lab (killed by PID at teardown).
 from __future__ import annotations
 
 import json
-import secrets
 import signal
 import subprocess
 import time
@@ -24,7 +23,7 @@ from typing import Callable, Iterable, Optional, Sequence
 from hostagent.control import ControllerError
 from lab.controller import VENV_BIN, Say
 from lab.fabric import Fabric, PortCounters, natural
-from lab.models import ModelFile, file_digest
+from lab.models import ModelFile, file_digest, make_key_file
 from lab.probes import Capture
 from lab.sh import LabError
 
@@ -219,8 +218,7 @@ class Transfer:
         self.expect = len(self.receiver_hosts) if expect_receivers == -1 else expect_receivers
         self.key_file: Optional[Path] = None
         if shared_key:  # IGMP-only receivers cannot fetch the controller's session key
-            self.key_file = self.workdir / "session.key"
-            self.key_file.write_text(secrets.token_hex(32) + "\n")
+            self.key_file = make_key_file(self.workdir / "session.key")
         self.chunk_size = chunk_size
         self.sender_timeout = sender_timeout
         self.receiver_timeout = receiver_timeout

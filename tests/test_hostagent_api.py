@@ -129,13 +129,35 @@ def test_failed_receive_returns_the_reason_leaves_and_skips_the_hook(tmp_path) -
     hook = f"{sys.executable} -c \"import pathlib; pathlib.Path('{marker}').write_text('x')\""
     events: list = []
     with FakeController(free_port(socket.SOCK_DGRAM)) as fake:
-        result = hostagent.receive(
-            str(tmp_path / "o.bin"),
-            ReceiveOptions(controller=fake.url, model="m", source=LOOPBACK, interface=LOOPBACK, ip="127.0.0.9",
-                           timeout=0.2, on_complete=hook),
-            on_event=events.append,
-        )
+        options = ReceiveOptions(controller=fake.url, model="m", source=LOOPBACK, interface=LOOPBACK,
+                                 ip="127.0.0.9", timeout=0.2, on_complete=hook)
+        # No transfer announced (no sender has rekeyed the group): nothing to accept.
+        with pytest.raises(hostagent.ControllerError, match="the source of group 1 to announce a transfer"):
+            hostagent.receive(str(tmp_path / "o.bin"), options)
+        # A sender announced its transfer, then went silent.
+        fake.route("POST", "/v1/groups/1/rekey", {"session": "00000000000000aa", "file_digest": "ee" * 32})
+        result = hostagent.receive(str(tmp_path / "o.bin"), options, on_event=events.append)
     assert not result.ok and not result.digest_ok and result.error == "sender silent"
+    assert result.authenticated  # the key came with the announcement
     assert result.on_complete is None and not marker.exists()  # never load an unverified file
     assert isinstance(events[0], hostagent.GroupJoined) and events[0].ip == "127.0.0.9"
-    assert ("DELETE", "/v1/groups/1/receivers/127.0.0.9") in [(m, p) for m, p, _, _ in fake.calls]
+    leaves = [(m, p) for m, p, _, _ in fake.calls].count(("DELETE", "/v1/groups/1/receivers/127.0.0.9"))
+    assert leaves == 2  # it left the group both times
+
+
+def test_no_key_from_the_controller_is_refused_unless_insecure(tmp_path, monkeypatch) -> None:
+    """A controller that shows no key (this caller has no covering token) gives nothing
+    to authenticate with: refused, and the announcement is retired again; with
+    ``insecure`` the transfer goes ahead, unauthenticated, and says so."""
+    monkeypatch.delenv("MODELCAST_TOKEN", raising=False)
+    model = make_model(tmp_path / "m.bin", 1000)
+    with FakeController(5000, token="only-the-admin-has-it") as fake:
+        with pytest.raises(TransferError, match=r"the controller gave no session key \(no --token\?\).*--insecure"):
+            hostagent.send(str(model.path), SendOptions(controller=fake.url, interface=LOOPBACK, receivers=1))
+        assert [b for m, p, b, _ in fake.calls if p.endswith("/rekey")][-1] is None  # retired
+        events: list = []
+        with pytest.raises(hostagent.ControllerError, match="timed out"):  # (no receiver ever comes)
+            hostagent.send(str(model.path), SendOptions(controller=fake.url, interface=LOOPBACK, receivers=1,
+                                                        insecure=True, wait_timeout=0.2, poll=0.05),
+                           on_event=events.append)
+    assert hostagent.Unauthenticated("the controller gave no session key (no --token?)") in events

@@ -285,3 +285,60 @@ def test_a_nack_with_32k_ranges_is_ingested_up_to_the_cap() -> None:
         sender.datagrams_to_send(now)
     assert sender.stats.repairs_unicast == cfg.max_nack_ranges  # one seq per range, the rest ignored
     assert sender.stats.repairs_multicast == 0 and set(sent) <= {peer, GROUP}
+
+
+def test_a_peer_is_repaired_no_faster_than_its_repair_rate_and_real_receivers_go_on() -> None:
+    """Plain --group mode without a key admits anyone: a spoofer asks for the whole file
+    every 20 ms. It gets at most ``repair_rate`` of the cap per second (after one burst),
+    while a real receiver at 20% loss is still repaired and verifies."""
+    data = payload(512 * KIB)
+    sim = lossy_sim(data, 1, expected_receivers=1, repair_rate=0.25, repair_burst=0.2, linger_timeout=30.0)
+    sent = tap(sim.sender)
+    total = sim.sender.layout.total_seq
+    nack = wire.encode(wire.Nack(sim.sender.session, 0xE000, ((0, total),)))
+    for step in range(1, 250):  # 5 s of asking, from the stream's start
+        sim.inject_to_sender(step * 0.02, nack, evil())
+    sim.run(until=60)
+    assert_all_verified_but(sim, data, forged={0xE000})
+    cfg = sim.sender.config
+    rate = cfg.repair_rate * cfg.rate_bps / 8
+    datagram = cfg.payload_size + wire.DATA_HEADER_LEN + wire.MAC_LEN
+    # The spoofer was served for at most the 5 s it asked (+ what its last request queued).
+    assert 0 < to_attackers(sent) <= rate * cfg.repair_burst + rate * 5.0 + 2 * datagram * cfg.max_nack_ranges
+    assert to_attackers(sent) < len(data) * 1.5  # well under its total budget: the rate held it back
+    assert sim.sender.stats.drops["repair_rate_limited"] > 0
+
+
+def assert_all_verified_but(sim: Sim, data: bytes, forged: set[int]) -> None:
+    """Every real receiver verified ``data``; only the ``forged`` ids are unresolved."""
+    for rec in sim.receivers:
+        assert rec.receiver is not None and rec.receiver.complete and bytes(rec.sink.data) == data
+    done = finished(sim)
+    assert {1000 + i for i in range(len(sim.receivers))} <= set(done.completed)
+    assert set(done.completed).isdisjoint(forged)
+
+
+def test_two_forged_ids_cannot_get_the_file_multicast_over_and_over() -> None:
+    """Two invented ids asking for the same whole range make it a shared loss: multicast.
+    Each multicast repair is charged to both (half each), so together they get at most
+    their two repair budgets, not one more multicast of the file per request."""
+    data = payload(64 * KIB)
+    cfg = sender_config(linger_timeout=30.0, receiver_timeout=30.0)
+    sender = Sender(MemorySource(data), cfg, 0.0)
+    now = stream_out(sender)
+    total = sender.layout.total_seq
+    nacks = [wire.encode(wire.Nack(sender.session, 0xE000 + i, ((0, total),))) for i in range(2)]
+    while now < 20.0:
+        for i, raw in enumerate(nacks):
+            sender.receive_datagram(raw, evil(i), now)
+        for _ in range(50):
+            now += 0.001
+            sender.handle_timer(now)
+            sender.datagrams_to_send(now)
+    multicast = sender.stats.repair_bytes_multicast
+    cap = sender.peers[0xE000].budget.total  # type: ignore[union-attr]
+    datagram = cfg.payload_size + wire.DATA_HEADER_LEN + wire.MAC_LEN
+    assert multicast >= len(data)  # served (the loss looked shared) ...
+    assert multicast + sender.stats.repair_bytes_unicast <= 2 * cap + 2 * datagram  # ... within two budgets
+    # (Uncharged, 20 s of asking every 50 ms multicast it ~400 times: the requests stop here.)
+    assert sender.stats.drops["repair_budget_spent"] > 0

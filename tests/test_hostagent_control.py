@@ -121,12 +121,14 @@ def test_either_group_or_controller_is_required(tmp_path, capsys) -> None:
 
 def test_receiver_leaves_the_group_even_when_the_transfer_fails(tmp_path, capsys) -> None:
     with FakeController(free_port(socket.SOCK_DGRAM)) as fake:
+        fake.route("POST", "/v1/groups", {"model": "m", "source": LOOPBACK})  # a sender announced, then died
+        fake.route("POST", "/v1/groups/1/rekey", {"session": "00000000000000aa"})
         code = main(["recv", "--controller", fake.url, "--model", "m", "--source", LOOPBACK, "--interface", LOOPBACK,
                      "--ip", "127.0.0.9", "--out", str(tmp_path / "o.bin"), "--timeout", "0.2", "--json"])
     assert code == 1
     summary = json.loads(capsys.readouterr().out)
     assert summary["digest_ok"] is False and summary["error"] == "sender silent"
-    assert [(m, p) for m, p, _, _ in fake.calls] == [
+    assert [(m, p) for m, p, _, _ in fake.calls if m != "GET"] == [
         ("POST", "/v1/groups"), ("PUT", "/v1/groups/1/receivers/127.0.0.9"), ("DELETE", "/v1/groups/1/receivers/127.0.0.9"),
     ]
     assert fake.calls[0][2] == {"model": "m", "source": LOOPBACK}
@@ -173,6 +175,11 @@ def test_send_and_receive_through_the_controller(tmp_path) -> None:
     for ip in ("127.0.0.2", "127.0.0.3"):
         assert ("PUT", f"/v1/groups/1/receivers/{ip}") in calls
         assert ("DELETE", f"/v1/groups/1/receivers/{ip}") in calls
+    # A fresh key announced for this transfer (its session and file), retired at the end;
+    # the receivers, started first, waited for the announcement.
+    rekeys = [b for m, p, b, _ in fake.calls if (m, p) == ("POST", "/v1/groups/1/rekey")]
+    assert len(rekeys) == 2 and rekeys[0]["file_digest"] == digest and len(rekeys[0]["session"]) == 16
+    assert rekeys[1] is None and "session" not in fake.groups[1]
     assert calls.count(("GET", "/v1/groups/1")) >= 3  # waited through the pending reads
     assert {auth for *_, auth in fake.calls} == {"Bearer tok"}
 

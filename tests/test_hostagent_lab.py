@@ -19,26 +19,17 @@ import blake3
 import pytest
 
 from lab.bridge import BridgeLab
-from lab.sh import LabError
+from lab.models import make_key_file
 from tests.support.agents import REPO, cli_argv
-from tests.support.lab import need_lab, skip_or_fail
+from tests.support.lab import bridge_lab
 
 pytestmark = pytest.mark.lab
 
 
 @pytest.fixture
 def lab4():
-    need_lab(ovs=False)
-    lab = BridgeLab(4)
-    try:
-        lab.start()
-    except LabError as exc:
-        skip_or_fail(str(exc))
-    try:
+    with bridge_lab(4) as lab:
         yield lab
-    finally:
-        lab.stop()
-        assert lab.leftovers() == [], "lab objects left behind"
 
 
 def test_three_receivers_with_random_and_bursty_loss(lab4: BridgeLab, tmp_path: Path) -> None:
@@ -52,12 +43,14 @@ def test_three_receivers_with_random_and_bursty_loss(lab4: BridgeLab, tmp_path: 
     # the rule drops whole batches: 10% of them is sure to drop some (1% missed all ~40%
     # of the time), and is heavy loss for the receiver to repair.
     methods = {1: lab4.add_loss(1, "random", port, pct=10.0), 2: lab4.add_loss(2, "bursty", port)}
+    key = str(make_key_file(tmp_path / "session.key"))
 
     receivers = {}
     for host in (1, 2, 3):
         out = tmp_path / f"out{host}.bin"
         receivers[host] = lab4.popen(
-            host, *cli_argv("recv", "--group", addr, "--source", lab4.ip(0), "--out", str(out), "--json", "--timeout", "30"),
+            host, *cli_argv("recv", "--group", addr, "--source", lab4.ip(0), "--out", str(out), "--json", "--timeout", "30",
+                         "--key-file", key),
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
         )
     # Receivers join before the stream: give them a moment (late joiners would also be
@@ -65,7 +58,7 @@ def test_three_receivers_with_random_and_bursty_loss(lab4: BridgeLab, tmp_path: 
     time.sleep(0.5)
     sender = lab4.popen(
         0, *cli_argv("send", str(model), "--group", addr, "--interface", lab4.ip(0), "--receivers", "3",
-                "--rate", "300", "--gso", "--json", "--timeout", "40"),
+                "--rate", "300", "--gso", "--json", "--timeout", "40", "--key-file", key),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
     )
     s_out, s_err = sender.communicate(timeout=55)

@@ -20,7 +20,7 @@ import msgpack
 import pytest
 
 from lab.bridge import BridgeLab
-from lab.models import ModelFile, file_digest, make_model
+from lab.models import ModelFile, file_digest, make_key_file, make_model
 from lab.sh import LabError, sh
 from tests.support.agents import REPO, cli_argv
 from tests.support.lab import need_lab, skip_or_fail
@@ -57,16 +57,16 @@ def _group() -> str:
     return f"232.{random.randint(1, 254)}.{random.randint(1, 254)}.{random.randint(1, 254)}:{random.randint(20000, 60000)}"
 
 
-def _recv(lab: BridgeLab, group: str, out: Path) -> subprocess.Popen:
+def _recv(lab: BridgeLab, group: str, out: Path, key: Path) -> subprocess.Popen:
     return lab.popen(1, *cli_argv("recv", "--group", group, "--source", lab.ip(0), "--out", str(out),
-                                  "--json", "--timeout", "20"),
+                                  "--json", "--timeout", "20", "--key-file", str(key)),
                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
 
 
-def _send(lab: BridgeLab, group: str, model: ModelFile) -> subprocess.Popen:
+def _send(lab: BridgeLab, group: str, model: ModelFile, key: Path) -> subprocess.Popen:
     return lab.popen(0, *cli_argv("send", str(model.path), "--group", group, "--interface", lab.ip(0),
                                   "--receivers", "1", "--rate", RATE, "--chunk-size", str(CHUNK),
-                                  "--json", "--timeout", "30"),
+                                  "--json", "--timeout", "30", "--key-file", str(key)),
                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
 
 
@@ -100,10 +100,10 @@ def _claimed(out: Path) -> list[int]:
 def _kill_at_60_and_restart(lab: BridgeLab, model: ModelFile, out: Path, tear: int = 0) -> tuple[dict, int]:
     """Receive, SIGKILL at 60%, optionally tear ``tear`` claimed chunks on disk, restart;
     returns the second run's summary and the bytes the first run had written."""
-    group = _group()
-    first = _recv(lab, group, out)
+    group, key = _group(), make_key_file(out.parent / "session.key")
+    first = _recv(lab, group, out, key)
     time.sleep(0.4)
-    sender = _send(lab, group, model)
+    sender = _send(lab, group, model, key)
     _wait_held(out, 0.6, first)
     first.kill()
     first.wait(10)
@@ -113,7 +113,7 @@ def _kill_at_60_and_restart(lab: BridgeLab, model: ModelFile, out: Path, tear: i
             for chunk in _claimed(out)[:tear]:
                 f.seek(chunk * CHUNK + 1000)
                 f.write(b"torn by the crash")
-    second = _recv(lab, group, out)
+    second = _recv(lab, group, out, key)
     code, summary, err = _finish(second)
     s_code, s_summary, s_err = _finish(sender)
     assert code == 0 and summary is not None and summary["digest_ok"], err
@@ -147,15 +147,16 @@ def test_claimed_chunks_torn_on_disk_are_refetched(lab2: BridgeLab, model: Model
 
 def test_disk_full_exits_with_one_line_keeps_the_record_and_resumes_after_space_is_freed(
         lab2: BridgeLab, model: ModelFile, tmp_path: Path) -> None:
+    key = make_key_file(tmp_path / "session.key")
     mnt = tmp_path / "small"
     mnt.mkdir()
     sh(["mount", "-t", "tmpfs", "-o", "size=12m", "modelcast-test", str(mnt)], what="mount a small tmpfs")
     try:
         out = mnt / "out.bin"
         group = _group()
-        rx = _recv(lab2, group, out)
+        rx = _recv(lab2, group, out, key)
         time.sleep(0.4)
-        sender = _send(lab2, group, model)
+        sender = _send(lab2, group, model, key)
         code, summary, err = _finish(rx)
         sender.kill()
         sender.wait(10)
@@ -175,9 +176,9 @@ def test_disk_full_exits_with_one_line_keeps_the_record_and_resumes_after_space_
                 assert got.read(CHUNK) == want.read(CHUNK), f"claimed chunk {chunk} is not on disk"
         sh(["mount", "-o", "remount,size=80m", str(mnt)], what="free space")
         group = _group()
-        rx = _recv(lab2, group, out)
+        rx = _recv(lab2, group, out, key)
         time.sleep(0.4)
-        sender = _send(lab2, group, model)
+        sender = _send(lab2, group, model, key)
         code, summary, err = _finish(rx)
         s_code, _, s_err = _finish(sender)
         assert code == 0 and summary is not None and summary["digest_ok"], err

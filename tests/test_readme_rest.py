@@ -236,10 +236,13 @@ def _one_group(ex: Example, group: Any, ctl: Controller) -> None:
 
 
 def _rekeyed(ex: Example, group: Any, ctl: Controller) -> None:
-    """A fresh key: the one receivers get by joining again, unseen without a token."""
+    """A fresh key: the one receivers get by joining again, unseen without a token; and
+    the announced transfer, seen by anyone."""
     assert group["id"] == 1 and len(group["key"]) == 64, group
     assert ctl.api("PUT", "/v1/groups/1/receivers/10.0.0.5").json()["key"] == group["key"]
-    assert "key" not in ctl.api("GET", "/v1/groups/1", headers={"Authorization": ""}).json()
+    anonymous = ctl.api("GET", "/v1/groups/1", headers={"Authorization": ""}).json()
+    assert "key" not in anonymous
+    assert {k: anonymous[k] for k in ex.body} == ex.body  # session and file_digest
 
 
 def _group_gone(ex: Example, body: Any, ctl: Controller) -> None:
@@ -327,7 +330,7 @@ def test_every_readme_example_has_a_documented_outcome(examples):
     """A new, changed or removed example must change ``EXPECTED`` too."""
     assert [ex.key for ex in examples] == list(EXPECTED), \
         "the README's curl examples changed: update EXPECTED with what each one documents"
-    assert [ex.key for ex in examples if ex.response] == ["POST /v1/groups"]
+    assert [ex.key for ex in examples if ex.response] == ["POST /v1/groups", "POST /v1/groups/1/rekey"]
 
 
 def test_readme_curl_examples_run_as_documented(examples, controller):

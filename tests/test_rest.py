@@ -345,6 +345,27 @@ def hosts_api() -> Api:
     return Api(make_env(token=TOKEN, host_tokens=HOST_TOKENS))
 
 
+def test_a_rekey_announces_the_transfer_and_a_bare_rekey_retires_it(hosts_api):
+    """The source names the session (and file digest) its new key is for; a receiver's
+    join answers the three together, anonymous readers see the session but no key, and
+    a rekey without a body clears the announcement (the sender's last call)."""
+    api = hosts_api
+    g = api.json("POST", "/v1/groups", {"model": "m", "source": S}, 201, auth=False, headers=as_host(S))
+    assert "session" not in g and "file_digest" not in g
+    transfer = {"session": "00112233aabbccdd", "file_digest": "ef" * 32}
+    announced = valid("Group", api.json("POST", f"/v1/groups/{g['id']}/rekey", transfer, auth=False,
+                                        headers=as_host(S)))
+    assert announced["key"] != g["key"] and {k: announced[k] for k in transfer} == transfer
+    joined = api.json("PUT", f"/v1/groups/{g['id']}/receivers/{R1}", auth=False, headers=as_host(R1))
+    assert (joined["key"], joined["session"], joined["file_digest"]) == (announced["key"], *transfer.values())
+    anonymous = api.json("GET", f"/v1/groups/{g['id']}", auth=False)
+    assert anonymous["session"] == transfer["session"] and "key" not in anonymous
+    for bad in ({"session": "xyz"}, {"file_digest": "ef" * 32}, {"session": "00" * 8, "other": 1}):
+        assert "Rekey schema" in api.json("POST", f"/v1/groups/{g['id']}/rekey", bad, 400)["error"]
+    retired = valid("Group", api.json("POST", f"/v1/groups/{g['id']}/rekey"))
+    assert "session" not in retired and retired["key"] != announced["key"]
+
+
 def test_host_tokens_act_only_for_their_host(hosts_api):
     api = hosts_api
     # a receiver may look up (or create) its sender's group first: no key, it is no member

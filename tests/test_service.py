@@ -202,6 +202,7 @@ def test_save_and_load_restore_groups_keys_and_hosts(tmp_path):
     a, _ = env.service.create_group({"model": "a", "source": S, "receivers": [R1, R3]})
     b, _ = env.service.create_group({"model": "b", "source": R1, "receivers": [R2],
                                      "algorithm": "steiner"})
+    b = env.service.rekey(b["id"], transfer={"session": "0123456789abcdef", "file_digest": "cd" * 32})
     assert json.loads(state.read_text())["version"] == 1
     assert state.stat().st_mode & 0o777 == 0o600
     assert sorted(os.listdir(tmp_path)) == ["state.json"]
@@ -216,6 +217,8 @@ def test_save_and_load_restore_groups_keys_and_hosts(tmp_path):
     for dpid in env.topo.switches:
         svc.apply(core.switch_enter(dpid), "switch")
     keys = ("id", "model", "source", "address", "port", "algorithm", "key", "receivers", "state")
+    assert svc.get_group(b["id"])["session"] == "0123456789abcdef"  # the announced transfer too
+    assert "session" not in svc.get_group(a["id"])
     for old in (a, b):
         new = svc.get_group(old["id"])
         assert {k: new[k] for k in keys} == {k: old[k] for k in keys}
@@ -300,6 +303,8 @@ GOOD_GROUP = {"id": 4, "model": "ok", "source": S, "address": "232.1.2.3", "port
     ({"groups": [dict(GOOD_GROUP, tree=[[3, -1]])]}, "group 4 tree[0] dpid is -1"),
     ({"groups": [dict(GOOD_GROUP, tree=[[3]])]}, "group 4 tree[0] is [3], not a list of 2"),
     ({"groups": [dict(GOOD_GROUP, key=7)]}, "group 4 key is not a string"),
+    ({"groups": [dict(GOOD_GROUP, transfer={"session": "zz"})]}, "group 4 transfer is not"),
+    ({"groups": [dict(GOOD_GROUP, transfer={"file_digest": "ab" * 32})]}, "group 4 transfer is not"),
     ({"groups": [7]}, "groups[0] is int, not an object"),
     ({"groups": {"a": 1}}, "does not hold a modelcast state"),
     ({"topology": {"switches": [1 << 64]}}, "topology.switches[0] is 18446744073709551616"),

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import random
+import secrets
 import socket
 import struct
 import subprocess
@@ -113,14 +114,19 @@ def loopback_group(address: Optional[str] = None) -> tuple[str, int]:
 
 
 class FakeController:
-    """Just enough of /v1/groups: one group per (model, source) at 239.255.77.1:``port``;
+    """Just enough of /v1/groups: one group per (model, source) at ``address``:``port``;
     it reports ``pending`` for the first ``pending_polls`` reads, then ``installed`` (or
-    ``stuck_state``), or refuses everything with ``reject`` = (status, error)."""
+    ``stuck_state``), or refuses everything with ``reject`` = (status, error). With
+    ``token``, the key is shown only to requests that carry it (as the controller shows
+    it only to a covering token). Listens on ``host`` (default loopback)."""
 
     ADDRESS = "239.255.77.1"
 
     def __init__(self, port: int, pending_polls: int = 2, stuck_state: Optional[str] = None,
-                 reject: Optional[tuple[int, str]] = None) -> None:
+                 reject: Optional[tuple[int, str]] = None, token: Optional[str] = None,
+                 host: str = LOOPBACK, address: Optional[str] = None) -> None:
+        self.token = token
+        self.address = address or self.ADDRESS
         self.calls: list[tuple[str, str, Optional[dict], Optional[str]]] = []
         self.groups: dict[int, dict] = {}
         self.pending_polls = pending_polls
@@ -146,14 +152,17 @@ class FakeController:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = json.loads(self.rfile.read(length)) if length else None
                 with fake.lock:
-                    fake.calls.append((self.command, self.path, body, self.headers.get("Authorization")))
+                    auth = self.headers.get("Authorization")
+                    fake.calls.append((self.command, self.path, body, auth))
                     code, obj = fake.route(self.command, self.path, body)
+                    if fake.token is not None and auth != f"Bearer {fake.token}" and isinstance(obj, dict):
+                        obj = {k: v for k, v in obj.items() if k != "key"}
                 self._reply(code, obj)
 
             do_GET = do_POST = do_PUT = do_DELETE = _handle
 
-        self.server = ThreadingHTTPServer((LOOPBACK, 0), Handler)
-        self.url = f"http://{LOOPBACK}:{self.server.server_address[1]}"
+        self.server = ThreadingHTTPServer((host, 0), Handler)
+        self.url = f"http://{host}:{self.server.server_address[1]}"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
     def __enter__(self) -> "FakeController":
@@ -179,7 +188,7 @@ class FakeController:
                     return 200, self._view(g)
             gid = len(self.groups) + 1
             self.groups[gid] = g = {
-                "id": gid, "model": body["model"], "source": body["source"], "address": self.ADDRESS,
+                "id": gid, "model": body["model"], "source": body["source"], "address": self.address,
                 "port": self.mc_port, "receivers": list(body.get("receivers") or []), "tree": {},
                 "errors": [], "key": "ab" * 32, "reads": 0,
             }
@@ -188,6 +197,14 @@ class FakeController:
             g = self.groups[int(parts[2])]
             if method == "GET" and len(parts) == 3:
                 g["reads"] += 1
+                return 200, self._view(g)
+            if method == "POST" and len(parts) == 4 and parts[3] == "rekey":
+                g["key"] = secrets.token_hex(32)  # a fresh key every time
+                for name in ("session", "file_digest"):
+                    if (body or {}).get("session"):
+                        g[name] = (body or {}).get(name)
+                    else:
+                        g.pop(name, None)
                 return 200, self._view(g)
             if len(parts) == 5 and parts[3] == "receivers":
                 if method == "PUT":

@@ -4,10 +4,13 @@ CI=true (CI must prove the real thing)."""
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
+from typing import Iterator
 
 import pytest
 
-from lab.sh import unavailable
+from lab.bridge import BridgeLab
+from lab.sh import LabError, unavailable
 
 
 def skip_or_fail(reason: str) -> None:
@@ -23,3 +26,20 @@ def need_lab(ovs: bool = True) -> None:
     reason = unavailable(ovs)
     if reason:
         skip_or_fail(reason)
+
+
+@contextmanager
+def bridge_lab(hosts: int) -> Iterator[BridgeLab]:
+    """A started kernel-bridge lab of ``hosts`` hosts (skip or fail if it cannot be
+    built), torn down afterwards, and checked to leave nothing behind."""
+    need_lab(ovs=False)
+    lab = BridgeLab(hosts)
+    try:
+        lab.start()
+    except LabError as exc:
+        skip_or_fail(str(exc))
+    try:
+        yield lab
+    finally:
+        lab.stop()
+        assert lab.leftovers() == [], "lab objects left behind"
