@@ -36,14 +36,16 @@ from .events import (
     Failed, FileComplete, ReceiverCompleted, ReceiverEvent, ReceiverFailed, SenderEvent, StreamFinished,
     TransferFinished,
 )
+from . import tree
+from .dirs import DirSource, PathSink
 from .manifest import cache_dir, cached_digests
 from .net import (
-    FileSink, FileSource, gso_burst_bytes, parse_group, parse_ipv4, path_mtu, receiver_sockets, run,
+    FileSource, gso_burst_bytes, parse_group, parse_ipv4, path_mtu, receiver_sockets, run,
     sender_socket,
 )
 from .receiver import Receiver, ReceiverConfig
 from .sender import Sender, SenderConfig, build_manifest_pages, file_digests
-from .wire import DATA_HEADER_LEN, MAC_LEN, derive_key
+from .wire import DATA_HEADER_LEN, MAC_LEN, Manifest, derive_key
 
 __all__ = [
     "ControllerError", "GroupAssigned", "GroupJoined", "HookResult", "LeaveFailed", "MetricsServing",
@@ -128,6 +130,10 @@ class ReceiveOptions(_Common):
     # first) is written at most this long after chunks verify.
     resume_interval: float = ReceiverConfig.state_save_interval
     on_complete: Optional[str] = None  # command run as `CMD OUT_PATH` after verification
+    # Accept only the model with this content id (``blake3:<hex>``, printed by send): any
+    # other manifest is refused, whoever MAC'd it. With a controller it also names the
+    # group when ``model`` is not given.
+    expect: Optional[str] = None
     hook_stdout: Optional[IO[Any]] = None  # where that command's stdout goes (None: ours)
 
 
@@ -159,6 +165,8 @@ class SendStarted:
     size: int
     group: tuple[str, int]
     local: tuple[str, int]  # the sender socket: receivers' NACKs come back here
+    content_id: str = ""  # blake3:<hex> (hostagent.tree): what receivers pass to --expect
+    files: int = 1  # files in it (a directory: more than one, or one below a directory)
 
 
 @dataclass(frozen=True)
@@ -263,6 +271,8 @@ class SendResult:
     cpu_s: float  # of this process
     finished: TransferFinished = field(metadata={"summary": False})
     error: Optional[str] = field(default=None, metadata={"summary": False})
+    content_id: str = ""  # blake3:<hex> of the manifest (hostagent.tree)
+    files: int = 1
 
     def summary(self) -> dict:
         """The JSON summary object."""
@@ -314,6 +324,8 @@ class ReceiveResult:
     peak_rss_mb: float  # of this process
     cpu_s: float  # of this process
     on_complete: Optional[HookResult]
+    content_id: Optional[str] = None  # blake3:<hex> of the manifest received
+    files: int = 0  # files written (1 for a single file)
 
     def summary(self) -> dict:
         """The JSON summary object."""
@@ -344,25 +356,28 @@ def send(
     """Send ``path`` to the group until every expected receiver verified it (or the
     repair phase gave up); ``result.ok`` says which."""
     opts = options or SendOptions()
-    if not os.path.isfile(path):
-        raise TransferError(f"no such file: {path}")
+    if not os.path.isfile(path) and not os.path.isdir(path):
+        raise TransferError(f"no such file or directory: {path}")
     _check_group_source(opts)
     interface = _ipv4(opts.interface)
-    source = FileSource(path)
+    try:
+        source: FileSource | DirSource = DirSource(path) if os.path.isdir(path) else FileSource(path)
+    except ValueError as exc:
+        raise TransferError(str(exc)) from None
     try:
         return _send(path, opts, source, interface, on_event or _ignore, on_progress)
     finally:
         source.close()
 
 
-def _send(path: str, opts: SendOptions, source: FileSource, interface: str, emit: OnEvent,
+def _send(path: str, opts: SendOptions, source: FileSource | DirSource, interface: str, emit: OnEvent,
           on_progress: Optional[Callable[[SendProgress], None]]) -> SendResult:
     payload_size, max_datagram = _datagram_sizes(opts, interface)
     config = SenderConfig(
         chunk_size=opts.chunk_size, payload_size=payload_size, max_datagram=max_datagram,
         rate_bps=opts.rate_mbit * 1e6, fec_k=opts.fec_k, fec_overhead=opts.fec_overhead,
         expected_receivers=opts.receivers, key=_derive(opts.secret),
-        name=os.path.basename(path)[:100], linger_timeout=opts.timeout,
+        name=os.path.basename(os.path.normpath(path))[:100], linger_timeout=opts.timeout,
         min_rate_bps=None if opts.min_rate_mbit is None else opts.min_rate_mbit * 1e6,
         congestion_quorum=opts.congestion_quorum, repair_share=opts.repair_share,
         session_id=random.SystemRandom().getrandbits(64),
@@ -375,17 +390,19 @@ def _send(path: str, opts: SendOptions, source: FileSource, interface: str, emit
     if not opts.controller:  # (with one, the key comes with the group)
         _require_key(config.key, opts, emit, "--group without --key-file")
     # The manifest needs the file's digests (they also name the model): one read of the
-    # file the first time, none while it is unchanged.
-    digests, _ = cached_digests(path, config.chunk_size, lambda: file_digests(source, config.chunk_size),
-                                cache_dir() if opts.manifest_cache else None)
-    pages = build_manifest_pages(source, config, config.session_id, digests)  # type: ignore[arg-type]
+    # file the first time, none while it is unchanged. (A directory is digested every
+    # time: its own mtime does not move when a file in it is rewritten.)
+    entries = source.entries_blob if isinstance(source, DirSource) else b""
+    cache = cache_dir() if opts.manifest_cache and not entries else None
+    digests, _ = cached_digests(path, config.chunk_size, lambda: file_digests(source, config.chunk_size), cache)
+    pages = build_manifest_pages(source, config, config.session_id, digests, entries)  # type: ignore[arg-type]
     group_id: Optional[int] = None
     announced = False
     try:
         if opts.controller:
             client = _client(opts)
             src_ip = _ipv4(opts.ip or (interface if interface != _ANY else local_ip_towards(_url_host(opts.controller))))
-            model = opts.model or pages[0].file_digest.hex()
+            model = opts.model or _content_id(pages[0])
             info = client.create_group(model, src_ip, list(opts.receiver_ips) or None)
             group = group_endpoint(info)
             group_id = info.get("id")
@@ -419,7 +436,7 @@ def _retire(opts: SendOptions, group_id: int, emit: OnEvent) -> None:
         emit(LeaveFailed(group_id, f"retiring the session key: {exc}"))
 
 
-def _send_on(path: str, opts: SendOptions, source: FileSource, config: SenderConfig, pages: list,
+def _send_on(path: str, opts: SendOptions, source: FileSource | DirSource, config: SenderConfig, pages: list,
              group: tuple[str, int], group_id: Optional[int], interface: str, emit: OnEvent,
              on_progress: Optional[Callable[[SendProgress], None]]) -> SendResult:
     """The sender's socket and loop, once the group and its key are settled."""
@@ -427,7 +444,7 @@ def _send_on(path: str, opts: SendOptions, source: FileSource, config: SenderCon
     try:
         started = time.monotonic()
         sender = Sender(source, config, started, manifest=pages)
-        emit(SendStarted(path, source.size, group, sock.getsockname()))
+        emit(SendStarted(path, source.size, group, sock.getsockname(), _content_id(pages[0]), _files(pages[0])))
         metrics = _serve_metrics(opts, "sender", lambda: sender.stats, lambda: (_sent_bytes(sender), source.size), emit)
         try:
             lister = _GroupWatcher(_client(opts), group_id, opts.poll) if opts.controller else None
@@ -500,7 +517,17 @@ def _stream(path: str, opts: SendOptions, sender: Sender, sock: socket.socket, g
         authenticated=sender.config.key is not None, gso=loop.gso, gso_datagrams=loop.gso_datagrams,
         send_buffer_drops=loop.send_drops, dropped=dict(stats.drops), peak_rss_mb=_peak_rss_mb(), cpu_s=_cpu_s(),
         finished=finished, error=None if finished.ok else _send_failure(finished, opts.receivers),
+        content_id=_content_id(sender.pages[0]), files=_files(sender.pages[0]),
     )
+
+
+def _content_id(page: Manifest) -> str:
+    return tree.content_id(page.entries, page.file_size, page.file_digest)
+
+
+def _files(page: Manifest) -> int:
+    """Files a manifest describes (its entry list is checked by then, or our own)."""
+    return len(tree.decode_entries(page.entries)) if page.entries else 1
 
 
 class _GroupWatcher:
@@ -580,14 +607,20 @@ def receive(
     if not os.path.isdir(out_dir) or not os.access(out_dir, os.W_OK):
         raise TransferError(f"cannot write output in {out_dir}")
     key = _derive(options.secret)
+    if options.expect is not None:
+        try:
+            tree.parse_content_id(options.expect)
+        except ValueError as exc:
+            raise TransferError(str(exc)) from None
     if not options.controller:
         _require_key(key, options, emit, "--group without --key-file")
         return _receive(out, options, _group(options.group), source_ip, interface, key, emit, on_progress)
-    if not options.model:
-        raise TransferError("model is required with a controller")
+    model = options.model or options.expect  # a group may be named by the content id
+    if not model:
+        raise TransferError("model (or expect) is required with a controller")
     client = _client(options)
     my_ip = _ipv4(options.ip or (interface if interface != _ANY else local_ip_towards(source_ip)))
-    info = client.create_group(options.model, source_ip)
+    info = client.create_group(model, source_ip)
     group = group_endpoint(info)
     info = client.join(int(info["id"]), my_ip)
     gid = int(info["id"])
@@ -649,10 +682,7 @@ def _receive(out: str, opts: ReceiveOptions, group: tuple[str, int], source_ip: 
     """Receive on the group's sockets. ``joined`` (client, group id, join answer): the
     key, session and digest come from the controller, and a new announcement is taken
     until a manifest locks the receiver onto one transfer."""
-    try:
-        sink = FileSink(out)
-    except OSError as exc:
-        raise TransferError(f"cannot open {out}: {exc.strerror}") from None
+    sink = PathSink(out)  # a file or a directory: the manifest says which
     try:
         mc, uc = receiver_sockets(group[0], group[1], source_ip, interface)
     except BaseException:
@@ -666,7 +696,8 @@ def _receive(out: str, opts: ReceiveOptions, group: tuple[str, int], source_ip: 
             expect = _await_announced(client, gid, answer, key, opts.timeout)
             _require_key(expect.key, opts, emit, "the controller gave no session key (no --token?)")
         config = ReceiverConfig(key=expect.key, session_id=expect.session, file_digest=expect.file_digest,
-                                idle_timeout=opts.timeout, state_save_interval=opts.resume_interval)
+                                idle_timeout=opts.timeout, state_save_interval=opts.resume_interval,
+                                content_id=tree.parse_content_id(opts.expect) if opts.expect else None)
         receiver = Receiver(sink, config, time.monotonic(), state=sink.load_state())
         emit(ReceiveStarted(out, group))
         metrics = _serve_metrics(opts, "receiver", lambda: receiver.stats, lambda: _held_bytes(receiver), emit)
@@ -697,7 +728,7 @@ def _receive(out: str, opts: ReceiveOptions, group: tuple[str, int], source_ip: 
         _stop(metrics)
 
 
-def _listen(out: str, opts: ReceiveOptions, receiver: Receiver, sink: FileSink, mc: socket.socket,
+def _listen(out: str, opts: ReceiveOptions, receiver: Receiver, sink: PathSink, mc: socket.socket,
             uc: socket.socket, group: tuple[str, int], emit: OnEvent,
             on_progress: Optional[Callable[[ReceiveProgress], None]],
             each_turn: Callable[[], None] = lambda: None) -> ReceiveResult:
@@ -754,6 +785,8 @@ def _listen(out: str, opts: ReceiveOptions, receiver: Receiver, sink: FileSink, 
         fec_recovered=stats.fec_recovered, nack_seqs=stats.nack_seqs_requested, gro=loop.gro,
         gro_batches=loop.gro_batches, dropped=dict(stats.drops), peak_rss_mb=_peak_rss_mb(), cpu_s=_cpu_s(),
         on_complete=hook,
+        content_id=_content_id(receiver.manifest) if receiver.manifest else None,
+        files=_files(receiver.manifest) if receiver.manifest else 0,
     )
 
 

@@ -104,8 +104,10 @@ class Reporter:
         args, bar_shown = self.args, self.bar is not None and self.bar.shown
         if isinstance(event, (SendStarted, ReceiveStarted)):
             if isinstance(event, SendStarted):
-                _say(args, f"sending {event.path} ({event.size} bytes) to {event.group[0]}:{event.group[1]} from "
+                what = f"{event.files} files, " if event.files > 1 else ""
+                _say(args, f"sending {event.path} ({what}{event.size} bytes) to {event.group[0]}:{event.group[1]} from "
                            f"{event.local[0]}:{event.local[1]}")
+                _say(args, f"content id {event.content_id} (receivers: --expect {event.content_id})")
             self.bar = Progress(args, self.label)
         elif isinstance(event, GroupAssigned):
             wanted = "" if event.receivers is None else f" and {event.receivers} receivers"
@@ -165,8 +167,8 @@ def _common(args: argparse.Namespace, secret: Optional[bytes]) -> dict[str, Any]
 
 
 def cmd_send(args: argparse.Namespace) -> int:
-    if not os.path.isfile(args.path):
-        raise CliError(f"no such file: {args.path}")
+    if not os.path.isfile(args.path) and not os.path.isdir(args.path):
+        raise CliError(f"no such file or directory: {args.path}")
     _require_group_source(args)
     options = SendOptions(
         **_common(args, _secret(args.key_file)), receivers=args.receivers,
@@ -198,11 +200,11 @@ def cmd_send(args: argparse.Namespace) -> int:
 def cmd_recv(args: argparse.Namespace) -> int:
     _require_group_source(args)
     secret = _secret(args.key_file)
-    if args.controller and not args.model:
-        raise CliError("--model is required with --controller")
+    if args.controller and not args.model and not args.expect:
+        raise CliError("--model (or --expect) is required with --controller")
     options = ReceiveOptions(
         **_common(args, secret), source=args.source, timeout=args.timeout, gro=not args.no_gro,
-        resume_interval=args.resume_interval,
+        resume_interval=args.resume_interval, expect=args.expect,
         # The hook's stdout must not corrupt our single JSON line: send it to stderr.
         on_complete=args.on_complete, hook_stdout=sys.stderr if args.json else None,
     )
@@ -214,7 +216,8 @@ def cmd_recv(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result.summary()))
     elif result.digest_ok:
-        _say(args, f"verified {args.out} (blake3 {(result.file_digest or '')[:16]}...), "
+        what = f"{result.files} files, " if result.files > 1 else ""
+        _say(args, f"verified {args.out} ({what}{result.content_id}), "
                    f"{result.goodput_mbit} Mbit/s, {result.nacks} NACKs, {result.repairs_received} repairs")
     else:
         print(f"modelcast: error: {result.error}", file=sys.stderr)
@@ -246,8 +249,8 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--quiet", action="store_true")
     common.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
     common.add_argument("--metrics-addr", default=SendOptions.metrics_addr, help="address for --metrics-port (default 127.0.0.1)")
-    send = sub.add_parser("send", parents=[common], help="send a file to the group")
-    send.add_argument("path")
+    send = sub.add_parser("send", parents=[common], help="send a file or a model directory to the group")
+    send.add_argument("path", help="a file, or a directory: every file under it in one session")
     send.add_argument("--receivers", type=int, default=None, help="expected receivers (exit 0 when all verified)")
     send.add_argument("--receiver-ip", action="append", help="register a receiver with the controller (repeatable)")
     send.add_argument("--wait-timeout", type=float, default=SendOptions.wait_timeout, help="seconds to wait for the controller's tree")
@@ -277,9 +280,14 @@ def build_parser() -> argparse.ArgumentParser:
     send.add_argument("--repair-share", type=float, default=SendOptions.repair_share, metavar="FRACTION",
                       help="max fraction of the sends given to repairs while the stream runs, so lagging "
                            "receivers never starve it (default %(default)s)")
-    recv = sub.add_parser("recv", parents=[common], help="receive a file from the group")
+    recv = sub.add_parser("recv", parents=[common], help="receive a file or a model directory from the group")
     recv.add_argument("--source", required=True, help="sender's IPv4 address (source-specific join)")
-    recv.add_argument("--out", required=True, help="output path (e.g. /dev/shm/model.bin); written in place")
+    recv.add_argument("--out", required=True,
+                      help="output path (e.g. /dev/shm/model.bin): a file is written in place; a directory is "
+                           "assembled in .NAME.modelcast-tmp next to it and renamed to OUT once verified")
+    recv.add_argument("--expect", metavar="ID",
+                      help="accept only the model with this content id (blake3:<hex>, printed by send); with "
+                           "--controller and no --model it also names the group")
     recv.add_argument("--timeout", type=float, default=ReceiveOptions.timeout, help="give up after this long without the sender")
     recv.add_argument("--no-gro", action="store_true", help="do not ask the kernel for UDP GRO")
     recv.add_argument("--resume-interval", type=float, default=ReceiveOptions.resume_interval, metavar="SECONDS",

@@ -89,8 +89,10 @@ class _RecordWriter:
     the new one, each claiming only data already on disk. Records handed over while one
     is being written collapse into the newest."""
 
-    def __init__(self, data_fd: int, data_path: str, path: str) -> None:
+    def __init__(self, data_fd: int, data_path: str, path: str,
+                 sync: Optional[Callable[[], None]] = None) -> None:
         self._fd = data_fd
+        self._sync = sync  # makes the data durable instead of fdatasync(data_fd) (a directory's files)
         self._data_path = data_path
         self._path = path
         self._pending: Optional[bytes] = None
@@ -144,7 +146,10 @@ class _RecordWriter:
 
     def _write(self, state: bytes) -> None:
         try:
-            os.fdatasync(self._fd)
+            if self._sync is not None:
+                self._sync()
+            else:
+                os.fdatasync(self._fd)
         except OSError as exc:
             raise OSError(exc.errno, exc.strerror, self._data_path) from None
         tmp = self._path + ".tmp"

@@ -60,6 +60,7 @@ import blake3
 import msgpack
 
 import hostagent.fec as fec
+import hostagent.tree as tree
 import hostagent.wire as wire
 from .common import Addr, ChunkSink, Layout, Stats, write_parts
 from .events import ChunkCorrupt, Failed, FileComplete, ManifestReceived, ReceiverEvent
@@ -82,6 +83,9 @@ class ReceiverConfig:
     # The file the announced transfer sends (None: any): a manifest of another is refused,
     # so a replayed earlier transfer cannot be "completed" (README "Security").
     file_digest: Optional[bytes] = None
+    # The model's content id (``hostagent.tree``, ``recv --expect``; None: any): a manifest
+    # that does not hash to it is refused, whoever MAC'd it.
+    content_id: Optional[bytes] = None
     key: Optional[bytes] = None
     # Upper bound of the random NACK delay. Must exceed the sender's aggregation window
     # plus a round trip, or the first multicast repair comes too late to suppress anyone.
@@ -495,12 +499,14 @@ class Receiver:
         if self.manifest is None and expected is not None and not hmac.compare_digest(msg.file_digest, expected):
             self.stats.drops["wrong_file"] += 1
             return
+        if self.manifest is None and not self._acceptable(msg):
+            return
         self._group_hint = max(self._group_hint, msg.receivers_hint)
         if self.manifest is None:
             self._start(msg, now)
         elif not hmac.compare_digest(msg.file_digest, self.manifest.file_digest) or (
-            msg.file_size, msg.chunk_size, msg.payload_size
-        ) != (self.manifest.file_size, self.manifest.chunk_size, self.manifest.payload_size):
+            msg.file_size, msg.chunk_size, msg.payload_size, msg.entries
+        ) != (self.manifest.file_size, self.manifest.chunk_size, self.manifest.payload_size, self.manifest.entries):
             self.stats.drops["manifest_mismatch"] += 1
             return
         count = len(msg.digests) // wire.CHUNK_DIGEST_LEN
@@ -514,7 +520,26 @@ class Receiver:
                 self._verify_chunk(chunk, now)
         self._check_done(now)
 
+    def _acceptable(self, msg: wire.Manifest) -> bool:
+        """The first manifest's checks beyond the wire's: a directory's entry list is
+        safe to create (``hostagent.tree``), and the manifest hashes to the expected
+        content id. Refusals are counted, never accepted."""
+        if msg.entries:
+            try:
+                tree.decode_entries(msg.entries, msg.file_size)
+            except tree.UnsafeEntries as exc:
+                self.stats.drops[exc.reason] += 1
+                return False
+        expected = self.config.content_id
+        if expected is not None and not tree.matches_id(expected, msg.entries, msg.file_size, msg.file_digest):
+            self.stats.drops["wrong_content_id"] += 1
+            return False
+        return True
+
     def _start(self, msg: wire.Manifest, now: float) -> None:
+        begin = getattr(self._sink, "begin", None)
+        if begin is not None:  # a sink that lays out its files now (hostagent.dirs)
+            begin(msg)
         self.manifest = msg
         layout = self.layout = Layout(msg.file_size, msg.chunk_size, msg.payload_size)
         resume = self._resume

@@ -53,6 +53,7 @@ from .pacing import LossClassifier, Pacer, PeerBudget, RepairBudget, Verdict
 from .repair import ParityRepair, RepairPlanner
 
 _DIGESTS_PER_PAGE_BUDGET = 120  # bytes of a manifest page spent on fixed fields
+_ENTRIES_PAGE_ROOM = 4096  # a page with a long entry list still carries ~250 chunk digests
 _REPAIR_BURST = 16.0  # datagrams of unused repair share kept while streaming
 
 
@@ -207,17 +208,22 @@ def file_digests(source: ChunkSource, chunk_size: int) -> tuple[bytes, bytes]:
 
 
 def build_manifest_pages(source: ChunkSource, config: SenderConfig, session: int,
-                         known: Optional[tuple[bytes, bytes]] = None) -> list[wire.Manifest]:
+                         known: Optional[tuple[bytes, bytes]] = None, entries: bytes = b"") -> list[wire.Manifest]:
     """Digest the file (``file_digests``, unless ``known`` already holds its result, e.g.
     from hostagent.manifest's cache); split the digest list into pages that each fit in
-    one datagram."""
+    one datagram. ``entries``: a directory's entry list (``hostagent.tree``), carried in
+    every page; a long one makes pages larger than a frame (IP fragments them), never
+    more than one datagram."""
     layout = Layout(source.size, config.chunk_size, config.payload_size)
     if layout.chunk_count > wire.MAX_CHUNK_COUNT:  # receivers refuse such a manifest
         raise ValueError(f"{layout.chunk_count} chunks of {config.chunk_size} bytes: at most "
                          f"{wire.MAX_CHUNK_COUNT}; use a larger chunk size")
     digests, file_digest = known if known is not None else file_digests(source, config.chunk_size)
-    budget = config.max_datagram - wire.HEADER_LEN - wire.MAC_LEN - _DIGESTS_PER_PAGE_BUDGET
-    budget -= len(config.name.encode())
+    room = config.max_datagram
+    if entries:
+        room = min(wire.MAX_DATAGRAM, max(room, len(entries) + _ENTRIES_PAGE_ROOM))
+    budget = room - wire.HEADER_LEN - wire.MAC_LEN - _DIGESTS_PER_PAGE_BUDGET
+    budget -= len(config.name.encode()) + (len(entries) + 5 if entries else 0)
     per_page = max(1, budget // wire.CHUNK_DIGEST_LEN)
     page_count = max(1, -(-layout.chunk_count // per_page))
     pages = []
@@ -229,7 +235,7 @@ def build_manifest_pages(source: ChunkSource, config: SenderConfig, session: int
                 session, layout.file_size, layout.chunk_size, layout.payload_size,
                 layout.chunk_count, file_digest, index, page_count, first,
                 bytes(digests[first * wire.CHUNK_DIGEST_LEN : last * wire.CHUNK_DIGEST_LEN]),
-                config.name,
+                config.name, entries=entries,
             )
         )
     return pages

@@ -141,6 +141,9 @@ class Manifest:
     digests: bytes  # CHUNK_DIGEST_LEN bytes per chunk, starting at first_chunk
     name: str = ""
     receivers_hint: int = 0  # group size estimate: scales receivers' NACK backoff
+    # A directory (``hostagent.tree``): its canonical entry list, in every page. Encoded
+    # only when non-empty, so a single file's manifest is what it always was.
+    entries: bytes = b""
 
 
 @dataclass(frozen=True, slots=True)
@@ -294,7 +297,7 @@ def encode_manifest(msg: Manifest, key: bytes | None = None) -> bytes:
             msg.digests,
             msg.name,
             msg.receivers_hint,
-        ],
+        ] + ([msg.entries] if msg.entries else []),
         use_bin_type=True,
     )
     return _finish(T_MANIFEST, 0, msg.session, body, key)
@@ -492,15 +495,16 @@ def _decode_data(session: int, mtype: int, multicast: bool, body: memoryview) ->
     return Data(session, seq, chunk, offset, bytes(body[_DATA.size :]), mtype == T_REPAIR, multicast if mtype == T_REPAIR else True)
 
 
-def _unpack_array(body: memoryview, length: int) -> list:
+def _unpack_array(body: memoryview, length: int, optional: int = 0) -> list:
+    """A msgpack array of ``length`` fields, plus up to ``optional`` trailing ones."""
     obj = msgpack.unpackb(body, raw=False, strict_map_key=True, use_list=True)
-    if type(obj) is not list or len(obj) != length:
+    if type(obj) is not list or not length <= len(obj) <= length + optional:
         raise BadField("unexpected msgpack shape")
     return obj
 
 
 def _decode_manifest(session: int, body: memoryview) -> Manifest:
-    fields = _unpack_array(body, 11)
+    fields = _unpack_array(body, 11, optional=1)
     file_size = _u(fields[0], MAX_FILE_SIZE)
     chunk_size = _u(fields[1], MAX_CHUNK_SIZE)
     payload_size = _u(fields[2], MAX_PAYLOAD)
@@ -528,9 +532,15 @@ def _decode_manifest(session: int, body: memoryview) -> Manifest:
         raise BadField("page index")
     if type(name) is not str or len(name.encode()) > MAX_NAME_BYTES:
         raise BadField("name")
+    entries = b""
+    for extra in fields[11:]:  # optional trailing fields, told apart by type
+        if type(extra) is bytes and extra and not entries:
+            entries = extra  # (its contents are checked by the receiver: hostagent.tree)
+        else:
+            raise BadField("optional manifest field")
     return Manifest(
         session, file_size, chunk_size, payload_size, chunk_count, file_digest,
-        page_index, page_count, first_chunk, digests, name, hint,
+        page_index, page_count, first_chunk, digests, name, hint, entries,
     )
 
 

@@ -1,0 +1,335 @@
+"""Model directories on disk: the sender's multi-file source and the receiver's sinks.
+
+``DirSource`` reads the session's byte space (``hostagent.tree.Space``) from the files of
+a directory. ``DirSink`` writes it into a temporary directory next to the output,
+``PARENT/.NAME.modelcast-tmp/``, every component opened with ``O_NOFOLLOW`` below a
+directory it created itself (a symlink planted there is refused, nothing lands outside),
+and renames it into place only after every chunk and the whole content verified
+(``finish``): a loader never sees a half-written model. The resume record is the single
+file's one (``OUT.modelcast-state``, made durable after the data it claims, by the same
+writer thread), so a restarted receiver fetches only what it does not hold, per file.
+``PathSink`` is what ``recv --out PATH`` uses: a file or a directory, as the manifest says.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import resource
+import shutil
+import stat
+import threading
+from typing import Callable, Optional
+
+from . import tree
+from .net import STATE_SUFFIX, FileSink, _RecordWriter
+from .tree import Entry, Space
+from .wire import Manifest
+
+TMP_SUFFIX = ".modelcast-tmp"
+_NOFOLLOW_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_RENAME_EXCHANGE = 2
+
+
+def scan(root: str) -> list[Entry]:
+    """The regular files under ``root`` in canonical order. A symlink to a file is sent as
+    that file (a Hugging Face cache snapshot is symlinks into its blobs); a symlinked
+    directory or any other kind of file is refused rather than silently left out."""
+    entries = []
+    for top, dirs, files in os.walk(root, followlinks=False):
+        for name in dirs:
+            if os.path.islink(os.path.join(top, name)):
+                raise ValueError(f"{os.path.join(top, name)}: a symlinked directory (not sent)")
+        for name in files:
+            full = os.path.join(top, name)
+            st = os.stat(full)
+            if not stat.S_ISREG(st.st_mode):
+                raise ValueError(f"{full}: not a regular file")
+            rel = os.path.relpath(full, root).replace(os.sep, "/")
+            entries.append(Entry(rel, st.st_size, stat.S_IMODE(st.st_mode) & 0o777))
+    if not entries:
+        raise ValueError(f"{root}: no files to send")
+    return sorted(entries, key=lambda e: e.path.encode())
+
+
+def _room_for(files: int) -> None:
+    """Every file stays open for the transfer: raise the soft descriptor limit if needed."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = files + 256
+    if soft != resource.RLIM_INFINITY and soft < want:
+        if hard != resource.RLIM_INFINITY and hard < want:
+            raise OSError(24, f"{files} files need {want} descriptors, the limit is {hard}")
+        resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+
+
+class _Files:
+    """Positional I/O over a byte space kept in one open descriptor per file."""
+
+    space: Space
+    fds: list[int]
+    label: str
+
+    def read(self, offset: int, length: int) -> bytes:
+        pieces = [os.pread(self.fds[i], n, foff) for i, foff, _, n in self.space.spans(offset, length)]
+        return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+
+    def _path(self, index: int) -> str:
+        return os.path.join(self.label, self.space.entries[index].path)
+
+    def _close_all(self) -> None:
+        for fd in self.fds:
+            os.close(fd)
+        self.fds = []
+
+
+class DirSource(_Files):
+    """ChunkSource over a directory (``scan``); ``entries_blob`` goes in the manifest."""
+
+    def __init__(self, root: str) -> None:
+        entries = scan(root)
+        self.entries_blob = tree.encode_entries(entries)
+        self.space = Space(entries)
+        self.label = root
+        self.fds = []
+        _room_for(len(entries))
+        try:
+            for entry in entries:
+                self.fds.append(os.open(os.path.join(root, entry.path), os.O_RDONLY | os.O_CLOEXEC))
+        except BaseException:
+            self._close_all()
+            raise
+
+    @property
+    def size(self) -> int:
+        return self.space.size
+
+    def close(self) -> None:
+        self._close_all()
+
+
+def tmp_path(out: str) -> str:
+    """Where a directory is assembled before it is renamed to ``out``."""
+    parent, name = os.path.split(os.path.abspath(out))
+    return os.path.join(parent, f".{name}{TMP_SUFFIX}")
+
+
+class DirSink(_Files):
+    """ChunkSink writing a model directory under ``tmp_path(out)`` (module docstring)."""
+
+    def __init__(self, out: str, entries: list[Entry]) -> None:
+        self.out = os.path.abspath(out)
+        self.tmp = self.label = tmp_path(out)
+        self.state_path = self.out + STATE_SUFFIX
+        self.space = Space(entries)
+        self.fds = []
+        self._dirty: set[int] = set()
+        self._lock = threading.Lock()
+        _room_for(len(entries))
+        try:
+            os.mkdir(self.tmp, 0o700)
+        except FileExistsError:
+            pass  # an earlier attempt's files: the resume record says what of them counts
+        self._root = os.open(self.tmp, _NOFOLLOW_DIR)
+        try:
+            for index in range(len(entries)):
+                self.fds.append(self._create(index))
+        except BaseException:
+            self._close_all()
+            os.close(self._root)
+            raise
+        self._records = _RecordWriter(-1, self.tmp, self.state_path, sync=self._sync)
+
+    def _create(self, index: int) -> int:
+        """Open (creating) one file below the root, never through a symlink."""
+        parts = self.space.entries[index].path.split("/")
+        dfd = self._root
+        try:
+            for part in parts[:-1]:
+                try:
+                    os.mkdir(part, 0o755, dir_fd=dfd)
+                except FileExistsError:
+                    pass
+                nxt = os.open(part, _NOFOLLOW_DIR, dir_fd=dfd)
+                if dfd != self._root:
+                    os.close(dfd)
+                dfd = nxt
+            fd = os.open(parts[-1], os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                         0o600, dir_fd=dfd)
+        except OSError as exc:
+            raise OSError(exc.errno, exc.strerror, self._path(index)) from None
+        finally:
+            if dfd != self._root:
+                os.close(dfd)
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise OSError(21, "not a regular file", self._path(index))
+        return fd
+
+    def _mark(self, fd: int) -> None:
+        if fd not in self._dirty:
+            with self._lock:
+                self._dirty.add(fd)
+
+    def write(self, offset: int, data: bytes | memoryview) -> None:
+        view = memoryview(data)
+        for i, foff, roff, n in self.space.spans(offset, len(view)):
+            fd = self.fds[i]
+            try:
+                done = os.pwrite(fd, view[roff : roff + n], foff)
+                while done < n:
+                    done += os.pwrite(fd, view[roff + done : roff + n], foff + done)
+            except OSError as exc:
+                raise OSError(exc.errno, exc.strerror, self._path(i)) from None
+            self._mark(fd)
+
+    def write_many(self, offset: int, parts: list[memoryview]) -> None:
+        """Consecutive pieces: one ``pwritev`` when they fall in one file (the usual case)."""
+        want = sum(len(p) for p in parts)
+        spans = list(self.space.spans(offset, want))
+        if len(spans) != 1:
+            self.write(offset, b"".join(parts))
+            return
+        i, foff, _, _ = spans[0]
+        fd = self.fds[i]
+        try:
+            done = os.pwritev(fd, parts, foff)
+            if done < want:
+                blob = b"".join(parts)
+                while done < want:
+                    done += os.pwrite(fd, blob[done:], foff + done)
+        except OSError as exc:
+            raise OSError(exc.errno, exc.strerror, self._path(i)) from None
+        self._mark(fd)
+
+    def _sync(self) -> None:
+        """The writer thread: make every file written since the last record durable."""
+        with self._lock:
+            dirty, self._dirty = self._dirty, set()
+        for fd in dirty:
+            os.fdatasync(fd)
+
+    def save_state(self, state: bytes) -> None:
+        if self._records.error is not None:
+            raise self._records.error
+        self._records.submit(state)
+
+    @property
+    def record_stats(self) -> tuple[int, float]:
+        return self._records.saves, self._records.sync_s
+
+    def finish(self, size: int) -> None:
+        """Verified: trim and chmod every file, make the tree durable, rename it into place
+        (atomically exchanged with an existing ``out``, which is then removed), drop the
+        resume record."""
+        self._records.close()
+        wanted = {e.path for e in self.space.entries}
+        for index, entry in enumerate(self.space.entries):
+            fd = self.fds[index]
+            os.ftruncate(fd, entry.size)
+            os.fchmod(fd, entry.mode)
+            os.fsync(fd)
+        self._prune(wanted)
+        _fsync_tree(self.tmp)
+        self._close_all()
+        os.close(self._root)
+        self._root = -1
+        _replace_dir(self.tmp, self.out)
+        try:
+            os.unlink(self.state_path)
+        except FileNotFoundError:
+            pass
+
+    def _prune(self, wanted: set[str]) -> None:
+        """Remove what an earlier attempt left that this model does not have."""
+        for top, dirs, files in os.walk(self.tmp, topdown=False):
+            for name in files + [d for d in dirs if os.path.islink(os.path.join(top, d))]:
+                full = os.path.join(top, name)
+                if os.path.relpath(full, self.tmp).replace(os.sep, "/") not in wanted:
+                    os.unlink(full)
+            if top != self.tmp and not os.listdir(top):
+                os.rmdir(top)
+
+    def close(self) -> None:
+        """Write the last record handed over; the files stay for a restart to resume."""
+        self._records.close()
+        self._close_all()
+        if self._root >= 0:
+            os.close(self._root)
+            self._root = -1
+
+
+def _fsync_tree(root: str) -> None:
+    for top, _, _ in os.walk(root):
+        fd = os.open(top, _NOFOLLOW_DIR)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _replace_dir(tmp: str, out: str) -> None:
+    """``tmp`` becomes ``out`` in one step: rename, or an atomic exchange with what is
+    there (renameat2 RENAME_EXCHANGE), so ``out`` is always the old or the new model."""
+    parent = os.path.dirname(out)
+    if os.path.lexists(out):
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.renameat2(-100, os.fsencode(tmp), -100, os.fsencode(out), _RENAME_EXCHANGE) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, os.strerror(err), out)
+        if os.path.isdir(tmp) and not os.path.islink(tmp):
+            shutil.rmtree(tmp)
+        else:
+            os.unlink(tmp)
+    else:
+        os.rename(tmp, out)
+    fd = os.open(parent, _NOFOLLOW_DIR)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class PathSink:
+    """``recv --out PATH``: a ``FileSink`` for a file, a ``DirSink`` for a directory,
+    chosen when the first manifest arrives (``begin``; the receiver writes nothing before).
+    Both keep their resume record at ``PATH.modelcast-state``."""
+
+    def __init__(self, out: str) -> None:
+        self.out = out
+        self.state_path = out + STATE_SUFFIX
+        self.inner: Optional[FileSink | DirSink] = None
+
+    def begin(self, manifest: Manifest) -> None:
+        if manifest.entries:
+            inner: FileSink | DirSink = DirSink(self.out, tree.decode_entries(manifest.entries, manifest.file_size))
+        else:
+            inner = FileSink(self.out)
+        self.inner = inner
+        # The hot path goes straight to the real sink.
+        self.write: Callable = inner.write  # type: ignore[assignment]
+        self.write_many: Callable = inner.write_many  # type: ignore[assignment]
+        self.read: Callable = inner.read  # type: ignore[assignment]
+        self.save_state: Callable = inner.save_state  # type: ignore[assignment]
+
+    @property
+    def is_dir(self) -> bool:
+        return isinstance(self.inner, DirSink)
+
+    def load_state(self) -> Optional[bytes]:
+        try:
+            with open(self.state_path, "rb") as handle:
+                return handle.read()
+        except FileNotFoundError:
+            return None
+
+    @property
+    def record_stats(self) -> tuple[int, float]:
+        return self.inner.record_stats if self.inner is not None else (0, 0.0)
+
+    def finish(self, size: int) -> None:
+        assert self.inner is not None
+        self.inner.finish(size)
+
+    def close(self) -> None:
+        if self.inner is not None:
+            self.inner.close()
