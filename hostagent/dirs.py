@@ -311,6 +311,14 @@ class PathSink:
         self.read: Callable = inner.read  # type: ignore[assignment]
         self.save_state: Callable = inner.save_state  # type: ignore[assignment]
 
+    def save_state(self, state: bytes) -> None:
+        """Before a manifest there is nothing to record (a receiver failing early)."""
+
+    def write(self, offset: int, data: bytes | memoryview) -> None:
+        raise RuntimeError("PathSink written before its manifest")
+
+    read = write_many = write  # (replaced by the real sink's in begin)
+
     @property
     def is_dir(self) -> bool:
         return isinstance(self.inner, DirSink)

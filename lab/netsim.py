@@ -19,7 +19,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
-from hostagent.common import GROUP, ChunkSink, MemorySink, MemorySource, Stats
+from hostagent.common import GROUP, ChunkSink, ChunkSource, MemorySink, MemorySource, Stats
 from hostagent.rangeset import RangeSet
 from hostagent.receiver import Receiver, ReceiverConfig
 from hostagent.sender import Sender, SenderConfig
@@ -115,7 +115,11 @@ class Sim:
         shared_loss: Optional[SharedLossFn] = None,
         duplicate: Optional[LossFn] = None,
         sink_factory: Optional[Callable[[], ChunkSink]] = None,
+        source: Optional[ChunkSource] = None,
+        manifest: Optional[list] = None,
     ) -> None:
+        """``source``/``manifest``: send those instead of ``data`` from memory (e.g. a
+        model directory, ``hostagent.dirs.DirSource``); ``data`` is then its bytes."""
         self.data = data
         self.now = 0.0
         self.latency = latency
@@ -123,7 +127,8 @@ class Sim:
         self.loss = loss or (lambda *a: False)
         self.shared_loss = shared_loss or (lambda *a: False)
         self.duplicate = duplicate or (lambda *a: False)
-        self.sender = Sender(MemorySource(data), sender_config, 0.0, rng=random.Random(seed))
+        self.sender = Sender(source or MemorySource(data), sender_config, 0.0, rng=random.Random(seed),
+                             manifest=manifest)
         self.sender_events: list = []
         self.receivers: list[SimReceiver] = []
         self._heap: list = []

@@ -1,0 +1,281 @@
+"""Model directories and content ids without a network (issue 13 parts 1 and 2): the
+entry list's rules against hostile manifests (hypothesis), the byte space's mapping, a
+whole directory through the simulated network under loss into real temporary
+directories (renamed into place only once verified, modes kept), a symlink planted in
+the temporary directory refused, and ``--expect``: a manifest that does not hash to the
+expected id is counted and never accepted, whoever MAC'd it."""
+
+from __future__ import annotations
+
+import os
+import random
+import stat
+from pathlib import Path
+
+import blake3
+import msgpack
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import hostagent.wire as wire
+from hostagent import tree
+from hostagent.dirs import DirSink, DirSource, PathSink, scan, tmp_path
+from hostagent.receiver import Receiver, ReceiverConfig
+from hostagent.sender import build_manifest_pages, file_digests
+from hostagent.tree import Entry, Space, UnsafeEntries
+from lab.netsim import Sim
+from tests.support.agents import sender_config
+
+KEY = wire.derive_key(b"dirs test")
+
+_name = st.text(st.characters(codec="utf-8", exclude_characters="/\0", exclude_categories=("Cs",)),
+                min_size=1, max_size=12).filter(lambda s: s not in (".", ".."))
+
+
+@st.composite
+def safe_entries(draw: st.DrawFn) -> list[Entry]:
+    paths = draw(st.sets(st.lists(_name, min_size=1, max_size=3).map("/".join), min_size=1, max_size=20))
+    # Drop any path that is another's parent directory (a file cannot be both).
+    paths = {p for p in paths if not any(q.startswith(p + "/") for q in paths)}
+    entries = [Entry(p, draw(st.integers(0, 5000)), draw(st.integers(0, 0o777))) for p in paths]
+    return sorted(entries, key=lambda e: e.path.encode())
+
+
+@given(safe_entries())
+def test_entry_lists_round_trip_and_the_byte_space_is_exactly_the_files(entries: list[Entry]) -> None:
+    blob = tree.encode_entries(entries)
+    assert tree.decode_entries(blob, sum(e.size for e in entries)) == entries
+    space = Space(entries)
+    covered = [0] * len(entries)
+    pos = 0
+    for i, foff, roff, n in space.spans(0, space.size):
+        assert roff == pos and foff == covered[i] and n > 0
+        covered[i] += n
+        pos += n
+    assert covered == [e.size for e in entries] and pos == space.size
+
+
+HOSTILE = [
+    "/etc/passwd", "../escape", "a/../../b", "a/./b", "./a", "a//b", "a/", "", "a\0b",
+    "x" * 256, "/".join(["d"] * 600), "..",
+]
+
+
+@settings(max_examples=200)
+@given(safe_entries(), st.sampled_from(HOSTILE), st.integers(0, 20))
+def test_a_manifest_naming_a_hostile_path_is_refused_and_creates_nothing(
+        entries: list[Entry], bad: str, where: int) -> None:
+    raw = [[e.path, e.size, e.mode] for e in entries]
+    raw.insert(min(where, len(raw)), [bad, 1, 0o644])
+    blob = msgpack.packb(raw, use_bin_type=True)
+    with pytest.raises(UnsafeEntries):
+        tree.decode_entries(blob)
+    sink = _RecordingSink()
+    receiver = Receiver(sink, ReceiverConfig(key=KEY), 0.0)
+    size = sum(r[1] for r in raw)
+    page = wire.Manifest(7, size, 1024, 512, -(-size // 1024), bytes(32), 0, 1, 0, b"", "m", 1, blob)
+    receiver.receive_datagram(wire.encode(page, KEY), ("s", 1), 0.0)
+    assert receiver.manifest is None and sink.begun == 0
+    assert receiver.stats.drops["bad_entries"] == 1
+
+
+@pytest.mark.parametrize("raw", [
+    [["a", 1, 0o644], ["a", 1, 0o644]],  # duplicate
+    [["a", 1, 0o644], ["a/b", 1, 0o644]],  # a file that is also a directory
+    [["b", 1, 0o644], ["a", 1, 0o644]],  # not canonical order
+    [["a", 1, 0o4755]],  # setuid
+    [["a", -1, 0o644]],
+    [["a", 1]],
+    [],
+    [["p%d" % i, 0, 0o644] for i in range(tree.MAX_ENTRIES + 1)],
+])
+def test_malformed_entry_lists_are_refused(raw: list) -> None:
+    with pytest.raises(UnsafeEntries):
+        tree.decode_entries(msgpack.packb(raw, use_bin_type=True))
+
+
+def test_sizes_must_fill_the_session() -> None:
+    blob = tree.encode_entries([Entry("a", 10), Entry("b", 5)])
+    assert len(tree.decode_entries(blob, 15)) == 2
+    with pytest.raises(UnsafeEntries):
+        tree.decode_entries(blob, 16)
+
+
+class _RecordingSink:
+    def __init__(self) -> None:
+        self.begun = 0
+
+    def begin(self, manifest: wire.Manifest) -> None:
+        self.begun += 1
+
+    def write(self, offset: int, data: bytes) -> None:
+        raise AssertionError("nothing may be written")
+
+    def read(self, offset: int, length: int) -> bytes:
+        raise AssertionError("nothing may be read")
+
+    def save_state(self, state: bytes) -> None:
+        pass
+
+
+def make_model_dir(root: Path, seed: int = 3, files: int = 40, big: int = 3, big_size: int = 300_000) -> Path:
+    """A model-shaped directory: ``files`` files, ``big`` of them large (shards), the rest
+    tiny (config, tokenizer, empty marker), in subdirectories, with varied modes."""
+    rng = random.Random(seed)
+    root.mkdir(parents=True, exist_ok=True)
+    for i in range(files):
+        sub = root / ("tokenizer" if i % 5 == 1 else "") / ("deep/er" if i % 11 == 3 else "")
+        sub.mkdir(parents=True, exist_ok=True)
+        size = big_size + i if i < big else (0 if i == files - 1 else rng.randint(1, 900))
+        path = sub / (f"model-{i:05d}-of-{big:05d}.safetensors" if i < big else f"file{i}.json")
+        path.write_bytes(rng.randbytes(size))
+        path.chmod(0o755 if i % 7 == 0 else (0o600 if i % 7 == 1 else 0o644))
+    return root
+
+
+def tree_of(root: Path) -> dict[str, tuple[bytes, int]]:
+    return {str(p.relative_to(root)): (p.read_bytes(), stat.S_IMODE(p.stat().st_mode))
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def _dir_sim(src: Path, loss: float, receivers: int, sinks: list, seed: int = 1) -> tuple[Sim, DirSource]:
+    source = DirSource(str(src))
+    cfg = sender_config(expected_receivers=receivers, key=KEY, chunk_size=16 * 1024, session_id=99)
+    digests = file_digests(source, cfg.chunk_size)
+    pages = build_manifest_pages(source, cfg, 99, digests, source.entries_blob)
+    data = source.read(0, source.size)
+    lossy = random.Random(seed)
+    sim = Sim(data, cfg, seed=seed, loss=lambda now, s, d, b: lossy.random() < loss,
+              source=source, manifest=pages, sink_factory=lambda: sinks.pop(0))
+    return sim, source
+
+
+def test_a_40_file_directory_arrives_under_loss_and_appears_only_once_verified(tmp_path: Path) -> None:
+    src = make_model_dir(tmp_path / "src")
+    outs = [tmp_path / f"out{i}" for i in range(3)]
+    sinks = [PathSink(str(o)) for o in outs]
+    sim, source = _dir_sim(src, 0.05, 3, list(sinks))
+    for _ in outs:
+        sim.add_receiver()
+    sim.run(until=120)
+    try:
+        want = tree_of(src)
+        assert len(want) == 40 and len(source.space.entries) == 40
+        for out, sink, rec in zip(outs, sinks, sim.receivers):
+            assert rec.receiver is not None and rec.receiver.complete
+            assert rec.receiver.stats.drops.get("bad_entries", 0) == 0
+            assert sink.is_dir and not out.exists(), "nothing at OUT before it is renamed into place"
+            assert Path(tmp_path, f".{out.name}.modelcast-tmp").is_dir()
+            sink.finish(source.size)
+            assert tree_of(out) == want  # every byte and every mode
+            assert not Path(tmp_path, f".{out.name}.modelcast-tmp").exists()
+            assert not Path(str(out) + ".modelcast-state").exists()
+        # A directory's packed small files cost no round each: data datagrams are the
+        # byte count over the payload size, rounded per chunk, not per file.
+        layout = sim.sender.layout
+        assert layout.total_seq <= layout.chunk_count * layout.frags_per_chunk
+        assert layout.total_seq < source.size // layout.payload_size + layout.chunk_count + 1
+    finally:
+        source.close()
+        for sink in sinks:
+            sink.close()
+
+
+def test_finish_replaces_an_older_model_in_one_step(tmp_path: Path) -> None:
+    src = make_model_dir(tmp_path / "src", files=6, big=1, big_size=5000)
+    out = tmp_path / "model"
+    (out / "stale").mkdir(parents=True)
+    (out / "stale" / "old.bin").write_bytes(b"old")
+    sink = PathSink(str(out))
+    sim, source = _dir_sim(src, 0.0, 1, [sink])
+    sim.add_receiver()
+    sim.run(until=60)
+    try:
+        assert sim.receivers[0].receiver.complete
+        assert (out / "stale" / "old.bin").exists(), "the old model stays until the new one is whole"
+        sink.finish(source.size)
+        assert tree_of(out) == tree_of(src)
+    finally:
+        source.close()
+        sink.close()
+
+
+def test_a_symlink_planted_in_the_temporary_directory_is_not_followed(tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    out = tmp_path / "model"
+    tmp = Path(tmp_path_of(out))
+    tmp.mkdir()
+    (tmp / "tokenizer").symlink_to(outside)
+    with pytest.raises(OSError):
+        DirSink(str(out), [Entry("config.json", 3), Entry("tokenizer/vocab.json", 4)])
+    (tmp / "tokenizer").unlink()
+    (tmp / "config.json").unlink()  # (created by the attempt above, inside the temporary directory)
+    (tmp / "config.json").symlink_to(outside / "victim")
+    with pytest.raises(OSError):
+        DirSink(str(out), [Entry("config.json", 3)])
+    assert list(outside.iterdir()) == []
+
+
+def tmp_path_of(out: Path) -> str:
+    return tmp_path(str(out))
+
+
+def test_scan_sends_symlinked_files_and_refuses_symlinked_directories(tmp_path: Path) -> None:
+    blobs = tmp_path / "blobs"
+    blobs.mkdir()
+    (blobs / "abc").write_bytes(b"weights")
+    snap = tmp_path / "snap"
+    snap.mkdir()
+    (snap / "model.safetensors").symlink_to(blobs / "abc")  # a Hugging Face cache snapshot
+    assert scan(str(snap)) == [Entry("model.safetensors", 7, stat.S_IMODE((blobs / "abc").stat().st_mode))]
+    (snap / "sub").symlink_to(blobs, target_is_directory=True)
+    with pytest.raises(ValueError):
+        scan(str(snap))
+
+
+def test_content_id_names_exactly_the_published_model() -> None:
+    blob = tree.encode_entries([Entry("a", 3), Entry("b/c", 4, 0o600)])
+    digest = blake3.blake3(b"abcdefg").digest()
+    cid = tree.content_id(blob, 7, digest)
+    assert cid.startswith("blake3:") and len(cid) == 7 + 64
+    assert tree.matches_id(tree.parse_content_id(cid), blob, 7, digest)
+    other = tree.encode_entries([Entry("a", 3), Entry("b/c", 4, 0o644)])  # only a mode differs
+    assert not tree.matches_id(tree.parse_content_id(cid), other, 7, digest)
+    assert not tree.matches_id(tree.parse_content_id(cid), blob, 7, blake3.blake3(b"abcdefh").digest())
+    for bad in ("sha256:" + "0" * 64, "blake3:abc", "blake3:" + "g" * 64):
+        with pytest.raises(ValueError):
+            tree.parse_content_id(bad)
+
+
+def test_expect_refuses_every_manifest_that_does_not_hash_to_the_id(tmp_path: Path) -> None:
+    """Two receivers hold the session key; one expects the published id and one an id
+    of another model: the second counts every manifest page and never starts."""
+    src = make_model_dir(tmp_path / "src", files=8, big=1, big_size=40_000)
+    sinks = [PathSink(str(tmp_path / "right")), PathSink(str(tmp_path / "wrong"))]
+    sim, source = _dir_sim(src, 0.0, 2, list(sinks))
+    page = sim.sender.pages[0]
+    published = tree.content_id(page.entries, page.file_size, page.file_digest)
+    forged = tree.content_id(page.entries, page.file_size, bytes(32))
+    sim.add_receiver(ReceiverConfig(content_id=tree.parse_content_id(published)))
+    wrong = sim.add_receiver(ReceiverConfig(content_id=tree.parse_content_id(forged), idle_timeout=3.0))
+    sim.run(until=20)
+    try:
+        assert sim.receivers[0].receiver.complete
+        assert wrong.receiver is not None and wrong.receiver.manifest is None and not wrong.receiver.complete
+        assert wrong.receiver.stats.drops["wrong_content_id"] >= 1
+        assert sinks[1].inner is None and not os.path.exists(tmp_path / ".wrong.modelcast-tmp")
+    finally:
+        source.close()
+        for sink in sinks:
+            sink.close()
+
+
+def test_a_single_file_manifest_is_encoded_as_before() -> None:
+    page = wire.Manifest(1, 2048, 1024, 512, 2, bytes(32), 0, 1, 0, bytes(32), "f", 3)
+    body = wire.encode(page)[wire.HEADER_LEN:]
+    assert len(msgpack.unpackb(body)) == 11
+    assert wire.decode(wire.encode(page)) == page
+    with_entries = wire.Manifest(1, 2048, 1024, 512, 2, bytes(32), 0, 1, 0, bytes(32), "f", 3, b"\x91")
+    assert wire.decode(wire.encode(with_entries)) == with_entries
