@@ -617,7 +617,7 @@ def receive(
         return _receive(out, options, _group(options.group), source_ip, interface, key, emit, on_progress)
     model = options.model or options.expect  # a group may be named by the content id
     if not model:
-        raise TransferError("model (or expect) is required with a controller")
+        raise TransferError("model is required with a controller (or expect: a content id names the group)")
     client = _client(options)
     my_ip = _ipv4(options.ip or (interface if interface != _ANY else local_ip_towards(source_ip)))
     info = client.create_group(model, source_ip)

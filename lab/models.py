@@ -1,11 +1,12 @@
-"""The one maker of test "models" (files of incompressible bytes, like weights), the
-one digest helper the labs, tests and benchmarks check copies with, and the one maker
+"""The one maker of test "models" (files of incompressible bytes, like weights, and
+model-shaped directories of them), the one digest helper the labs, tests and benchmarks check copies with, and the one maker
 of shared key files (``modelcast --key-file``) for runs without a controller."""
 
 from __future__ import annotations
 
 import random
 import secrets
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -55,3 +56,24 @@ def make_key_file(path: Path | str) -> Path:
     path.touch(mode=0o600)
     path.write_text(secrets.token_hex(32) + "\n")
     return path
+
+
+def make_model_dir(root: Path, seed: int = 3, files: int = 40, big: int = 3, big_size: int = 300_000) -> Path:
+    """A model-shaped directory: ``files`` files, ``big`` of them large (shards), the rest
+    tiny (config, tokenizer, empty marker), in subdirectories, with varied modes."""
+    rng = random.Random(seed)
+    root.mkdir(parents=True, exist_ok=True)
+    for i in range(files):
+        sub = root / ("tokenizer" if i % 5 == 1 else "") / ("deep/er" if i % 11 == 3 else "")
+        sub.mkdir(parents=True, exist_ok=True)
+        size = big_size + i if i < big else (0 if i == files - 1 else rng.randint(1, 900))
+        path = sub / (f"model-{i:05d}-of-{big:05d}.safetensors" if i < big else f"file{i}.json")
+        path.write_bytes(rng.randbytes(size))
+        path.chmod(0o755 if i % 7 == 0 else (0o600 if i % 7 == 1 else 0o644))
+    return root
+
+
+def tree_of(root: Path) -> dict[str, tuple[bytes, int]]:
+    """Every file under ``root``: relative path -> (bytes, permission bits), to compare trees."""
+    return {str(p.relative_to(root)): (p.read_bytes(), stat.S_IMODE(p.stat().st_mode))
+            for p in sorted(root.rglob("*")) if p.is_file()}

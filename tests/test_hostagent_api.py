@@ -13,6 +13,7 @@ import pytest
 
 import hostagent
 from hostagent import ReceiveOptions, SendOptions, TransferError
+from hostagent import tree
 from hostagent.events import FileComplete, ManifestReceived, ReceiverCompleted, StreamFinished
 from lab.models import file_digest, make_model
 from lab.sh import free_port
@@ -121,7 +122,23 @@ def test_controller_that_never_installs_the_tree_times_out(tmp_path) -> None:
         with pytest.raises(hostagent.ControllerError, match="timed out after 0.2s waiting for group 1"):
             hostagent.send(str(model.path), SendOptions(controller=fake.url, interface=LOOPBACK, receivers=1,
                                                         wait_timeout=0.2, poll=0.05), on_event=events.append)
-    assert events == [hostagent.GroupAssigned(1, model.digest, (FakeController.ADDRESS, 5000), 1)]
+    # Without --model the group is named by the content id (what receivers --expect).
+    cid = tree.content_id(b"", model.size, bytes.fromhex(model.digest))
+    assert events == [hostagent.GroupAssigned(1, cid, (FakeController.ADDRESS, 5000), 1)]
+
+
+def test_a_receiver_that_expects_a_content_id_joins_the_group_named_by_it(tmp_path) -> None:
+    cid = tree.content_id(b"", 1000, bytes(32))
+    with FakeController(free_port(socket.SOCK_DGRAM)) as fake:
+        options = ReceiveOptions(controller=fake.url, expect=cid, source=LOOPBACK, interface=LOOPBACK,
+                                 ip="127.0.0.9", timeout=0.2)
+        with pytest.raises(hostagent.ControllerError, match="announce a transfer"):
+            hostagent.receive(str(tmp_path / "o.bin"), options)
+        created = [body for method, path, body, _ in fake.calls if (method, path) == ("POST", "/v1/groups")]
+    assert created and created[0]["model"] == cid
+    with pytest.raises(TransferError, match="content id must be blake3:"):
+        hostagent.receive(str(tmp_path / "o.bin"), ReceiveOptions(group="232.1.2.3:5000", source=LOOPBACK,
+                                                                  expect="sha256:abc", insecure=True))
 
 
 def test_failed_receive_returns_the_reason_leaves_and_skips_the_hook(tmp_path) -> None:

@@ -24,6 +24,7 @@ from hostagent.dirs import DirSink, DirSource, PathSink, scan, tmp_path
 from hostagent.receiver import Receiver, ReceiverConfig
 from hostagent.sender import build_manifest_pages, file_digests
 from hostagent.tree import Entry, Space, UnsafeEntries
+from lab.models import make_model_dir, tree_of
 from lab.netsim import Sim
 from tests.support.agents import sender_config
 
@@ -119,26 +120,6 @@ class _RecordingSink:
         pass
 
 
-def make_model_dir(root: Path, seed: int = 3, files: int = 40, big: int = 3, big_size: int = 300_000) -> Path:
-    """A model-shaped directory: ``files`` files, ``big`` of them large (shards), the rest
-    tiny (config, tokenizer, empty marker), in subdirectories, with varied modes."""
-    rng = random.Random(seed)
-    root.mkdir(parents=True, exist_ok=True)
-    for i in range(files):
-        sub = root / ("tokenizer" if i % 5 == 1 else "") / ("deep/er" if i % 11 == 3 else "")
-        sub.mkdir(parents=True, exist_ok=True)
-        size = big_size + i if i < big else (0 if i == files - 1 else rng.randint(1, 900))
-        path = sub / (f"model-{i:05d}-of-{big:05d}.safetensors" if i < big else f"file{i}.json")
-        path.write_bytes(rng.randbytes(size))
-        path.chmod(0o755 if i % 7 == 0 else (0o600 if i % 7 == 1 else 0o644))
-    return root
-
-
-def tree_of(root: Path) -> dict[str, tuple[bytes, int]]:
-    return {str(p.relative_to(root)): (p.read_bytes(), stat.S_IMODE(p.stat().st_mode))
-            for p in sorted(root.rglob("*")) if p.is_file()}
-
-
 def _dir_sim(src: Path, loss: float, receivers: int, sinks: list, seed: int = 1) -> tuple[Sim, DirSource]:
     source = DirSource(str(src))
     cfg = sender_config(expected_receivers=receivers, key=KEY, chunk_size=16 * 1024, session_id=99)
@@ -171,15 +152,32 @@ def test_a_40_file_directory_arrives_under_loss_and_appears_only_once_verified(t
             assert tree_of(out) == want  # every byte and every mode
             assert not Path(tmp_path, f".{out.name}.modelcast-tmp").exists()
             assert not Path(str(out) + ".modelcast-state").exists()
-        # A directory's packed small files cost no round each: data datagrams are the
-        # byte count over the payload size, rounded per chunk, not per file.
-        layout = sim.sender.layout
-        assert layout.total_seq <= layout.chunk_count * layout.frags_per_chunk
-        assert layout.total_seq < source.size // layout.payload_size + layout.chunk_count + 1
     finally:
         source.close()
         for sink in sinks:
             sink.close()
+
+
+def test_packed_small_files_cost_what_the_same_bytes_as_one_file_cost(tmp_path: Path) -> None:
+    """40 files, 37 of them tiny: the same data datagrams as one file of the same bytes
+    (no datagram round per file), and within 2% of its bytes on the wire."""
+    src = make_model_dir(tmp_path / "src")
+    sink = PathSink(str(tmp_path / "out"))
+    sim, source = _dir_sim(src, 0.0, 1, [sink])
+    sim.add_receiver()
+    sim.run(until=60)
+    try:
+        assert sim.receivers[0].receiver.complete
+        one = Sim(source.read(0, source.size), sender_config(expected_receivers=1, key=KEY, chunk_size=16 * 1024))
+        one.add_receiver()
+        one.run(until=60)
+        assert one.receivers[0].receiver.complete
+        d, f = sim.sender.stats, one.sender.stats
+        assert d.data_sent == f.data_sent == sim.sender.layout.total_seq
+        assert d.bytes_out <= 1.02 * f.bytes_out, (d.bytes_out, f.bytes_out)
+    finally:
+        source.close()
+        sink.close()
 
 
 def test_finish_replaces_an_older_model_in_one_step(tmp_path: Path) -> None:

@@ -20,11 +20,11 @@ from typing import Iterator, Optional
 import pytest
 
 from lab.bridge import BridgeLab
-from lab.models import make_key_file
+from lab.models import make_key_file, make_model_dir, tree_of
 from lab.sh import LabError
 from tests.support.agents import REPO, cli_argv
 from tests.support.lab import need_lab, skip_or_fail
-from tests.test_hostagent_dirs import make_model_dir, tree_of
+
 
 pytestmark = pytest.mark.lab
 
