@@ -33,10 +33,12 @@ bench-controller: $(VENV)/.installed
 
 # Side-by-side distribution benchmark on the OVS lab (root, ~15 min): TCP fan-out vs UFTP
 # vs modelcast; the host agent at 1 Gbit/s and with one lossy receiver (kernel-bridge
-# lab); then the in-memory NACK-implosion scaling run. Writes docs/bench/.
+# lab); then the in-memory NACK-implosion scaling run; a 40-file directory vs the same bytes
+# as one file (kernel-bridge lab). Writes docs/bench/.
 bench: $(VENV)/.installed
 	@if [ "$$(id -u)" != 0 ]; then echo "make bench: must run as root (it builds an OVS lab): sudo make bench" >&2; exit 1; fi
 	bash scripts/lab-deps.sh
 	$(PY) -m bench.distribution $(BENCH_ARGS)
 	$(PY) -m bench.agent $(BENCH_AGENT_ARGS)
 	$(PY) -m bench.scale --json > docs/bench/scale.jsonl
+	$(PY) -m bench.dirs > docs/bench/dirs.json

@@ -47,3 +47,16 @@ def test_agent_benchmark_smoke(tmp_path):
     assert {r["method"] for r in lossy} == {"modelcast", "uftp"}
     assert all(r["detail"]["dropped_at_lossy_receiver"] > 0 for r in lossy)
     assert "| speed | modelcast | 2 |" in (tmp_path / "agent.md").read_text()
+
+
+def test_directory_benchmark_smoke():
+    """The directory-vs-file benchmark runs end to end on the kernel-bridge lab: both
+    kinds verified on every receiver, the same bytes, the ratio reported."""
+    need_lab(ovs=False)
+    proc = subprocess.run([sys.executable, "-m", "bench.dirs", "--smoke"], capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    data = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert data["ok"] and {r["kind"] for r in data["runs"]} == {"file", "directory"}
+    assert len({r["bytes"] for r in data["runs"]}) == 1 and data["directory_vs_file"] > 0
+    assert next(r for r in data["runs"] if r["kind"] == "directory")["files"] == 40

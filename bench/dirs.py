@@ -1,0 +1,118 @@
+"""A 40-file model directory against the same bytes as one file, same lab, same run.
+
+Issue 13's target: one session for a 40-file directory takes at most 1.1 x the time of
+the same bytes sent as one file. On a kernel-bridge netns lab (MTU 9000), the real CLI
+sends a directory (three large shards, 36 tiny config/tokenizer files, one empty file)
+and, alternating with it, one file holding exactly its bytes, to N receivers; every copy
+is verified (the CLI's exit status and the received tree). Prints one JSON object: the
+runs, the median sender time of each and their ratio (the file is the reference).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+from bench.machine import describe, machine
+from lab.bridge import BridgeLab
+from lab.models import file_digest, make_key_file, make_model_dir, tree_of
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "hostagent.cli", *args]
+
+
+def _one(lab: BridgeLab, path: Path, outs: list[Path], key: Path, rate: float, timeout: float) -> dict[str, Any]:
+    """One transfer of ``path`` (file or directory) to every receiver host; verified."""
+    group = f"232.{random.randint(1, 254)}.{random.randint(1, 254)}.{random.randint(1, 254)}:{random.randint(20000, 60000)}"
+    receivers = []
+    for host, out in enumerate(outs, start=1):
+        receivers.append(lab.popen(host, *_cli("recv", "--group", group, "--source", lab.ip(0), "--out", str(out),
+                                               "--json", "--timeout", str(timeout), "--key-file", str(key)),
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO))
+    time.sleep(0.5)
+    sender = lab.popen(0, *_cli("send", str(path), "--group", group, "--interface", lab.ip(0), "--receivers",
+                                str(len(outs)), "--rate", str(rate), "--json", "--timeout", str(timeout),
+                                "--key-file", str(key)),
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+    s_out, s_err = sender.communicate(timeout=timeout * 3)
+    sent = json.loads(s_out.strip().splitlines()[-1]) if s_out.strip() else None
+    got = []
+    for proc in receivers:
+        r_out, _ = proc.communicate(timeout=timeout * 3)
+        got.append(json.loads(r_out.strip().splitlines()[-1]) if r_out.strip() else None)
+    ok = bool(sent and sent["ok"] and all(g and g["ok"] for g in got))
+    if ok and path.is_dir():
+        want = tree_of(path)
+        ok = all(tree_of(out) == want for out in outs)
+    elif ok:
+        ok = all(file_digest(out) == sent["file_digest"] for out in outs)
+    return {"kind": "directory" if path.is_dir() else "file", "ok": ok, "bytes": sent and sent["bytes"],
+            "files": sent and sent.get("files"), "sender_s": sent and sent["seconds"],
+            "receiver_goodput_mbit": [g and g["goodput_mbit"] for g in got],
+            "datagrams_sent": sent and sent["datagrams_sent"], "bytes_sent": sent and sent["bytes_sent"],
+            "error": None if ok else (s_err[-500:] if not sent else sent.get("error"))}
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    work = Path(tempfile.mkdtemp(prefix="modelcast-bench-dirs-", dir=args.work))
+    shard = int(args.size_mb * 1024 * 1024 / 3)
+    model = make_model_dir(work / "model", seed=21, files=40, big=3, big_size=shard)
+    one = work / "model.bin"
+    with open(one, "wb") as f:  # exactly the directory's byte space, in its order
+        for entry_path in sorted((p for p in model.rglob("*") if p.is_file()),
+                                 key=lambda p: str(p.relative_to(model)).encode()):
+            f.write(entry_path.read_bytes())
+    key = make_key_file(work / "session.key")
+    lab = BridgeLab(args.receivers + 1, mtu=args.mtu)
+    lab.start()
+    runs = []
+    try:
+        for i in range(args.runs):
+            for path in ((one, model) if i % 2 == 0 else (model, one)):
+                outs = [work / f"rx{h}-{i}-{path.name}" for h in range(1, args.receivers + 1)]
+                runs.append(_one(lab, path, outs, key, args.rate, args.timeout))
+                print(json.dumps(runs[-1]), file=sys.stderr)
+                for out in outs:
+                    subprocess.run(["rm", "-rf", str(out)], check=False)
+    finally:
+        lab.stop()
+        subprocess.run(["rm", "-rf", str(work)], check=False)
+    med = {kind: statistics.median(r["sender_s"] for r in runs if r["kind"] == kind and r["ok"])
+           for kind in ("file", "directory") if any(r["kind"] == kind and r["ok"] for r in runs)}
+    ratio = round(med["directory"] / med["file"], 3) if len(med) == 2 else None
+    return {"machine": describe(machine()), "receivers": args.receivers, "rate_mbit": args.rate,
+            "mtu": args.mtu, "size_mb": args.size_mb, "runs": runs, "median_sender_s": med,
+            "directory_vs_file": ratio, "ok": all(r["ok"] for r in runs)}
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.dirs", description=__doc__.splitlines()[0])
+    ap.add_argument("--size-mb", type=float, default=96, help="bytes of the directory (and of the file)")
+    ap.add_argument("--receivers", type=int, default=2)
+    ap.add_argument("--rate", type=float, default=800, help="sender rate cap, Mbit/s")
+    ap.add_argument("--mtu", type=int, default=9000)
+    ap.add_argument("--runs", type=int, default=3, help="transfers of each (alternating)")
+    ap.add_argument("--timeout", type=float, default=60)
+    ap.add_argument("--work", default=None, help="where the model and copies go (default: $TMPDIR)")
+    ap.add_argument("--smoke", action="store_true", help="8 MB, one run of each (what CI runs)")
+    args = ap.parse_args(argv)
+    if args.smoke:
+        args.size_mb, args.runs = 8, 1
+    result = run(args)
+    print(json.dumps(result))
+    return 0 if result["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
