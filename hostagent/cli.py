@@ -201,7 +201,7 @@ def cmd_recv(args: argparse.Namespace) -> int:
     _require_group_source(args)
     secret = _secret(args.key_file)
     if args.controller and not args.model and not args.expect:
-        raise CliError("--model (or --expect) is required with --controller")
+        raise CliError("--model is required with --controller (or --expect ID: the content id names the group)")
     options = ReceiveOptions(
         **_common(args, secret), source=args.source, timeout=args.timeout, gro=not args.no_gro,
         resume_interval=args.resume_interval, expect=args.expect,

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from hostagent import wire
+from hostagent import tree, wire
 from hostagent.api import _run_hook
 from hostagent.cli import Progress, build_parser, main
 from hostagent.control import ControllerClient, ControllerError, session_key
@@ -141,12 +141,14 @@ def test_send_and_receive_through_the_controller(tmp_path) -> None:
     _, port = loopback_group(FakeController.ADDRESS)
     model = make_model(tmp_path / "model.bin", 800_000, seed=11)
     digest = model.digest
+    cid = tree.content_id(b"", model.size, bytes.fromhex(digest))
     env = {**os.environ, "MODELCAST_TOKEN": "tok"}
     with FakeController(port, pending_polls=3) as fake:
         receivers = [
             # Each receiver sends from the address it registers: the sender admits only
             # the controller's receivers (README "Who the sender listens to").
-            cli("recv", "--controller", fake.url, "--model", digest, "--source", LOOPBACK,
+            # No --model: the content id they expect names the group.
+            cli("recv", "--controller", fake.url, "--expect", cid, "--source", LOOPBACK,
                 "--interface", f"127.0.0.{i + 2}", "--ip", f"127.0.0.{i + 2}", "--out", str(tmp_path / f"out{i}.bin"),
                 "--json", "--timeout", "20", env=env)
             for i in range(2)
@@ -167,11 +169,13 @@ def test_send_and_receive_through_the_controller(tmp_path) -> None:
     assert summary["authenticated"] is True  # the controller's key MACs every datagram
     for i, (proc, result) in enumerate(zip(receivers, results)):
         assert proc.returncode == 0 and result["digest_ok"] and result["file_digest"] == digest
+        assert result["content_id"] == cid and result["files"] == 1
         assert (tmp_path / f"out{i}.bin").read_bytes() == model.path.read_bytes()
     calls = [(m, p) for m, p, _, _ in fake.calls]
-    # The sender named the model by its digest and registered as the source.
+    # The sender named the model by its content id and registered as the source.
     posts = [b for m, p, b, _ in fake.calls if m == "POST"]
-    assert {"model": digest, "source": LOOPBACK} in posts and len(fake.groups) == 1
+    assert {"model": cid, "source": LOOPBACK} in posts and len(fake.groups) == 1
+    assert summary["content_id"] == cid
     for ip in ("127.0.0.2", "127.0.0.3"):
         assert ("PUT", f"/v1/groups/1/receivers/{ip}") in calls
         assert ("DELETE", f"/v1/groups/1/receivers/{ip}") in calls
