@@ -23,7 +23,7 @@ from typing import Any, Optional
 
 from bench.machine import describe, machine
 from lab.bridge import BridgeLab
-from lab.models import file_digest, make_key_file, make_model_dir, tree_of
+from lab.models import file_digest, files_in_order, make_key_file, make_model_dir, tree_of
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -70,8 +70,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     model = make_model_dir(work / "model", seed=21, files=40, big=3, big_size=shard)
     one = work / "model.bin"
     with open(one, "wb") as f:  # exactly the directory's byte space, in its order
-        for entry_path in sorted((p for p in model.rglob("*") if p.is_file()),
-                                 key=lambda p: str(p.relative_to(model)).encode()):
+        for entry_path in files_in_order(model):
             f.write(entry_path.read_bytes())
     key = make_key_file(work / "session.key")
     lab = BridgeLab(args.receivers + 1, mtu=args.mtu)

@@ -29,7 +29,7 @@ if __package__ in (None, ""):  # `python lab/demo.py` rather than `-m lab.demo`
 
 from lab.controller import stamp_printer
 from lab.fabric import Fabric
-from lab.models import make_model
+from lab.models import make_model, make_model_dir, model_of
 from lab.sh import LabError, leftovers, require
 from lab.transfer import Transfer
 from topologies.spec import Topology, TopologyError, parse
@@ -90,8 +90,15 @@ def run(args: argparse.Namespace) -> int:
         fabric.start()
         assert fabric.lab is not None
         base = fabric.lab.base
-        say(f"generating a {args.size_mb:g} MB test model ({work / 'model.bin'})")
-        model = make_model(work / "model.bin", size, seed=args.seed)
+        if args.files > 1:  # a model directory: shards plus small config/tokenizer files, one session
+            shards = max(1, min(4, args.files // 2))
+            say(f"generating a {args.size_mb:g} MB test model directory of {args.files} files, {shards} shards "
+                f"({work / 'model'})")
+            model = model_of(make_model_dir(work / "model", seed=args.seed, files=args.files, big=shards,
+                                            big_size=max(1, size // shards)))
+        else:
+            say(f"generating a {args.size_mb:g} MB test model ({work / 'model.bin'})")
+            model = make_model(work / "model.bin", size, seed=args.seed)
         say(f"model blake3 {model.digest}")
         with Transfer(fabric, model, sender, receivers, rate=args.rate, name="demo",
                       model_name=args.model, workdir=work / "transfer",
@@ -136,6 +143,8 @@ def run(args: argparse.Namespace) -> int:
             else:  # failed: keep logs and summaries for a post-mortem, drop the big files
                 for p in work.rglob("*.bin"):
                     p.unlink(missing_ok=True)
+                for p in [work / "model", *work.rglob("*-model")]:
+                    shutil.rmtree(p, ignore_errors=True)
                 say(f"logs kept in {work}")
         finally:
             signal.signal(signal.SIGINT, old)
@@ -171,6 +180,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--algorithm", default="spt", choices=("spt", "steiner"), help="tree algorithm")
     p.add_argument("--model", help="model name registered with the controller")
     p.add_argument("--seed", type=int, default=0, help="test model content seed")
+    p.add_argument("--files", type=int, default=8,
+                   help="files in the test model: a directory of shards and small config files sent in one "
+                        "session (default %(default)s); 1: a single file")
     p.add_argument("--timeout", type=float, default=300, help="give up after this many seconds")
     p.add_argument("--workdir", help="where to create the work dir (default /dev/shm)")
     p.add_argument("--keep", action="store_true", help="keep the work dir (model, copies, logs)")

@@ -4,6 +4,7 @@ of shared key files (``modelcast --key-file``) for runs without a controller."""
 
 from __future__ import annotations
 
+import os
 import random
 import secrets
 import stat
@@ -38,15 +39,31 @@ def make_model(path: Path | str, size_bytes: int, seed: int = 0) -> ModelFile:
 
 
 def file_digest(path: Path | str) -> Optional[str]:
-    """BLAKE3 hex of a file, or None if it does not exist."""
+    """BLAKE3 hex of a file, or None if it does not exist. A directory's is that of its
+    byte space (its files in canonical order, what the host agent reports as file_digest)."""
     try:
         h = blake3.blake3()
-        with open(path, "rb") as f:
-            while block := f.read(_STEP):
-                h.update(block)
+        for part in files_in_order(Path(path)) if os.path.isdir(path) else [Path(path)]:
+            with open(part, "rb") as f:
+                while block := f.read(_STEP):
+                    h.update(block)
         return h.hexdigest()
     except FileNotFoundError:
         return None
+
+
+def files_in_order(root: Path) -> list[Path]:
+    """A directory's files in the order of its byte space (``hostagent.tree``)."""
+    return sorted((p for p in root.rglob("*") if p.is_file()), key=lambda p: str(p.relative_to(root)).encode())
+
+
+def model_of(path: Path | str) -> ModelFile:
+    """The ModelFile of an existing file or model directory."""
+    path = Path(path)
+    size = sum(p.stat().st_size for p in files_in_order(path)) if path.is_dir() else path.stat().st_size
+    digest = file_digest(path)
+    assert digest is not None
+    return ModelFile(path, size, digest)
 
 
 def make_key_file(path: Path | str) -> Path:

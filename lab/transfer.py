@@ -247,7 +247,8 @@ class Transfer:
     # ---------------------------------------------------------------- setup
 
     def out_path(self, host: str) -> Path:
-        return self.workdir / f"{host}.bin"
+        """Where ``host`` writes the model: a file, or a directory for a model directory."""
+        return self.workdir / (f"{host}-model" if self.model.path.is_dir() else f"{host}.bin")
 
     def _cli(self, *args: str) -> list[str]:
         return [str(VENV_BIN / "modelcast"), *args]
