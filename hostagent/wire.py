@@ -540,7 +540,7 @@ def _decode_manifest(session: int, body: memoryview) -> Manifest:
             raise BadField("optional manifest field")
     return Manifest(
         session, file_size, chunk_size, payload_size, chunk_count, file_digest,
-        page_index, page_count, first_chunk, digests, name, hint, entries,
+        page_index, page_count, first_chunk, digests, name, hint, entries=entries,
     )
 
 

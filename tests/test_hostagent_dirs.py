@@ -75,7 +75,7 @@ def test_a_manifest_naming_a_hostile_path_is_refused_and_creates_nothing(
     sink = _RecordingSink()
     receiver = Receiver(sink, ReceiverConfig(key=KEY), 0.0)
     size = sum(r[1] for r in raw)
-    page = wire.Manifest(7, size, 1024, 512, -(-size // 1024), bytes(32), 0, 1, 0, b"", "m", 1, blob)
+    page = wire.Manifest(7, size, 1024, 512, -(-size // 1024), bytes(32), 0, 1, 0, b"", "m", 1, entries=blob)
     receiver.receive_datagram(wire.encode(page, KEY), ("s", 1), 0.0)
     assert receiver.manifest is None and sink.begun == 0
     assert receiver.stats.drops["bad_entries"] == 1
@@ -275,5 +275,5 @@ def test_a_single_file_manifest_is_encoded_as_before() -> None:
     body = wire.encode(page)[wire.HEADER_LEN:]
     assert len(msgpack.unpackb(body)) == 11
     assert wire.decode(wire.encode(page)) == page
-    with_entries = wire.Manifest(1, 2048, 1024, 512, 2, bytes(32), 0, 1, 0, bytes(32), "f", 3, b"\x91")
+    with_entries = wire.Manifest(1, 2048, 1024, 512, 2, bytes(32), 0, 1, 0, bytes(32), "f", 3, entries=b"\x91")
     assert wire.decode(wire.encode(with_entries)) == with_entries

@@ -33,6 +33,7 @@ def manifests(draw):
         page_index=draw(st.integers(0, page_count - 1)), page_count=page_count,
         first_chunk=first, digests=draw(st.binary(min_size=16 * n, max_size=16 * n)),
         name=draw(st.text(max_size=40)), receivers_hint=draw(u32),
+        entries=draw(st.binary(max_size=300)),  # a directory's entry list (optional field)
     )
 
 
