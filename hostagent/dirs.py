@@ -8,7 +8,9 @@ and renames it into place only after every chunk and the whole content verified
 (``finish``): a loader never sees a half-written model. The resume record is the single
 file's one (``OUT.modelcast-state``, made durable after the data it claims, by the same
 writer thread), so a restarted receiver fetches only what it does not hold, per file.
-``PathSink`` is what ``recv --out PATH`` uses: a file or a directory, as the manifest says.
+``PathSink`` is what ``recv --out PATH`` uses: a file or a directory, as the manifest says;
+a temporary directory that the resume record does not describe (another model's, or no
+record) is removed first, so it holds only what the record speaks for.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ import shutil
 import stat
 import threading
 from typing import Callable, Optional
+
+import msgpack
 
 from . import tree
 from .net import STATE_SUFFIX, FileSink, _RecordWriter
@@ -301,6 +305,8 @@ class PathSink:
 
     def begin(self, manifest: Manifest) -> None:
         if manifest.entries:
+            if not self._resumes(manifest):  # an earlier attempt's files of another model: start clean
+                shutil.rmtree(tmp_path(self.out), ignore_errors=True)
             inner: FileSink | DirSink = DirSink(self.out, tree.decode_entries(manifest.entries, manifest.file_size))
         else:
             inner = FileSink(self.out)
@@ -310,6 +316,15 @@ class PathSink:
         self.write_many: Callable = inner.write_many  # type: ignore[assignment]
         self.read: Callable = inner.read  # type: ignore[assignment]
         self.save_state: Callable = inner.save_state  # type: ignore[assignment]
+
+    def _resumes(self, manifest: Manifest) -> bool:
+        """Whether the resume record is of this model (what the receiver resumes from)."""
+        try:
+            record = msgpack.unpackb(self.load_state() or b"", raw=False)
+        except Exception:
+            return False
+        return isinstance(record, dict) and (record.get("digest"), record.get("size"), record.get("chunk")) == (
+            manifest.file_digest, manifest.file_size, manifest.chunk_size)
 
     def save_state(self, state: bytes) -> None:
         """Before a manifest there is nothing to record (a receiver failing early)."""

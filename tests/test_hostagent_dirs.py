@@ -199,6 +199,27 @@ def test_finish_replaces_an_older_model_in_one_step(tmp_path: Path) -> None:
         sink.close()
 
 
+def test_a_leftover_temporary_directory_of_another_model_is_cleared(tmp_path: Path) -> None:
+    """No record of this model: whatever an earlier attempt left (here a file where this
+    model has a directory) is removed, and the model arrives whole."""
+    src = make_model_dir(tmp_path / "src", files=12, big=1, big_size=20_000)
+    out = tmp_path / "model"
+    stale = Path(tmp_path_of(out))
+    stale.mkdir()
+    (stale / "tokenizer").write_bytes(b"a file where the new model has a directory")
+    sink = PathSink(str(out))
+    sim, source = _dir_sim(src, 0.0, 1, [sink])
+    sim.add_receiver()
+    sim.run(until=60)
+    try:
+        assert sim.receivers[0].receiver.complete
+        sink.finish(source.size)
+        assert tree_of(out) == tree_of(src)
+    finally:
+        source.close()
+        sink.close()
+
+
 def test_a_symlink_planted_in_the_temporary_directory_is_not_followed(tmp_path: Path) -> None:
     outside = tmp_path / "outside"
     outside.mkdir()
