@@ -1,6 +1,6 @@
 """``modelcast send`` / ``modelcast recv``: one transfer, one exit code.
 
-Exit 0 means verified: for ``recv`` the whole-file digest matched (and the
+Exit 0 means verified: for ``recv`` every chunk matched its manifest digest (and the
 ``--on-complete`` hook, if any, exited 0); for ``send`` every expected receiver reported
 COMPLETE with the right digest. Any failure is one line on stderr and exit 1 (2 for
 usage errors, as argparse does). ``--json`` prints exactly one summary object on stdout.

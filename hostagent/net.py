@@ -87,6 +87,7 @@ class FileSink:
         self.path = path
         self.state_path = path + STATE_SUFFIX
         self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        self._buf = bytearray()  # read_view's
 
     def write(self, offset: int, data: bytes | memoryview) -> None:
         os.pwrite(self._fd, data, offset)
@@ -102,6 +103,13 @@ class FileSink:
 
     def read(self, offset: int, length: int) -> bytes:
         return os.pread(self._fd, length, offset)
+
+    def read_view(self, offset: int, length: int) -> memoryview:
+        """Like ``read``, into one reused buffer: valid until the next call."""
+        if len(self._buf) < length:
+            self._buf = bytearray(length)
+        got = os.preadv(self._fd, [memoryview(self._buf)[:length]], offset)
+        return memoryview(self._buf)[:got]
 
     def save_state(self, state: bytes) -> None:
         tmp = self.state_path + ".tmp"

@@ -45,12 +45,11 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Optional
 
-import blake3
 import msgpack
 
 import hostagent.fec as fec
 import hostagent.wire as wire
-from .common import Addr, ChunkSink, Layout, Stats, write_parts
+from .common import Addr, ChunkSink, Layout, Stats, read_view, write_parts
 from .events import ChunkCorrupt, Failed, FileComplete, ManifestReceived, ReceiverEvent
 from .rangeset import RangeSet
 
@@ -154,10 +153,7 @@ class Receiver:
         self._gap_s = 0.0  # smoothed time between arriving data datagrams (sender pace)
         self._last_data_at: Optional[float] = None
 
-        # Whole-file digest, fed with verified chunks in file order as they verify, so
-        # completion does not re-read the whole file.
-        self._whole = blake3.blake3()
-        self._whole_next = 0  # next chunk the whole-file hasher needs
+        self._hashed = RangeSet()  # chunks whose digest this process checked
 
         # FEC: block first seq -> (block end, share index -> payload); nominal k of the sender
         self._parity: dict[int, tuple[int, dict[int, bytes]]] = {}
@@ -234,16 +230,44 @@ class Receiver:
             self.receive_datagram(data, addr, now)
             return
         key = self._key
+        if self.layout is not None and not (self.failed or self.complete or self._parity):
+            run = wire.parse_data_run(data, seg, key)  # the clean stream: one run per read
+            if run is not None and self._fresh_run(run):
+                _, first, chunk, offset, payloads = run
+                self._on_data_run(first, first + len(payloads) - 1, chunk, offset, payloads, n, addr, now)
+                return
         parsed = [wire.parse_data(data[off : off + seg], key) for off in range(0, n, seg)]
         i, count = 0, len(parsed)
         while i < count:
             j = self._data_run(parsed, i)
             if j - i > 1:
-                self._on_data_run(parsed[i:j], min(n, j * seg) - i * seg, addr, now)
+                head, tail = parsed[i], parsed[j - 1]
+                assert head is not None and tail is not None
+                self._on_data_run(head[1], tail[1], head[2], head[3], [f[4] for f in parsed[i:j]],  # type: ignore[index]
+                                  min(n, j * seg) - i * seg, addr, now)
             else:
                 j = i + 1
                 self.receive_datagram(data[i * seg : min(n, j * seg)], addr, now)
             i = j
+
+    def _fresh_run(self, run: wire.DataRun) -> bool:
+        """``parse_data_run``'s run is what ``_data_run`` would take whole: this session,
+        where the layout puts it, and none of it held yet. (Consecutive seqs with
+        contiguous payloads, all but the last as long as the first, lie where the
+        layout says once the first is a full fragment and the last is in place.)"""
+        layout = self.layout
+        assert layout is not None
+        session, first, chunk, offset, payloads = run
+        last = first + len(payloads) - 1
+        size = len(payloads[0])
+        if session != self.session or last >= layout.total_seq or size != layout.payload_size:
+            return False
+        locate = layout.locate
+        if locate(first) != (chunk, offset, size):
+            return False
+        if locate(last) != (chunk, offset + (last - first) * size, len(payloads[-1])):
+            return False
+        return not self.have.count_in(first, last + 1)
 
     def _data_run(self, parsed: list[Optional[wire.DataFields]], i: int) -> int:
         """End of the run of fresh first-transmission fragments of one chunk that starts
@@ -269,15 +293,14 @@ class Receiver:
             return i  # duplicates among them: the per-datagram path counts them
         return j
 
-    def _on_data_run(self, run: list, nbytes: int, addr: Addr, now: float) -> None:
-        """``_data_run``'s fragments: what ``_on_data`` does to each, done once."""
+    def _on_data_run(self, first: int, last: int, chunk: int, offset: int, payloads: list[memoryview],
+                     nbytes: int, addr: Addr, now: float) -> None:
+        """A run of fresh first-transmission fragments ``first..last`` of ``chunk``
+        (``_data_run``'s or ``parse_data_run``'s): what ``_on_data`` does to each, done once."""
         layout = self.layout
         assert layout is not None
         stats = self.stats
-        k = len(run)
-        first, last = run[0][1], run[-1][1]
-        chunk = run[0][2]
-        payloads = [f[4] for f in run]
+        k = last - first + 1
         stats.datagrams_in += k
         stats.bytes_in += nbytes
         if self.sender_addr is None:
@@ -298,7 +321,7 @@ class Receiver:
         self._highest = max(self._highest, last)
         if gap:
             self._maybe_report(now)
-        write_parts(self._sink, chunk * layout.chunk_size + run[0][3], payloads)
+        write_parts(self._sink, chunk * layout.chunk_size + offset, payloads)
         self.have.add(first, last + 1)
         start, end = layout.chunk_seqs(chunk)
         if self.have.contains_range(start, end):
@@ -582,16 +605,13 @@ class Receiver:
         if chunk not in self._digests_known:
             self._unverified.add(chunk)
             return
-        data = self._sink.read(chunk * layout.chunk_size, layout.chunk_len(chunk))
+        data = read_view(self._sink, chunk * layout.chunk_size, layout.chunk_len(chunk))
         expected = bytes(self._digests[chunk * wire.CHUNK_DIGEST_LEN : (chunk + 1) * wire.CHUNK_DIGEST_LEN])
         rebuilt = chunk in self._fec_chunks
         self._fec_chunks.discard(chunk)
         if wire.chunk_digest(data) == expected:
             self.verified.add(chunk)
-            if chunk == self._whole_next:
-                self._whole.update(data)
-                self._whole_next += 1
-                self._feed_whole()
+            self._hashed.add(chunk)
             self._since_save += 1
             if self._since_save >= self.config.state_save_every:
                 self._save_state()
@@ -614,11 +634,19 @@ class Receiver:
         if layout is None or self.complete or self.verified.count < layout.chunk_count:
             return
         assert self.manifest is not None
-        self._feed_whole()
-        digest = self._whole.digest()
-        if digest != self.manifest.file_digest:
-            self._fail("whole-file digest mismatch")
+        # Chunks a resume record vouched for are hashed now, before they count (a
+        # mismatch asks for the chunk again).
+        for s, e in self.verified.ranges():
+            for hs, he in self._hashed.missing(s, e):
+                for chunk in range(hs, he):
+                    self.verified.discard(chunk)
+                    self._verify_chunk(chunk, now)
+        if self.verified.count < layout.chunk_count:
             return
+        # Every chunk matched its digest, and the manifest's digests cover every byte:
+        # the file is the one the sender named by its whole-file digest (computed from
+        # the same read). Hashing the file once more would double the receiver's CPU.
+        digest = self.manifest.file_digest
         self.complete = True
         # Gaps whose NACK never went out because a repair filled them first.
         self.stats.nacks_suppressed += sum(1 for t in self._gap_timers if not t[3])
@@ -627,17 +655,6 @@ class Receiver:
         self._save_state()
         self._events.append(FileComplete(digest))
         self._send_complete(now)
-
-    def _feed_whole(self) -> None:
-        """Advance the whole-file hasher over the verified chunks right behind it (on
-        disk and immutable once verified). Chunks verified in file order were already
-        fed from the buffer their own digest check read, so they cost no extra read."""
-        layout = self.layout
-        assert layout is not None
-        while self._whole_next < layout.chunk_count and self._whole_next in self.verified:
-            chunk = self._whole_next
-            self._whole.update(self._sink.read(chunk * layout.chunk_size, layout.chunk_len(chunk)))
-            self._whole_next += 1
 
     def _send_complete(self, now: float) -> None:
         assert self.manifest is not None

@@ -392,6 +392,57 @@ def parse_data(data: bytes | bytearray | memoryview, key: bytes | None = None) -
     return session, seq, chunk, offset, memoryview(data)[DATA_HEADER_LEN:end], True, bool(flags & FLAG_MULTICAST)
 
 
+DataRun = tuple[int, int, int, int, list[memoryview]]
+
+
+def parse_data_run(data: bytes | bytearray | memoryview, seg: int, key: bytes | None = None) -> DataRun | None:
+    """A GRO super-packet (datagrams of ``seg`` bytes back to back, the last may be
+    shorter) that is one run of first transmissions -- every datagram a DATA that
+    ``parse_data`` accepts, one session, consecutive seqs of one chunk, each payload
+    starting where the one before ended -- as ``(session, first seq, chunk, first
+    offset, payloads)`` with the payloads views into ``data``; None otherwise (the
+    caller then takes the datagrams one by one). A clean stream arrives as such runs
+    (a GSO batch ends at a chunk's short last fragment), so the receiver's per-datagram
+    Python is one header unpack; the tests hold it to ``parse_data``'s verdicts."""
+    n = len(data)
+    if seg <= DATA_HEADER_LEN or seg >= n or seg > MAX_DATAGRAM:
+        return None
+    view = memoryview(data)
+    if key is not None:  # the per-datagram MAC dominates: parse_data checks each
+        payloads = []
+        run = parse_data(view[:seg], key)
+        if run is None or run[5]:
+            return None
+        session, seq, chunk, pos = run[0], run[1], run[2], run[3]
+        for off in range(0, n, seg):
+            fields = parse_data(view[off : off + seg], key) if off else run
+            if (fields is None or fields[5] or fields[0] != session or fields[1] != seq
+                    or fields[2] != chunk or fields[3] != pos):
+                return None
+            payloads.append(fields[4])
+            seq += 1
+            pos += len(fields[4])
+        return session, run[1], chunk, run[3], payloads
+    # Unkeyed: exactly parse_data's checks, inlined (a MAC'd datagram, which parse_data
+    # accepts unchecked, makes the run fall back instead).
+    unpack = _DATA_FULL.unpack_from
+    _, _, _, _, session, first, chunk, start, _ = unpack(view, 0)
+    seq, pos = first, start
+    payloads = []
+    for off in range(0, n, seg):
+        end = off + seg if off + seg < n else n
+        if end - off <= DATA_HEADER_LEN:
+            return None
+        magic, version, mtype, flags, s, q, c, o, plen = unpack(view, off)
+        if (mtype != T_DATA or flags or magic != MAGIC or version != VERSION or s != session or q != seq
+                or c != chunk or o != pos or plen != end - off - DATA_HEADER_LEN or o + plen > MAX_CHUNK_SIZE):
+            return None
+        payloads.append(view[off + DATA_HEADER_LEN : end])
+        seq += 1
+        pos += plen
+    return session, first, chunk, start, payloads
+
+
 def decode(data: bytes | bytearray | memoryview, key: bytes | None = None) -> Message:
     """Parse and validate one datagram.
 
