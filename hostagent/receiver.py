@@ -90,6 +90,9 @@ class ReceiverConfig:
     max_datagram: int = 1472
     state_save_every: int = 64  # verified chunks between resume-record saves
     verify_resume: bool = False  # re-hash chunks claimed by a resume record
+    # Lane (index, count) of a striped transfer this receiver takes (hostagent.lanes):
+    # manifests of any other lane are dropped; the sink learns the lane's file offset.
+    lane: tuple[int, int] = (0, 1)
 
 
 class Receiver:
@@ -194,6 +197,9 @@ class Receiver:
             msg = wire.decode(data, self._key)
         except wire.WireError as exc:
             self.stats.drops[exc.reason] += 1
+            return
+        if isinstance(msg, wire.Manifest) and msg.lane[:2] != self.config.lane:
+            self.stats.drops["wrong_lane"] += 1  # another lane's session (or lanes vs none)
             return
         if isinstance(msg, wire.Manifest) and self.session is None:
             self.session = msg.session
@@ -410,6 +416,9 @@ class Receiver:
 
     def _start(self, msg: wire.Manifest, now: float) -> None:
         self.manifest = msg
+        set_base = getattr(self._sink, "set_base", None)
+        if set_base is not None:
+            set_base(msg.lane[2])  # a lane's slice: its offset 0 is this byte of the file
         layout = self.layout = Layout(msg.file_size, msg.chunk_size, msg.payload_size)
         self._digests = bytearray(layout.chunk_count * wire.CHUNK_DIGEST_LEN)
         resume = self._resume

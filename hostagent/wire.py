@@ -132,6 +132,11 @@ class Manifest:
     digests: bytes  # CHUNK_DIGEST_LEN bytes per chunk, starting at first_chunk
     name: str = ""
     receivers_hint: int = 0  # group size estimate: scales receivers' NACK backoff
+    # A transfer striped over lanes (``--lanes``): this session carries lane ``index`` of
+    # ``count``, the slice of the file that starts at byte ``offset``; every lane names
+    # the whole file (``file_digest``). Encoded only when count > 1, so a one-lane
+    # manifest is what it always was.
+    lane: tuple[int, int, int] = (0, 1, 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -284,7 +289,7 @@ def encode_manifest(msg: Manifest, key: bytes | None = None) -> bytes:
             msg.digests,
             msg.name,
             msg.receivers_hint,
-        ],
+        ] + ([list(msg.lane)] if msg.lane[1] > 1 else []),
         use_bin_type=True,
     )
     return _finish(T_MANIFEST, 0, msg.session, body, key)
@@ -532,15 +537,27 @@ def _decode_data(session: int, mtype: int, multicast: bool, body: memoryview) ->
     return Data(session, seq, chunk, offset, bytes(body[_DATA.size :]), mtype == T_REPAIR, multicast if mtype == T_REPAIR else True)
 
 
-def _unpack_array(body: memoryview, length: int) -> list:
+def _unpack_array(body: memoryview, length: int, optional: int = 0) -> list:
     obj = msgpack.unpackb(body, raw=False, strict_map_key=True, use_list=True)
-    if type(obj) is not list or len(obj) != length:
+    if type(obj) is not list or not length <= len(obj) <= length + optional:
         raise BadField("unexpected msgpack shape")
     return obj
 
 
+MAX_LANES = 64
+
+
+def _decode_lane(value: object, file_size: int) -> tuple[int, int, int]:
+    if type(value) is not list or len(value) != 3:
+        raise BadField("lane")
+    index, count, offset = _u(value[0], MAX_LANES), _u(value[1], MAX_LANES), _u(value[2], MAX_FILE_SIZE)
+    if not index < count or count < 2 or offset + file_size > MAX_FILE_SIZE:
+        raise BadField("lane")
+    return index, count, offset
+
+
 def _decode_manifest(session: int, body: memoryview) -> Manifest:
-    fields = _unpack_array(body, 11)
+    fields = _unpack_array(body, 11, optional=1)
     file_size = _u(fields[0], MAX_FILE_SIZE)
     chunk_size = _u(fields[1], MAX_CHUNK_SIZE)
     payload_size = _u(fields[2], MAX_PAYLOAD)
@@ -566,9 +583,10 @@ def _decode_manifest(session: int, body: memoryview) -> Manifest:
         raise BadField("page index")
     if type(name) is not str or len(name.encode()) > MAX_NAME_BYTES:
         raise BadField("name")
+    lane = _decode_lane(fields[11], file_size) if len(fields) > 11 else (0, 1, 0)
     return Manifest(
         session, file_size, chunk_size, payload_size, chunk_count, file_digest,
-        page_index, page_count, first_chunk, digests, name, hint,
+        page_index, page_count, first_chunk, digests, name, hint, lane,
     )
 
 

@@ -19,26 +19,15 @@ import blake3
 import pytest
 
 from lab.bridge import BridgeLab
-from lab.sh import LabError
 from tests.support.agents import REPO, cli_argv
-from tests.support.lab import need_lab, skip_or_fail
+from tests.support.lab import bridge_lab
 
 pytestmark = pytest.mark.lab
 
 
 @pytest.fixture
 def lab4():
-    need_lab(ovs=False)
-    lab = BridgeLab(4)
-    try:
-        lab.start()
-    except LabError as exc:
-        skip_or_fail(str(exc))
-    try:
-        yield lab
-    finally:
-        lab.stop()
-        assert lab.leftovers() == [], "lab objects left behind"
+    yield from bridge_lab(4)
 
 
 def test_three_receivers_with_random_and_bursty_loss(lab4: BridgeLab, tmp_path: Path) -> None:

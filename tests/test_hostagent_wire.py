@@ -4,6 +4,7 @@ everything else with a WireError (never another exception)."""
 import dataclasses
 import struct
 
+import msgpack
 import pytest
 from hypothesis import given, settings, strategies as st
 
@@ -16,6 +17,15 @@ from hostagent.wire import (
 KEY = wire.derive_key(b"test secret")
 u64 = st.integers(0, wire.U64_MAX)
 u32 = st.integers(0, (1 << 32) - 1)
+
+
+@st.composite
+def lanes(draw):
+    """No lanes (the one-lane default), or lane index of count at a file offset."""
+    if draw(st.booleans()):
+        return (0, 1, 0)
+    count = draw(st.integers(2, wire.MAX_LANES))
+    return draw(st.integers(0, count - 1)), count, draw(st.integers(0, 1 << 40))
 
 
 @st.composite
@@ -33,7 +43,7 @@ def manifests(draw):
         file_digest=draw(st.binary(min_size=32, max_size=32)),
         page_index=draw(st.integers(0, page_count - 1)), page_count=page_count,
         first_chunk=first, digests=draw(st.binary(min_size=16 * n, max_size=16 * n)),
-        name=draw(st.text(max_size=40)), receivers_hint=draw(u32),
+        name=draw(st.text(max_size=40)), receivers_hint=draw(u32), lane=draw(lanes()),
     )
 
 
@@ -288,3 +298,18 @@ def test_gro_run_parser_agrees_with_parse_data(session, seq, chunk, offset, size
                                                 bytes([victim % 251]) * sizes[victim]), send_key)
     if intact and send_key == recv_key and seg < len(blob) and offset + sum(sizes) <= wire.MAX_CHUNK_SIZE:
         assert run is not None and run[1] == seq and len(run[4]) == count
+
+
+def test_lane_field_is_absent_for_one_lane_and_checked_when_present() -> None:
+    """A one-lane manifest is the 11-field array it always was (old receivers read it);
+    a lane that is not index < count <= MAX_LANES, count >= 2, is refused."""
+    base = Manifest(5, 10, 4, 4, 3, b"d" * 32, 0, 1, 0, b"x" * 48, "m", 2)
+    assert len(msgpack.unpackb(encode(base)[wire.HEADER_LEN:])) == 11
+    laned = dataclasses.replace(base, lane=(1, 2, 1 << 30))
+    assert decode(encode(laned)).lane == (1, 2, 1 << 30)
+    for bad in [(2, 2, 0), (0, 1, 0), (0, wire.MAX_LANES + 1, 0), (0, 2, wire.MAX_FILE_SIZE)]:
+        body = msgpack.unpackb(encode(base)[wire.HEADER_LEN:]) + [list(bad)]
+        raw = encode(base)[: wire.HEADER_LEN] + msgpack.packb(body, use_bin_type=True)
+        with pytest.raises(WireError) as info:
+            decode(raw)
+        assert info.value.reason == "bad_field", bad

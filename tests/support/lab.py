@@ -4,10 +4,12 @@ CI=true (CI must prove the real thing)."""
 from __future__ import annotations
 
 import os
+from typing import Iterator
 
 import pytest
 
-from lab.sh import unavailable
+from lab.bridge import BridgeLab
+from lab.sh import LabError, unavailable
 
 
 def skip_or_fail(reason: str) -> None:
@@ -23,3 +25,19 @@ def need_lab(ovs: bool = True) -> None:
     reason = unavailable(ovs)
     if reason:
         skip_or_fail(reason)
+
+
+def bridge_lab(hosts: int, mtu: int = 1500) -> Iterator[BridgeLab]:
+    """A started kernel-bridge lab for a fixture to yield; removed afterwards, and
+    nothing of it may be left behind."""
+    need_lab(ovs=False)
+    lab = BridgeLab(hosts, mtu=mtu)
+    try:
+        lab.start()
+    except LabError as exc:
+        skip_or_fail(str(exc))
+    try:
+        yield lab
+    finally:
+        lab.stop()
+        assert lab.leftovers() == [], "lab objects left behind"
