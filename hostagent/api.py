@@ -698,8 +698,9 @@ def _send_lanes(path: str, opts: SendOptions, interface: str, emit: OnEvent,
             return _send(path, per, part, interface, lane_emit, lane_progress, lane=lane)
 
     try:
-        results, failed = lanes.run(lanes.plan(size, opts.chunk_size, count, digests), one, emit,
-                                    lanes.merge_progress(on_progress), lambda r: r.ok)
+        results, failed = lanes.run(lanes.plan(size, opts.chunk_size, count, digests), one,
+                                    _started_once(emit, SendStarted, size=size), lanes.merge_progress(on_progress),
+                                    lambda r: r.ok)
     except lanes.LaneError as exc:
         raise TransferError(str(exc)) from None
     return lanes.merge_send(results, failed, count, size, opts.group or "", time.monotonic() - started, _cpu_s())
@@ -732,8 +733,8 @@ def _receive_lanes(out: str, opts: ReceiveOptions, source_ip: str, interface: st
         return result, sinks[0].base if sinks else 0
 
     try:
-        outcomes, failed = lanes.run(list(range(count)), one, emit, lanes.merge_progress(on_progress),
-                                     lambda r: r[0].digest_ok)
+        outcomes, failed = lanes.run(list(range(count)), one, _started_once(emit, ReceiveStarted),
+                                     lanes.merge_progress(on_progress), lambda r: r[0].digest_ok)
     except lanes.LaneError as exc:
         raise TransferError(str(exc)) from None
     results = {i: r for i, (r, _) in outcomes.items()}
@@ -751,6 +752,22 @@ def _receive_lanes(out: str, opts: ReceiveOptions, source_ip: str, interface: st
         result.on_complete = _run_hook(opts.on_complete, out, opts.hook_stdout)
         result.ok = result.on_complete.exit_status == 0
     return result
+
+
+def _started_once(emit: OnEvent, kind: type, **fields: Any) -> OnEvent:
+    """The lanes' events for the caller: their ``kind`` (SendStarted, ReceiveStarted)
+    once, for the whole transfer (``fields`` replaced), everything else as it comes."""
+    seen: list[bool] = []
+
+    def forward(event: Event) -> None:
+        if isinstance(event, kind):
+            if seen:
+                return
+            seen.append(True)
+            event = dataclasses.replace(event, **fields)  # type: ignore[type-var]
+        emit(event)
+
+    return forward
 
 
 # ----------------------------------------------------------------------------- shared
