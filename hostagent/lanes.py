@@ -18,9 +18,12 @@ for now: with a controller every lane would need a port of its own in the group.
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import multiprocessing
+import os
 import queue as queues
+import signal
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -34,6 +37,7 @@ R = TypeVar("R")
 Emit = Callable[[object], None]
 _WAIT = 0.05  # seconds between checks for lanes that died without a word
 _LAST_WORDS = 0.5  # a lane's process gone this long without its result: it died
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 class LaneError(Exception):
@@ -191,7 +195,7 @@ def run(lanes: list[Any], one: Callable[[Any, Emit, Optional[Callable[[Any], Non
     channel = ctx.Queue()
     procs = {}
     for index, lane in enumerate(lanes):
-        procs[index] = ctx.Process(target=_child, args=(index, lane, one, channel, progress is not None),
+        procs[index] = ctx.Process(target=_child, args=(index, lane, one, channel, progress is not None, os.getpid()),
                                    name=f"modelcast-lane{index}", daemon=True)
         procs[index].start()
     results: dict[int, R] = {}
@@ -230,13 +234,25 @@ def run(lanes: list[Any], one: Callable[[Any, Emit, Optional[Callable[[Any], Non
     return results, next((i for i, r in sorted(results.items()) if not ok(r)), None)
 
 
-def _child(index: int, lane: Any, one: Callable[..., Any], channel: Any, want_progress: bool) -> None:
+def _die_with_parent(parent: int) -> None:
+    """A lane whose command is killed (SIGKILL: no cleanup ran) must not run on alone:
+    the kernel sends it SIGTERM when its parent goes (Linux prctl PR_SET_PDEATHSIG)."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # it went before the request was in place
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _child(index: int, lane: Any, one: Callable[..., Any], channel: Any, want_progress: bool, parent: int) -> None:
     """A lane's process: run it, report everything over ``channel``."""
     try:  # named for ps/top (and the tests): modelcast-lane0, -lane1...
         with open("/proc/self/comm", "w") as comm:
             comm.write(f"modelcast-lane{index}"[:15])
     except OSError:
         pass
+    _die_with_parent(parent)
 
     def emit(event: object) -> None:
         channel.put(("event", index, event))

@@ -133,6 +133,50 @@ def test_a_lane_that_dies_fails_the_transfer_clearly(lab3: BridgeLab, tmp_path: 
     assert [r["ok"] for r in summary["receivers"]] == [False] and summary["receivers"][0]["error"]
 
 
+@pytest.mark.lab
+def test_a_killed_lanes_receiver_resumes_each_lane(lab3: BridgeLab, tmp_path: Path) -> None:
+    """Killed mid-transfer and started again with the same --lanes, a receiver keeps
+    what every lane had verified (one resume record per lane) and ends verified."""
+    model = tmp_path / "model.bin"
+    model.write_bytes(random.Random(8).randbytes(24 * MIB))
+    addr, out = _group(), tmp_path / "out.bin"
+    recv = ("recv", "--group", addr, "--source", lab3.ip(0), "--out", str(out), "--json", "--timeout", "20",
+            "--lanes", "2")
+    first = _agent(lab3, 1, *recv)
+    time.sleep(0.7)
+    sender = _agent(lab3, 0, "send", str(model), "--group", addr, "--interface", lab3.ip(0), "--receivers", "1",
+                    "--rate", "60", "--json", "--timeout", "20", "--lanes", "2",
+                    "--chunk-size", "65536")  # 192 chunks a lane: resume records are saved every 64
+    time.sleep(2.0)  # about half of each lane's slice
+    first.kill()
+    first.wait(5)
+    assert sorted(p.name for p in tmp_path.glob("out.bin.modelcast-state.lane*")) == [
+        "out.bin.modelcast-state.lane0", "out.bin.modelcast-state.lane1"]
+    again = _agent(lab3, 1, *recv)
+    r_out, r_err = again.communicate(timeout=60)
+    assert again.returncode == 0, r_err
+    result = json.loads(r_out)
+    assert result["digest_ok"] and result["resumed_chunks"] >= 128  # both lanes had saved verified chunks
+    assert blake3.blake3(out.read_bytes()).hexdigest() == blake3.blake3(model.read_bytes()).hexdigest()
+    s_out, s_err = sender.communicate(timeout=60)
+    assert sender.returncode == 0, s_err
+
+
+@pytest.mark.lab
+def test_lanes_do_not_outlive_a_killed_command(lab3: BridgeLab, tmp_path: Path) -> None:
+    """SIGKILL on ``modelcast recv --lanes 2`` (nothing of it can clean up) takes its
+    lane processes with it instead of leaving them to run on alone."""
+    receiver = _agent(lab3, 1, "recv", "--group", _group(), "--source", lab3.ip(0), "--out",
+                      str(tmp_path / "out.bin"), "--timeout", "30", "--lanes", "2")
+    lanes_ = [_lane_pid(receiver.pid, f"modelcast-lane{i}") for i in (0, 1)]
+    receiver.kill()
+    receiver.wait(5)
+    deadline = time.monotonic() + 3
+    while time.monotonic() < deadline and any(Path(f"/proc/{pid}").exists() for pid in lanes_):
+        time.sleep(0.05)
+    assert not [pid for pid in lanes_ if Path(f"/proc/{pid}").exists()], "lane processes outlived the command"
+
+
 def _lane_pid(parent: int, name: str) -> int:
     """The pid of the parent's child process named ``name`` (lanes name themselves)."""
     deadline = time.monotonic() + 5
