@@ -26,6 +26,7 @@ import socket
 import subprocess
 import threading
 import time
+import dataclasses
 from dataclasses import asdict, dataclass, field, fields
 from typing import IO, Any, Callable, Optional, Union
 from urllib.parse import urlsplit
@@ -114,6 +115,7 @@ class SendOptions(_Common):
     congestion_quorum: float = SenderConfig.congestion_quorum
     repair_share: float = SenderConfig.repair_share
     manifest_cache: bool = True  # reuse the file's digests while it is unchanged (hostagent.manifest)
+    lanes: int = 1  # stripe the file over this many sender processes, group ports PORT..PORT+lanes-1 (hostagent.lanes)
 
 
 @dataclass(kw_only=True)
@@ -129,6 +131,7 @@ class ReceiveOptions(_Common):
     resume_interval: float = ReceiverConfig.state_save_interval
     on_complete: Optional[str] = None  # command run as `CMD OUT_PATH` after verification
     hook_stdout: Optional[IO[Any]] = None  # where that command's stdout goes (None: ours)
+    lanes: int = 1  # as the sender's --lanes: one receiver process per lane (hostagent.lanes)
 
 
 # ----------------------------------------------------------------------------- events
@@ -263,6 +266,7 @@ class SendResult:
     cpu_s: float  # of this process
     finished: TransferFinished = field(metadata={"summary": False})
     error: Optional[str] = field(default=None, metadata={"summary": False})
+    lanes: int = 1  # sessions the file was striped over (hostagent.lanes)
 
     def summary(self) -> dict:
         """The JSON summary object."""
@@ -314,6 +318,7 @@ class ReceiveResult:
     peak_rss_mb: float  # of this process
     cpu_s: float  # of this process
     on_complete: Optional[HookResult]
+    lanes: int = 1  # sessions the file was striped over (hostagent.lanes)
 
     def summary(self) -> dict:
         """The JSON summary object."""
@@ -348,6 +353,10 @@ def send(
         raise TransferError(f"no such file: {path}")
     _check_group_source(opts)
     interface = _ipv4(opts.interface)
+    if opts.lanes != 1:
+        if not opts.controller:  # refused before any lane starts
+            _require_key(_derive(opts.secret), opts, _ignore, "--group without --key-file")
+        return _send_lanes(path, opts, interface, on_event or _ignore, on_progress)
     source = FileSource(path)
     try:
         return _send(path, opts, source, interface, on_event or _ignore, on_progress)
@@ -356,7 +365,9 @@ def send(
 
 
 def _send(path: str, opts: SendOptions, source: FileSource, interface: str, emit: OnEvent,
-          on_progress: Optional[Callable[[SendProgress], None]]) -> SendResult:
+          on_progress: Optional[Callable[[SendProgress], None]], lane: Optional[Any] = None) -> SendResult:
+    """One session; ``lane`` (a ``hostagent.lanes.Lane``): the slice ``source`` reads,
+    sent as that lane with the whole file's digests cut to it."""
     payload_size, max_datagram = _datagram_sizes(opts, interface)
     config = SenderConfig(
         chunk_size=opts.chunk_size, payload_size=payload_size, max_datagram=max_datagram,
@@ -376,8 +387,11 @@ def _send(path: str, opts: SendOptions, source: FileSource, interface: str, emit
         _require_key(config.key, opts, emit, "--group without --key-file")
     # The manifest needs the file's digests (they also name the model): one read of the
     # file the first time, none while it is unchanged.
-    digests, _ = cached_digests(path, config.chunk_size, lambda: file_digests(source, config.chunk_size),
-                                cache_dir() if opts.manifest_cache else None)
+    if lane is not None:
+        config.lane, digests = (lane.index, lane.count, lane.offset), lane.digests
+    else:
+        digests, _ = cached_digests(path, config.chunk_size, lambda: file_digests(source, config.chunk_size),
+                                    cache_dir() if opts.manifest_cache else None)
     pages = build_manifest_pages(source, config, config.session_id, digests)  # type: ignore[arg-type]
     group_id: Optional[int] = None
     announced = False
@@ -580,6 +594,10 @@ def receive(
     if not os.path.isdir(out_dir) or not os.access(out_dir, os.W_OK):
         raise TransferError(f"cannot write output in {out_dir}")
     key = _derive(options.secret)
+    if options.lanes != 1:
+        if not options.controller:  # refused before any lane starts
+            _require_key(key, options, _ignore, "--group without --key-file")
+        return _receive_lanes(out, options, source_ip, interface, key, emit, on_progress)
     if not options.controller:
         _require_key(key, options, emit, "--group without --key-file")
         return _receive(out, options, _group(options.group), source_ip, interface, key, emit, on_progress)
@@ -645,12 +663,15 @@ def _await_announced(client: ControllerClient, gid: int, joined: dict, secret_ke
 def _receive(out: str, opts: ReceiveOptions, group: tuple[str, int], source_ip: str, interface: str,
              key: Optional[bytes], emit: OnEvent,
              on_progress: Optional[Callable[[ReceiveProgress], None]],
-             joined: Optional[tuple[ControllerClient, int, dict]] = None) -> ReceiveResult:
+             joined: Optional[tuple[ControllerClient, int, dict]] = None,
+             lane: Optional[tuple[int, int]] = None, sink_factory: Callable[[str], FileSink] = FileSink) -> ReceiveResult:
     """Receive on the group's sockets. ``joined`` (client, group id, join answer): the
     key, session and digest come from the controller, and a new announcement is taken
-    until a manifest locks the receiver onto one transfer."""
+    until a manifest locks the receiver onto one transfer. ``lane`` (index, count): take
+    only that lane's manifest, into the sink ``sink_factory`` makes (hostagent.lanes:
+    the lane's slice of OUT)."""
     try:
-        sink = FileSink(out)
+        sink = sink_factory(out)
     except OSError as exc:
         raise TransferError(f"cannot open {out}: {exc.strerror}") from None
     try:
@@ -666,7 +687,8 @@ def _receive(out: str, opts: ReceiveOptions, group: tuple[str, int], source_ip: 
             expect = _await_announced(client, gid, answer, key, opts.timeout)
             _require_key(expect.key, opts, emit, "the controller gave no session key (no --token?)")
         config = ReceiverConfig(key=expect.key, session_id=expect.session, file_digest=expect.file_digest,
-                                idle_timeout=opts.timeout, state_save_interval=opts.resume_interval)
+                                idle_timeout=opts.timeout, state_save_interval=opts.resume_interval,
+                                lane=lane or ReceiverConfig.lane)
         receiver = Receiver(sink, config, time.monotonic(), state=sink.load_state())
         emit(ReceiveStarted(out, group))
         metrics = _serve_metrics(opts, "receiver", lambda: receiver.stats, lambda: _held_bytes(receiver), emit)
@@ -774,6 +796,107 @@ def _run_hook(command: str, out: str, stdout: Optional[IO[Any]]) -> HookResult:
     except OSError as exc:
         return HookResult(argv, 127, exc.strerror, 0.0)
     return HookResult(argv, status, None, round(time.monotonic() - started, 3))
+
+
+# ----------------------------------------------------------------------------- lanes
+
+
+def _send_lanes(path: str, opts: SendOptions, interface: str, emit: OnEvent,
+                on_progress: Optional[Callable[[SendProgress], None]]) -> SendResult:
+    """``send`` striped over ``opts.lanes`` lanes (hostagent.lanes), each lane at
+    ``rate / lanes`` on group port PORT + lane."""
+    from . import lanes
+
+    try:
+        lanes.check(opts.lanes, opts.group, opts.controller)
+    except lanes.LaneError as exc:
+        raise TransferError(str(exc)) from None
+    started = time.monotonic()
+    with FileSource(path) as source:
+        digests = cached_digests(path, opts.chunk_size, lambda: file_digests(source, opts.chunk_size),
+                                 cache_dir() if opts.manifest_cache else None)[0]
+        size = source.size
+    count = opts.lanes
+
+    def one(lane: Any, lane_emit: OnEvent, lane_progress: Any) -> SendResult:
+        per = dataclasses.replace(
+            opts, group=lanes.lane_group(opts.group or "", lane.index), lanes=1, rate_mbit=opts.rate_mbit / count,
+            min_rate_mbit=None if opts.min_rate_mbit is None else opts.min_rate_mbit / count,
+            metrics_port=None if opts.metrics_port is None else opts.metrics_port + lane.index)
+        with FileSource(path, lane.offset, lane.length) as part:
+            return _send(path, per, part, interface, lane_emit, lane_progress, lane=lane)
+
+    try:
+        results, failed = lanes.run(lanes.plan(size, opts.chunk_size, count, digests), one,
+                                    _started_once(emit, SendStarted, size=size), lanes.merge_progress(on_progress),
+                                    lambda r: r.ok)
+    except lanes.LaneError as exc:
+        raise TransferError(str(exc)) from None
+    return lanes.merge_send(results, failed, count, size, opts.group or "", time.monotonic() - started, _cpu_s())
+
+
+def _receive_lanes(out: str, opts: ReceiveOptions, source_ip: str, interface: str, key: Optional[bytes],
+                   emit: OnEvent, on_progress: Optional[Callable[[ReceiveProgress], None]]) -> ReceiveResult:
+    """``receive`` of a file sent with ``--lanes``: one receiver process per lane, each
+    writing its slice of ``out``; then the file is trimmed and the hook run, once."""
+    from . import lanes
+
+    try:
+        lanes.check(opts.lanes, opts.group, opts.controller)
+    except lanes.LaneError as exc:
+        raise TransferError(str(exc)) from None
+    started = time.monotonic()
+    count = opts.lanes
+
+    def one(index: int, lane_emit: OnEvent, lane_progress: Any) -> tuple[ReceiveResult, int]:
+        per = dataclasses.replace(opts, group=lanes.lane_group(opts.group or "", index), lanes=1, on_complete=None,
+                                  metrics_port=None if opts.metrics_port is None else opts.metrics_port + index)
+        sinks: list[FileSink] = []
+
+        def sink(path: str) -> FileSink:
+            sinks.append(FileSink(path, lanes.state_path(path, index), trim=False))
+            return sinks[-1]
+
+        result = _receive(out, per, _group(per.group), source_ip, interface, key, lane_emit, lane_progress,
+                          None, (index, count), sink)
+        return result, sinks[0].base if sinks else 0
+
+    try:
+        outcomes, failed = lanes.run(list(range(count)), one, _started_once(emit, ReceiveStarted),
+                                     lanes.merge_progress(on_progress), lambda r: r[0].digest_ok)
+    except lanes.LaneError as exc:
+        raise TransferError(str(exc)) from None
+    results = {i: r for i, (r, _) in outcomes.items()}
+    size = max(base + r.bytes for r, base in outcomes.values())
+    error: Optional[str] = None
+    if failed is not None:
+        error = f"lane {failed}: {results[failed].error}"
+    elif len({r.file_digest for r in results.values()}) != 1:
+        error = "the lanes carried different files"
+    else:
+        os.truncate(out, size)  # stale bytes of an older, longer file (no lane trims)
+    result = lanes.merge_receive(results, error, count, size, opts.group or "", time.monotonic() - started, _cpu_s())
+    result.out = out
+    if error is None and opts.on_complete:
+        result.on_complete = _run_hook(opts.on_complete, out, opts.hook_stdout)
+        result.ok = result.on_complete.exit_status == 0
+    return result
+
+
+def _started_once(emit: OnEvent, kind: type, **fields: Any) -> OnEvent:
+    """The lanes' events for the caller: their ``kind`` (SendStarted, ReceiveStarted)
+    once, for the whole transfer (``fields`` replaced), everything else as it comes."""
+    seen: list[bool] = []
+
+    def forward(event: Event) -> None:
+        if isinstance(event, kind):
+            if seen:
+                return
+            seen.append(True)
+            event = dataclasses.replace(event, **fields)  # type: ignore[type-var]
+        emit(event)
+
+    return forward
 
 
 # ----------------------------------------------------------------------------- shared
