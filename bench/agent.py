@@ -1,8 +1,8 @@
 """The host agent at line rate, beside TCP fan-out and UFTP in the same run (root):
 
-    python -m bench.agent [--size-mb 96] [--rate-cap 1000] [--mtu 9000] [--receivers 1,4]
+    python -m bench.agent [--size-mb 256] [--rate-cap 1000] [--mtu 9000] [--receivers 1,4]
                           [--runs 3] [--methods modelcast,tcp,uftp] [--out docs/bench]
-                          [--no-asymmetry] [--smoke] [--work DIR]
+                          [--no-asymmetry] [--no-lanes] [--lanes-cap 0] [--smoke] [--work DIR]
 
 A kernel-bridge lab (Linux bridge, one netns per host: the agent, not the switch, is
 what is measured), the sender's NIC capped with ``tc tbf`` at ``--rate-cap``:
@@ -13,7 +13,10 @@ what is measured), the sender's NIC capped with ``tc tbf`` at ``--rate-cap``:
 - **asymmetry**: 1500 MTU, 150 Mbit/s, 4 receivers, one of them dropping 5% of UDP at
   random: does one lossy receiver slow the group? modelcast clean, modelcast with the
   lossy receiver, UFTP with the lossy receiver; the clean receivers' times are compared
-  with their times in the clean run.
+  with their times in the clean run;
+- **lanes**: one transfer to one receiver over 1 and over 2 lanes (``--lanes``), MTU
+  9000, the NIC uncapped: where one Python process per side is the limit, how much
+  sooner do two lanes finish?
 
 Method ``modelcast-norecord`` is modelcast with the receivers' resume records off during
 the transfer (``--resume-interval`` beyond its length): next to ``modelcast`` in the same
@@ -26,6 +29,7 @@ Writes ``agent.json`` (every run) and ``agent.md`` (medians) to ``--out``.
 from __future__ import annotations
 
 import argparse
+import compileall
 import json
 import os
 import random
@@ -38,6 +42,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+import hostagent
 from bench import baselines as B
 from bench.machine import describe, machine
 from lab import loss as impair
@@ -49,6 +54,7 @@ from lab.sh import LabError
 METHODS = ("modelcast", "tcp", "uftp", "modelcast-norecord")
 NO_RECORD = ("--resume-interval", "1e9")
 GB = 1e9
+LANES_RATE = 10_000.0  # Mbit/s: the sender's --rate in the lanes scenario when the NIC is uncapped
 
 
 @dataclass
@@ -97,9 +103,9 @@ def _summary(out: Path) -> dict[str, Any]:
 
 
 def run_modelcast(lab: BridgeLab, model: ModelFile, receivers: list[int], rate: float,
-                  work: Path, timeout: float, extra: tuple[str, ...] = (),
-                  recv_extra: tuple[str, ...] = ()) -> Run:
-    """The real CLI: receivers first (they wait for the stream), then the sender."""
+                  work: Path, timeout: float, extra: tuple[str, ...] = (), rx_extra: tuple[str, ...] = ()) -> Run:
+    """The real CLI: receivers first (they wait for the stream), then the sender
+    (``extra``: more sender options, ``rx_extra``: more receiver options)."""
     work.mkdir(parents=True, exist_ok=True)
     group = f"232.{random.randint(1, 254)}.{random.randint(1, 254)}.{random.randint(1, 254)}"
     port = random.randint(20000, 60000)
@@ -110,7 +116,7 @@ def run_modelcast(lab: BridgeLab, model: ModelFile, receivers: list[int], rate: 
         out = work / f"rx{h}.bin"
         procs[h] = (out, _agent(lab, h, work / f"recv-{h}", "recv", "--group", addr, "--source", src,
                                 "--out", str(out), "--json", "--timeout", str(timeout), "--key-file", key,
-                                *recv_extra))
+                                *rx_extra))
     time.sleep(0.5)  # joined before the stream starts
     t0 = time.monotonic()
     sender = _agent(lab, 0, work / "send", "send", str(model.path), "--group", addr, "--interface",
@@ -157,7 +163,7 @@ def one(method: str, lab: BridgeLab, model: ModelFile, receivers: list[int], rat
         work: Path, index: int, mtu: int, timeout: float) -> Run:
     if method.startswith("modelcast"):
         res = run_modelcast(lab, model, receivers, rate, work, timeout,
-                            recv_extra=NO_RECORD if method == "modelcast-norecord" else ())
+                            rx_extra=NO_RECORD if method == "modelcast-norecord" else ())
         res.method = method
         return res
     if method == "tcp":
@@ -216,6 +222,28 @@ def asymmetry(args: argparse.Namespace, work: Path, say: Any) -> list[Run]:
     return runs
 
 
+def lanes(args: argparse.Namespace, work: Path, say: Any) -> list[Run]:
+    """One transfer over 1 and over 2 lanes (``--lanes``), N=1, MTU 9000, the sender's
+    NIC uncapped (``--lanes-cap 0``, the default) or capped above what one lane reaches:
+    where one Python process per side is the limit, do two lanes finish sooner?"""
+    runs: list[Run] = []
+    with BridgeLab(2, mtu=9000) as lab:
+        if args.lanes_cap:
+            impair.cap_rate(lab, 0, args.lanes_cap, burst="4mb")
+        model = make_model(work / "lanes.bin", int(args.size_mb * 1024 * 1024), seed=5)
+        rate = args.lanes_cap or LANES_RATE
+        line = model.size * 8 / (rate * 1e6)
+        for r in range(args.runs):
+            for k in (1, 2):
+                res = run_modelcast(lab, model, [1], rate, work / f"lanes-{k}-{r}", args.timeout,
+                                    extra=("--lanes", str(k)), rx_extra=("--lanes", str(k)))
+                res.scenario, res.method, res.line_rate_s = "lanes", f"modelcast --lanes {k}", line
+                runs.append(res)
+                say(f"lanes {k} run {r}: {'ok' if res.ok else 'FAILED'} {res.seconds:.2f} s = "
+                    f"{model.size * 8 / res.seconds / 1e6:.0f} Mbit/s")
+    return runs
+
+
 def _median(values: list[Optional[float]]) -> Optional[float]:
     vals = [v for v in values if v is not None]
     return statistics.median(vals) if vals else None
@@ -270,6 +298,10 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any], runs: list[Run]) 
         other = by.get(("speed", m, 4))
         if t4 and other:
             out.append(f"- modelcast T(4) / {m} T(4) = {t4 / other:.2f}")
+    one, two = by.get(("lanes", "modelcast --lanes 1", 1)), by.get(("lanes", "modelcast --lanes 2", 1))
+    if one and two:
+        out.append(f"- lanes (N=1, {meta.get('lanes_cap') or 'no'} cap): T(2 lanes) / T(1 lane) = {two / one:.2f} "
+                   f"({meta['size_mb'] * 8 * 1.048576 / one:.0f} -> {meta['size_mb'] * 8 * 1.048576 / two:.0f} Mbit/s)")
     ratio = clean_receivers_ratio(runs)
     if ratio is not None:
         out.append(f"- asymmetry: the clean receivers took {ratio:.2f} x their clean-run time "
@@ -285,10 +317,16 @@ def run(args: argparse.Namespace) -> int:
     work = Path(tempfile.mkdtemp(prefix="modelcast-bench-agent-", dir=base))
     meta = {"machine": machine(), "date": time.strftime("%Y-%m-%d"), "size_mb": args.size_mb,
             "rate_cap": args.rate_cap, "mtu": args.mtu, "runs": args.runs,
-            "receivers": args.receivers, "methods": args.methods}
+            "receivers": args.receivers, "methods": args.methods, "lanes_cap": args.lanes_cap}
     say(f"benchmark: {meta}")
+    # The agent as installed: pip byte-compiles a wheel at install time, so a process
+    # start must not include compiling hostagent's sources (PYTHONDONTWRITEBYTECODE or
+    # an editable install would otherwise add ~50 ms of CPU to every run).
+    compileall.compile_dir(str(Path(hostagent.__file__).parent), quiet=1)
     try:
         runs = speed(args, work, say)
+        if args.lanes:
+            runs += lanes(args, work, say)
         if args.asymmetry:
             runs += asymmetry(args, work, say)
     finally:
@@ -304,7 +342,8 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.agent", description=__doc__.splitlines()[0])
-    ap.add_argument("--size-mb", type=float, default=96)
+    # 256 MB: a Python process start (~0.1 s of CPU) is ~0.4 s/GB of it, not ~1 s/GB as on 96 MB.
+    ap.add_argument("--size-mb", type=float, default=256)
     ap.add_argument("--rate-cap", type=float, default=1000, help="sender NIC cap, Mbit/s")
     ap.add_argument("--mtu", type=int, default=9000)
     ap.add_argument("--receivers", default="1,4")
@@ -314,6 +353,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--timeout", type=float, default=120, help="per transfer, seconds")
     ap.add_argument("--asymmetry", action=argparse.BooleanOptionalAction, default=True,
                     help="also run the one-lossy-receiver scenario (default on)")
+    ap.add_argument("--lanes", action=argparse.BooleanOptionalAction, default=True,
+                    help="also run one transfer over 1 and 2 lanes, N=1 (default on)")
+    ap.add_argument("--lanes-cap", type=float, default=0.0,
+                    help="sender NIC cap in the lanes scenario, Mbit/s (0: none; --rate %g)" % LANES_RATE)
     ap.add_argument("--out", default="docs/bench")
     ap.add_argument("--smoke", action="store_true", help="8 MB, N=1,2, one run (what CI runs)")
     args = ap.parse_args(argv)

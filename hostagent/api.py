@@ -26,6 +26,7 @@ import socket
 import subprocess
 import threading
 import time
+import dataclasses
 from dataclasses import asdict, dataclass, field, fields
 from typing import IO, Any, Callable, Optional, Union
 from urllib.parse import urlsplit
@@ -40,7 +41,7 @@ from . import tree
 from .dirs import DirSource, PathSink
 from .manifest import cache_dir, cached_digests
 from .net import (
-    FileSource, gso_burst_bytes, parse_group, parse_ipv4, path_mtu, receiver_sockets, run,
+    FileSink, FileSource, gso_burst_bytes, parse_group, parse_ipv4, path_mtu, receiver_sockets, run,
     sender_socket,
 )
 from .receiver import Receiver, ReceiverConfig
@@ -116,6 +117,7 @@ class SendOptions(_Common):
     congestion_quorum: float = SenderConfig.congestion_quorum
     repair_share: float = SenderConfig.repair_share
     manifest_cache: bool = True  # reuse the file's digests while it is unchanged (hostagent.manifest)
+    lanes: int = 1  # stripe the file over this many sender processes, group ports PORT..PORT+lanes-1 (hostagent.lanes)
 
 
 @dataclass(kw_only=True)
@@ -135,6 +137,7 @@ class ReceiveOptions(_Common):
     # group when ``model`` is not given.
     expect: Optional[str] = None
     hook_stdout: Optional[IO[Any]] = None  # where that command's stdout goes (None: ours)
+    lanes: int = 1  # as the sender's --lanes: one receiver process per lane (hostagent.lanes)
 
 
 # ----------------------------------------------------------------------------- events
@@ -271,6 +274,7 @@ class SendResult:
     cpu_s: float  # of this process
     finished: TransferFinished = field(metadata={"summary": False})
     error: Optional[str] = field(default=None, metadata={"summary": False})
+    lanes: int = 1  # sessions the file was striped over (hostagent.lanes)
     content_id: str = ""  # blake3:<hex> of the manifest (hostagent.tree)
     files: int = 1
 
@@ -324,6 +328,7 @@ class ReceiveResult:
     peak_rss_mb: float  # of this process
     cpu_s: float  # of this process
     on_complete: Optional[HookResult]
+    lanes: int = 1  # sessions the file was striped over (hostagent.lanes)
     content_id: Optional[str] = None  # blake3:<hex> of the manifest received
     files: int = 0  # files written (1 for a single file)
 
@@ -360,6 +365,12 @@ def send(
         raise TransferError(f"no such file or directory: {path}")
     _check_group_source(opts)
     interface = _ipv4(opts.interface)
+    if opts.lanes != 1:
+        if os.path.isdir(path):
+            raise TransferError("--lanes sends a single file; a directory goes in one session")
+        if not opts.controller:  # refused before any lane starts
+            _require_key(_derive(opts.secret), opts, _ignore, "--group without --key-file")
+        return _send_lanes(path, opts, interface, on_event or _ignore, on_progress)
     try:
         source: FileSource | DirSource = DirSource(path) if os.path.isdir(path) else FileSource(path)
     except ValueError as exc:
@@ -371,7 +382,9 @@ def send(
 
 
 def _send(path: str, opts: SendOptions, source: FileSource | DirSource, interface: str, emit: OnEvent,
-          on_progress: Optional[Callable[[SendProgress], None]]) -> SendResult:
+          on_progress: Optional[Callable[[SendProgress], None]], lane: Optional[Any] = None) -> SendResult:
+    """One session; ``lane`` (a ``hostagent.lanes.Lane``): the slice ``source`` reads,
+    sent as that lane with the whole file's digests cut to it."""
     payload_size, max_datagram = _datagram_sizes(opts, interface)
     config = SenderConfig(
         chunk_size=opts.chunk_size, payload_size=payload_size, max_datagram=max_datagram,
@@ -393,8 +406,11 @@ def _send(path: str, opts: SendOptions, source: FileSource | DirSource, interfac
     # file the first time, none while it is unchanged. (A directory is digested every
     # time: its own mtime does not move when a file in it is rewritten.)
     entries = source.entries_blob if isinstance(source, DirSource) else b""
-    cache = cache_dir() if opts.manifest_cache and not entries else None
-    digests, _ = cached_digests(path, config.chunk_size, lambda: file_digests(source, config.chunk_size), cache)
+    if lane is not None:
+        config.lane, digests = (lane.index, lane.count, lane.offset), lane.digests
+    else:
+        cache = cache_dir() if opts.manifest_cache and not entries else None
+        digests, _ = cached_digests(path, config.chunk_size, lambda: file_digests(source, config.chunk_size), cache)
     pages = build_manifest_pages(source, config, config.session_id, digests, entries)  # type: ignore[arg-type]
     group_id: Optional[int] = None
     announced = False
@@ -612,6 +628,12 @@ def receive(
             tree.parse_content_id(options.expect)
         except ValueError as exc:
             raise TransferError(str(exc)) from None
+    if options.lanes != 1:
+        if options.expect is not None:
+            raise TransferError("--expect is not supported with --lanes yet (a lane's manifest is a slice)")
+        if not options.controller:  # refused before any lane starts
+            _require_key(key, options, _ignore, "--group without --key-file")
+        return _receive_lanes(out, options, source_ip, interface, key, emit, on_progress)
     if not options.controller:
         _require_key(key, options, emit, "--group without --key-file")
         return _receive(out, options, _group(options.group), source_ip, interface, key, emit, on_progress)
@@ -678,11 +700,18 @@ def _await_announced(client: ControllerClient, gid: int, joined: dict, secret_ke
 def _receive(out: str, opts: ReceiveOptions, group: tuple[str, int], source_ip: str, interface: str,
              key: Optional[bytes], emit: OnEvent,
              on_progress: Optional[Callable[[ReceiveProgress], None]],
-             joined: Optional[tuple[ControllerClient, int, dict]] = None) -> ReceiveResult:
+             joined: Optional[tuple[ControllerClient, int, dict]] = None,
+             lane: Optional[tuple[int, int]] = None, sink_factory: Callable[[str], Any] = PathSink) -> ReceiveResult:
     """Receive on the group's sockets. ``joined`` (client, group id, join answer): the
     key, session and digest come from the controller, and a new announcement is taken
-    until a manifest locks the receiver onto one transfer."""
-    sink = PathSink(out)  # a file or a directory: the manifest says which
+    until a manifest locks the receiver onto one transfer. ``lane`` (index, count): take
+    only that lane's manifest, into the sink ``sink_factory`` makes (hostagent.lanes:
+    the lane's slice of OUT); by default a ``PathSink`` (a file or a directory: the
+    manifest says which)."""
+    try:
+        sink = sink_factory(out)
+    except OSError as exc:
+        raise TransferError(f"cannot open {out}: {exc.strerror}") from None
     try:
         mc, uc = receiver_sockets(group[0], group[1], source_ip, interface)
     except BaseException:
@@ -697,7 +726,8 @@ def _receive(out: str, opts: ReceiveOptions, group: tuple[str, int], source_ip: 
             _require_key(expect.key, opts, emit, "the controller gave no session key (no --token?)")
         config = ReceiverConfig(key=expect.key, session_id=expect.session, file_digest=expect.file_digest,
                                 idle_timeout=opts.timeout, state_save_interval=opts.resume_interval,
-                                content_id=tree.parse_content_id(opts.expect) if opts.expect else None)
+                                content_id=tree.parse_content_id(opts.expect) if opts.expect else None,
+                                lane=lane or ReceiverConfig.lane)
         receiver = Receiver(sink, config, time.monotonic(), state=sink.load_state())
         emit(ReceiveStarted(out, group))
         metrics = _serve_metrics(opts, "receiver", lambda: receiver.stats, lambda: _held_bytes(receiver), emit)
@@ -728,7 +758,7 @@ def _receive(out: str, opts: ReceiveOptions, group: tuple[str, int], source_ip: 
         _stop(metrics)
 
 
-def _listen(out: str, opts: ReceiveOptions, receiver: Receiver, sink: PathSink, mc: socket.socket,
+def _listen(out: str, opts: ReceiveOptions, receiver: Receiver, sink: PathSink | FileSink, mc: socket.socket,
             uc: socket.socket, group: tuple[str, int], emit: OnEvent,
             on_progress: Optional[Callable[[ReceiveProgress], None]],
             each_turn: Callable[[], None] = lambda: None) -> ReceiveResult:
@@ -807,6 +837,107 @@ def _run_hook(command: str, out: str, stdout: Optional[IO[Any]]) -> HookResult:
     except OSError as exc:
         return HookResult(argv, 127, exc.strerror, 0.0)
     return HookResult(argv, status, None, round(time.monotonic() - started, 3))
+
+
+# ----------------------------------------------------------------------------- lanes
+
+
+def _send_lanes(path: str, opts: SendOptions, interface: str, emit: OnEvent,
+                on_progress: Optional[Callable[[SendProgress], None]]) -> SendResult:
+    """``send`` striped over ``opts.lanes`` lanes (hostagent.lanes), each lane at
+    ``rate / lanes`` on group port PORT + lane."""
+    from . import lanes
+
+    try:
+        lanes.check(opts.lanes, opts.group, opts.controller)
+    except lanes.LaneError as exc:
+        raise TransferError(str(exc)) from None
+    started = time.monotonic()
+    with FileSource(path) as source:
+        digests = cached_digests(path, opts.chunk_size, lambda: file_digests(source, opts.chunk_size),
+                                 cache_dir() if opts.manifest_cache else None)[0]
+        size = source.size
+    count = opts.lanes
+
+    def one(lane: Any, lane_emit: OnEvent, lane_progress: Any) -> SendResult:
+        per = dataclasses.replace(
+            opts, group=lanes.lane_group(opts.group or "", lane.index), lanes=1, rate_mbit=opts.rate_mbit / count,
+            min_rate_mbit=None if opts.min_rate_mbit is None else opts.min_rate_mbit / count,
+            metrics_port=None if opts.metrics_port is None else opts.metrics_port + lane.index)
+        with FileSource(path, lane.offset, lane.length) as part:
+            return _send(path, per, part, interface, lane_emit, lane_progress, lane=lane)
+
+    try:
+        results, failed = lanes.run(lanes.plan(size, opts.chunk_size, count, digests), one,
+                                    _started_once(emit, SendStarted, size=size), lanes.merge_progress(on_progress),
+                                    lambda r: r.ok)
+    except lanes.LaneError as exc:
+        raise TransferError(str(exc)) from None
+    return lanes.merge_send(results, failed, count, size, opts.group or "", time.monotonic() - started, _cpu_s())
+
+
+def _receive_lanes(out: str, opts: ReceiveOptions, source_ip: str, interface: str, key: Optional[bytes],
+                   emit: OnEvent, on_progress: Optional[Callable[[ReceiveProgress], None]]) -> ReceiveResult:
+    """``receive`` of a file sent with ``--lanes``: one receiver process per lane, each
+    writing its slice of ``out``; then the file is trimmed and the hook run, once."""
+    from . import lanes
+
+    try:
+        lanes.check(opts.lanes, opts.group, opts.controller)
+    except lanes.LaneError as exc:
+        raise TransferError(str(exc)) from None
+    started = time.monotonic()
+    count = opts.lanes
+
+    def one(index: int, lane_emit: OnEvent, lane_progress: Any) -> tuple[ReceiveResult, int]:
+        per = dataclasses.replace(opts, group=lanes.lane_group(opts.group or "", index), lanes=1, on_complete=None,
+                                  metrics_port=None if opts.metrics_port is None else opts.metrics_port + index)
+        sinks: list[FileSink] = []
+
+        def sink(path: str) -> FileSink:
+            sinks.append(FileSink(path, lanes.state_path(path, index), trim=False))
+            return sinks[-1]
+
+        result = _receive(out, per, _group(per.group), source_ip, interface, key, lane_emit, lane_progress,
+                          None, (index, count), sink)
+        return result, sinks[0].base if sinks else 0
+
+    try:
+        outcomes, failed = lanes.run(list(range(count)), one, _started_once(emit, ReceiveStarted),
+                                     lanes.merge_progress(on_progress), lambda r: r[0].digest_ok)
+    except lanes.LaneError as exc:
+        raise TransferError(str(exc)) from None
+    results = {i: r for i, (r, _) in outcomes.items()}
+    size = max(base + r.bytes for r, base in outcomes.values())
+    error: Optional[str] = None
+    if failed is not None:
+        error = f"lane {failed}: {results[failed].error}"
+    elif len({r.file_digest for r in results.values()}) != 1:
+        error = "the lanes carried different files"
+    else:
+        os.truncate(out, size)  # stale bytes of an older, longer file (no lane trims)
+    result = lanes.merge_receive(results, error, count, size, opts.group or "", time.monotonic() - started, _cpu_s())
+    result.out = out
+    if error is None and opts.on_complete:
+        result.on_complete = _run_hook(opts.on_complete, out, opts.hook_stdout)
+        result.ok = result.on_complete.exit_status == 0
+    return result
+
+
+def _started_once(emit: OnEvent, kind: type, **fields: Any) -> OnEvent:
+    """The lanes' events for the caller: their ``kind`` (SendStarted, ReceiveStarted)
+    once, for the whole transfer (``fields`` replaced), everything else as it comes."""
+    seen: list[bool] = []
+
+    def forward(event: Event) -> None:
+        if isinstance(event, kind):
+            if seen:
+                return
+            seen.append(True)
+            event = dataclasses.replace(event, **fields)  # type: ignore[type-var]
+        emit(event)
+
+    return forward
 
 
 # ----------------------------------------------------------------------------- shared

@@ -1,6 +1,6 @@
 """``modelcast send`` / ``modelcast recv``: one transfer, one exit code.
 
-Exit 0 means verified: for ``recv`` the whole-file digest matched (and the
+Exit 0 means verified: for ``recv`` every chunk matched its manifest digest (and the
 ``--on-complete`` hook, if any, exited 0); for ``send`` every expected receiver reported
 COMPLETE with the right digest. Any failure is one line on stderr and exit 1 (2 for
 usage errors, as argparse does). ``--json`` prints exactly one summary object on stdout.
@@ -176,6 +176,7 @@ def cmd_send(args: argparse.Namespace) -> int:
         rate_mbit=args.rate, chunk_size=args.chunk_size, fec_k=args.fec_k, fec_overhead=args.fec_overhead,
         payload_size=args.payload_size, ttl=args.ttl, gso=args.gso, timeout=args.timeout,
         min_rate_mbit=args.min_rate, congestion_quorum=args.congestion_quorum, repair_share=args.repair_share,
+        lanes=args.lanes,
     )
     report = Reporter(args, "send")
     try:
@@ -206,7 +207,7 @@ def cmd_recv(args: argparse.Namespace) -> int:
         **_common(args, secret), source=args.source, timeout=args.timeout, gro=not args.no_gro,
         resume_interval=args.resume_interval, expect=args.expect,
         # The hook's stdout must not corrupt our single JSON line: send it to stderr.
-        on_complete=args.on_complete, hook_stdout=sys.stderr if args.json else None,
+        on_complete=args.on_complete, hook_stdout=sys.stderr if args.json else None, lanes=args.lanes,
     )
     report = Reporter(args, "recv")
     try:
@@ -249,6 +250,9 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--quiet", action="store_true")
     common.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
     common.add_argument("--metrics-addr", default=SendOptions.metrics_addr, help="address for --metrics-port (default 127.0.0.1)")
+    common.add_argument("--lanes", type=int, default=SendOptions.lanes, metavar="K",
+                        help="stripe the file over K lanes, one process (core) each on group ports PORT..PORT+K-1, "
+                             "--rate shared among them; sender and receivers must give the same K (default 1)")
     send = sub.add_parser("send", parents=[common], help="send a file or a model directory to the group")
     send.add_argument("path", help="a file, or a directory: every file under it in one session")
     send.add_argument("--receivers", type=int, default=None, help="expected receivers (exit 0 when all verified)")

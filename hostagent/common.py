@@ -50,6 +50,14 @@ def write_parts(sink: ChunkSink, offset: int, parts: list[memoryview]) -> None:
         offset += len(part)
 
 
+def read_view(sink: ChunkSink, offset: int, length: int) -> bytes | memoryview:
+    """``length`` bytes at ``offset`` to hash and drop: a view into the sink's reused
+    buffer where it offers ``read_view`` (valid until its next read; a file: one
+    ``preadv``, no fresh 1 MB object per chunk), else ``read``."""
+    view = getattr(sink, "read_view", None)
+    return sink.read(offset, length) if view is None else view(offset, length)
+
+
 class MemorySource:
     """In-memory ChunkSource for tests and small payloads."""
 

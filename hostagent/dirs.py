@@ -316,6 +316,8 @@ class PathSink:
         self.write_many: Callable = inner.write_many  # type: ignore[assignment]
         self.read: Callable = inner.read  # type: ignore[assignment]
         self.save_state: Callable = inner.save_state  # type: ignore[assignment]
+        if hasattr(inner, "read_view"):  # a file: hash chunks from one reused buffer
+            self.read_view: Callable = inner.read_view
 
     def _resumes(self, manifest: Manifest) -> bool:
         """Whether the resume record is of this model (what the receiver resumes from)."""

@@ -64,21 +64,30 @@ def parse_ipv4(text: str) -> str:
 
 
 class FileSource:
-    """ChunkSource over a file: positional reads, never the whole file in memory."""
+    """ChunkSource over a file, or over ``length`` bytes of it from ``offset`` (a lane's
+    slice): positional reads, never the whole file in memory."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, offset: int = 0, length: Optional[int] = None) -> None:
         self._fd = os.open(path, os.O_RDONLY)
-        self._size = os.fstat(self._fd).st_size
+        self._base = offset
+        whole = os.fstat(self._fd).st_size
+        self._size = max(0, whole - offset) if length is None else min(length, max(0, whole - offset))
 
     @property
     def size(self) -> int:
         return self._size
 
     def read(self, offset: int, length: int) -> bytes:
-        return os.pread(self._fd, length, offset)
+        return os.pread(self._fd, max(0, min(length, self._size - offset)), self._base + offset)
 
     def close(self) -> None:
         os.close(self._fd)
+
+    def __enter__(self) -> "FileSource":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 class _RecordWriter:
@@ -176,23 +185,34 @@ class _RecordWriter:
 
 class FileSink:
     """ChunkSink over a file plus a resume record next to it (``PATH.modelcast-state``),
-    made durable after the data it claims (``_RecordWriter``). I/O errors name the path."""
+    made durable after the data it claims (``_RecordWriter``). I/O errors name the path.
 
-    def __init__(self, path: str) -> None:
+    A lane of a striped transfer (``hostagent.lanes``) writes its slice: offsets are
+    relative to ``base`` (set from the lane's manifest), the resume record is the lane's
+    own, and ``finish`` leaves trimming the file to whoever knows its whole size."""
+
+    def __init__(self, path: str, state_path: Optional[str] = None, trim: bool = True) -> None:
         self.path = path
-        self.state_path = path + STATE_SUFFIX
+        self.state_path = state_path or path + STATE_SUFFIX
+        self.base = 0
+        self._trim = trim
         self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         self._records = _RecordWriter(self._fd, path, self.state_path)
+        self._buf = bytearray()  # read_view's
+
+    def set_base(self, base: int) -> None:
+        self.base = base
 
     def write(self, offset: int, data: bytes | memoryview) -> None:
         try:
-            os.pwrite(self._fd, data, offset)
+            os.pwrite(self._fd, data, self.base + offset)
         except OSError as exc:
             raise OSError(exc.errno, exc.strerror, self.path) from None
 
     def write_many(self, offset: int, parts: list[memoryview]) -> None:
         """Consecutive pieces (a GRO batch's payloads) in one ``pwritev``."""
-        want = sum(len(p) for p in parts)
+        offset += self.base
+        want = sum(map(len, parts))
         try:
             done = os.pwritev(self._fd, parts, offset)
             if done != want:  # short write (disk full shows as an error on the retry)
@@ -203,7 +223,14 @@ class FileSink:
             raise OSError(exc.errno, exc.strerror, self.path) from None
 
     def read(self, offset: int, length: int) -> bytes:
-        return os.pread(self._fd, length, offset)
+        return os.pread(self._fd, length, self.base + offset)
+
+    def read_view(self, offset: int, length: int) -> memoryview:
+        """Like ``read``, into one reused buffer: valid until the next call."""
+        if len(self._buf) < length:
+            self._buf = bytearray(length)
+        got = os.preadv(self._fd, [memoryview(self._buf)[:length]], self.base + offset)
+        return memoryview(self._buf)[:got]
 
     def save_state(self, state: bytes) -> None:
         """Hand the record to the writer thread; a failure it hit (ENOSPC writing the
@@ -226,9 +253,11 @@ class FileSink:
             return None
 
     def finish(self, size: int) -> None:
-        """Trim stale bytes from an older, longer file and drop the resume record."""
+        """Trim stale bytes from an older, longer file (not a lane's: the file is not
+        all its own) and drop the resume record."""
         self._records.close()
-        os.ftruncate(self._fd, size)
+        if self._trim:
+            os.ftruncate(self._fd, self.base + size)
         os.fsync(self._fd)
         try:
             os.unlink(self.state_path)

@@ -43,7 +43,8 @@ Resume: a record of the verified chunks is handed to the sink at most
 ``state_save_interval`` after progress (the sink makes the data durable first). A
 restarted receiver treats the chunks its record claims as held but re-hashes each
 before it counts (a slice per timer call, interleaved with receiving); a claim that does
-not match is re-fetched. A whole-file digest failure empties the record.
+not match is re-fetched. A record only ever claims chunks that matched their digests, so
+no failure can poison the next run.
 """
 
 from __future__ import annotations
@@ -56,13 +57,12 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Optional
 
-import blake3
 import msgpack
 
 import hostagent.fec as fec
 import hostagent.tree as tree
 import hostagent.wire as wire
-from .common import Addr, ChunkSink, Layout, Stats, write_parts
+from .common import Addr, ChunkSink, Layout, Stats, read_view, write_parts
 from .events import ChunkCorrupt, Failed, FileComplete, ManifestReceived, ReceiverEvent
 from .rangeset import RangeSet
 
@@ -122,6 +122,9 @@ class ReceiverConfig:
     # left them torn, the disk may have lost them): this many bytes per call of
     # handle_timer, interleaved with receiving, instead of one pass before joining.
     resume_check_bytes: int = 4 * 1024 * 1024
+    # Lane (index, count) of a striped transfer this receiver takes (hostagent.lanes):
+    # manifests of any other lane are dropped; the sink learns the lane's file offset.
+    lane: tuple[int, int] = (0, 1)
 
 
 class _Digests:
@@ -255,10 +258,6 @@ class Receiver:
         self._gap_s = 0.0  # smoothed time between arriving data datagrams (sender pace)
         self._last_data_at: Optional[float] = None
 
-        # Whole-file digest, fed with verified chunks in file order as they verify, so
-        # completion does not re-read the whole file.
-        self._whole = blake3.blake3()
-        self._whole_next = 0  # next chunk the whole-file hasher needs
 
         # FEC: shares held per block; nominal k of the sender
         self._parity = _ParityStore(config.max_parity_bytes)
@@ -299,6 +298,9 @@ class Receiver:
             msg = wire.decode(data, self._key)
         except wire.WireError as exc:
             self.stats.drops[exc.reason] += 1
+            return
+        if isinstance(msg, wire.Manifest) and msg.lane[:2] != self.config.lane:
+            self.stats.drops["wrong_lane"] += 1  # another lane's session (or lanes vs none)
             return
         if isinstance(msg, wire.Manifest) and self.session is None:
             self.session = msg.session
@@ -346,16 +348,44 @@ class Receiver:
             self.receive_datagram(data, addr, now)
             return
         key = self._key
+        if self.layout is not None and not (self.failed or self.complete or self._parity):
+            run = wire.parse_data_run(data, seg, key)  # the clean stream: one run per read
+            if run is not None and self._fresh_run(run):
+                _, first, chunk, offset, payloads = run
+                self._on_data_run(first, first + len(payloads) - 1, chunk, offset, payloads, n, addr, now)
+                return
         parsed = [wire.parse_data(data[off : off + seg], key) for off in range(0, n, seg)]
         i, count = 0, len(parsed)
         while i < count:
             j = self._data_run(parsed, i)
             if j - i > 1:
-                self._on_data_run(parsed[i:j], min(n, j * seg) - i * seg, addr, now)
+                head, tail = parsed[i], parsed[j - 1]
+                assert head is not None and tail is not None
+                self._on_data_run(head[1], tail[1], head[2], head[3], [f[4] for f in parsed[i:j]],  # type: ignore[index]
+                                  min(n, j * seg) - i * seg, addr, now)
             else:
                 j = i + 1
                 self.receive_datagram(data[i * seg : min(n, j * seg)], addr, now)
             i = j
+
+    def _fresh_run(self, run: wire.DataRun) -> bool:
+        """``parse_data_run``'s run is what ``_data_run`` would take whole: this session,
+        where the layout puts it, and none of it held yet. (Consecutive seqs with
+        contiguous payloads, all but the last as long as the first, lie where the
+        layout says once the first is a full fragment and the last is in place.)"""
+        layout = self.layout
+        assert layout is not None
+        session, first, chunk, offset, payloads = run
+        last = first + len(payloads) - 1
+        size = len(payloads[0])
+        if session != self.session or last >= layout.total_seq or size != layout.payload_size:
+            return False
+        locate = layout.locate
+        if locate(first) != (chunk, offset, size):
+            return False
+        if locate(last) != (chunk, offset + (last - first) * size, len(payloads[-1])):
+            return False
+        return not self.have.count_in(first, last + 1)
 
     def _data_run(self, parsed: list[Optional[wire.DataFields]], i: int) -> int:
         """End of the run of fresh first-transmission fragments of one chunk that starts
@@ -381,15 +411,14 @@ class Receiver:
             return i  # duplicates among them: the per-datagram path counts them
         return j
 
-    def _on_data_run(self, run: list, nbytes: int, addr: Addr, now: float) -> None:
-        """``_data_run``'s fragments: what ``_on_data`` does to each, done once."""
+    def _on_data_run(self, first: int, last: int, chunk: int, offset: int, payloads: list[memoryview],
+                     nbytes: int, addr: Addr, now: float) -> None:
+        """A run of fresh first-transmission fragments ``first..last`` of ``chunk``
+        (``_data_run``'s or ``parse_data_run``'s): what ``_on_data`` does to each, done once."""
         layout = self.layout
         assert layout is not None
         stats = self.stats
-        k = len(run)
-        first, last = run[0][1], run[-1][1]
-        chunk = run[0][2]
-        payloads = [f[4] for f in run]
+        k = last - first + 1
         stats.datagrams_in += k
         stats.bytes_in += nbytes
         if self.sender_addr is None:
@@ -410,7 +439,7 @@ class Receiver:
         self._highest = max(self._highest, last)
         if gap:
             self._maybe_report(now)
-        write_parts(self._sink, chunk * layout.chunk_size + run[0][3], payloads)
+        write_parts(self._sink, chunk * layout.chunk_size + offset, payloads)
         self.have.add(first, last + 1)
         start, end = layout.chunk_seqs(chunk)
         if self.have.contains_range(start, end):
@@ -541,6 +570,9 @@ class Receiver:
         if begin is not None:  # a sink that lays out its files now (hostagent.dirs)
             begin(msg)
         self.manifest = msg
+        set_base = getattr(self._sink, "set_base", None)
+        if set_base is not None:
+            set_base(msg.lane[2])  # a lane's slice: its offset 0 is this byte of the file
         layout = self.layout = Layout(msg.file_size, msg.chunk_size, msg.payload_size)
         resume = self._resume
         if (
@@ -727,15 +759,11 @@ class Receiver:
         if chunk not in self._digests.known:
             self._unverified.add(chunk)
             return
-        data = self._sink.read(chunk * layout.chunk_size, layout.chunk_len(chunk))
+        data = read_view(self._sink, chunk * layout.chunk_size, layout.chunk_len(chunk))
         rebuilt = chunk in self._fec_chunks
         self._fec_chunks.discard(chunk)
         if hmac.compare_digest(wire.chunk_digest(data), self._digests.get(chunk)):
             self.verified.add(chunk)
-            if chunk == self._whole_next:
-                self._whole.update(data)
-                self._whole_next += 1
-                self._feed_whole()
             if self._unsaved_since is None:
                 self._unsaved_since = now
             self._maybe_save(now)
@@ -759,11 +787,10 @@ class Receiver:
         if layout is None or self.complete or self.verified.count < layout.chunk_count:
             return
         assert self.manifest is not None
-        self._feed_whole()
-        digest = self._whole.digest()
-        if not hmac.compare_digest(digest, self.manifest.file_digest):
-            self._fail("whole-file digest mismatch", record_bad=True)
-            return
+        # Every chunk matched the (authenticated) manifest's digest for it, and those
+        # digests cover every byte: the file is the one the sender described. A second
+        # whole-file pass would double the receiver's hashing for nothing.
+        digest = self.manifest.file_digest
         self.complete = True
         # Gaps whose NACK never went out because a repair filled them first.
         self.stats.nacks_suppressed += sum(1 for t in self._gap_timers if not t[3])
@@ -772,17 +799,6 @@ class Receiver:
         self._save_state()
         self._events.append(FileComplete(digest))
         self._send_complete(now)
-
-    def _feed_whole(self) -> None:
-        """Advance the whole-file hasher over the verified chunks right behind it (on
-        disk and immutable once verified). Chunks verified in file order were already
-        fed from the buffer their own digest check read, so they cost no extra read."""
-        layout = self.layout
-        assert layout is not None
-        while self._whole_next < layout.chunk_count and self._whole_next in self.verified:
-            chunk = self._whole_next
-            self._whole.update(self._sink.read(chunk * layout.chunk_size, layout.chunk_len(chunk)))
-            self._whole_next += 1
 
     def _send_complete(self, now: float) -> None:
         assert self.manifest is not None
@@ -795,8 +811,7 @@ class Receiver:
 
     def _check_claims(self, now: float) -> None:
         """Re-hash chunks a resume record claims, whose digests are known, up to
-        ``resume_check_bytes`` per call (in file order, so the whole-file hasher reads
-        each once); a mismatch is re-fetched like any corrupt chunk."""
+        ``resume_check_bytes`` per call (in file order); a mismatch is re-fetched like any corrupt chunk."""
         layout = self.layout
         assert layout is not None
         budget = self.config.resume_check_bytes
@@ -829,14 +844,14 @@ class Receiver:
         self._unsaved_since = None
         self._sink.save_state(self.snapshot_state() if record is None else record)
 
-    def _fail(self, reason: str, record_bad: bool = False) -> None:
-        """Stop. The record is saved for a restart to resume from -- unless it is what
-        failed (``record_bad``): then it is emptied, so a restart starts over instead of
-        failing the same way forever."""
+    def _fail(self, reason: str) -> None:
+        """Stop. The record is saved for a restart to resume from: it claims only chunks
+        that matched their digests (claims are re-hashed before they count), so a
+        restart cannot fail the same way forever."""
         if not self.failed:
             self.failed = True
             self._gap_timers.clear()
-            self._save_state(b"" if record_bad else None)
+            self._save_state()
             self._events.append(Failed(reason))
 
     # ------------------------------------------------------------------ NACKs

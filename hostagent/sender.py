@@ -140,6 +140,9 @@ class SenderConfig:
     # One receiver asks for part of a block, but the others' reported loss says more
     # will: answer with (multicast) parity instead of unicast. Same cost to the sender.
     fec_anticipate: bool = True
+    # This session is lane (index, count) of a striped transfer, sending the slice of the
+    # file that starts at byte offset (hostagent.lanes); (0, 1, 0): the whole file.
+    lane: tuple[int, int, int] = (0, 1, 0)
 
     def validate(self) -> None:
         """Refuse settings that would break the wire format or the pacing maths."""
@@ -235,7 +238,7 @@ def build_manifest_pages(source: ChunkSource, config: SenderConfig, session: int
                 session, layout.file_size, layout.chunk_size, layout.payload_size,
                 layout.chunk_count, file_digest, index, page_count, first,
                 bytes(digests[first * wire.CHUNK_DIGEST_LEN : last * wire.CHUNK_DIGEST_LEN]),
-                config.name, entries=entries,
+                config.name, lane=config.lane, entries=entries,
             )
         )
     return pages

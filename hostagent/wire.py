@@ -141,6 +141,11 @@ class Manifest:
     digests: bytes  # CHUNK_DIGEST_LEN bytes per chunk, starting at first_chunk
     name: str = ""
     receivers_hint: int = 0  # group size estimate: scales receivers' NACK backoff
+    # A transfer striped over lanes (``--lanes``): this session carries lane ``index`` of
+    # ``count``, the slice of the file that starts at byte ``offset``; every lane names
+    # the whole file (``file_digest``). Encoded only when count > 1, so a one-lane
+    # manifest is what it always was.
+    lane: tuple[int, int, int] = (0, 1, 0)
     # A directory (``hostagent.tree``): its canonical entry list, in every page. Encoded
     # only when non-empty, so a single file's manifest is what it always was.
     entries: bytes = b""
@@ -297,7 +302,7 @@ def encode_manifest(msg: Manifest, key: bytes | None = None) -> bytes:
             msg.digests,
             msg.name,
             msg.receivers_hint,
-        ] + ([msg.entries] if msg.entries else []),
+        ] + ([list(msg.lane)] if msg.lane[1] > 1 else []) + ([msg.entries] if msg.entries else []),
         use_bin_type=True,
     )
     return _finish(T_MANIFEST, 0, msg.session, body, key)
@@ -406,6 +411,57 @@ def parse_data(data: bytes | bytearray | memoryview, key: bytes | None = None) -
     return session, seq, chunk, offset, memoryview(data)[DATA_HEADER_LEN:end], True, bool(flags & FLAG_MULTICAST)
 
 
+DataRun = tuple[int, int, int, int, list[memoryview]]
+
+
+def parse_data_run(data: bytes | bytearray | memoryview, seg: int, key: bytes | None = None) -> DataRun | None:
+    """A GRO super-packet (datagrams of ``seg`` bytes back to back, the last may be
+    shorter) that is one run of first transmissions -- every datagram a DATA that
+    ``parse_data`` accepts, one session, consecutive seqs of one chunk, each payload
+    starting where the one before ended -- as ``(session, first seq, chunk, first
+    offset, payloads)`` with the payloads views into ``data``; None otherwise (the
+    caller then takes the datagrams one by one). A clean stream arrives as such runs
+    (a GSO batch ends at a chunk's short last fragment), so the receiver's per-datagram
+    Python is one header unpack; the tests hold it to ``parse_data``'s verdicts."""
+    n = len(data)
+    if seg <= DATA_HEADER_LEN or seg >= n or seg > MAX_DATAGRAM:
+        return None
+    view = memoryview(data)
+    if key is not None:  # the per-datagram MAC dominates: parse_data checks each
+        payloads = []
+        run = parse_data(view[:seg], key)
+        if run is None or run[5]:
+            return None
+        session, seq, chunk, pos = run[0], run[1], run[2], run[3]
+        for off in range(0, n, seg):
+            fields = parse_data(view[off : off + seg], key) if off else run
+            if (fields is None or fields[5] or fields[0] != session or fields[1] != seq
+                    or fields[2] != chunk or fields[3] != pos):
+                return None
+            payloads.append(fields[4])
+            seq += 1
+            pos += len(fields[4])
+        return session, run[1], chunk, run[3], payloads
+    # Unkeyed: exactly parse_data's checks, inlined (a MAC'd datagram, which parse_data
+    # accepts unchecked, makes the run fall back instead).
+    unpack = _DATA_FULL.unpack_from
+    _, _, _, _, session, first, chunk, start, _ = unpack(view, 0)
+    seq, pos = first, start
+    payloads = []
+    for off in range(0, n, seg):
+        end = off + seg if off + seg < n else n
+        if end - off <= DATA_HEADER_LEN:
+            return None
+        magic, version, mtype, flags, s, q, c, o, plen = unpack(view, off)
+        if (mtype != T_DATA or flags or magic != MAGIC or version != VERSION or s != session or q != seq
+                or c != chunk or o != pos or plen != end - off - DATA_HEADER_LEN or o + plen > MAX_CHUNK_SIZE):
+            return None
+        payloads.append(view[off + DATA_HEADER_LEN : end])
+        seq += 1
+        pos += plen
+    return session, first, chunk, start, payloads
+
+
 def decode(data: bytes | bytearray | memoryview, key: bytes | None = None) -> Message:
     """Parse and validate one datagram.
 
@@ -503,8 +559,20 @@ def _unpack_array(body: memoryview, length: int, optional: int = 0) -> list:
     return obj
 
 
+MAX_LANES = 64
+
+
+def _decode_lane(value: object, file_size: int) -> tuple[int, int, int]:
+    if type(value) is not list or len(value) != 3:
+        raise BadField("lane")
+    index, count, offset = _u(value[0], MAX_LANES), _u(value[1], MAX_LANES), _u(value[2], MAX_FILE_SIZE)
+    if not index < count or count < 2 or offset + file_size > MAX_FILE_SIZE:
+        raise BadField("lane")
+    return index, count, offset
+
+
 def _decode_manifest(session: int, body: memoryview) -> Manifest:
-    fields = _unpack_array(body, 11, optional=1)
+    fields = _unpack_array(body, 11, optional=2)
     file_size = _u(fields[0], MAX_FILE_SIZE)
     chunk_size = _u(fields[1], MAX_CHUNK_SIZE)
     payload_size = _u(fields[2], MAX_PAYLOAD)
@@ -532,15 +600,17 @@ def _decode_manifest(session: int, body: memoryview) -> Manifest:
         raise BadField("page index")
     if type(name) is not str or len(name.encode()) > MAX_NAME_BYTES:
         raise BadField("name")
-    entries = b""
-    for extra in fields[11:]:  # optional trailing fields, told apart by type
-        if type(extra) is bytes and extra and not entries:
+    lane, entries = (0, 1, 0), b""
+    for extra in fields[11:]:  # optional trailing fields (lane, then entries), told apart by type
+        if type(extra) is list and lane[1] == 1 and not entries:
+            lane = _decode_lane(extra, file_size)
+        elif type(extra) is bytes and extra and not entries:
             entries = extra  # (its contents are checked by the receiver: hostagent.tree)
         else:
             raise BadField("optional manifest field")
     return Manifest(
         session, file_size, chunk_size, payload_size, chunk_count, file_digest,
-        page_index, page_count, first_chunk, digests, name, hint, entries=entries,
+        page_index, page_count, first_chunk, digests, name, hint, lane, entries,
     )
 
 

@@ -29,8 +29,8 @@ def test_benchmark_smoke(tmp_path):
 
 
 def test_agent_benchmark_smoke(tmp_path):
-    """The agent-speed and asymmetry benchmark runs end to end on the kernel-bridge lab:
-    every method's copies verified, times and CPU per GB reported for each side."""
+    """The agent-speed, lanes and asymmetry benchmark runs end to end on the kernel-bridge
+    lab: every method's copies verified, times and CPU per GB reported for each side."""
     need_lab(ovs=False)
     proc = subprocess.run([sys.executable, "-m", "bench.agent", "--smoke", "--out", str(tmp_path)],
                           capture_output=True, text=True, timeout=600)
@@ -47,6 +47,9 @@ def test_agent_benchmark_smoke(tmp_path):
     assert {r["method"] for r in lossy} == {"modelcast", "uftp"}
     assert all(r["detail"]["dropped_at_lossy_receiver"] > 0 for r in lossy)
     assert "| speed | modelcast | 2 |" in (tmp_path / "agent.md").read_text()
+    laned = {r["method"] for r in runs if r["scenario"] == "lanes"}
+    assert laned == {"modelcast --lanes 1", "modelcast --lanes 2"}
+    assert "T(2 lanes) / T(1 lane)" in (tmp_path / "agent.md").read_text()
 
 
 def test_directory_benchmark_smoke():

@@ -418,3 +418,28 @@ def test_second_asker_escalates_to_multicast_but_re_asking_does_not() -> None:
     assert nack(1, 5, now) == [(5, ("rx", 1))]
     assert nack(1, 5, now + 0.6) == [(5, ("rx", 1))]  # lost its repair: still unicast
     assert nack(2, 5, now + 1.2) == [(5, GROUP)]  # someone else too: shared loss
+
+
+def test_resumed_chunk_changed_on_disk_is_fetched_again() -> None:
+    """A resume record vouches for chunks, the disk may not: every resumed chunk is
+    hashed before the file counts as verified, and one that no longer matches its digest
+    is asked for again (not trusted, not a failed transfer)."""
+    data = payload(256 * KIB)
+    first = Sim(data, sender_config(expected_receivers=1))
+    done = first.add_receiver(ReceiverConfig(receiver_id=7))
+    first.run(until=60)
+    state = done.receiver.snapshot_state()
+    damaged = MemorySink()
+    damaged.data[:] = data
+    damaged.data[3 * 4 * KIB + 5] ^= 0xFF  # chunk 3 (4 KiB chunks) changed after the crash
+    again = Sim(data, sender_config(expected_receivers=1), seed=1)
+    rec = again.add_receiver(ReceiverConfig(receiver_id=7))
+    rec.sink = damaged
+    rec.receiver = Receiver(damaged, rec.config, 0.0, state=state, rng=rec.rng)
+    again.run(until=60)
+    rx = rec.receiver
+    assert rx.complete and bytes(damaged.data) == data
+    assert rx.resumed_chunks == rx.layout.chunk_count - 1  # the claims that held
+    assert ChunkCorrupt(3) in rec.events
+    stored = rx.stats.data_received + rx.stats.repairs_received - rx.stats.duplicates
+    assert stored == rx.layout.chunk_frags(3)  # the rest was kept, only chunk 3 written again

@@ -123,3 +123,23 @@ def test_batch_views_are_not_kept() -> None:
         rx.receive_batch(memoryview(buf)[: len(blob)], seg, SENDER, 1.0)
         buf[: len(blob)] = bytes(len(blob))
     assert rx.complete and bytes(rx._sink.data) == data  # type: ignore[attr-defined]
+
+
+def test_clean_stream_takes_the_super_packet_path(monkeypatch) -> None:
+    """A clean stream's GRO batches are runs that ``parse_data_run`` takes whole: the
+    per-datagram parse never runs for them (that is the receiver's CPU saving)."""
+    data = payload(100 * KIB + 123, seed=4)
+    stream = _stream(data, None)
+    rx = _receiver(None)
+    per_datagram = []
+    original = wire.parse_data
+    monkeypatch.setattr(wire, "parse_data", lambda raw, key=None: per_datagram.append(1) or original(raw, key))
+    now, batched = 0.0, 0
+    for batch in _batches(stream, random.Random(2)):
+        now += 0.0005
+        seg = len(batch[0]) if len(batch) > 1 else 0
+        if seg and wire.peek_type(batch[0]) == wire.T_DATA and all(wire.peek_type(r) == wire.T_DATA for r in batch):
+            batched += len(batch)
+        rx.receive_batch(memoryview(b"".join(batch)), seg, SENDER, now)
+    assert rx.complete and bytes(rx._sink.data) == data  # type: ignore[attr-defined]
+    assert batched > 50 and len(per_datagram) <= 2 * (len(stream) - batched)  # the rest: twice at most

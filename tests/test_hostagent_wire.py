@@ -1,8 +1,10 @@
 """The decoder is the attack surface: it must round-trip what we send and refuse
 everything else with a WireError (never another exception)."""
 
+import dataclasses
 import struct
 
+import msgpack
 import pytest
 from hypothesis import given, settings, strategies as st
 
@@ -15,6 +17,15 @@ from hostagent.wire import (
 KEY = wire.derive_key(b"test secret")
 u64 = st.integers(0, wire.U64_MAX)
 u32 = st.integers(0, (1 << 32) - 1)
+
+
+@st.composite
+def lanes(draw):
+    """No lanes (the one-lane default), or lane index of count at a file offset."""
+    if draw(st.booleans()):
+        return (0, 1, 0)
+    count = draw(st.integers(2, wire.MAX_LANES))
+    return draw(st.integers(0, count - 1)), count, draw(st.integers(0, 1 << 40))
 
 
 @st.composite
@@ -32,7 +43,7 @@ def manifests(draw):
         file_digest=draw(st.binary(min_size=32, max_size=32)),
         page_index=draw(st.integers(0, page_count - 1)), page_count=page_count,
         first_chunk=first, digests=draw(st.binary(min_size=16 * n, max_size=16 * n)),
-        name=draw(st.text(max_size=40)), receivers_hint=draw(u32),
+        name=draw(st.text(max_size=40)), receivers_hint=draw(u32), lane=draw(lanes()),
         entries=draw(st.binary(max_size=300)),  # a directory's entry list (optional field)
     )
 
@@ -239,3 +250,67 @@ def test_fast_data_path_payload_is_a_view_not_a_copy() -> None:
     raw[wire.DATA_HEADER_LEN] = ord("y")  # the buffer changes under the view
     assert bytes(fields[4][:2]) == b"yx" and len(fields[4]) == 1000
     assert wire.parse_data(encode(Hello(7, 1)), None) is None  # other types: decode's job
+
+
+def _run_by_parse_data(blob: bytes, seg: int, key: bytes | None):
+    """What ``parse_data_run`` must return, from ``parse_data`` on each datagram."""
+    fields = [wire.parse_data(memoryview(blob)[off : off + seg], key) for off in range(0, len(blob), seg)]
+    if len(fields) < 2 or any(f is None or f[5] for f in fields):
+        return None
+    session, seq, chunk, pos = fields[0][:4]
+    for i, f in enumerate(fields):
+        if (f[0], f[1], f[2], f[3]) != (session, seq + i, chunk, pos):
+            return None
+        pos += len(f[4])
+    return session, seq, chunk, fields[0][3], [bytes(f[4]) for f in fields]
+
+
+@settings(max_examples=400, deadline=None)
+@given(u64, u64, u32, st.integers(0, 1 << 20), st.integers(1, 1200), st.integers(2, 8), st.integers(1, 1200),
+       st.sampled_from([None, KEY]), st.sampled_from([None, KEY]), st.data())
+def test_gro_run_parser_agrees_with_parse_data(session, seq, chunk, offset, size, count, last_size,
+                                               send_key, recv_key, data) -> None:
+    """The receiver's super-packet fast path: a run of consecutive DATA datagrams, one of
+    them perhaps damaged. It never accepts what parse_data would not take as that run,
+    and an intact run (sent as the receiver expects it: keyed or not) always gets in."""
+    seq, last_size = min(seq, wire.U64_MAX - count), min(last_size, size)
+    sizes = [size] * (count - 1) + [last_size]
+    raws, pos = [], offset
+    for i, n in enumerate(sizes):
+        raws.append(bytearray(encode(Data(session, seq + i, chunk, pos, bytes([i % 251]) * n), send_key)))
+        pos += n
+    victim = data.draw(st.integers(0, count - 1))
+    field = data.draw(st.sampled_from(["bytes", "session", "seq", "chunk", "offset", "repair"]))
+    if field == "bytes":
+        raws[victim] = _mutate(raws[victim], data, ["intact", "flip", "truncate", "splice"])
+    else:  # a well-formed datagram that does not belong in the run
+        msg = decode(bytes(raws[victim]))
+        if field == "repair":
+            tweak = {"repair": True, "multicast": data.draw(st.booleans())}
+        else:
+            tweak = {field: (getattr(msg, field) + 1) % (1 << (32 if field == "chunk" else 20))}
+        raws[victim] = bytearray(encode(dataclasses.replace(msg, **tweak), send_key))
+    seg = len(raws[0])
+    blob = b"".join(bytes(r) for r in raws)
+    run = wire.parse_data_run(memoryview(blob), seg, recv_key)
+    if run is not None:
+        assert run[:4] + ([bytes(p) for p in run[4]],) == _run_by_parse_data(blob, seg, recv_key)
+    intact = bytes(raws[victim]) == encode(Data(session, seq + victim, chunk, offset + size * victim,
+                                                bytes([victim % 251]) * sizes[victim]), send_key)
+    if intact and send_key == recv_key and seg < len(blob) and offset + sum(sizes) <= wire.MAX_CHUNK_SIZE:
+        assert run is not None and run[1] == seq and len(run[4]) == count
+
+
+def test_lane_field_is_absent_for_one_lane_and_checked_when_present() -> None:
+    """A one-lane manifest is the 11-field array it always was (old receivers read it);
+    a lane that is not index < count <= MAX_LANES, count >= 2, is refused."""
+    base = Manifest(5, 10000, 4096, 1024, 3, b"d" * 32, 0, 1, 0, b"x" * 48, "m", 2)
+    assert len(msgpack.unpackb(encode(base)[wire.HEADER_LEN:])) == 11
+    laned = dataclasses.replace(base, lane=(1, 2, 1 << 30))
+    assert decode(encode(laned)).lane == (1, 2, 1 << 30)
+    for bad in [(2, 2, 0), (0, 1, 0), (0, wire.MAX_LANES + 1, 0), (0, 2, wire.MAX_FILE_SIZE)]:
+        body = msgpack.unpackb(encode(base)[wire.HEADER_LEN:]) + [list(bad)]
+        raw = encode(base)[: wire.HEADER_LEN] + msgpack.packb(body, use_bin_type=True)
+        with pytest.raises(WireError) as info:
+            decode(raw)
+        assert info.value.reason == "bad_field", bad

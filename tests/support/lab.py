@@ -29,11 +29,11 @@ def need_lab(ovs: bool = True) -> None:
 
 
 @contextmanager
-def bridge_lab(hosts: int) -> Iterator[BridgeLab]:
+def bridge_lab(hosts: int, mtu: int = 1500) -> Iterator[BridgeLab]:
     """A started kernel-bridge lab of ``hosts`` hosts (skip or fail if it cannot be
     built), torn down afterwards, and checked to leave nothing behind."""
     need_lab(ovs=False)
-    lab = BridgeLab(hosts)
+    lab = BridgeLab(hosts, mtu=mtu)
     try:
         lab.start()
     except LabError as exc:
