@@ -418,7 +418,7 @@ def _send(path: str, opts: SendOptions, source: FileSource | DirSource, interfac
         if opts.controller:
             client = _client(opts)
             src_ip = _ipv4(opts.ip or (interface if interface != _ANY else local_ip_towards(_url_host(opts.controller))))
-            model = opts.model or _content_id(pages[0])
+            model = opts.model or tree.manifest_id(pages)
             info = client.create_group(model, src_ip, list(opts.receiver_ips) or None)
             group = group_endpoint(info)
             group_id = info.get("id")
@@ -460,7 +460,7 @@ def _send_on(path: str, opts: SendOptions, source: FileSource | DirSource, confi
     try:
         started = time.monotonic()
         sender = Sender(source, config, started, manifest=pages)
-        emit(SendStarted(path, source.size, group, sock.getsockname(), _content_id(pages[0]), _files(pages[0])))
+        emit(SendStarted(path, source.size, group, sock.getsockname(), tree.manifest_id(pages), _files(pages[0])))
         metrics = _serve_metrics(opts, "sender", lambda: sender.stats, lambda: (_sent_bytes(sender), source.size), emit)
         try:
             lister = _GroupWatcher(_client(opts), group_id, opts.poll) if opts.controller else None
@@ -533,12 +533,8 @@ def _stream(path: str, opts: SendOptions, sender: Sender, sock: socket.socket, g
         authenticated=sender.config.key is not None, gso=loop.gso, gso_datagrams=loop.gso_datagrams,
         send_buffer_drops=loop.send_drops, dropped=dict(stats.drops), peak_rss_mb=_peak_rss_mb(), cpu_s=_cpu_s(),
         finished=finished, error=None if finished.ok else _send_failure(finished, opts.receivers),
-        content_id=_content_id(sender.pages[0]), files=_files(sender.pages[0]),
+        content_id=tree.manifest_id(sender.pages), files=_files(sender.pages[0]),
     )
-
-
-def _content_id(page: Manifest) -> str:
-    return tree.content_id(page.entries, page.file_size, page.file_digest)
 
 
 def _files(page: Manifest) -> int:
@@ -815,7 +811,7 @@ def _listen(out: str, opts: ReceiveOptions, receiver: Receiver, sink: PathSink |
         fec_recovered=stats.fec_recovered, nack_seqs=stats.nack_seqs_requested, gro=loop.gro,
         gro_batches=loop.gro_batches, dropped=dict(stats.drops), peak_rss_mb=_peak_rss_mb(), cpu_s=_cpu_s(),
         on_complete=hook,
-        content_id=_content_id(receiver.manifest) if receiver.manifest else None,
+        content_id=receiver.content_id(),
         files=_files(receiver.manifest) if receiver.manifest else 0,
     )
 

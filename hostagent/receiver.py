@@ -265,6 +265,7 @@ class Receiver:
         self._fec_chunks: set[int] = set()  # chunks holding rebuilt data not yet verified
 
         self.complete = False
+        self._id_ok = False  # the manifest hashed to config.content_id (see _id_checked)
         self.failed = False
         self.acked = False
         self._complete_at: Optional[float] = None
@@ -542,6 +543,8 @@ class Receiver:
         if count == 0 or self._digests.known.contains_range(msg.first_chunk, msg.first_chunk + count):
             return
         self._digests.add(msg.first_chunk, msg.digests)
+        if not self._id_checked() and self.failed:
+            return
         for start, end in self._unverified.covered(msg.first_chunk, msg.first_chunk + count):
             s, e = max(start, msg.first_chunk), min(end, msg.first_chunk + count)
             for chunk in range(s, e):
@@ -551,8 +554,9 @@ class Receiver:
 
     def _acceptable(self, msg: wire.Manifest) -> bool:
         """The first manifest's checks beyond the wire's: a directory's entry list is
-        safe to create (``hostagent.tree``), and the manifest hashes to the expected
-        content id. Refusals are counted, never accepted."""
+        safe to create (``hostagent.tree``), and a one-page manifest hashes to the
+        expected content id (a longer one is checked when its last page lands:
+        ``_id_checked``). Refusals are counted, never accepted."""
         if msg.entries:
             try:
                 tree.decode_entries(msg.entries, msg.file_size)
@@ -560,10 +564,38 @@ class Receiver:
                 self.stats.drops[exc.reason] += 1
                 return False
         expected = self.config.content_id
-        if expected is not None and not tree.matches_id(expected, msg.entries, msg.file_size, msg.file_digest):
+        if (expected is not None and msg.first_chunk == 0 and len(msg.digests) == msg.chunk_count * wire.CHUNK_DIGEST_LEN
+                and not tree.matches_id(expected, msg.entries, msg.file_size, msg.chunk_size, msg.file_digest,
+                                        msg.digests)):
             self.stats.drops["wrong_content_id"] += 1
             return False
         return True
+
+    def _id_checked(self) -> bool:
+        """With an expected content id: whether the whole manifest (every digest page)
+        is known and hashes to it. A manifest that does not fails the receiver the moment
+        its last page lands, before anything completes (``_check_done`` waits for this);
+        its data is never accepted (what the record claims is re-hashed next time anyway)."""
+        if self.config.content_id is None or self._id_ok:
+            return True
+        layout, manifest = self.layout, self.manifest
+        if layout is None or manifest is None or self.failed or self._digests.known.count < layout.chunk_count:
+            return False
+        found = self.content_id()
+        if found is not None and hmac.compare_digest(tree.parse_content_id(found), self.config.content_id):
+            self._id_ok = True
+            return True
+        self.stats.drops["wrong_content_id"] += 1
+        self._fail("manifest does not match the expected content id")
+        return False
+
+    def content_id(self) -> Optional[str]:
+        """``blake3:<hex>`` of the manifest received (None until every page arrived)."""
+        layout, manifest = self.layout, self.manifest
+        if layout is None or manifest is None or self._digests.known.count < layout.chunk_count:
+            return None
+        digests = b"".join(self._digests.get(c) for c in range(layout.chunk_count))
+        return tree.content_id(manifest.entries, manifest.file_size, manifest.chunk_size, manifest.file_digest, digests)
 
     def _start(self, msg: wire.Manifest, now: float) -> None:
         begin = getattr(self._sink, "begin", None)
@@ -784,7 +816,7 @@ class Receiver:
 
     def _check_done(self, now: float) -> None:
         layout = self.layout
-        if layout is None or self.complete or self.verified.count < layout.chunk_count:
+        if layout is None or self.complete or self.verified.count < layout.chunk_count or not self._id_checked():
             return
         assert self.manifest is not None
         # Every chunk matched the (authenticated) manifest's digest for it, and those

@@ -14,11 +14,12 @@ not add up to the session's size. (That no component is a symlink is checked whe
 files are created: ``hostagent.dirs`` opens every component with ``O_NOFOLLOW`` inside a
 directory it made.)
 
-Content id: ``blake3:<hex>`` over the canonical (entries, size, whole-content digest).
-The whole-content digest fixes every byte (and so every chunk digest, whatever the chunk
-size), the entries fix where each byte goes: what a receiver verified against an id is
-exactly what was published, whoever else holds the session key. The id is independent
-of transport settings (chunk and datagram size), so one model keeps one name.
+Content id: ``blake3:<hex>`` of the canonical manifest: entries, size, chunk size, the
+whole-content digest and the digest of all chunk digests. A receiver verifies every chunk
+against the manifest's chunk digests (that is what makes the file; there is no second
+whole-file pass), so the id must cover them: then what a receiver verified against an id
+is exactly what was published, whoever else holds the session key. (So the id depends on
+``--chunk-size``: the same bytes sent in other chunks are another manifest.)
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from typing import Iterator, Optional
 import blake3
 import msgpack
 
-from .wire import FILE_DIGEST_LEN
+from .wire import CHUNK_DIGEST_LEN, FILE_DIGEST_LEN
 
 MAX_ENTRIES = 4096
 MAX_PATH_BYTES = 1024
@@ -155,12 +156,21 @@ class Space:
             pos += take
 
 
-def content_id(entries_blob: bytes, size: int, file_digest: bytes) -> str:
-    """``blake3:<hex>`` of a model (a single file: ``entries_blob`` empty)."""
-    if len(file_digest) != FILE_DIGEST_LEN:
-        raise ValueError("file digest length")
-    canon = msgpack.packb([_ID_CONTEXT, entries_blob, size, file_digest], use_bin_type=True)
+def content_id(entries_blob: bytes, size: int, chunk_size: int, file_digest: bytes, chunk_digests: bytes) -> str:
+    """``blake3:<hex>`` of a model's manifest (a single file: ``entries_blob`` empty);
+    ``chunk_digests``: all of them, in chunk order."""
+    if len(file_digest) != FILE_DIGEST_LEN or len(chunk_digests) % CHUNK_DIGEST_LEN:
+        raise ValueError("digest length")
+    canon = msgpack.packb([_ID_CONTEXT, entries_blob, size, chunk_size, file_digest,
+                           blake3.blake3(chunk_digests).digest()], use_bin_type=True)
     return ID_PREFIX + blake3.blake3(canon).hexdigest()
+
+
+def manifest_id(pages: list) -> str:
+    """The content id of a whole manifest (``wire.Manifest`` pages covering every chunk)."""
+    first = pages[0]
+    digests = b"".join(p.digests for p in sorted(pages, key=lambda p: p.first_chunk))
+    return content_id(first.entries, first.file_size, first.chunk_size, first.file_digest, digests)
 
 
 def parse_content_id(text: str) -> bytes:
@@ -171,6 +181,8 @@ def parse_content_id(text: str) -> bytes:
     return bytes.fromhex(hexpart)
 
 
-def matches_id(expected: bytes, entries_blob: bytes, size: int, file_digest: bytes) -> bool:
-    """Whether a manifest's fields hash to the expected id (constant-time compare)."""
-    return hmac.compare_digest(parse_content_id(content_id(entries_blob, size, file_digest)), expected)
+def matches_id(expected: bytes, entries_blob: bytes, size: int, chunk_size: int, file_digest: bytes,
+               chunk_digests: bytes) -> bool:
+    """Whether a manifest hashes to the expected id (constant-time compare)."""
+    got = content_id(entries_blob, size, chunk_size, file_digest, chunk_digests)
+    return hmac.compare_digest(parse_content_id(got), expected)

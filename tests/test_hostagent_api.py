@@ -14,6 +14,7 @@ import pytest
 import hostagent
 from hostagent import ReceiveOptions, SendOptions, TransferError
 from hostagent import tree
+from tests.support.agents import file_id
 from hostagent.events import FileComplete, ManifestReceived, ReceiverCompleted, StreamFinished
 from lab.models import file_digest, make_model
 from lab.sh import free_port
@@ -123,12 +124,12 @@ def test_controller_that_never_installs_the_tree_times_out(tmp_path) -> None:
             hostagent.send(str(model.path), SendOptions(controller=fake.url, interface=LOOPBACK, receivers=1,
                                                         wait_timeout=0.2, poll=0.05), on_event=events.append)
     # Without --model the group is named by the content id (what receivers --expect).
-    cid = tree.content_id(b"", model.size, bytes.fromhex(model.digest))
+    cid = file_id(model.path, SendOptions.chunk_size)
     assert events == [hostagent.GroupAssigned(1, cid, (FakeController.ADDRESS, 5000), 1)]
 
 
 def test_a_receiver_that_expects_a_content_id_joins_the_group_named_by_it(tmp_path) -> None:
-    cid = tree.content_id(b"", 1000, bytes(32))
+    cid = tree.content_id(b"", 1000, 1024, bytes(32), bytes(16))
     with FakeController(free_port(socket.SOCK_DGRAM)) as fake:
         options = ReceiveOptions(controller=fake.url, expect=cid, source=LOOPBACK, interface=LOOPBACK,
                                  ip="127.0.0.9", timeout=0.2)

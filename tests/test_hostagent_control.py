@@ -11,13 +11,13 @@ import sys
 
 import pytest
 
-from hostagent import tree, wire
+from hostagent import wire
 from hostagent.api import _run_hook
 from hostagent.cli import Progress, build_parser, main
 from hostagent.control import ControllerClient, ControllerError, session_key
 from lab.models import make_model
 from lab.sh import free_port
-from tests.support.agents import LOOPBACK, FakeController, cli, loopback_group
+from tests.support.agents import LOOPBACK, FakeController, cli, file_id, loopback_group
 
 
 # --------------------------------------------------------------------------- client
@@ -141,7 +141,7 @@ def test_send_and_receive_through_the_controller(tmp_path) -> None:
     _, port = loopback_group(FakeController.ADDRESS)
     model = make_model(tmp_path / "model.bin", 800_000, seed=11)
     digest = model.digest
-    cid = tree.content_id(b"", model.size, bytes.fromhex(digest))
+    cid = file_id(model.path, 65536)
     env = {**os.environ, "MODELCAST_TOKEN": "tok"}
     with FakeController(port, pending_polls=3) as fake:
         receivers = [

@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 import hostagent.wire as wire
 from hostagent import tree
 from hostagent.dirs import DirSink, DirSource, PathSink, scan, tmp_path
+from hostagent.events import Failed
 from hostagent.receiver import Receiver, ReceiverConfig
 from hostagent.sender import build_manifest_pages, file_digests
 from hostagent.tree import Entry, Space, UnsafeEntries
@@ -257,12 +258,17 @@ def test_scan_sends_symlinked_files_and_refuses_symlinked_directories(tmp_path: 
 def test_content_id_names_exactly_the_published_model() -> None:
     blob = tree.encode_entries([Entry("a", 3), Entry("b/c", 4, 0o600)])
     digest = blake3.blake3(b"abcdefg").digest()
-    cid = tree.content_id(blob, 7, digest)
-    assert cid.startswith("blake3:") and len(cid) == 7 + 64
-    assert tree.matches_id(tree.parse_content_id(cid), blob, 7, digest)
+    chunks = wire.chunk_digest(b"abcdefg")
+    cid = tree.parse_content_id(tree.content_id(blob, 7, 1024, digest, chunks))
+    assert tree.content_id(blob, 7, 1024, digest, chunks).startswith("blake3:")
+    assert tree.matches_id(cid, blob, 7, 1024, digest, chunks)
     other = tree.encode_entries([Entry("a", 3), Entry("b/c", 4, 0o644)])  # only a mode differs
-    assert not tree.matches_id(tree.parse_content_id(cid), other, 7, digest)
-    assert not tree.matches_id(tree.parse_content_id(cid), blob, 7, blake3.blake3(b"abcdefh").digest())
+    assert not tree.matches_id(cid, other, 7, 1024, digest, chunks)
+    assert not tree.matches_id(cid, blob, 7, 1024, blake3.blake3(b"abcdefh").digest(), chunks)
+    # The chunk digests are what a receiver checks the bytes against: forged ones are
+    # another manifest, even with the right whole-content digest.
+    assert not tree.matches_id(cid, blob, 7, 1024, digest, wire.chunk_digest(b"forged!"))
+    assert not tree.matches_id(cid, blob, 7, 2048, digest, chunks)
     for bad in ("sha256:" + "0" * 64, "blake3:abc", "blake3:" + "g" * 64):
         with pytest.raises(ValueError):
             tree.parse_content_id(bad)
@@ -274,9 +280,10 @@ def test_expect_refuses_every_manifest_that_does_not_hash_to_the_id(tmp_path: Pa
     src = make_model_dir(tmp_path / "src", files=8, big=1, big_size=40_000)
     sinks = [PathSink(str(tmp_path / "right")), PathSink(str(tmp_path / "wrong"))]
     sim, source = _dir_sim(src, 0.0, 2, list(sinks))
+    assert len(sim.sender.pages) == 1
     page = sim.sender.pages[0]
-    published = tree.content_id(page.entries, page.file_size, page.file_digest)
-    forged = tree.content_id(page.entries, page.file_size, bytes(32))
+    published = tree.manifest_id(sim.sender.pages)
+    forged = tree.content_id(page.entries, page.file_size, page.chunk_size, bytes(32), page.digests)
     sim.add_receiver(ReceiverConfig(content_id=tree.parse_content_id(published)))
     wrong = sim.add_receiver(ReceiverConfig(content_id=tree.parse_content_id(forged), idle_timeout=3.0))
     sim.run(until=20)
@@ -289,6 +296,42 @@ def test_expect_refuses_every_manifest_that_does_not_hash_to_the_id(tmp_path: Pa
         source.close()
         for sink in sinks:
             sink.close()
+
+
+@pytest.mark.parametrize("forge", ["chunk digest", "none"])
+def test_a_manifest_of_many_pages_is_held_to_the_id_once_its_last_page_lands(tmp_path: Path, forge: str) -> None:
+    """A manifest of several pages: the id can only be checked once all arrived. A sender holding
+    the key that forges one chunk's digest (and sends data matching it) fails the
+    receiver that expects the published id before anything completes; unforged, the
+    same receiver completes, and reports the id it verified."""
+    src = make_model_dir(tmp_path / "src", files=6, big=1, big_size=700_000)
+    source = DirSource(str(src))
+    cfg = sender_config(expected_receivers=1, key=KEY, chunk_size=1024, session_id=5, max_datagram=1200)
+    digests, whole = file_digests(source, cfg.chunk_size)
+    published = tree.manifest_id(build_manifest_pages(source, cfg, 5, (digests, whole), source.entries_blob))
+    data = bytearray(source.read(0, source.size))
+    if forge == "chunk digest":  # chunk 30 says other bytes, and those bytes are what is sent
+        data[30 * 1024] ^= 0xFF
+        digests = digests[: 30 * 16] + wire.chunk_digest(bytes(data[30 * 1024 : 31 * 1024])) + digests[31 * 16 :]
+    pages = build_manifest_pages(source, cfg, 5, (digests, whole), source.entries_blob)
+    assert len(pages) >= 3
+    sink = PathSink(str(tmp_path / "out"))
+    sim = Sim(bytes(data), cfg, manifest=pages, sink_factory=lambda: sink)
+    rec = sim.add_receiver(ReceiverConfig(content_id=tree.parse_content_id(published), idle_timeout=3.0))
+    sim.run(until=30)
+    try:
+        receiver = rec.receiver
+        assert receiver is not None
+        if forge == "none":
+            assert receiver.complete and receiver.content_id() == published
+        else:
+            assert not receiver.complete and receiver.failed
+            assert receiver.stats.drops["wrong_content_id"] == 1
+            assert Failed("manifest does not match the expected content id") in rec.events
+            assert not (tmp_path / "out").exists()
+    finally:
+        source.close()
+        sink.close()
 
 
 def test_a_single_file_manifest_is_encoded_as_before() -> None:

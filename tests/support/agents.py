@@ -39,6 +39,20 @@ def payload(size: int, seed: int = 1) -> bytes:
     return random.Random(seed).randbytes(size)
 
 
+def file_id(path: object, chunk_size: int) -> str:
+    """The content id ``modelcast send`` prints for a single file at ``chunk_size``."""
+    from hostagent import tree
+    from hostagent.net import FileSource
+    from hostagent.sender import file_digests
+
+    source = FileSource(str(path))
+    try:
+        digests, whole = file_digests(source, chunk_size)
+        return tree.content_id(b"", source.size, chunk_size, whole, digests)
+    finally:
+        source.close()
+
+
 def sender_config(**overrides: object) -> SenderConfig:
     """Small chunks and a modest rate: many chunks and repair rounds in little virtual time."""
     base: dict = dict(chunk_size=4 * KIB, payload_size=1024, rate_bps=20e6)
