@@ -14,18 +14,19 @@ from __future__ import annotations
 import gc
 import logging
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, Iterator
 
 from controller import ofmsgs
 from controller.addressing import check_model, check_ssm, ssm_address
 from controller.errors import Conflict, CoreError, ReceiverIsSource, UnknownGroup
+from controller.protect import IN_PORT_BIT, Detours, ff_buckets, ff_id, ff_port, is_ff, tag
 from controller.topoview import TopologyView, check_unicast
 from controller.trees import ALGORITHMS, LinkLoad, PathCache, SwitchEntry, Tree, compute_tree
 
 log = logging.getLogger("modelcast.core")
 DEFAULT_PORT = 5500
-MAX_GID = 0xFFFFFF00  # OFPG_MAX
+MAX_GID = 0xFFFEFFFF  # below the fast-failover ids (controller.protect.FF_BASE)
 UNKNOWN_PORT = -1  # in a believed entry: "whatever is there is wrong", never sent
 _ABSENT = object()
 
@@ -46,35 +47,62 @@ def tune_gc() -> None:
 @dataclass
 class SwitchState:
     """What a switch reports holding of ours: group id -> entry (None when its buckets
-    are not plain outputs), and the (group id, in_port) of each (S,G) flow."""
+    are not what we install), the (group id, in_port) of each (S,G) flow, each group's
+    rejoin flows (arrival port, tag, actions), and the shared protection entries
+    (``("ff", id)`` -> buckets, ``("transit", in_port, tag)`` -> actions)."""
 
     groups: dict[int, SwitchEntry | None] = field(default_factory=dict)
     flows: set[tuple[int, int]] = field(default_factory=set)
+    rejoins: dict[int, list[tuple]] = field(default_factory=dict)
+    shared: dict[tuple, Any] = field(default_factory=dict)
 
     @classmethod
-    def from_tables(cls, flows: Iterable[tuple[int, int, int | None]],
-                    groups: dict[int, tuple[int, list[list[int]]]],
+    def from_tables(cls, flows: Iterable[tuple[int, int, dict[str, Any], tuple]],
+                    groups: dict[int, tuple[int, list[tuple[int, tuple]]]],
                     known: Iterable[int] = ()) -> "SwitchState":
-        """Read our state out of a switch's tables: ``flows`` as (cookie, priority, in_port),
-        ``groups`` as group id -> (type, per-bucket output ports). A group is ours when one
-        of our (S,G) flows points at it or the core knows its id; others are left alone."""
+        """Read our state out of a switch's tables: ``flows`` as (cookie, priority, match,
+        actions), ``groups`` as group id -> (type, per-bucket (watch_port, actions)), in
+        ``ofmsgs.actions``' normalised form. A group is ours when one of our (S,G) flows
+        points at it, the core knows its id, or it is in the fast-failover id range; others
+        are left alone."""
         state = cls()
-        for ck, prio, in_port in flows:
-            if ck & ofmsgs.COOKIE_MASK == ofmsgs.COOKIE_TAG and prio == ofmsgs.PRIO_SG \
-                    and ck != ofmsgs.COOKIE_TAG and in_port is not None:
-                state.flows.add((ck & ~ofmsgs.COOKIE_MASK, in_port))
-        ours = {gid for gid, _ in state.flows} | set(known)
-        for gid, (gtype, bucket_ports) in groups.items():
+        for ck, prio, match, acts in flows:
+            in_port = match.get("in_port")
+            if ck & ofmsgs.COOKIE_MASK != ofmsgs.COOKIE_TAG or in_port is None:
+                continue
+            gid = ck & ~ofmsgs.COOKIE_MASK
+            if prio == ofmsgs.PRIO_SG and 0 < gid <= MAX_GID:
+                state.flows.add((gid, in_port))
+            elif prio == ofmsgs.PRIO_DETOUR and "eth_dst" in match:
+                if ck == ofmsgs.COOKIE_DETOUR:
+                    state.shared[("transit", in_port, match["eth_dst"])] = acts
+                elif 0 < gid <= MAX_GID:
+                    state.rejoins.setdefault(gid, []).append((in_port, match["eth_dst"], acts))
+        ours = {gid for gid, _ in state.flows} | set(known) | set(state.rejoins)
+        for gid, (gtype, bucket_list) in groups.items():
+            if is_ff(gid):
+                state.shared[("ff", gid)] = tuple(bucket_list) if gtype == ofmsgs.ofp.OFPGT_FF else None
+                continue
             if gid not in ours:
                 continue
             ins = {p for fg, p in state.flows if fg == gid}
-            ports = [b[0] if len(b) == 1 else None for b in bucket_ports]
+            ports, ffs = [], []
+            for _watch, acts in bucket_list:
+                kind, value = acts[0][:2] if len(acts) == 1 else ("?", None)
+                if kind == "group" and is_ff(value):
+                    ffs.append(value)
+                    value = ff_port(value)
+                elif kind != "output":
+                    value = None
+                ports.append(value)
             if gtype != ofmsgs.ofp.OFPGT_ALL or None in ports or (
                     ofmsgs.ofp.OFPP_IN_PORT in ports and len(ins) != 1):
                 state.groups[gid] = None
             else:
                 out = {next(iter(ins)) if p == ofmsgs.ofp.OFPP_IN_PORT else p for p in ports}
-                state.groups[gid] = SwitchEntry(min(ins) if ins else UNKNOWN_PORT, tuple(sorted(out)))
+                rj = state.rejoins.get(gid, [])
+                state.groups[gid] = SwitchEntry(min(ins) if ins else UNKNOWN_PORT, tuple(sorted(out)),
+                                                tuple(sorted(ffs)), rj[0] if len(rj) == 1 else ())
         return state
 
 
@@ -133,13 +161,24 @@ class Plan:
 
 class MulticastCore:
     def __init__(self, view: TopologyView | None = None, algorithm: str = "spt",
-                 udp_port: int = DEFAULT_PORT, balance: bool = True) -> None:
+                 udp_port: int = DEFAULT_PORT, balance: bool = True, protection: bool = True) -> None:
         if algorithm not in ALGORITHMS:
             raise ValueError(f"unknown tree algorithm {algorithm!r}; use one of {ALGORITHMS}")
         self.view = view or TopologyView()
         self.algorithm = algorithm
         self.udp_port = udp_port
         self.balance = balance  # False: load-blind trees (the benchmark's baseline)
+        # fast-failover protection of tree links (controller.protect); False: failures
+        # are handled by the controller's reroute alone
+        self.protection = protection
+        self.detours = Detours(self.view)
+        # dpid -> shared protection entries the switch holds (FF groups, transit flows)
+        self.shared: dict[int, dict[tuple, Any]] = {}
+        self.ff_refs: defaultdict[int, dict[int, int]] = defaultdict(dict)  # dpid -> FF id -> users
+        self.guard_refs: dict[tuple[int, int], int] = {}  # protected (dpid, port) -> users
+        self.guards: dict[tuple[int, int], Any] = {}  # protected (dpid, port) in use -> its Detour
+        self.through: defaultdict[int, set[tuple[int, int]]] = defaultdict(set)  # dpid -> guards crossing it
+        self._dirty: set[int] = set()  # switches whose shared protection entries may differ
         self.groups: dict[int, Group] = {}
         # dpid -> gid -> entry, for switches with a live control channel: messages go only
         # to these. A restored controller knows the topology before switches reconnect;
@@ -266,8 +305,10 @@ class MulticastCore:
                 # An unreadable entry or several flows: believe "wrong", so the diff rewrites it.
                 self.installed[dpid][gid] = SwitchEntry(
                     ins[0] if len(ins) == 1 else UNKNOWN_PORT,
-                    entry.out_ports if entry is not None else (UNKNOWN_PORT,))
+                    entry.out_ports if entry is not None else (UNKNOWN_PORT,),
+                    entry.ff if entry is not None else (), entry.rejoin if entry is not None else ())
                 self.placed[gid].add(dpid)
+            self.shared[dpid] = dict(present.shared)
         plan = self._after_up() if self.view.add_switch(dpid) else Plan()
         plan.extend(self.sync_switch(dpid))
         if present is not None:  # flows on ingress ports the tree no longer uses
@@ -276,6 +317,16 @@ class MulticastCore:
                 g = self.groups.get(gid)
                 if g is not None and gid in present.groups and (have is None or have.in_port != in_port):
                     stale.phases[2].append((dpid, ofmsgs.flow_delete(dpid, gid, in_port, g.source, g.address)))
+            for gid, found in sorted(present.rejoins.items()):  # rejoin flows not intended
+                have = self.installed[dpid].get(gid)
+                g = self.groups.get(gid)
+                for arrival, link_tag, _acts in found:
+                    if g is None:  # (a group we no longer have: every flow of its cookie)
+                        stale.phases[2].append((dpid, ofmsgs.cookie_delete(dpid, gid)))
+                        break
+                    if have is None or have.rejoin[:2] != (arrival, link_tag):
+                        stale.phases[2].append((dpid, ofmsgs.detour_flow_delete(
+                            dpid, ofmsgs.cookie(gid), arrival, link_tag, g.source, g.address)))
         return plan.extend(stale)
 
     def switch_leave(self, dpid: int) -> Plan:
@@ -321,6 +372,7 @@ class MulticastCore:
 
     def sync_switch(self, dpid: int) -> Plan:
         """Whatever the switch lacks of the trees, by the core's belief (idempotent)."""
+        self._dirty.add(dpid)
         return self._diff(list(self.groups), only={dpid})
 
     # -- internals ---------------------------------------------------------------------
@@ -328,6 +380,7 @@ class MulticastCore:
         """Drop the belief about one switch (it left, or it reports afresh)."""
         for gid in self.installed.pop(dpid, {}):
             self.placed[gid].discard(dpid)
+        self.shared.pop(dpid, None)
 
     def _address_for(self, model: str) -> str:
         same = self._by_model.get(model)
@@ -372,6 +425,11 @@ class MulticastCore:
         indexes change only where the trees differ (a reroute keeps most of a tree)."""
         if tree is not None:
             self._add_load(tree, 1)
+        if self.protection:
+            if g.tree is not None:
+                self._count(g.tree.entries, -1)
+            if tree is not None:
+                self._count(tree.entries, 1)
         old = g.tree.parent if g.tree is not None else {}
         new = tree.parent if tree is not None else {}
         gid, link_users, switch_users = g.gid, self.link_users, self.switch_users
@@ -395,6 +453,7 @@ class MulticastCore:
 
     def _sync(self, gids: Iterable[int]) -> Plan:
         gids = list(gids)
+        reguard = self._restale() if self.protection else set()
         for gid in gids:
             g = self.groups[gid]
             if not g.receivers:
@@ -414,8 +473,152 @@ class MulticastCore:
                     tree = compute_tree(self.view, g.source, known, g.algorithm, load,
                                         self.cache, keep=keep)
                     tree.unreachable = frozenset(g.receivers - tree.reached)
+            if tree is not None and self.protection:
+                self._protect(g, tree)
             self._swap(g, tree)
-        return self._diff(gids)
+        again = sorted(reguard.difference(gids))
+        for gid in again:  # trees unchanged, but a detour of theirs changed
+            g = self.groups[gid]
+            if g.tree is None:
+                continue
+            tree = replace(g.tree, entries=dict(g.tree.entries))
+            self._protect(g, tree)
+            self._add_load(g.tree, -1)
+            self._swap(g, tree)
+        return self._diff(gids + again)
+
+    # -- protection (controller.protect) ---------------------------------------------
+    def _protect(self, g: Group, tree: Tree) -> None:
+        """Rewrite ``tree.entries`` with fast-failover groups on every tree link that has
+        a detour, and a rejoin flow where each such link ends."""
+        nbr, detours, entries = self.view.nbr_ports, self.detours, tree.entries
+        around: dict[int, dict[int, Any]] = {}
+        rejoin_at: dict[int, tuple[Any, str]] = {}
+        for c, p in tree.parent.items():
+            if p is None:
+                continue
+            port = nbr[p][c]
+            d = detours.get(p, port)
+            if d is not None:
+                around.setdefault(p, {})[port] = d
+                rejoin_at[c] = (d, tag(p, port))
+        if not around:
+            for n, e in entries.items():
+                if e.ff or e.rejoin:
+                    entries[n] = SwitchEntry(e.in_port, e.out_ports)
+            return
+        gmac = ofmsgs.multicast_mac(g.address)
+        for n, e in entries.items():
+            guards = around.get(n, {})
+            ff = tuple(sorted(ff_id(q, guards[q].first == e.in_port) for q in e.out_ports if q in guards))
+            rejoin: tuple = ()
+            if n in rejoin_at:
+                d, link_tag = rejoin_at[n]
+                arr = d.arrival
+                if arr in e.out_ports:  # it comes in over one of our own outputs here
+                    outs = tuple(("output", ofmsgs.ofp.OFPP_IN_PORT) if q == arr
+                                 else ("group", ff_id(q, guards[q].first == arr)) if q in guards
+                                 else ("output", q) for q in e.out_ports)
+                else:
+                    outs = (("group", g.gid),)
+                rejoin = (arr, link_tag, (("set_field", "eth_dst", gmac),) + outs)
+            if ff != e.ff or rejoin != e.rejoin:
+                entries[n] = SwitchEntry(e.in_port, e.out_ports, ff, rejoin)
+
+    def _count(self, entries: dict[int, SwitchEntry], step: int) -> None:
+        """Keep the users of each FF group and protected link in step with the trees."""
+        appear = 1 if step > 0 else 0
+        for dpid, e in entries.items():
+            ffs = e.ff
+            if e.rejoin:
+                ffs = ffs + tuple(a[1] for a in e.rejoin[2] if a[0] == "group" and is_ff(a[1]))
+            if not ffs:
+                continue
+            refs = self.ff_refs[dpid]
+            for f in ffs:
+                n = refs.get(f, 0) + step
+                if n:
+                    refs[f] = n
+                else:
+                    del refs[f]
+                if n == appear:
+                    self._dirty.add(dpid)
+                key = (dpid, ff_port(f))
+                n = self.guard_refs.get(key, 0) + step
+                if n:
+                    self.guard_refs[key] = n
+                else:
+                    del self.guard_refs[key]
+                if n == appear:
+                    self._guard(key, step > 0)
+
+    def _guard(self, key: tuple[int, int], on: bool) -> None:
+        """A protected link came into use (its detour's transit entries are wanted) or
+        went out of use."""
+        d = self.guards.pop(key, None)
+        if d is not None:
+            for x, _, _ in d.transit:
+                self.through[x].discard(key)
+                self._dirty.add(x)
+        if on:
+            d = self.guards[key] = self.detours.get(*key)
+            for x, _, _ in d.transit if d is not None else ():
+                self.through[x].add(key)
+                self._dirty.add(x)
+        self._dirty.add(key[0])
+
+    def _restale(self) -> set[int]:
+        """Detours the topology broke (or made possible): the links in use get their new
+        one; returns the groups crossing those links (their entries need re-protecting)."""
+        gids: set[int] = set()
+        for key in self.detours.stale():
+            if key in self.guards:
+                self._guard(key, True)
+            link = self.view.port_link.get(key)
+            if link is not None:
+                gids |= self.link_users.get((link.a, link.b) if link.a < link.b else (link.b, link.a), set())
+        return gids
+
+    def shared_intended(self, dpid: int) -> dict[tuple, Any]:
+        """The shared protection entries ``dpid`` must hold now: ("ff", id) -> buckets,
+        ("transit", in_port, tag) -> actions."""
+        want: dict[tuple, Any] = {}
+        for ffid in self.ff_refs.get(dpid, ()):
+            key = (dpid, ff_port(ffid))
+            d = self.guards.get(key)
+            if d is not None:
+                want[("ff", ffid)] = ff_buckets(key[1], d, bool(ffid & IN_PORT_BIT), tag(*key))
+        for key in self.through.get(dpid, ()):
+            link_tag = tag(*key)
+            for x, i, o in self.guards[key].transit:
+                if x == dpid:
+                    want[("transit", i, link_tag)] = (("output", o),)
+        return want
+
+    def _diff_shared(self, dpids: Iterable[int], plan: Plan) -> None:
+        """Shared protection entries added or changed first (phase 0: before anything
+        points at them), removed last (phase 2: after nothing does)."""
+        adds, removes = [], []
+        for dpid in sorted(dpids):
+            want = self.shared_intended(dpid)
+            have = self.shared.get(dpid, {})
+            if want == have:
+                continue
+            self.changes[dpid] += 1
+            for key, spec in sorted(want.items()):
+                if have.get(key, _ABSENT) == spec:
+                    continue
+                if key[0] == "ff":
+                    adds.append((dpid, ofmsgs.ff_group(dpid, key[1], spec, ofmsgs.ofp.OFPGC_MODIFY
+                                                       if key in have else ofmsgs.ofp.OFPGC_ADD)))
+                else:
+                    adds.append((dpid, ofmsgs.detour_flow(dpid, ofmsgs.COOKIE_DETOUR, key[1], key[2], spec)))
+            for key in sorted(have.keys() - want.keys()):
+                removes.append((dpid, ofmsgs.group_delete(dpid, key[1]) if key[0] == "ff" else
+                                ofmsgs.detour_flow_delete(dpid, ofmsgs.COOKIE_DETOUR, key[1], key[2])))
+            self.shared[dpid] = want
+        plan.phases[0][:0] = adds
+        plan.phases[2].extend(removes)
 
     def _diff(self, gids: Iterable[int], only: set[int] | None = None) -> Plan:
         """Messages taking the switches from ``installed`` to the groups' trees."""
@@ -441,25 +644,51 @@ class MulticastCore:
                 self.changes[dpid] += 1
                 old, new = have.get(dpid), want.get(dpid)
                 if old is None:
-                    build.append((dpid, ofmsgs.group_add(dpid, gid, new.in_port, new.out_ports)))
+                    build.append((dpid, ofmsgs.group_add(dpid, gid, new.in_port, new.out_ports, new.ff)))
                     build.append((dpid, ofmsgs.flow_add(dpid, gid, new.in_port, g.source, g.address)))
+                    if new.rejoin:
+                        build.append((dpid, self._rejoin(dpid, g, new.rejoin)))
                 elif new is None:  # deleting the group deletes the flows that point to it
+                    if old.rejoin:  # (a rejoin listing its outputs itself may not)
+                        remove.append((dpid, self._rejoin(dpid, g, old.rejoin, delete=True)))
                     remove.append((dpid, ofmsgs.group_delete(dpid, gid)))
                 else:
-                    if new.out_ports != old.out_ports or (
+                    if new.out_ports != old.out_ports or new.ff != old.ff or (
                             new.in_port != old.in_port and new.in_port in new.out_ports + old.out_ports):
-                        switch.append((dpid, ofmsgs.group_modify(dpid, gid, new.in_port, new.out_ports)))
+                        switch.append((dpid, ofmsgs.group_modify(dpid, gid, new.in_port, new.out_ports, new.ff)))
                     if new.in_port != old.in_port:
                         build.append((dpid, ofmsgs.flow_add(dpid, gid, new.in_port, g.source, g.address)))
                         if old.in_port != UNKNOWN_PORT:
                             remove.append((dpid, ofmsgs.flow_delete(dpid, gid, old.in_port, g.source, g.address)))
+                    if new.rejoin != old.rejoin:
+                        moved = not old.rejoin or old.rejoin[:2] != new.rejoin[:2]
+                        if new.rejoin:  # a new match before the old one goes; same match in place
+                            (build if moved else switch).append((dpid, self._rejoin(dpid, g, new.rejoin)))
+                        if old.rejoin and moved:
+                            remove.append((dpid, self._rejoin(dpid, g, old.rejoin, delete=True)))
                 if new is None:
                     self.installed[dpid].pop(gid, None)
                     self.placed[gid].discard(dpid)
                 else:
                     self.installed.setdefault(dpid, {})[gid] = new
                     self.placed[gid].add(dpid)
+        if self._dirty:
+            dirty = self._dirty & live
+            if only is not None:
+                dirty &= only
+            self._dirty -= dirty
+            self._dirty &= self.view.switches  # a switch that returns is synced whole
+            self._diff_shared(dirty, plan)
         return plan
+
+    @staticmethod
+    def _rejoin(dpid: int, g: Group, rejoin: tuple, delete: bool = False) -> Any:
+        arrival, link_tag, acts = rejoin
+        if delete:
+            return ofmsgs.detour_flow_delete(dpid, ofmsgs.cookie(g.gid), arrival, link_tag,
+                                             g.source, g.address)
+        return ofmsgs.detour_flow(dpid, ofmsgs.cookie(g.gid), arrival, link_tag, acts,
+                                  g.source, g.address)
 
     # -- persistence ---------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:

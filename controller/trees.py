@@ -30,10 +30,15 @@ DirectedLink = tuple[int, int]
 
 class SwitchEntry(NamedTuple):
     """What one switch does for one group: accept on ``in_port``, copy to ``out_ports``
-    (sorted, so equal entries compare equal)."""
+    (sorted, so equal entries compare equal). With protection (``controller.protect``)
+    ``ff`` names the fast-failover groups the ALL group's buckets for protected ports go
+    through (sorted ids; the port is in each id), and ``rejoin`` is the flow taking
+    detoured copies back into the group here: (arrival port, link tag, actions)."""
 
     in_port: int
     out_ports: tuple[int, ...]
+    ff: tuple[int, ...] = ()
+    rejoin: tuple = ()
 
 
 @dataclass
@@ -326,4 +331,4 @@ def _fill_entries(view: TopologyView, tree: Tree, source_port: int, receivers: I
     for n, ports in outs.items():
         par = tree.parent[n]
         entries[n] = entry(SwitchEntry, (source_port if par is None else nbr[n][par],
-                                         tuple(sorted(ports))))
+                                         tuple(sorted(ports)), (), ()))
