@@ -102,7 +102,7 @@ class SwitchState:
                 out = {next(iter(ins)) if p == ofmsgs.ofp.OFPP_IN_PORT else p for p in ports}
                 rj = state.rejoins.get(gid, [])
                 state.groups[gid] = SwitchEntry(min(ins) if ins else UNKNOWN_PORT, tuple(sorted(out)),
-                                                tuple(sorted(ffs)), rj[0] if len(rj) == 1 else ())
+                                                tuple(sorted(ffs, key=ff_port)), rj[0] if len(rj) == 1 else ())
         return state
 
 
@@ -178,7 +178,8 @@ class MulticastCore:
         self.guard_refs: dict[tuple[int, int], int] = {}  # protected (dpid, port) -> users
         self.guards: dict[tuple[int, int], Any] = {}  # protected (dpid, port) in use -> its Detour
         self.through: defaultdict[int, set[tuple[int, int]]] = defaultdict(set)  # dpid -> guards crossing it
-        self._dirty: set[int] = set()  # switches whose shared protection entries may differ
+        self.shared_want: defaultdict[int, dict[tuple, Any]] = defaultdict(dict)  # ... they must hold
+        self._dirty: defaultdict[int, set[tuple]] = defaultdict(set)  # dpid -> keys that may differ
         self.groups: dict[int, Group] = {}
         # dpid -> gid -> entry, for switches with a live control channel: messages go only
         # to these. A restored controller knows the topology before switches reconnect;
@@ -372,7 +373,7 @@ class MulticastCore:
 
     def sync_switch(self, dpid: int) -> Plan:
         """Whatever the switch lacks of the trees, by the core's belief (idempotent)."""
-        self._dirty.add(dpid)
+        self._dirty[dpid] |= self.shared_want.get(dpid, {}).keys() | self.shared.get(dpid, {}).keys()
         return self._diff(list(self.groups), only={dpid})
 
     # -- internals ---------------------------------------------------------------------
@@ -476,44 +477,52 @@ class MulticastCore:
             if tree is not None and self.protection:
                 self._protect(g, tree)
             self._swap(g, tree)
-        again = sorted(reguard.difference(gids))
-        for gid in again:  # trees unchanged, but a detour of theirs changed
-            g = self.groups[gid]
-            if g.tree is None:
+        if not reguard:
+            return self._diff(gids)
+        # trees unchanged, but a detour of their links changed: only the link's two ends
+        again: dict[int, set[int]] = defaultdict(set)
+        done = set(gids)
+        for p, port in reguard:
+            link = self.view.port_link.get((p, port))
+            if link is None:
                 continue
-            tree = replace(g.tree, entries=dict(g.tree.entries))
-            self._protect(g, tree)
-            self._add_load(g.tree, -1)
-            self._swap(g, tree)
-        return self._diff(gids + again)
+            c = link.b if (link.a, link.a_port) == (p, port) else link.a
+            for gid in self.link_users.get((p, c) if p < c else (c, p), ()):
+                t = self.groups[gid].tree
+                if gid not in done and t is not None and t.parent.get(c) == p:
+                    again[gid] |= {p, c}
+        nodes: set[int] = set()
+        for gid, at in again.items():
+            g = self.groups[gid]
+            old = {n: g.tree.entries[n] for n in at}
+            self._protect(g, g.tree, at)
+            self._count(old, -1)
+            self._count({n: g.tree.entries[n] for n in at}, 1)
+            nodes |= at
+        # the shared entries with the first diff: their adds go before everything else
+        return self._diff(gids).extend(self._diff(sorted(again), only=nodes, shared=False))
 
     # -- protection (controller.protect) ---------------------------------------------
-    def _protect(self, g: Group, tree: Tree) -> None:
-        """Rewrite ``tree.entries`` with fast-failover groups on every tree link that has
-        a detour, and a rejoin flow where each such link ends."""
-        nbr, detours, entries = self.view.nbr_ports, self.detours, tree.entries
-        around: dict[int, dict[int, Any]] = {}
-        rejoin_at: dict[int, tuple[Any, str]] = {}
-        for c, p in tree.parent.items():
-            if p is None:
-                continue
-            port = nbr[p][c]
-            d = detours.get(p, port)
-            if d is not None:
-                around.setdefault(p, {})[port] = d
-                rejoin_at[c] = (d, tag(p, port))
-        if not around:
-            for n, e in entries.items():
-                if e.ff or e.rejoin:
-                    entries[n] = SwitchEntry(e.in_port, e.out_ports)
-            return
-        gmac = ofmsgs.multicast_mac(g.address)
-        for n, e in entries.items():
-            guards = around.get(n, {})
-            ff = tuple(sorted(ff_id(q, guards[q].first == e.in_port) for q in e.out_ports if q in guards))
+    def _protect(self, g: Group, tree: Tree, nodes: Iterable[int] | None = None) -> None:
+        """Rewrite ``tree.entries`` (only those of ``nodes``, if given) with fast-failover
+        groups on every tree link leaving a switch that has a detour, and a rejoin flow
+        where the switch's own parent link has one. Each entry needs only its own ports."""
+        port_link, detours, entries, parent = self.view.port_link, self.detours, tree.entries, tree.parent
+        nbr = self.view.nbr_ports
+        gmac = None
+        for n in entries if nodes is None else nodes:
+            e = entries[n]
+            guards = {}
+            for q in e.out_ports:
+                if (n, q) in port_link:
+                    d = detours.get(n, q)
+                    if d is not None:
+                        guards[q] = d
+            ff = tuple(ff_id(q, d.first == e.in_port) for q, d in guards.items()) if guards else ()
             rejoin: tuple = ()
-            if n in rejoin_at:
-                d, link_tag = rejoin_at[n]
+            par = parent[n]
+            d = detours.get(par, nbr[par][n]) if par is not None else None
+            if d is not None:
                 arr = d.arrival
                 if arr in e.out_ports:  # it comes in over one of our own outputs here
                     outs = tuple(("output", ofmsgs.ofp.OFPP_IN_PORT) if q == arr
@@ -521,7 +530,8 @@ class MulticastCore:
                                  else ("output", q) for q in e.out_ports)
                 else:
                     outs = (("group", g.gid),)
-                rejoin = (arr, link_tag, (("set_field", "eth_dst", gmac),) + outs)
+                gmac = gmac or ofmsgs.multicast_mac(g.address)
+                rejoin = (arr, tag(par, nbr[par][n]), (("set_field", "eth_dst", gmac),) + outs)
             if ff != e.ff or rejoin != e.rejoin:
                 entries[n] = SwitchEntry(e.in_port, e.out_ports, ff, rejoin)
 
@@ -542,7 +552,7 @@ class MulticastCore:
                 else:
                     del refs[f]
                 if n == appear:
-                    self._dirty.add(dpid)
+                    self._want_ff(dpid, f)
                 key = (dpid, ff_port(f))
                 n = self.guard_refs.get(key, 0) + step
                 if n:
@@ -552,75 +562,91 @@ class MulticastCore:
                 if n == appear:
                     self._guard(key, step > 0)
 
+    def _want(self, dpid: int, key: tuple, spec: Any) -> None:
+        """Set (None: drop) one shared entry ``dpid`` must hold, noting the change."""
+        want = self.shared_want[dpid]
+        if spec is None:
+            if want.pop(key, _ABSENT) is _ABSENT:
+                return
+        elif want.get(key, _ABSENT) == spec:
+            return
+        else:
+            want[key] = spec
+        self._dirty[dpid].add(key)
+
+    def _want_ff(self, dpid: int, ffid: int) -> None:
+        key = (dpid, ff_port(ffid))
+        d = self.guards.get(key)
+        self._want(dpid, ("ff", ffid), ff_buckets(key[1], d, bool(ffid & IN_PORT_BIT), tag(*key))
+                   if d is not None and ffid in self.ff_refs.get(dpid, ()) else None)
+
     def _guard(self, key: tuple[int, int], on: bool) -> None:
-        """A protected link came into use (its detour's transit entries are wanted) or
-        went out of use."""
+        """A protected link came into use (its detour's transit entries are wanted), went
+        out of use, or (``on`` again) its detour changed."""
+        link_tag = tag(*key)
         d = self.guards.pop(key, None)
-        if d is not None:
-            for x, _, _ in d.transit:
-                self.through[x].discard(key)
-                self._dirty.add(x)
+        for x, i, _ in d.transit if d is not None else ():
+            self._want(x, ("transit", i, link_tag), None)
         if on:
             d = self.guards[key] = self.detours.get(*key)
-            for x, _, _ in d.transit if d is not None else ():
-                self.through[x].add(key)
-                self._dirty.add(x)
-        self._dirty.add(key[0])
+            for x, i, o in d.transit if d is not None else ():
+                self._want(x, ("transit", i, link_tag), (("output", o),))
+        for via in (False, True):
+            self._want_ff(key[0], ff_id(key[1], via))
 
-    def _restale(self) -> set[int]:
+    def _restale(self) -> set[tuple[int, int]]:
         """Detours the topology broke (or made possible): the links in use get their new
-        one; returns the groups crossing those links (their entries need re-protecting)."""
-        gids: set[int] = set()
-        for key in self.detours.stale():
+        one; returns those links (the entries at their ends need re-protecting)."""
+        stale = self.detours.stale()
+        for key in stale:
             if key in self.guards:
                 self._guard(key, True)
-            link = self.view.port_link.get(key)
-            if link is not None:
-                gids |= self.link_users.get((link.a, link.b) if link.a < link.b else (link.b, link.a), set())
-        return gids
+        return stale
+
+    def entries_at(self, dpid: int) -> dict[str, int]:
+        """What the core believes ``dpid`` holds of ours, by kind: ALL groups and (S,G)
+        flows (one each per tree crossing it), FF groups, detour flows (transit + rejoin)."""
+        mine = self.installed.get(dpid, {})
+        shared = self.shared.get(dpid, {})
+        ff = sum(1 for k in shared if k[0] == "ff")
+        return {"groups": len(mine), "sg_flows": len(mine), "ff_groups": ff,
+                "detour_flows": len(shared) - ff + sum(1 for e in mine.values() if e.rejoin)}
 
     def shared_intended(self, dpid: int) -> dict[tuple, Any]:
         """The shared protection entries ``dpid`` must hold now: ("ff", id) -> buckets,
         ("transit", in_port, tag) -> actions."""
-        want: dict[tuple, Any] = {}
-        for ffid in self.ff_refs.get(dpid, ()):
-            key = (dpid, ff_port(ffid))
-            d = self.guards.get(key)
-            if d is not None:
-                want[("ff", ffid)] = ff_buckets(key[1], d, bool(ffid & IN_PORT_BIT), tag(*key))
-        for key in self.through.get(dpid, ()):
-            link_tag = tag(*key)
-            for x, i, o in self.guards[key].transit:
-                if x == dpid:
-                    want[("transit", i, link_tag)] = (("output", o),)
-        return want
+        return dict(self.shared_want.get(dpid, {}))
 
-    def _diff_shared(self, dpids: Iterable[int], plan: Plan) -> None:
+    def _diff_shared(self, dirty: dict[int, set[tuple]], plan: Plan) -> None:
         """Shared protection entries added or changed first (phase 0: before anything
         points at them), removed last (phase 2: after nothing does)."""
         adds, removes = [], []
-        for dpid in sorted(dpids):
-            want = self.shared_intended(dpid)
-            have = self.shared.get(dpid, {})
-            if want == have:
-                continue
-            self.changes[dpid] += 1
-            for key, spec in sorted(want.items()):
-                if have.get(key, _ABSENT) == spec:
+        for dpid, keys in sorted(dirty.items()):
+            want = self.shared_want.get(dpid, {})
+            have = self.shared.setdefault(dpid, {})
+            changed = False
+            for key in sorted(keys):
+                w, h = want.get(key, _ABSENT), have.get(key, _ABSENT)
+                if w == h:
                     continue
+                changed = True
+                if w is _ABSENT:
+                    del have[key]
+                    removes.append((dpid, ofmsgs.group_delete(dpid, key[1]) if key[0] == "ff" else
+                                    ofmsgs.detour_flow_delete(dpid, ofmsgs.COOKIE_DETOUR, key[1], key[2])))
+                    continue
+                have[key] = w
                 if key[0] == "ff":
-                    adds.append((dpid, ofmsgs.ff_group(dpid, key[1], spec, ofmsgs.ofp.OFPGC_MODIFY
-                                                       if key in have else ofmsgs.ofp.OFPGC_ADD)))
+                    adds.append((dpid, ofmsgs.ff_group(dpid, key[1], w, ofmsgs.ofp.OFPGC_ADD
+                                                       if h is _ABSENT else ofmsgs.ofp.OFPGC_MODIFY)))
                 else:
-                    adds.append((dpid, ofmsgs.detour_flow(dpid, ofmsgs.COOKIE_DETOUR, key[1], key[2], spec)))
-            for key in sorted(have.keys() - want.keys()):
-                removes.append((dpid, ofmsgs.group_delete(dpid, key[1]) if key[0] == "ff" else
-                                ofmsgs.detour_flow_delete(dpid, ofmsgs.COOKIE_DETOUR, key[1], key[2])))
-            self.shared[dpid] = want
+                    adds.append((dpid, ofmsgs.detour_flow(dpid, ofmsgs.COOKIE_DETOUR, key[1], key[2], w)))
+            if changed:
+                self.changes[dpid] += 1
         plan.phases[0][:0] = adds
         plan.phases[2].extend(removes)
 
-    def _diff(self, gids: Iterable[int], only: set[int] | None = None) -> Plan:
+    def _diff(self, gids: Iterable[int], only: set[int] | None = None, shared: bool = True) -> Plan:
         """Messages taking the switches from ``installed`` to the groups' trees."""
         plan = Plan()
         build, switch, remove = plan.phases
@@ -628,7 +654,8 @@ class MulticastCore:
         for gid in gids:
             g = self.groups[gid]
             want = g.tree.entries if g.tree is not None else {}
-            have = {dpid: self.installed[dpid][gid] for dpid in self.placed[gid]}
+            have = {dpid: self.installed[dpid][gid] for dpid in (
+                self.placed[gid] if only is None else self.placed[gid] & only)}
             dpids = (want.keys() | have.keys()) & live
             if only is not None:
                 dpids &= only
@@ -672,13 +699,12 @@ class MulticastCore:
                 else:
                     self.installed.setdefault(dpid, {})[gid] = new
                     self.placed[gid].add(dpid)
-        if self._dirty:
-            dirty = self._dirty & live
-            if only is not None:
-                dirty &= only
-            self._dirty -= dirty
-            self._dirty &= self.view.switches  # a switch that returns is synced whole
-            self._diff_shared(dirty, plan)
+        if shared and self._dirty:
+            ready = {d: self._dirty.pop(d) for d in list(self._dirty)
+                     if d in live and (only is None or d in only)}
+            for d in [d for d in self._dirty if d not in self.view.switches]:
+                del self._dirty[d]  # (a switch that returns is synced whole)
+            self._diff_shared(ready, plan)
         return plan
 
     @staticmethod

@@ -177,32 +177,45 @@ def actions(acts: Iterable[tuple]) -> list:
     return out
 
 
+@lru_cache(maxsize=65536)
+def _ff_buckets(bucket_specs: tuple) -> list:
+    return [parser.OFPBucket(watch_port=w, actions=actions(acts)) for w, acts in bucket_specs]
+
+
 def ff_group(dpid: int, ffid: int, bucket_specs: tuple, command: int = ofp.OFPGC_ADD) -> Msg:
     """An OFPGT_FF group from (watch_port, actions) buckets: the first live one forwards."""
     m = _new(_GROUP_CLS)
     m.__dict__.update(_GROUP_FF_ATTRS, datapath=datapath(dpid), command=command, group_id=ffid,
-                      buckets=[parser.OFPBucket(watch_port=w, actions=actions(acts))
-                               for w, acts in bucket_specs])
+                      buckets=_ff_buckets(bucket_specs))
     return m
 
 
 def _detour_match(in_port: int, tag: str, source: str | None, group: str | None) -> parser.OFPMatch:
+    """Stamped like ``sg_match`` (OXM order: in_port, eth_dst, eth_type, ipv4_src/dst)."""
+    m = _new(_MATCH_CLS)
     if source is None:  # transit: any SSM group's copy carrying the tag
-        return parser.OFPMatch(in_port=in_port, eth_dst=tag, eth_type=ETH_IPV4, ipv4_dst=SSM_NET)
-    return parser.OFPMatch(in_port=in_port, eth_dst=tag, eth_type=ETH_IPV4, ipv4_src=source,
-                           ipv4_dst=group)
+        fields = [("in_port", in_port), ("eth_dst", tag), ("eth_type", ETH_IPV4), ("ipv4_dst", SSM_NET)]
+    else:
+        fields = [("in_port", in_port), ("eth_dst", tag), ("eth_type", ETH_IPV4),
+                  ("ipv4_src", source), ("ipv4_dst", group)]
+    m.__dict__.update(_MATCH_ATTRS, _fields2=fields)
+    return m
 
 
-def detour_flow(dpid: int, cookie_value: int, in_port: int, tag: str, acts: Iterable[tuple],
+@lru_cache(maxsize=65536)
+def _apply(acts: tuple) -> list:
+    return [parser.OFPInstructionActions(ofp.OFPIT_APPLY_ACTIONS, actions(acts))]
+
+
+def detour_flow(dpid: int, cookie_value: int, in_port: int, tag: str, acts: tuple,
                 source: str | None = None, group: str | None = None) -> Msg:
     """A transit flow (``source`` None: shared, cookie ``COOKIE_DETOUR``) or a group's
     rejoin flow (cookie of the group) for copies tagged ``tag`` arriving on ``in_port``."""
-    return parser.OFPFlowMod(datapath(dpid), cookie=cookie_value, table_id=TABLE,
-                             command=ofp.OFPFC_ADD, priority=PRIO_DETOUR,
-                             flags=ofp.OFPFF_SEND_FLOW_REM,
-                             match=_detour_match(in_port, tag, source, group),
-                             instructions=[parser.OFPInstructionActions(
-                                 ofp.OFPIT_APPLY_ACTIONS, actions(acts))])
+    m = _new(_FLOW_CLS)
+    m.__dict__.update(_FLOW_ADD_ATTRS, datapath=datapath(dpid), cookie=cookie_value,
+                      priority=PRIO_DETOUR, match=_detour_match(in_port, tag, source, group),
+                      instructions=_apply(acts))
+    return m
 
 
 def detour_flow_delete(dpid: int, cookie_value: int, in_port: int, tag: str,

@@ -35,6 +35,7 @@ link without one is retried when a link comes up.
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import NamedTuple
 
 from ryu.ofproto import ofproto_v1_3 as ofp
@@ -62,6 +63,7 @@ def protectable(dpid: int, port: int) -> bool:
     return 0 < dpid <= MAX_TAG_DPID and 0 < port <= MAX_PORT
 
 
+@lru_cache(maxsize=1 << 16)
 def tag(dpid: int, port: int) -> str:
     """The detour MAC of link ``dpid:port``: locally administered, unicast (02:...)."""
     value = 0x02 << 40 | dpid << 16 | port
@@ -159,33 +161,49 @@ def _edges_of(start: int, d: Detour) -> list[frozenset[int]]:
 
 
 def _shortest_around(nbr: dict[int, dict[int, int]], src: int, dst: int) -> Detour | None:
-    """Breadth-first from ``src`` to ``dst`` without the edge between them, neighbours in
-    dpid order (deterministic); the first path found is a shortest one."""
+    """A shortest path from ``src`` to ``dst`` without the edge between them: breadth-first
+    from both ends (a whole level at a time, the smaller frontier first, meetings found by
+    set intersection before the level is expanded), the meeting with the shortest total,
+    then the lowest dpids: the same graph always gives the same detour, and a failure
+    costs two shallow searches, not one deep one."""
     if src not in nbr or dst not in nbr:
         return None
-    parent: dict[int, int] = {src: src}
-    frontier = [src]
-    found = False
-    while frontier and not found:
-        nxt = []
-        for u in frontier:
-            for v in sorted(nbr[u]):
-                if v in parent or (u == src and v == dst):
+    sides = ({src: None}, {dst: None})  # node -> its parent on that side
+    depth = ({src: 0}, {dst: 0})
+    fronts = [[src], [dst]]
+    while fronts[0] and fronts[1]:
+        side = 0 if len(fronts[0]) <= len(fronts[1]) else 1
+        mine, other, far = sides[side], sides[1 - side], depth[1 - side]
+        level = depth[side][fronts[side][0]] + 1
+        meet = None
+        for u in fronts[side]:
+            for v in nbr[u].keys() & other.keys():
+                if (u == src and v == dst) or (u == dst and v == src) or v in mine:
                     continue
-                parent[v] = u
-                if v == dst:
-                    found = True
-                    break
-                nxt.append(v)
-            if found:
-                break
-        frontier = nxt
-    if not found:
-        return None
-    path = [dst]
-    while path[-1] != src:
-        path.append(parent[path[-1]])
-    path.reverse()
+                cand = (level + far[v], v, u)
+                if meet is None or cand < meet:
+                    meet = cand
+        if meet is not None:
+            mine[meet[1]] = meet[2]
+            return _detour(nbr, sides, meet[1], src)
+        nxt = []
+        for u in fronts[side]:
+            for v in sorted(nbr[u]):
+                if v not in mine and not ((u == src and v == dst) or (u == dst and v == src)):
+                    mine[v] = u
+                    depth[side][v] = level
+                    nxt.append(v)
+        fronts[side] = nxt
+    return None
+
+
+def _detour(nbr: dict[int, dict[int, int]], sides: tuple[dict, dict], mid: int, src: int) -> Detour:
+    head = [mid]
+    while sides[0][head[-1]] is not None:
+        head.append(sides[0][head[-1]])
+    path = head[::-1]
+    while sides[1][path[-1]] is not None:
+        path.append(sides[1][path[-1]])
     hops = tuple((path[i], nbr[path[i]][path[i - 1]], nbr[path[i]][path[i + 1]])
                  for i in range(1, len(path) - 1))
-    return Detour(nbr[src][path[1]], hops, dst, nbr[dst][path[-2]])
+    return Detour(nbr[src][path[1]], hops, path[-1], nbr[path[-1]][path[-2]])
