@@ -650,6 +650,7 @@ class MulticastCore:
         """Messages taking the switches from ``installed`` to the groups' trees."""
         plan = Plan()
         build, switch, remove = plan.phases
+        cut: list[tuple[int, Any]] = []  # phase 1, after ``switch``
         live = self.view.switches & self.installed.keys()
         for gid in gids:
             g = self.groups[gid]
@@ -682,7 +683,10 @@ class MulticastCore:
                 else:
                     if new.out_ports != old.out_ports or new.ff != old.ff or (
                             new.in_port != old.in_port and new.in_port in new.out_ports + old.out_ports):
-                        switch.append((dpid, ofmsgs.group_modify(dpid, gid, new.in_port, new.out_ports, new.ff)))
+                        # a switch that stops copying to a port goes after those that start:
+                        # across switches the new feed is on before the old one is cut
+                        (switch if set(new.out_ports) >= set(old.out_ports) else cut).append(
+                            (dpid, ofmsgs.group_modify(dpid, gid, new.in_port, new.out_ports, new.ff)))
                     if new.in_port != old.in_port:
                         build.append((dpid, ofmsgs.flow_add(dpid, gid, new.in_port, g.source, g.address)))
                         if old.in_port != UNKNOWN_PORT:
@@ -699,6 +703,7 @@ class MulticastCore:
                 else:
                     self.installed.setdefault(dpid, {})[gid] = new
                     self.placed[gid].add(dpid)
+        switch.extend(cut)
         if shared and self._dirty:
             ready = {d: self._dirty.pop(d) for d in list(self._dirty)
                      if d in live and (only is None or d in only)}
