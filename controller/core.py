@@ -426,11 +426,11 @@ class MulticastCore:
         indexes change only where the trees differ (a reroute keeps most of a tree)."""
         if tree is not None:
             self._add_load(tree, 1)
-        if self.protection:
-            if g.tree is not None:
-                self._count(g.tree.entries, -1)
-            if tree is not None:
-                self._count(tree.entries, 1)
+        if self.protection:  # only the entries that differ (a reroute keeps most)
+            was = g.tree.entries if g.tree is not None else {}
+            now = tree.entries if tree is not None else {}
+            self._count({n: e for n, e in was.items() if now.get(n) != e}, -1)
+            self._count({n: e for n, e in now.items() if was.get(n) != e}, 1)
         old = g.tree.parent if g.tree is not None else {}
         new = tree.parent if tree is not None else {}
         gid, link_users, switch_users = g.gid, self.link_users, self.switch_users
@@ -475,7 +475,7 @@ class MulticastCore:
                                         self.cache, keep=keep)
                     tree.unreachable = frozenset(g.receivers - tree.reached)
             if tree is not None and self.protection:
-                self._protect(g, tree)
+                self._protect(g, tree, old=g.tree, stale=reguard)
             self._swap(g, tree)
         if not reguard:
             return self._diff(gids)
@@ -503,15 +503,24 @@ class MulticastCore:
         return self._diff(gids).extend(self._diff(sorted(again), only=nodes, shared=False))
 
     # -- protection (controller.protect) ---------------------------------------------
-    def _protect(self, g: Group, tree: Tree, nodes: Iterable[int] | None = None) -> None:
+    def _protect(self, g: Group, tree: Tree, nodes: Iterable[int] | None = None,
+                 old: Tree | None = None, stale: set[tuple[int, int]] = frozenset()) -> None:
         """Rewrite ``tree.entries`` (only those of ``nodes``, if given) with fast-failover
         groups on every tree link leaving a switch that has a detour, and a rejoin flow
-        where the switch's own parent link has one. Each entry needs only its own ports."""
+        where the switch's own parent link has one. Each entry needs only its own ports,
+        its parent and their detours: where ``old`` (the group's previous tree) has the
+        same and no detour of them is ``stale``, its protected entry is kept."""
         port_link, detours, entries, parent = self.view.port_link, self.detours, tree.entries, tree.parent
         nbr = self.view.nbr_ports
         gmac = None
+        was, was_parent = (old.entries, old.parent) if old is not None else ({}, {})
         for n in entries if nodes is None else nodes:
             e = entries[n]
+            o = was.get(n)
+            if o is not None and o[0] == e[0] and o[1] == e[1] and was_parent.get(n, _ABSENT) == parent[n] \
+                    and not (stale and self._touches(n, parent[n], e.out_ports, stale)):
+                entries[n] = o
+                continue
             guards = {}
             for q in e.out_ports:
                 if (n, q) in port_link:
@@ -534,6 +543,10 @@ class MulticastCore:
                 rejoin = (arr, tag(par, nbr[par][n]), (("set_field", "eth_dst", gmac),) + outs)
             if ff != e.ff or rejoin != e.rejoin:
                 entries[n] = SwitchEntry(e.in_port, e.out_ports, ff, rejoin)
+
+    def _touches(self, n: int, par: int | None, outs: tuple[int, ...], stale: set[tuple[int, int]]) -> bool:
+        return (par is not None and (par, self.view.nbr_ports[par].get(n)) in stale) or \
+            any((n, q) in stale for q in outs)
 
     def _count(self, entries: dict[int, SwitchEntry], step: int) -> None:
         """Keep the users of each FF group and protected link in step with the trees."""
