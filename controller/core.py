@@ -14,7 +14,7 @@ from __future__ import annotations
 import gc
 import logging
 from collections import defaultdict
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator
 
 from controller import ofmsgs
@@ -56,6 +56,13 @@ class SwitchState:
     rejoins: dict[int, list[tuple]] = field(default_factory=dict)
     shared: dict[tuple, Any] = field(default_factory=dict)
 
+    def ingress(self) -> dict[int, set[int]]:
+        """Group id -> the in_ports of its (S,G) flows (one pass: tables hold thousands)."""
+        out: dict[int, set[int]] = {}
+        for gid, port in self.flows:
+            out.setdefault(gid, set()).add(port)
+        return out
+
     @classmethod
     def from_tables(cls, flows: Iterable[tuple[int, int, dict[str, Any], tuple]],
                     groups: dict[int, tuple[int, list[tuple[int, tuple]]]],
@@ -79,13 +86,14 @@ class SwitchState:
                 elif 0 < gid <= MAX_GID:
                     state.rejoins.setdefault(gid, []).append((in_port, match["eth_dst"], acts))
         ours = {gid for gid, _ in state.flows} | set(known) | set(state.rejoins)
+        ingress = state.ingress()
         for gid, (gtype, bucket_list) in groups.items():
             if is_ff(gid):
                 state.shared[("ff", gid)] = tuple(bucket_list) if gtype == ofmsgs.ofp.OFPGT_FF else None
                 continue
             if gid not in ours:
                 continue
-            ins = {p for fg, p in state.flows if fg == gid}
+            ins = ingress.get(gid, set())
             ports, ffs = [], []
             for _watch, acts in bucket_list:
                 kind, value = acts[0][:2] if len(acts) == 1 else ("?", None)
@@ -297,12 +305,13 @@ class MulticastCore:
         self.changes[dpid] += 1
         stale = Plan()
         if present is not None:
+            ingress = present.ingress()
             for gid, entry in present.groups.items():
                 g = self.groups.get(gid)
                 if g is None:  # a group we no longer have: deleting it deletes its flows
                     stale.phases[2].append((dpid, ofmsgs.group_delete(dpid, gid)))
                     continue
-                ins = sorted(p for fg, p in present.flows if fg == gid)
+                ins = sorted(ingress.get(gid, ()))
                 # An unreadable entry or several flows: believe "wrong", so the diff rewrites it.
                 self.installed[dpid][gid] = SwitchEntry(
                     ins[0] if len(ins) == 1 else UNKNOWN_PORT,

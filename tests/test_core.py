@@ -21,8 +21,7 @@ from controller.reconnect import Reconnect
 from controller.trees import compute_tree
 from lab.fakeof import FakeFabric
 from tests.support.controller_env import core_and_fabric
-from tests.support.fabric_checks import (apply, assert_delivery, expected_reachable,
-                                         random_topology, topology_strategy)
+from tests.support.fabric_checks import apply, assert_delivery, random_topology, topology_strategy
 
 # ---------------------------------------------------------------------- helpers
 
