@@ -4,8 +4,9 @@ the receivers' loss window is measured -- with protection (the switches move tra
 onto the pre-installed detour themselves) and without (``--no-protection``: the
 controller's PortStatus -> reroute -> barrier path), each also with a CPU hog on every
 core, all in the same run on the same lab. The numbers are printed; the bound asserted
-with protection (< 50 ms) is generous so that a shared CI machine passes it, the target
-is < 10 ms."""
+with protection (median < 50 ms; < 500 ms with the hog, which starves userspace OVS
+itself on 2 cores) is generous so that a shared CI machine passes it, the target is
+< 10 ms."""
 
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ pytestmark = pytest.mark.lab
 TOPO = T.leaf_spine(2, 3, 2)  # h1 h2 @leaf 3, h3 h4 @leaf 4, h5 h6 @leaf 5; spines 1, 2
 INTERVAL = 0.001  # 1000 datagrams/s
 BOUND_S = 0.050  # asserted with protection (target 10 ms; a shared 2-core CI machine)
+BOUND_HOG_S = 0.5  # the same with a CPU hog on every core (OVS's own threads starve)
 RECEIVERS = ("h3", "h5")
 REPEATS = 3  # failures per mode and load
 HOG = "while True: pass"
@@ -159,6 +161,8 @@ def test_loss_window_with_and_without_protection(tmp_path):
             print(f"  {mode:18} cpu hog {'on ' if hog else 'off'}: loss window median "
                   f"{statistics.median(w):.0f} ms (min {w[0]:.0f}, max {w[-1]:.0f}, {len(w)} failures)")
             if mode == "protection":  # the median: one failure may meet a busy moment
-                assert statistics.median(w) / 1000 < BOUND_S, (hog, w)
+                # with the hog on every core the switch itself (userspace OVS) is starved:
+                # its failover then takes up to a few hundred ms on a loaded 2-core machine
+                assert statistics.median(w) / 1000 < (BOUND_HOG_S if hog else BOUND_S), (hog, w)
             else:  # the stream did lose datagrams there: the measurement sees failures
                 assert w[-1] > 0, (hog, w)
