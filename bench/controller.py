@@ -81,8 +81,9 @@ def reference_s(graph: nx.Graph, sources: list[str]) -> float:
 
 
 def build(topo: Topology, groups: int, receivers: int, seed: int, algorithm: str,
-          balance: bool) -> tuple[MulticastCore, float, int]:
-    core = MulticastCore(TopologyView.from_topology(topo), algorithm=algorithm, balance=balance)
+          balance: bool, protection: bool = True) -> tuple[MulticastCore, float, int]:
+    core = MulticastCore(TopologyView.from_topology(topo), algorithm=algorithm, balance=balance,
+                         protection=protection)
     for dpid in topo.switches:
         core.installed[dpid] = {}
     work = workload(topo, groups, receivers, seed)
@@ -102,11 +103,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     # the reference right before and right after the build, averaged: on a shared machine
     # the CPU available changes from second to second, and the ratio must not
     ref_before = reference_s(graph, sources)
-    core, total_s, messages = build(topo, args.groups, args.receivers, args.seed, args.algorithm, True)
+    core, total_s, messages = build(topo, args.groups, args.receivers, args.seed, args.algorithm, True,
+                                    not args.no_protection)
     ref_s = (ref_before + reference_s(graph, sources)) / 2
     ratio, ratio_global = load_ratios(core, topo)
     per_switch = [len(entries) for entries in core.installed.values()]
-    blind, _, _ = build(topo, args.groups, args.receivers, args.seed, args.algorithm, False)
+    kinds: dict[str, list[int]] = defaultdict(list)
+    for dpid in core.installed:
+        for kind, n in core.entries_at(dpid).items():
+            kinds[kind].append(n)
+        kinds["all"].append(sum(core.entries_at(dpid).values()))
+    blind, _, _ = build(topo, args.groups, args.receivers, args.seed, args.algorithm, False, False)
     blind_ratio, _ = load_ratios(blind, topo)
 
     # Fail links that carry trees, one at a time: core/aggregation links first.
@@ -149,6 +156,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "reroutes_with_gc_pause": with_gc,
         # table use: each entry is one OFPGT_ALL group plus one (S,G) flow on that switch
         "switch_entries_max": max(per_switch), "switch_entries_mean": round(statistics.mean(per_switch), 1),
+        "protection": not args.no_protection,
+        # every kind of entry of ours per switch (modelcast_switch_entries' kinds; "all": their sum)
+        "entries_per_switch": {k: {"max": max(v), "mean": round(statistics.mean(v), 1)}
+                               for k, v in sorted(kinds.items())},
         "affected_groups": round(statistics.mean(affected), 1) if affected else 0,
         "messages_per_failure": round(statistics.mean(msgs), 1) if msgs else 0,
         "max_link_load_ratio": round(ratio, 3),
@@ -180,6 +191,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--failures", type=int, default=100, help="link failures to time")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--json", action="store_true", help="print one JSON object")
+    ap.add_argument("--no-protection", action="store_true",
+                    help="trees without fast-failover groups and detours (the controller's --no-protection)")
     args = ap.parse_args(argv)
     try:
         result = run(args)

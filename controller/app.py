@@ -53,7 +53,8 @@ class ModelcastApp(app_manager.RyuApp):
         self._waiters: dict[tuple[int, int], Any] = {}  # (dpid, barrier xid) -> hub.Event
         self._xid_errors: dict[tuple[int, int], list[str]] = {}  # (dpid, xid) -> plan's errors
         self._queue: Any = hub.Queue()
-        core = MulticastCore(algorithm=conf.algorithm, udp_port=conf.udp_port)
+        core = MulticastCore(algorithm=conf.algorithm, udp_port=conf.udp_port,
+                             protection=conf.protection)
         self._save_lock = hub.Semaphore()
         self.service = Service(core, installer=self, state_path=conf.state_file, token=conf.token,
                                host_tokens=conf.host_tokens, writer=self._write_state)
@@ -76,8 +77,9 @@ class ModelcastApp(app_manager.RyuApp):
         if self.service.credentials.open:
             log.warning("no REST token configured (--token or MODELCAST_TOKEN): local callers "
                         "may change groups, and no caller is given a session key")
-        log.info("modelcast controller: %d groups restored, algorithm %s, state file %s",
-                 len(core.groups), conf.algorithm, conf.state_file or "(none: groups are not persisted)")
+        log.info("modelcast controller: %d groups restored, algorithm %s, fast-failover protection %s, "
+                 "state file %s", len(core.groups), conf.algorithm, "on" if conf.protection else "off",
+                 conf.state_file or "(none: groups are not persisted)")
 
     @property
     def core(self) -> MulticastCore:

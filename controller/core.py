@@ -20,12 +20,13 @@ from typing import Any, Iterable, Iterator
 from controller import ofmsgs
 from controller.addressing import check_model, check_ssm, ssm_address
 from controller.errors import Conflict, CoreError, ReceiverIsSource, UnknownGroup
+from controller.protect import IN_PORT_BIT, Detours, ff_buckets, ff_id, ff_port, is_ff, tag
 from controller.topoview import TopologyView, check_unicast
 from controller.trees import ALGORITHMS, LinkLoad, PathCache, SwitchEntry, Tree, compute_tree
 
 log = logging.getLogger("modelcast.core")
 DEFAULT_PORT = 5500
-MAX_GID = 0xFFFFFF00  # OFPG_MAX
+MAX_GID = 0xFFFEFFFF  # below the fast-failover ids (controller.protect.FF_BASE)
 UNKNOWN_PORT = -1  # in a believed entry: "whatever is there is wrong", never sent
 _ABSENT = object()
 
@@ -46,35 +47,70 @@ def tune_gc() -> None:
 @dataclass
 class SwitchState:
     """What a switch reports holding of ours: group id -> entry (None when its buckets
-    are not plain outputs), and the (group id, in_port) of each (S,G) flow."""
+    are not what we install), the (group id, in_port) of each (S,G) flow, each group's
+    rejoin flows (arrival port, tag, actions), and the shared protection entries
+    (``("ff", id)`` -> buckets, ``("transit", in_port, tag)`` -> actions)."""
 
     groups: dict[int, SwitchEntry | None] = field(default_factory=dict)
     flows: set[tuple[int, int]] = field(default_factory=set)
+    rejoins: dict[int, list[tuple]] = field(default_factory=dict)
+    shared: dict[tuple, Any] = field(default_factory=dict)
+
+    def ingress(self) -> dict[int, set[int]]:
+        """Group id -> the in_ports of its (S,G) flows (one pass: tables hold thousands)."""
+        out: dict[int, set[int]] = {}
+        for gid, port in self.flows:
+            out.setdefault(gid, set()).add(port)
+        return out
 
     @classmethod
-    def from_tables(cls, flows: Iterable[tuple[int, int, int | None]],
-                    groups: dict[int, tuple[int, list[list[int]]]],
+    def from_tables(cls, flows: Iterable[tuple[int, int, dict[str, Any], tuple]],
+                    groups: dict[int, tuple[int, list[tuple[int, tuple]]]],
                     known: Iterable[int] = ()) -> "SwitchState":
-        """Read our state out of a switch's tables: ``flows`` as (cookie, priority, in_port),
-        ``groups`` as group id -> (type, per-bucket output ports). A group is ours when one
-        of our (S,G) flows points at it or the core knows its id; others are left alone."""
+        """Read our state out of a switch's tables: ``flows`` as (cookie, priority, match,
+        actions), ``groups`` as group id -> (type, per-bucket (watch_port, actions)), in
+        ``ofmsgs.actions``' normalised form. A group is ours when one of our (S,G) flows
+        points at it, the core knows its id, or it is in the fast-failover id range; others
+        are left alone."""
         state = cls()
-        for ck, prio, in_port in flows:
-            if ck & ofmsgs.COOKIE_MASK == ofmsgs.COOKIE_TAG and prio == ofmsgs.PRIO_SG \
-                    and ck != ofmsgs.COOKIE_TAG and in_port is not None:
-                state.flows.add((ck & ~ofmsgs.COOKIE_MASK, in_port))
-        ours = {gid for gid, _ in state.flows} | set(known)
-        for gid, (gtype, bucket_ports) in groups.items():
+        for ck, prio, match, acts in flows:
+            in_port = match.get("in_port")
+            if ck & ofmsgs.COOKIE_MASK != ofmsgs.COOKIE_TAG or in_port is None:
+                continue
+            gid = ck & ~ofmsgs.COOKIE_MASK
+            if prio == ofmsgs.PRIO_SG and 0 < gid <= MAX_GID:
+                state.flows.add((gid, in_port))
+            elif prio == ofmsgs.PRIO_DETOUR and "eth_dst" in match:
+                if ck == ofmsgs.COOKIE_DETOUR:
+                    state.shared[("transit", in_port, match["eth_dst"])] = acts
+                elif 0 < gid <= MAX_GID:
+                    state.rejoins.setdefault(gid, []).append((in_port, match["eth_dst"], acts))
+        ours = {gid for gid, _ in state.flows} | set(known) | set(state.rejoins)
+        ingress = state.ingress()
+        for gid, (gtype, bucket_list) in groups.items():
+            if is_ff(gid):
+                state.shared[("ff", gid)] = tuple(bucket_list) if gtype == ofmsgs.ofp.OFPGT_FF else None
+                continue
             if gid not in ours:
                 continue
-            ins = {p for fg, p in state.flows if fg == gid}
-            ports = [b[0] if len(b) == 1 else None for b in bucket_ports]
+            ins = ingress.get(gid, set())
+            ports, ffs = [], []
+            for _watch, acts in bucket_list:
+                kind, value = acts[0][:2] if len(acts) == 1 else ("?", None)
+                if kind == "group" and is_ff(value):
+                    ffs.append(value)
+                    value = ff_port(value)
+                elif kind != "output":
+                    value = None
+                ports.append(value)
             if gtype != ofmsgs.ofp.OFPGT_ALL or None in ports or (
                     ofmsgs.ofp.OFPP_IN_PORT in ports and len(ins) != 1):
                 state.groups[gid] = None
             else:
                 out = {next(iter(ins)) if p == ofmsgs.ofp.OFPP_IN_PORT else p for p in ports}
-                state.groups[gid] = SwitchEntry(min(ins) if ins else UNKNOWN_PORT, tuple(sorted(out)))
+                rj = state.rejoins.get(gid, [])
+                state.groups[gid] = SwitchEntry(min(ins) if ins else UNKNOWN_PORT, tuple(sorted(out)),
+                                                tuple(sorted(ffs, key=ff_port)), rj[0] if len(rj) == 1 else ())
         return state
 
 
@@ -133,13 +169,25 @@ class Plan:
 
 class MulticastCore:
     def __init__(self, view: TopologyView | None = None, algorithm: str = "spt",
-                 udp_port: int = DEFAULT_PORT, balance: bool = True) -> None:
+                 udp_port: int = DEFAULT_PORT, balance: bool = True, protection: bool = True) -> None:
         if algorithm not in ALGORITHMS:
             raise ValueError(f"unknown tree algorithm {algorithm!r}; use one of {ALGORITHMS}")
         self.view = view or TopologyView()
         self.algorithm = algorithm
         self.udp_port = udp_port
         self.balance = balance  # False: load-blind trees (the benchmark's baseline)
+        # fast-failover protection of tree links (controller.protect); False: failures
+        # are handled by the controller's reroute alone
+        self.protection = protection
+        self.detours = Detours(self.view)
+        # dpid -> shared protection entries the switch holds (FF groups, transit flows)
+        self.shared: dict[int, dict[tuple, Any]] = {}
+        self.ff_refs: defaultdict[int, dict[int, int]] = defaultdict(dict)  # dpid -> FF id -> users
+        self.guard_refs: dict[tuple[int, int], int] = {}  # protected (dpid, port) -> users
+        self.guards: dict[tuple[int, int], Any] = {}  # protected (dpid, port) in use -> its Detour
+        self.through: defaultdict[int, set[tuple[int, int]]] = defaultdict(set)  # dpid -> guards crossing it
+        self.shared_want: defaultdict[int, dict[tuple, Any]] = defaultdict(dict)  # ... they must hold
+        self._dirty: defaultdict[int, set[tuple]] = defaultdict(set)  # dpid -> keys that may differ
         self.groups: dict[int, Group] = {}
         # dpid -> gid -> entry, for switches with a live control channel: messages go only
         # to these. A restored controller knows the topology before switches reconnect;
@@ -257,17 +305,20 @@ class MulticastCore:
         self.changes[dpid] += 1
         stale = Plan()
         if present is not None:
+            ingress = present.ingress()
             for gid, entry in present.groups.items():
                 g = self.groups.get(gid)
                 if g is None:  # a group we no longer have: deleting it deletes its flows
                     stale.phases[2].append((dpid, ofmsgs.group_delete(dpid, gid)))
                     continue
-                ins = sorted(p for fg, p in present.flows if fg == gid)
+                ins = sorted(ingress.get(gid, ()))
                 # An unreadable entry or several flows: believe "wrong", so the diff rewrites it.
                 self.installed[dpid][gid] = SwitchEntry(
                     ins[0] if len(ins) == 1 else UNKNOWN_PORT,
-                    entry.out_ports if entry is not None else (UNKNOWN_PORT,))
+                    entry.out_ports if entry is not None else (UNKNOWN_PORT,),
+                    entry.ff if entry is not None else (), entry.rejoin if entry is not None else ())
                 self.placed[gid].add(dpid)
+            self.shared[dpid] = dict(present.shared)
         plan = self._after_up() if self.view.add_switch(dpid) else Plan()
         plan.extend(self.sync_switch(dpid))
         if present is not None:  # flows on ingress ports the tree no longer uses
@@ -276,6 +327,16 @@ class MulticastCore:
                 g = self.groups.get(gid)
                 if g is not None and gid in present.groups and (have is None or have.in_port != in_port):
                     stale.phases[2].append((dpid, ofmsgs.flow_delete(dpid, gid, in_port, g.source, g.address)))
+            for gid, found in sorted(present.rejoins.items()):  # rejoin flows not intended
+                have = self.installed[dpid].get(gid)
+                g = self.groups.get(gid)
+                for arrival, link_tag, _acts in found:
+                    if g is None:  # (a group we no longer have: every flow of its cookie)
+                        stale.phases[2].append((dpid, ofmsgs.cookie_delete(dpid, gid)))
+                        break
+                    if have is None or have.rejoin[:2] != (arrival, link_tag):
+                        stale.phases[2].append((dpid, ofmsgs.detour_flow_delete(
+                            dpid, ofmsgs.cookie(gid), arrival, link_tag, g.source, g.address)))
         return plan.extend(stale)
 
     def switch_leave(self, dpid: int) -> Plan:
@@ -321,6 +382,7 @@ class MulticastCore:
 
     def sync_switch(self, dpid: int) -> Plan:
         """Whatever the switch lacks of the trees, by the core's belief (idempotent)."""
+        self._dirty[dpid] |= self.shared_want.get(dpid, {}).keys() | self.shared.get(dpid, {}).keys()
         return self._diff(list(self.groups), only={dpid})
 
     # -- internals ---------------------------------------------------------------------
@@ -328,6 +390,7 @@ class MulticastCore:
         """Drop the belief about one switch (it left, or it reports afresh)."""
         for gid in self.installed.pop(dpid, {}):
             self.placed[gid].discard(dpid)
+        self.shared.pop(dpid, None)
 
     def _address_for(self, model: str) -> str:
         same = self._by_model.get(model)
@@ -372,6 +435,11 @@ class MulticastCore:
         indexes change only where the trees differ (a reroute keeps most of a tree)."""
         if tree is not None:
             self._add_load(tree, 1)
+        if self.protection:  # only the entries that differ (a reroute keeps most)
+            was = g.tree.entries if g.tree is not None else {}
+            now = tree.entries if tree is not None else {}
+            self._count({n: e for n, e in was.items() if now.get(n) != e}, -1)
+            self._count({n: e for n, e in now.items() if was.get(n) != e}, 1)
         old = g.tree.parent if g.tree is not None else {}
         new = tree.parent if tree is not None else {}
         gid, link_users, switch_users = g.gid, self.link_users, self.switch_users
@@ -395,6 +463,7 @@ class MulticastCore:
 
     def _sync(self, gids: Iterable[int]) -> Plan:
         gids = list(gids)
+        reguard = self._restale() if self.protection else set()
         for gid in gids:
             g = self.groups[gid]
             if not g.receivers:
@@ -414,18 +483,202 @@ class MulticastCore:
                     tree = compute_tree(self.view, g.source, known, g.algorithm, load,
                                         self.cache, keep=keep)
                     tree.unreachable = frozenset(g.receivers - tree.reached)
+            if tree is not None and self.protection:
+                self._protect(g, tree, old=g.tree, stale=reguard)
             self._swap(g, tree)
-        return self._diff(gids)
+        if not reguard:
+            return self._diff(gids)
+        # trees unchanged, but a detour of their links changed: only the link's two ends
+        again: dict[int, set[int]] = defaultdict(set)
+        done = set(gids)
+        for p, port in reguard:
+            link = self.view.port_link.get((p, port))
+            if link is None:
+                continue
+            c = link.b if (link.a, link.a_port) == (p, port) else link.a
+            for gid in self.link_users.get((p, c) if p < c else (c, p), ()):
+                t = self.groups[gid].tree
+                if gid not in done and t is not None and t.parent.get(c) == p:
+                    again[gid] |= {p, c}
+        nodes: set[int] = set()
+        for gid, at in again.items():
+            g = self.groups[gid]
+            old = {n: g.tree.entries[n] for n in at}
+            self._protect(g, g.tree, at)
+            self._count(old, -1)
+            self._count({n: g.tree.entries[n] for n in at}, 1)
+            nodes |= at
+        # the shared entries with the first diff: their adds go before everything else
+        return self._diff(gids).extend(self._diff(sorted(again), only=nodes, shared=False))
 
-    def _diff(self, gids: Iterable[int], only: set[int] | None = None) -> Plan:
+    # -- protection (controller.protect) ---------------------------------------------
+    def _protect(self, g: Group, tree: Tree, nodes: Iterable[int] | None = None,
+                 old: Tree | None = None, stale: set[tuple[int, int]] = frozenset()) -> None:
+        """Rewrite ``tree.entries`` (only those of ``nodes``, if given) with fast-failover
+        groups on every tree link leaving a switch that has a detour, and a rejoin flow
+        where the switch's own parent link has one. Each entry needs only its own ports,
+        its parent and their detours: where ``old`` (the group's previous tree) has the
+        same and no detour of them is ``stale``, its protected entry is kept."""
+        port_link, detours, entries, parent = self.view.port_link, self.detours, tree.entries, tree.parent
+        nbr = self.view.nbr_ports
+        gmac = None
+        was, was_parent = (old.entries, old.parent) if old is not None else ({}, {})
+        for n in entries if nodes is None else nodes:
+            e = entries[n]
+            o = was.get(n)
+            if o is not None and o[0] == e[0] and o[1] == e[1] and was_parent.get(n, _ABSENT) == parent[n] \
+                    and not (stale and self._touches(n, parent[n], e.out_ports, stale)):
+                entries[n] = o
+                continue
+            guards = {}
+            for q in e.out_ports:
+                if (n, q) in port_link:
+                    d = detours.get(n, q)
+                    if d is not None:
+                        guards[q] = d
+            ff = tuple(ff_id(q, d.first == e.in_port) for q, d in guards.items()) if guards else ()
+            rejoin: tuple = ()
+            par = parent[n]
+            d = detours.get(par, nbr[par][n]) if par is not None else None
+            if d is not None:
+                arr = d.arrival
+                if arr in e.out_ports:  # it comes in over one of our own outputs here
+                    outs = tuple(("output", ofmsgs.ofp.OFPP_IN_PORT) if q == arr
+                                 else ("group", ff_id(q, guards[q].first == arr)) if q in guards
+                                 else ("output", q) for q in e.out_ports)
+                else:
+                    outs = (("group", g.gid),)
+                gmac = gmac or ofmsgs.multicast_mac(g.address)
+                rejoin = (arr, tag(par, nbr[par][n]), (("set_field", "eth_dst", gmac),) + outs)
+            if ff != e.ff or rejoin != e.rejoin:
+                entries[n] = SwitchEntry(e.in_port, e.out_ports, ff, rejoin)
+
+    def _touches(self, n: int, par: int | None, outs: tuple[int, ...], stale: set[tuple[int, int]]) -> bool:
+        return (par is not None and (par, self.view.nbr_ports[par].get(n)) in stale) or \
+            any((n, q) in stale for q in outs)
+
+    def _count(self, entries: dict[int, SwitchEntry], step: int) -> None:
+        """Keep the users of each FF group and protected link in step with the trees."""
+        appear = 1 if step > 0 else 0
+        for dpid, e in entries.items():
+            ffs = e.ff
+            if e.rejoin:
+                ffs = ffs + tuple(a[1] for a in e.rejoin[2] if a[0] == "group" and is_ff(a[1]))
+            if not ffs:
+                continue
+            refs = self.ff_refs[dpid]
+            for f in ffs:
+                n = refs.get(f, 0) + step
+                if n:
+                    refs[f] = n
+                else:
+                    del refs[f]
+                if n == appear:
+                    self._want_ff(dpid, f)
+                key = (dpid, ff_port(f))
+                n = self.guard_refs.get(key, 0) + step
+                if n:
+                    self.guard_refs[key] = n
+                else:
+                    del self.guard_refs[key]
+                if n == appear:
+                    self._guard(key, step > 0)
+
+    def _want(self, dpid: int, key: tuple, spec: Any) -> None:
+        """Set (None: drop) one shared entry ``dpid`` must hold, noting the change."""
+        want = self.shared_want[dpid]
+        if spec is None:
+            if want.pop(key, _ABSENT) is _ABSENT:
+                return
+        elif want.get(key, _ABSENT) == spec:
+            return
+        else:
+            want[key] = spec
+        self._dirty[dpid].add(key)
+
+    def _want_ff(self, dpid: int, ffid: int) -> None:
+        key = (dpid, ff_port(ffid))
+        d = self.guards.get(key)
+        self._want(dpid, ("ff", ffid), ff_buckets(key[1], d, bool(ffid & IN_PORT_BIT), tag(*key))
+                   if d is not None and ffid in self.ff_refs.get(dpid, ()) else None)
+
+    def _guard(self, key: tuple[int, int], on: bool) -> None:
+        """A protected link came into use (its detour's transit entries are wanted), went
+        out of use, or (``on`` again) its detour changed."""
+        link_tag = tag(*key)
+        d = self.guards.pop(key, None)
+        for x, i, _ in d.transit if d is not None else ():
+            self._want(x, ("transit", i, link_tag), None)
+        if on:
+            d = self.guards[key] = self.detours.get(*key)
+            for x, i, o in d.transit if d is not None else ():
+                self._want(x, ("transit", i, link_tag), (("output", o),))
+        for via in (False, True):
+            self._want_ff(key[0], ff_id(key[1], via))
+
+    def _restale(self) -> set[tuple[int, int]]:
+        """Detours the topology broke (or made possible): the links in use get their new
+        one; returns those links (the entries at their ends need re-protecting)."""
+        stale = self.detours.stale()
+        for key in stale:
+            if key in self.guards:
+                self._guard(key, True)
+        return stale
+
+    def entries_at(self, dpid: int) -> dict[str, int]:
+        """What the core believes ``dpid`` holds of ours, by kind: ALL groups and (S,G)
+        flows (one each per tree crossing it), FF groups, detour flows (transit + rejoin)."""
+        mine = self.installed.get(dpid, {})
+        shared = self.shared.get(dpid, {})
+        ff = sum(1 for k in shared if k[0] == "ff")
+        return {"groups": len(mine), "sg_flows": len(mine), "ff_groups": ff,
+                "detour_flows": len(shared) - ff + sum(1 for e in mine.values() if e.rejoin)}
+
+    def shared_intended(self, dpid: int) -> dict[tuple, Any]:
+        """The shared protection entries ``dpid`` must hold now: ("ff", id) -> buckets,
+        ("transit", in_port, tag) -> actions."""
+        return dict(self.shared_want.get(dpid, {}))
+
+    def _diff_shared(self, dirty: dict[int, set[tuple]], plan: Plan) -> None:
+        """Shared protection entries added or changed first (phase 0: before anything
+        points at them), removed last (phase 2: after nothing does)."""
+        adds, removes = [], []
+        for dpid, keys in sorted(dirty.items()):
+            want = self.shared_want.get(dpid, {})
+            have = self.shared.setdefault(dpid, {})
+            changed = False
+            for key in sorted(keys):
+                w, h = want.get(key, _ABSENT), have.get(key, _ABSENT)
+                if w == h:
+                    continue
+                changed = True
+                if w is _ABSENT:
+                    del have[key]
+                    removes.append((dpid, ofmsgs.group_delete(dpid, key[1]) if key[0] == "ff" else
+                                    ofmsgs.detour_flow_delete(dpid, ofmsgs.COOKIE_DETOUR, key[1], key[2])))
+                    continue
+                have[key] = w
+                if key[0] == "ff":
+                    adds.append((dpid, ofmsgs.ff_group(dpid, key[1], w, ofmsgs.ofp.OFPGC_ADD
+                                                       if h is _ABSENT else ofmsgs.ofp.OFPGC_MODIFY)))
+                else:
+                    adds.append((dpid, ofmsgs.detour_flow(dpid, ofmsgs.COOKIE_DETOUR, key[1], key[2], w)))
+            if changed:
+                self.changes[dpid] += 1
+        plan.phases[0][:0] = adds
+        plan.phases[2].extend(removes)
+
+    def _diff(self, gids: Iterable[int], only: set[int] | None = None, shared: bool = True) -> Plan:
         """Messages taking the switches from ``installed`` to the groups' trees."""
         plan = Plan()
         build, switch, remove = plan.phases
+        cut: list[tuple[int, Any]] = []  # phase 1, after ``switch``
         live = self.view.switches & self.installed.keys()
         for gid in gids:
             g = self.groups[gid]
             want = g.tree.entries if g.tree is not None else {}
-            have = {dpid: self.installed[dpid][gid] for dpid in self.placed[gid]}
+            have = {dpid: self.installed[dpid][gid] for dpid in (
+                self.placed[gid] if only is None else self.placed[gid] & only)}
             dpids = (want.keys() | have.keys()) & live
             if only is not None:
                 dpids &= only
@@ -441,25 +694,54 @@ class MulticastCore:
                 self.changes[dpid] += 1
                 old, new = have.get(dpid), want.get(dpid)
                 if old is None:
-                    build.append((dpid, ofmsgs.group_add(dpid, gid, new.in_port, new.out_ports)))
+                    build.append((dpid, ofmsgs.group_add(dpid, gid, new.in_port, new.out_ports, new.ff)))
                     build.append((dpid, ofmsgs.flow_add(dpid, gid, new.in_port, g.source, g.address)))
+                    if new.rejoin:
+                        build.append((dpid, self._rejoin(dpid, g, new.rejoin)))
                 elif new is None:  # deleting the group deletes the flows that point to it
+                    if old.rejoin:  # (a rejoin listing its outputs itself may not)
+                        remove.append((dpid, self._rejoin(dpid, g, old.rejoin, delete=True)))
                     remove.append((dpid, ofmsgs.group_delete(dpid, gid)))
                 else:
-                    if new.out_ports != old.out_ports or (
+                    if new.out_ports != old.out_ports or new.ff != old.ff or (
                             new.in_port != old.in_port and new.in_port in new.out_ports + old.out_ports):
-                        switch.append((dpid, ofmsgs.group_modify(dpid, gid, new.in_port, new.out_ports)))
+                        # a switch that stops copying to a port goes after those that start:
+                        # across switches the new feed is on before the old one is cut
+                        (switch if set(new.out_ports) >= set(old.out_ports) else cut).append(
+                            (dpid, ofmsgs.group_modify(dpid, gid, new.in_port, new.out_ports, new.ff)))
                     if new.in_port != old.in_port:
                         build.append((dpid, ofmsgs.flow_add(dpid, gid, new.in_port, g.source, g.address)))
                         if old.in_port != UNKNOWN_PORT:
                             remove.append((dpid, ofmsgs.flow_delete(dpid, gid, old.in_port, g.source, g.address)))
+                    if new.rejoin != old.rejoin:
+                        moved = not old.rejoin or old.rejoin[:2] != new.rejoin[:2]
+                        if new.rejoin:  # a new match before the old one goes; same match in place
+                            (build if moved else switch).append((dpid, self._rejoin(dpid, g, new.rejoin)))
+                        if old.rejoin and moved:
+                            remove.append((dpid, self._rejoin(dpid, g, old.rejoin, delete=True)))
                 if new is None:
                     self.installed[dpid].pop(gid, None)
                     self.placed[gid].discard(dpid)
                 else:
                     self.installed.setdefault(dpid, {})[gid] = new
                     self.placed[gid].add(dpid)
+        switch.extend(cut)
+        if shared and self._dirty:
+            ready = {d: self._dirty.pop(d) for d in list(self._dirty)
+                     if d in live and (only is None or d in only)}
+            for d in [d for d in self._dirty if d not in self.view.switches]:
+                del self._dirty[d]  # (a switch that returns is synced whole)
+            self._diff_shared(ready, plan)
         return plan
+
+    @staticmethod
+    def _rejoin(dpid: int, g: Group, rejoin: tuple, delete: bool = False) -> Any:
+        arrival, link_tag, acts = rejoin
+        if delete:
+            return ofmsgs.detour_flow_delete(dpid, ofmsgs.cookie(g.gid), arrival, link_tag,
+                                             g.source, g.address)
+        return ofmsgs.detour_flow(dpid, ofmsgs.cookie(g.gid), arrival, link_tag, acts,
+                                  g.source, g.address)
 
     # -- persistence ---------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:

@@ -44,6 +44,9 @@ def parse(argv: list[str]) -> tuple[settings.Settings, list[str]]:
                     "if it does not answer 3 probes in 3 s (env MODELCAST_HOST_TIMEOUT; default 300)")
     ap.add_argument("--audit-interval", type=float, help="seconds between audits of each switch's "
                     "tables (what was deleted or changed by hand is put back; 0 disables; default 5)")
+    ap.add_argument("--no-protection", action="store_true",
+                    help="do not pre-install fast-failover groups and detours for tree links "
+                    "(a failed link then waits for the controller's reroute)")
     ours, rest = ap.parse_known_args(argv)
     if ours.help:
         ap.print_help()
@@ -61,6 +64,8 @@ def parse(argv: list[str]) -> tuple[settings.Settings, list[str]]:
         conf.host_timeout_s = ours.host_timeout
     if ours.audit_interval is not None:
         conf.audit_interval_s = ours.audit_interval
+    if ours.no_protection:
+        conf.protection = False
     if ours.igmp_allow is not None:
         try:
             conf.igmp_allow = parse_allow(ours.igmp_allow)

@@ -16,10 +16,13 @@ from typing import Any, Iterable
 from ryu.ofproto import ofproto_v1_3 as ofp
 from ryu.ofproto import ofproto_v1_3_parser as parser
 
+from controller.protect import ff_port
+
 COOKIE_TAG = 0x4D43 << 48  # "MC"
 COOKIE_MASK = 0xFFFF << 48
 COOKIE_UNICAST = COOKIE_TAG | (1 << 47)  # group ids stay below 2**32
 COOKIE_SOURCE = COOKIE_TAG | (1 << 46)  # the source table: learned hosts, link ports
+COOKIE_DETOUR = COOKIE_TAG | (1 << 45)  # transit flows of detours, shared by all groups
 FULL_MASK = (1 << 64) - 1
 # Two tables, as faucet's eth_src/eth_dst: table 0 lets through only frames from sources
 # the controller knows (a learned host on its port, or anything arriving over an
@@ -27,6 +30,7 @@ FULL_MASK = (1 << 64) - 1
 # a host is learned even when it never broadcasts; table 1 forwards by destination.
 TABLE = 0
 TABLE_DST = 1
+PRIO_DETOUR = 1100  # table 0: detoured copies (transit and rejoin, controller.protect)
 PRIO_SG = 1000  # table 0: (S,G) multicast forwarding
 PRIO_IGMP = 800  # table 0: membership reports to the controller
 PRIO_LINK_PORT = 650  # table 0: frames arriving over an inter-switch link
@@ -87,23 +91,31 @@ def _to_group(gid: int) -> list:
     return [parser.OFPInstructionActions(ofp.OFPIT_APPLY_ACTIONS, [parser.OFPActionGroup(gid)])]
 
 
-def buckets(in_port: int, out_ports: Iterable[int]) -> list[parser.OFPBucket]:
+@lru_cache(maxsize=4096)
+def _ff_bucket(ffid: int) -> parser.OFPBucket:
+    return parser.OFPBucket(actions=[parser.OFPActionGroup(ffid)])
+
+
+def buckets(in_port: int, out_ports: Iterable[int], ff: Iterable[int] = ()) -> list[parser.OFPBucket]:
     """One bucket per output port; a receiver behind the ingress port itself needs
-    OFPP_IN_PORT, because a switch never sends a packet back out where it came in."""
-    return [_bucket(ofp.OFPP_IN_PORT if p == in_port else p) for p in sorted(out_ports)]
+    OFPP_IN_PORT, because a switch never sends a packet back out where it came in. A port
+    protected by a fast-failover group ``ff`` (ids carry their port) goes through it."""
+    via = {ff_port(f): f for f in ff}
+    return [_ff_bucket(via[p]) if p in via else _bucket(ofp.OFPP_IN_PORT if p == in_port else p)
+            for p in sorted(out_ports)]
 
 
 @lru_cache(maxsize=65536)
-def _shared_buckets(in_port: int, out_ports: tuple[int, ...]) -> list[parser.OFPBucket]:
+def _shared_buckets(in_port: int, out_ports: tuple[int, ...], ff: tuple[int, ...]) -> list[parser.OFPBucket]:
     """``buckets`` for a tree entry: the same few port sets recur on every switch, and
     nothing mutates a message's bucket list, so messages share it."""
-    return buckets(in_port, out_ports)
+    return buckets(in_port, out_ports, ff)
 
 
-def _group_buckets(in_port: int, out_ports: Iterable[int]) -> list[parser.OFPBucket]:
-    if type(out_ports) is tuple:
-        return _shared_buckets(in_port, out_ports)
-    return buckets(in_port, out_ports)
+def _group_buckets(in_port: int, out_ports: Iterable[int], ff: Iterable[int] = ()) -> list[parser.OFPBucket]:
+    if type(out_ports) is tuple and type(ff) is tuple:
+        return _shared_buckets(in_port, out_ports, ff)
+    return buckets(in_port, out_ports, ff)
 
 
 _GROUP_CLS, _GROUP_ATTRS = _template(parser.OFPGroupMod(datapath(0), ofp.OFPGC_ADD, ofp.OFPGT_ALL, 0, []))
@@ -119,12 +131,12 @@ def _group_mod(dpid: int, command: int, gid: int, bucket_list: list) -> Msg:
     return m
 
 
-def group_add(dpid: int, gid: int, in_port: int, out_ports: Iterable[int]) -> Msg:
-    return _group_mod(dpid, ofp.OFPGC_ADD, gid, _group_buckets(in_port, out_ports))
+def group_add(dpid: int, gid: int, in_port: int, out_ports: Iterable[int], ff: Iterable[int] = ()) -> Msg:
+    return _group_mod(dpid, ofp.OFPGC_ADD, gid, _group_buckets(in_port, out_ports, ff))
 
 
-def group_modify(dpid: int, gid: int, in_port: int, out_ports: Iterable[int]) -> Msg:
-    return _group_mod(dpid, ofp.OFPGC_MODIFY, gid, _group_buckets(in_port, out_ports))
+def group_modify(dpid: int, gid: int, in_port: int, out_ports: Iterable[int], ff: Iterable[int] = ()) -> Msg:
+    return _group_mod(dpid, ofp.OFPGC_MODIFY, gid, _group_buckets(in_port, out_ports, ff))
 
 
 def group_delete(dpid: int, gid: int) -> Msg:
@@ -143,6 +155,88 @@ def flow_delete(dpid: int, gid: int, in_port: int, source: str, group: str) -> M
                              table_id=TABLE, command=ofp.OFPFC_DELETE_STRICT,
                              priority=PRIO_SG, out_port=ofp.OFPP_ANY, out_group=ofp.OFPG_ANY,
                              match=sg_match(in_port, source, group))
+
+
+# -- fast-failover protection (controller.protect decides; these only build) ----------
+# Actions are given in one normalised form, ("output", port) | ("group", id) |
+# ("set_field", field, value): the core compares what it wants with what a switch reports
+# in that form, and ``lab.fakeof`` uses the same one.
+_GROUP_FF_ATTRS = dict(_GROUP_ATTRS, type=ofp.OFPGT_FF)
+
+
+def actions(acts: Iterable[tuple]) -> list:
+    """Ryu action objects for normalised actions."""
+    out: list = []
+    for a in acts:
+        if a[0] == "output":
+            out.append(parser.OFPActionOutput(a[1], 0))
+        elif a[0] == "group":
+            out.append(parser.OFPActionGroup(a[1]))
+        else:
+            out.append(parser.OFPActionSetField(**{a[1]: a[2]}))
+    return out
+
+
+@lru_cache(maxsize=65536)
+def _ff_buckets(bucket_specs: tuple) -> list:
+    return [parser.OFPBucket(watch_port=w, actions=actions(acts)) for w, acts in bucket_specs]
+
+
+def ff_group(dpid: int, ffid: int, bucket_specs: tuple, command: int = ofp.OFPGC_ADD) -> Msg:
+    """An OFPGT_FF group from (watch_port, actions) buckets: the first live one forwards."""
+    m = _new(_GROUP_CLS)
+    m.__dict__.update(_GROUP_FF_ATTRS, datapath=datapath(dpid), command=command, group_id=ffid,
+                      buckets=_ff_buckets(bucket_specs))
+    return m
+
+
+def _detour_match(in_port: int, tag: str, source: str | None, group: str | None) -> parser.OFPMatch:
+    """Stamped like ``sg_match`` (OXM order: in_port, eth_dst, eth_type, ipv4_src/dst)."""
+    m = _new(_MATCH_CLS)
+    if source is None:  # transit: any SSM group's copy carrying the tag
+        fields = [("in_port", in_port), ("eth_dst", tag), ("eth_type", ETH_IPV4), ("ipv4_dst", SSM_NET)]
+    else:
+        fields = [("in_port", in_port), ("eth_dst", tag), ("eth_type", ETH_IPV4),
+                  ("ipv4_src", source), ("ipv4_dst", group)]
+    m.__dict__.update(_MATCH_ATTRS, _fields2=fields)
+    return m
+
+
+@lru_cache(maxsize=65536)
+def _apply(acts: tuple) -> list:
+    return [parser.OFPInstructionActions(ofp.OFPIT_APPLY_ACTIONS, actions(acts))]
+
+
+def detour_flow(dpid: int, cookie_value: int, in_port: int, tag: str, acts: tuple,
+                source: str | None = None, group: str | None = None) -> Msg:
+    """A transit flow (``source`` None: shared, cookie ``COOKIE_DETOUR``) or a group's
+    rejoin flow (cookie of the group) for copies tagged ``tag`` arriving on ``in_port``."""
+    m = _new(_FLOW_CLS)
+    m.__dict__.update(_FLOW_ADD_ATTRS, datapath=datapath(dpid), cookie=cookie_value,
+                      priority=PRIO_DETOUR, match=_detour_match(in_port, tag, source, group),
+                      instructions=_apply(acts))
+    return m
+
+
+def detour_flow_delete(dpid: int, cookie_value: int, in_port: int, tag: str,
+                       source: str | None = None, group: str | None = None) -> Msg:
+    return parser.OFPFlowMod(datapath(dpid), cookie=cookie_value, cookie_mask=FULL_MASK,
+                             table_id=TABLE, command=ofp.OFPFC_DELETE_STRICT,
+                             priority=PRIO_DETOUR, out_port=ofp.OFPP_ANY, out_group=ofp.OFPG_ANY,
+                             match=_detour_match(in_port, tag, source, group))
+
+
+def cookie_delete(dpid: int, gid: int) -> Msg:
+    """Every flow of group ``gid`` (a group the controller no longer has)."""
+    return parser.OFPFlowMod(datapath(dpid), cookie=cookie(gid), cookie_mask=FULL_MASK,
+                             table_id=TABLE, command=ofp.OFPFC_DELETE, out_port=ofp.OFPP_ANY,
+                             out_group=ofp.OFPG_ANY, match=parser.OFPMatch())
+
+
+def multicast_mac(group: str) -> str:
+    """RFC 1112: 01:00:5e + the low 23 bits of the group address."""
+    a = [int(x) for x in group.split(".")]
+    return f"01:00:5e:{a[1] & 0x7F:02x}:{a[2]:02x}:{a[3]:02x}"
 
 
 def base_flows(dpid: int) -> list[Msg]:

@@ -50,8 +50,8 @@ def port_status(reason: int, desc: Any) -> bool | None:
 
 @dataclass
 class _Reads:
-    flows: list[tuple[int, int, int | None]] = field(default_factory=list)
-    groups: dict[int, tuple[int, list[list[int | None]]]] = field(default_factory=dict)
+    flows: list[tuple[int, int, dict[str, Any], tuple]] = field(default_factory=list)
+    groups: dict[int, tuple[int, list[tuple[int, tuple]]]] = field(default_factory=dict)
     base: set[tuple] = field(default_factory=set)  # keys of base and link-port entries held
     flows_done: bool = False
     groups_done: bool = False
@@ -68,6 +68,33 @@ class Reconciled:
     plan: Plan
     audit: bool = False
     void: bool = False
+
+
+def normalise_actions(actions: Iterable[Any]) -> tuple:
+    """Ryu action objects in the core's normalised form (``ofmsgs.actions`` inverted);
+    an action we never install reads as ("?", name), which matches nothing intended."""
+    out = []
+    for a in actions:
+        if isinstance(a, parser.OFPActionOutput):
+            out.append(("output", a.port))
+        elif isinstance(a, parser.OFPActionGroup):
+            out.append(("group", a.group_id))
+        elif isinstance(a, parser.OFPActionSetField):
+            out.append(("set_field", a.key, a.value))
+        else:
+            out.append(("?", type(a).__name__))
+    return tuple(out)
+
+
+def _flow_actions(instructions: Iterable[Any]) -> tuple:
+    """A flow's apply-actions; any other instruction makes it read as not ours."""
+    out: tuple = ()
+    for ins in instructions:
+        if isinstance(ins, parser.OFPInstructionActions) and ins.type == ofp.OFPIT_APPLY_ACTIONS:
+            out += normalise_actions(ins.actions)
+        else:
+            out += (("?", type(ins).__name__),)
+    return out
 
 
 def _base_key(table_id: int, priority: int, match: Any) -> tuple:
@@ -143,16 +170,16 @@ class Reconnect:
             return None
         last = not reply.flags & ofp.OFPMPF_REPLY_MORE
         if isinstance(reply, parser.OFPFlowStatsReply):
-            st.flows.extend((f.cookie, f.priority, f.match.get("in_port")) for f in reply.body)
+            st.flows.extend((f.cookie, f.priority, dict(f.match.items()),
+                             _flow_actions(f.instructions) if f.priority == ofmsgs.PRIO_DETOUR else ())
+                            for f in reply.body)
             st.base.update(_base_key(f.table_id, f.priority, f.match) for f in reply.body
                            if f.cookie in (ofmsgs.COOKIE_TAG, ofmsgs.COOKIE_SOURCE))
             st.flows_done |= last
         elif isinstance(reply, parser.OFPGroupDescStatsReply):
             for g in reply.body:
-                st.groups[g.group_id] = (g.type, [
-                    [a.port for a in b.actions if isinstance(a, parser.OFPActionOutput)]
-                    + [None for a in b.actions if not isinstance(a, parser.OFPActionOutput)]
-                    for b in g.buckets])
+                st.groups[g.group_id] = (g.type, [(b.watch_port, normalise_actions(b.actions))
+                                                  for b in g.buckets])
             st.groups_done |= last
         else:
             raise TypeError(f"not a reconnect reply: {type(reply).__name__}")

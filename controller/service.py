@@ -649,8 +649,8 @@ def check_state(data: dict[str, Any]) -> None:
 
 class _SwitchEntries:
     """``modelcast_switch_entries{dpid, kind}``: the multicast entries each connected switch
-    holds for us (groups, and the (S,G) flows pointing at them: one each), so table use
-    can be watched per switch. Collected on scrape from the core's belief, which the
+    holds for us (``groups`` and the ``sg_flows`` pointing at them: one each per tree;
+    protection's ``ff_groups`` and ``detour_flows``), so table use can be watched per switch. Collected on scrape from the core's belief, which the
     audits keep equal to the switches."""
 
     def __init__(self, core: MulticastCore) -> None:
@@ -660,9 +660,9 @@ class _SwitchEntries:
         fam = GaugeMetricFamily("modelcast_switch_entries",
                                 "Multicast entries of ours per connected switch",
                                 labels=["dpid", "kind"])
-        for dpid, entries in sorted(self.core.installed.items()):
-            for kind in ("groups", "sg_flows"):
-                fam.add_metric([str(dpid), kind], len(entries))
+        for dpid in sorted(self.core.installed):
+            for kind, n in self.core.entries_at(dpid).items():
+                fam.add_metric([str(dpid), kind], n)
         yield fam
 
 

@@ -30,10 +30,15 @@ DirectedLink = tuple[int, int]
 
 class SwitchEntry(NamedTuple):
     """What one switch does for one group: accept on ``in_port``, copy to ``out_ports``
-    (sorted, so equal entries compare equal)."""
+    (sorted, so equal entries compare equal). With protection (``controller.protect``)
+    ``ff`` names the fast-failover groups the ALL group's buckets for protected ports go
+    through (in port order; the port is in each id), and ``rejoin`` is the flow taking
+    detoured copies back into the group here: (arrival port, link tag, actions)."""
 
     in_port: int
     out_ports: tuple[int, ...]
+    ff: tuple[int, ...] = ()
+    rejoin: tuple = ()
 
 
 @dataclass
@@ -218,7 +223,8 @@ def compute_tree(view: TopologyView, source: str, receivers: Iterable[str],
             targets = {r: loc for r, loc in locs.items()
                        if view.host_attached(loc) and loc.dpid in comp}
             tdpids = {loc.dpid for loc in targets.values()}
-            tree.parent = _steiner(view.graph, tree.root, tdpids, load)
+            # (the root's component only: Mehlhorn fails on a partitioned fabric)
+            tree.parent = _steiner(view.graph.subgraph(comp), tree.root, tdpids, load)
             # Mehlhorn is a 2-approximation: on some graphs the shortest-path tree has
             # fewer links. "steiner" promises the fewest links we can find, so take it then.
             dist, preds = (cache or PathCache(view)).dag(tree.root)
@@ -326,4 +332,4 @@ def _fill_entries(view: TopologyView, tree: Tree, source_port: int, receivers: I
     for n, ports in outs.items():
         par = tree.parent[n]
         entries[n] = entry(SwitchEntry, (source_port if par is None else nbr[n][par],
-                                         tuple(sorted(ports))))
+                                         tuple(sorted(ports)), (), ()))

@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 import requests
 
@@ -40,7 +40,7 @@ class Controller:
     ``rest_host`` (loopback unless set to a lab's management gateway before ``start``)."""
 
     def __init__(self, workdir: Path, token: str = "test-token", algorithm: str = "spt",
-                 say: Say = quiet) -> None:
+                 say: Say = quiet, args: Sequence[str] = ()) -> None:
         self.of_port = free_port()
         self.rest_port = free_port()
         self.rest_host = "127.0.0.1"
@@ -48,6 +48,7 @@ class Controller:
         self.state = self.workdir / "controller-state.json"
         self.token = token
         self.algorithm = algorithm
+        self.args = list(args)  # more controller options (e.g. --no-protection); read on start
         self.proc: subprocess.Popen | None = None
         self.logs: list[Path] = []
         self.say = say
@@ -72,7 +73,7 @@ class Controller:
         cmd = [str(VENV_BIN / "modelcast-controller"), "--ofp-tcp-listen-port", str(self.of_port),
                "--ofp-listen-host", "127.0.0.1", "--wsapi-host", self.rest_host,
                "--wsapi-port", str(self.rest_port), "--state-file", str(self.state),
-               "--token", self.token, "--algorithm", self.algorithm]
+               "--token", self.token, "--algorithm", self.algorithm, *self.args]
         with open(logf, "w") as out:
             # Own session: a terminal's Ctrl-C reaches only the orchestrating process,
             # which then stops everything in order (this process by PID).

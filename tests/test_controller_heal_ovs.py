@@ -14,6 +14,7 @@ import time
 import pytest
 
 import topologies as T
+from controller.protect import is_ff
 from lab.ovs import Lab
 from lab.probes import Capture, send
 from tests.support.controller_lab import controller_lab, wait_for
@@ -37,16 +38,23 @@ def ofctl(lab: Lab, dpid: int, *args: str) -> str:
                           capture_output=True, text=True, check=True).stdout
 
 
-def held(lab: Lab, dpid: int) -> tuple[set[int], int]:
-    """(group ids, number of (S,G) flows) a bridge holds."""
+def held(lab: Lab, dpid: int) -> tuple[set[int], int, int, int]:
+    """(ALL group ids, number of (S,G) flows, FF groups, detour flows) a bridge holds."""
     groups = {int(x) for x in re.findall(r"group_id=(\d+)", ofctl(lab, dpid, "dump-groups"))}
-    return groups, len(re.findall(r"priority=1000\b", ofctl(lab, dpid, "dump-flows")))
+    flows = ofctl(lab, dpid, "dump-flows")
+    ff = {x for x in groups if is_ff(x)}
+    return (groups - ff, len(re.findall(r"priority=1000\b", flows)), len(ff),
+            len(re.findall(r"priority=1100\b", flows)))
 
 
-def intended(ctl, dpid: int) -> tuple[set[int], int]:
-    """What the controller's trees put on a switch: one group and one (S,G) flow each."""
+def intended(ctl, dpid: int) -> tuple[set[int], int, int, int]:
+    """What the controller's trees put on a switch: one group and one (S,G) flow each,
+    and the protection entries it counts for the switch (``modelcast_switch_entries``)."""
     gids = {g["id"] for g in ctl.api("GET", "/v1/groups").json() if str(dpid) in g["tree"]["in_ports"]}
-    return gids, len(gids)
+    text = ctl.api("GET", "/metrics").text
+    n = {k: int(float(v)) for k, v in re.findall(
+        rf'modelcast_switch_entries\{{dpid="{dpid}",kind="(\w+)"\}} (\S+)', text)}
+    return gids, len(gids), n.get("ff_groups", 0), n.get("detour_flows", 0)
 
 
 def gap_after(probe: Capture, t: float) -> float:
@@ -138,7 +146,7 @@ def test_4000_groups_over_rest_all_install_and_all_tear_down(fabric):
         assert ctl.api("DELETE", f"/v1/groups/{gid}").status_code == 204
         delete.append(time.perf_counter() - t0)
     assert ctl.api("GET", "/v1/groups").json() == []
-    assert all(held(lab, d) == (set(), 0) for d in TOPO.switches)
+    assert all(held(lab, d) == (set(), 0, 0, 0) for d in TOPO.switches)
 
     def pct(v: list[float], q: float) -> float:
         return sorted(v)[min(len(v) - 1, int(q * len(v)))] * 1000

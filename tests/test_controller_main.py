@@ -83,3 +83,10 @@ def test_a_hostile_state_file_stops_the_controller_with_one_line(tmp_path):
     [line] = [l for l in out.splitlines() if "move it aside" in l]
     assert "group 3 receiver 10.0.0.1 is the group's source" in line
     assert state.read_text() == content
+
+
+def test_no_protection_turns_fast_failover_off():
+    from controller.main import parse
+    assert parse([])[0].protection is True
+    conf, rest = parse(["--no-protection", "--ofp-tcp-listen-port", "6653"])
+    assert conf.protection is False and rest == ["--ofp-tcp-listen-port", "6653"]

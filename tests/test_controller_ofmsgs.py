@@ -47,3 +47,35 @@ def test_flow_add_serialises_like_ryus_constructor_and_copies_share_nothing_muta
     assert dict(b.match.items()) == {"in_port": 5, "eth_type": 0x0800,
                                      "ipv4_src": "10.0.0.2", "ipv4_dst": "232.1.2.4"}
     assert a.datapath.id == 9 and b.cookie == ofmsgs.cookie(43)
+
+
+def test_protection_messages_serialise_like_ryus_constructor() -> None:
+    """FF groups, ALL groups chained to them, transit and rejoin flows, and the
+    normalised actions the reconnect reads back are the ones that were sent."""
+    from controller.reconnect import normalise_actions
+    dp = ofmsgs.datapath(9)
+    tag = "02:00:00:09:00:03"
+    spec = ((3, (("output", 3),)), (2, (("set_field", "eth_dst", tag), ("output", ofp.OFPP_IN_PORT))))
+    ref = parser.OFPGroupMod(dp, ofp.OFPGC_ADD, ofp.OFPGT_FF, 0xFFFF8003, [
+        parser.OFPBucket(watch_port=3, actions=[parser.OFPActionOutput(3, 0)]),
+        parser.OFPBucket(watch_port=2, actions=[parser.OFPActionSetField(eth_dst=tag),
+                                                parser.OFPActionOutput(ofp.OFPP_IN_PORT, 0)])])
+    assert wire(ofmsgs.ff_group(9, 0xFFFF8003, spec)) == wire(ref)
+    ref = parser.OFPGroupMod(dp, ofp.OFPGC_ADD, ofp.OFPGT_ALL, 42, [
+        parser.OFPBucket(actions=[parser.OFPActionOutput(1, 0)]),
+        parser.OFPBucket(actions=[parser.OFPActionGroup(0xFFFF0003)])])
+    assert wire(ofmsgs.group_add(9, 42, 4, (1, 3), (0xFFFF0003,))) == wire(ref)
+    acts = (("set_field", "eth_dst", "01:00:5e:01:02:03"), ("group", 42))
+    for source, group, match in [
+            (None, None, dict(in_port=2, eth_dst=tag, eth_type=0x0800, ipv4_dst=("232.0.0.0", "255.0.0.0"))),
+            ("10.0.0.1", "232.1.2.3", dict(in_port=2, eth_dst=tag, eth_type=0x0800,
+                                           ipv4_src="10.0.0.1", ipv4_dst="232.1.2.3"))]:
+        ref = parser.OFPFlowMod(
+            dp, cookie=ofmsgs.cookie(42), table_id=ofmsgs.TABLE, command=ofp.OFPFC_ADD,
+            priority=ofmsgs.PRIO_DETOUR, flags=ofp.OFPFF_SEND_FLOW_REM, match=parser.OFPMatch(**match),
+            instructions=[parser.OFPInstructionActions(ofp.OFPIT_APPLY_ACTIONS, ofmsgs.actions(acts))])
+        msg = ofmsgs.detour_flow(9, ofmsgs.cookie(42), 2, tag, acts, source, group)
+        assert wire(msg) == wire(ref)
+        parsed = parser.OFPFlowMod.parser(dp, ofp.OFP_VERSION, ofp.OFPT_FLOW_MOD, len(msg.buf), 7, msg.buf)
+        assert normalise_actions(parsed.instructions[0].actions) == acts
+        assert dict(parsed.match.items()) == match

@@ -12,7 +12,7 @@ from ryu.ofproto import ofproto_v1_3_parser as parser
 import topologies as T
 from controller import ofmsgs
 from controller.core import MulticastCore, Plan, SwitchState
-from controller.reconnect import Reconnect, port_is_down, port_status
+from controller.reconnect import Reconnect, normalise_actions, port_is_down, port_status
 from controller.topoview import TopologyView
 from lab.fakeof import FakeFabric
 from tests.support.controller_env import core_and_fabric
@@ -54,13 +54,13 @@ def old_app_plan(core: MulticastCore, dpid: int, parts: list, ports: list) -> tu
     flows, groups = [], {}
     for msg in parts:
         if isinstance(msg, parser.OFPFlowStatsReply):
-            flows += [(f.cookie, f.priority, f.match.get("in_port")) for f in msg.body]
+            flows += [(f.cookie, f.priority, dict(f.match.items()),
+                       normalise_actions(f.instructions[0].actions)
+                       if f.priority == ofmsgs.PRIO_DETOUR else ()) for f in msg.body]
         else:
             for g in msg.body:
-                groups[g.group_id] = (g.type, [
-                    [a.port for a in b.actions if isinstance(a, parser.OFPActionOutput)]
-                    + [None for a in b.actions if not isinstance(a, parser.OFPActionOutput)]
-                    for b in g.buckets])
+                groups[g.group_id] = (g.type, [(b.watch_port, normalise_actions(b.actions))
+                                               for b in g.buckets])
     present = SwitchState.from_tables(flows, groups, core.groups)
     plan = Plan()
     for port in ports:

@@ -14,6 +14,7 @@ from controller import ofmsgs
 from controller.auth import ADMIN, Forbidden, Principal, Unauthorized
 from controller.core import MulticastCore, Plan
 from controller.errors import Conflict, InvalidAddress, ReceiverIsSource, UnknownGroup
+from controller.protect import is_ff
 from controller.service import Service, StateFileError
 from controller.topoview import TopologyView
 from lab.fakeof import FakeFabric
@@ -75,6 +76,13 @@ def test_receiver_states_follow_confirmation():
         n = 1 if dpid in tree.entries else 0
         assert env.metric("modelcast_switch_entries", dpid=str(dpid), kind="groups") == n
         assert env.metric("modelcast_switch_entries", dpid=str(dpid), kind="sg_flows") == n
+        sw = env.fabric.switches[dpid]  # protection: what the switch really holds
+        assert env.metric("modelcast_switch_entries", dpid=str(dpid), kind="ff_groups") == \
+            sum(1 for gid in sw.groups if is_ff(gid))
+        assert env.metric("modelcast_switch_entries", dpid=str(dpid), kind="detour_flows") == \
+            sum(1 for f in sw.flows if f.priority == ofmsgs.PRIO_DETOUR)
+    assert sum(env.metric("modelcast_switch_entries", dpid=str(d), kind="ff_groups")
+               for d in env.topo.switches) > 0  # this tree has protected links
     assert env.metric("modelcast_install_seconds_count") == 1
     assert env.metric("modelcast_install_seconds_sum") == pytest.approx(0.25)
     # a deferred delete confirms only with the barrier

@@ -61,6 +61,53 @@ def core_and_fabric(topo: T.Topology, *, unknown_hosts: tuple[str, ...] = (),
     return core, fabric
 
 
+def assert_exact(core: MulticastCore, fabric: FakeFabric) -> None:
+    """Every live switch holds exactly what the groups' current trees need, protection
+    included, worked out here from the trees and the current detours (not from the core's
+    counters): one ALL group and one (S,G) flow per tree crossing it, one rejoin flow per
+    protected parent link, one FF group per protected port (and ingress variant), one
+    transit flow per protected link whose detour crosses it -- and nothing else."""
+    from controller.protect import IN_PORT_BIT, ff_buckets, ff_port, is_ff, tag
+    guards = set()
+    want: dict[int, set] = {d: set() for d in fabric.switches}
+    for g in core.groups.values():
+        for dpid, e in (g.tree.entries.items() if g.tree else ()):
+            want[dpid] |= {("group", g.gid), ("sg", g.gid, e.in_port)}
+            ffs = list(e.ff)
+            if e.rejoin:
+                want[dpid].add(("rejoin", g.gid, e.rejoin))
+                ffs += [a[1] for a in e.rejoin[2] if a[0] == "group" and is_ff(a[1])]
+            for f in ffs:
+                d = core.detours.get(dpid, ff_port(f))
+                want[dpid].add(("ff", f, ff_buckets(ff_port(f), d, bool(f & IN_PORT_BIT),
+                                                    tag(dpid, ff_port(f)))))
+                guards.add((dpid, ff_port(f)))
+    for p, port in guards:
+        for x, i, o in core.detours.get(p, port).transit:
+            want[x].add(("transit", i, tag(p, port), (("output", o),)))
+    for dpid, sw in fabric.switches.items():
+        if not sw.up or dpid not in core.installed:
+            continue
+        have = set()
+        for gid, grp in sw.groups.items():
+            if is_ff(gid):
+                have.add(("ff", gid, tuple((b.watch_port, b.actions) for b in grp.buckets)))
+            else:
+                have.add(("group", gid))
+        for f in sw.flows:
+            if f.priority == ofmsgs.PRIO_SG:
+                have.add(("sg", f.cookie & ~ofmsgs.COOKIE_MASK, f.match["in_port"]))
+            elif f.priority == ofmsgs.PRIO_DETOUR:
+                acts = f.instructions[0][1]
+                if f.cookie == ofmsgs.COOKIE_DETOUR:
+                    have.add(("transit", f.match["in_port"], f.match["eth_dst"], acts))
+                else:
+                    have.add(("rejoin", f.cookie & ~ofmsgs.COOKIE_MASK,
+                              (f.match["in_port"], f.match["eth_dst"], acts)))
+        assert have == want[dpid], (dpid, sorted(have - want[dpid], key=repr),
+                                    sorted(want[dpid] - have, key=repr))
+
+
 class FabricInstaller:
     """Applies each plan to the fake fabric and confirms it: at once, or (``deferred``)
     only when the test calls ``flush()`` -- the barrier replies arriving later."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Sequence
 
 import topologies as T
 from lab.controller import Controller
@@ -16,11 +16,13 @@ from tests.support.lab import need_lab
 
 @contextmanager
 def controller_lab(topo: T.Topology, work: Path,
-                   prepare: Callable[[Lab], None] | None = None) -> Iterator[tuple[Lab, Controller]]:
-    """A started controller and lab, the controller seeing every switch and link.
-    ``prepare`` runs on the built lab before that wait (e.g. to fill ARP caches)."""
+                   prepare: Callable[[Lab], None] | None = None,
+                   args: Sequence[str] = ()) -> Iterator[tuple[Lab, Controller]]:
+    """A started controller (with more options ``args``) and lab, the controller seeing
+    every switch and link. ``prepare`` runs on the built lab before that wait (e.g. to
+    fill ARP caches)."""
     need_lab()
-    ctl = Controller(work)
+    ctl = Controller(work, args=args)
     ctl.start()
     lab = Lab(topo, controller=ctl.of_target)
     try:

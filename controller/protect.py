@@ -1,0 +1,209 @@
+"""Fast-failover protection of tree links, decided without a live switch (pure).
+
+For every inter-switch link a tree uses, parent ``p`` -> child ``c`` on ``p``'s port
+``port``, the switch ``p`` holds one OFPGT_FF group shared by every group crossing that
+link: bucket 1 watches ``port`` and outputs there; bucket 2 watches the first port of a
+*detour* (a loop-free path ``p -> x1 -> ... -> c`` that avoids the link) and sends the
+packet onto it with its destination MAC rewritten to the link's *tag* (a locally
+administered MAC naming ``p`` and ``port``). The group's OFPGT_ALL group at ``p`` points
+its bucket for ``port`` at that FF group, so when the link fails the switch itself moves
+traffic onto the detour, with no controller round trip.
+
+Why the tag: a detour may cross switches of the same tree, even the tree's own links,
+and arrive at ``c`` on a port that is not the tree's ingress port there. Tagged copies
+never match the (S,G) flows' forwarding (detour entries are matched first, on
+``eth_dst``), so nothing is copied twice along the detour:
+
+* a *transit* flow on each switch in between (in_port from the previous hop + tag, in
+  232/8) outputs toward the next hop, shared by all groups, one per protected link;
+* a *rejoin* flow at ``c`` per group (in_port from the last hop + tag + (S,G)) restores
+  the group's multicast MAC and continues exactly as ``c``'s ALL group would: every
+  receiver still gets one copy. When the detour arrives over one of ``c``'s own tree
+  ports the rejoin lists ``c``'s outputs itself with ``OFPP_IN_PORT`` for that port
+  (a switch never outputs a packet where it came in otherwise).
+
+Entries per switch: one FF group per protected link port (two when some group enters the
+switch on the detour's first port, which then needs ``OFPP_IN_PORT``), one transit flow
+per protected link whose detour crosses it, one rejoin flow per group whose parent link
+is protected. A link without a detour (a bridge) is not protected; the controller
+reroutes (or reports receivers unreachable) on PortStatus.
+
+Detours are shortest paths found once and kept while they work (as trees keep their
+branches): a detour is recomputed only when a link or switch on it goes away, and a
+link without one is retried when a link comes up.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import NamedTuple
+
+from ryu.ofproto import ofproto_v1_3 as ofp
+
+from controller.topoview import TopologyView
+
+FF_BASE = 0xFFFF0000  # FF group ids: FF_BASE | (via ingress << 15) | port
+IN_PORT_BIT = 1 << 15
+MAX_PORT = IN_PORT_BIT - 1  # link ports above this are not protected
+MAX_TAG_DPID = 0xFFFFFF  # switches with larger dpids are not protected
+
+
+class Detour(NamedTuple):
+    """A loop-free path around the link ``dpid:port``: ``first`` is the port it leaves
+    ``dpid`` on, ``transit`` the (switch, in_port, out_port) hops in between, ``rejoin``
+    the switch it ends at (the link's far end) and ``arrival`` the port it comes in on."""
+
+    first: int
+    transit: tuple[tuple[int, int, int], ...]
+    rejoin: int
+    arrival: int
+
+
+def protectable(dpid: int, port: int) -> bool:
+    return 0 < dpid <= MAX_TAG_DPID and 0 < port <= MAX_PORT
+
+
+@lru_cache(maxsize=1 << 16)
+def tag(dpid: int, port: int) -> str:
+    """The detour MAC of link ``dpid:port``: locally administered, unicast (02:...)."""
+    value = 0x02 << 40 | dpid << 16 | port
+    return ":".join(f"{b:02x}" for b in value.to_bytes(6, "big"))
+
+
+def ff_id(port: int, via_in_port: bool) -> int:
+    """The FF group protecting ``port``; ``via_in_port`` when its detour leaves through the
+    port the packet came in on (so the backup bucket outputs ``OFPP_IN_PORT``)."""
+    return FF_BASE | (IN_PORT_BIT if via_in_port else 0) | port
+
+
+def is_ff(gid: int) -> bool:
+    return FF_BASE <= gid < FF_BASE + 2 * IN_PORT_BIT
+
+
+def ff_port(ffid: int) -> int:
+    return ffid & MAX_PORT
+
+
+def ff_buckets(port: int, d: Detour, via_in_port: bool, link_tag: str) -> tuple:
+    """The FF group's buckets as (watch_port, actions): the link, else the detour."""
+    return ((port, (("output", port),)),
+            (d.first, (("set_field", "eth_dst", link_tag),
+                       ("output", ofp.OFPP_IN_PORT if via_in_port else d.first))))
+
+
+class Detours:
+    """Detours per directed link (dpid, port), cached against the view's changes: each
+    cached detour is indexed by the edges it crosses, so a failure finds the detours it
+    broke without looking at the others."""
+
+    def __init__(self, view: TopologyView) -> None:
+        self.view = view
+        self._paths: dict[tuple[int, int], Detour | None] = {}
+        self._by_edge: dict[frozenset[int], set[tuple[int, int]]] = {}
+        self._none: set[tuple[int, int]] = set()  # links without a detour (bridges)
+        self._edges = view.edge_count
+        self._removals = view.removals
+
+    def stale(self) -> set[tuple[int, int]]:
+        """Catch up with the view; returns the links whose detour was dropped (a removed
+        edge or switch was on it, or it had none and an edge came up)."""
+        view = self.view
+        if view.edge_count == self._edges and view.removals == self._removals:
+            return set()
+        changes = view.edge_changes(self._edges)
+        if changes is None or view.removals != self._removals:
+            dropped = set(self._paths)
+        else:
+            dropped = set()
+            for a, b, added in changes:
+                if added:
+                    dropped |= self._none
+                else:
+                    dropped |= self._by_edge.get(frozenset((a, b)), set())
+        for key in dropped:
+            d = self._paths.pop(key)
+            if d is None:
+                self._none.discard(key)
+                continue
+            for e in _edges_of(key[0], d):
+                users = self._by_edge[e]
+                users.discard(key)
+                if not users:
+                    del self._by_edge[e]
+        self._edges, self._removals = view.edge_count, view.removals
+        return dropped
+
+    def get(self, dpid: int, port: int) -> Detour | None:
+        """The detour around link ``dpid:port`` (None: no other path, or not taggable).
+        The caller runs ``stale()`` after each topology change first."""
+        key = (dpid, port)
+        try:
+            return self._paths[key]
+        except KeyError:
+            pass
+        link = self.view.port_link.get(key)
+        d = None
+        if link is not None and protectable(dpid, port):
+            far = link.b if (link.a, link.a_port) == key else link.a
+            d = _shortest_around(self.view.nbr_ports, dpid, far)
+        self._paths[key] = d
+        if d is None:
+            self._none.add(key)
+        else:
+            for e in _edges_of(dpid, d):
+                self._by_edge.setdefault(e, set()).add(key)
+        return d
+
+
+def _edges_of(start: int, d: Detour) -> list[frozenset[int]]:
+    nodes = [start, *(x for x, _, _ in d.transit), d.rejoin]
+    return [frozenset(e) for e in zip(nodes, nodes[1:])]
+
+
+def _shortest_around(nbr: dict[int, dict[int, int]], src: int, dst: int) -> Detour | None:
+    """A shortest path from ``src`` to ``dst`` without the edge between them: breadth-first
+    from both ends (a whole level at a time, the smaller frontier first, meetings found by
+    set intersection before the level is expanded), the meeting with the shortest total,
+    then the lowest dpids: the same graph always gives the same detour, and a failure
+    costs two shallow searches, not one deep one."""
+    if src not in nbr or dst not in nbr:
+        return None
+    sides = ({src: None}, {dst: None})  # node -> its parent on that side
+    depth = ({src: 0}, {dst: 0})
+    fronts = [[src], [dst]]
+    while fronts[0] and fronts[1]:
+        side = 0 if len(fronts[0]) <= len(fronts[1]) else 1
+        mine, other, far = sides[side], sides[1 - side], depth[1 - side]
+        level = depth[side][fronts[side][0]] + 1
+        meet = None
+        for u in fronts[side]:
+            for v in nbr[u].keys() & other.keys():
+                if (u == src and v == dst) or (u == dst and v == src) or v in mine:
+                    continue
+                cand = (level + far[v], v, u)
+                if meet is None or cand < meet:
+                    meet = cand
+        if meet is not None:
+            mine[meet[1]] = meet[2]
+            return _detour(nbr, sides, meet[1], src)
+        nxt = []
+        for u in fronts[side]:
+            for v in sorted(nbr[u]):
+                if v not in mine and not ((u == src and v == dst) or (u == dst and v == src)):
+                    mine[v] = u
+                    depth[side][v] = level
+                    nxt.append(v)
+        fronts[side] = nxt
+    return None
+
+
+def _detour(nbr: dict[int, dict[int, int]], sides: tuple[dict, dict], mid: int, src: int) -> Detour:
+    head = [mid]
+    while sides[0][head[-1]] is not None:
+        head.append(sides[0][head[-1]])
+    path = head[::-1]
+    while sides[1][path[-1]] is not None:
+        path.append(sides[1][path[-1]])
+    hops = tuple((path[i], nbr[path[i]][path[i - 1]], nbr[path[i]][path[i + 1]])
+                 for i in range(1, len(path) - 1))
+    return Detour(nbr[src][path[1]], hops, path[-1], nbr[path[-1]][path[-2]])

@@ -1,0 +1,168 @@
+"""Fast-failover protection on a real Open vSwitch fabric (userspace datapath, netns
+hosts): a tree link is taken down under a 1000 datagrams/s sequence-numbered stream and
+the receivers' loss window is measured -- with protection (the switches move traffic
+onto the pre-installed detour themselves) and without (``--no-protection``: the
+controller's PortStatus -> reroute -> barrier path), each also with a CPU hog on every
+core, all in the same run on the same lab. The numbers are printed; the bound asserted
+with protection (median < 50 ms; < 500 ms with the hog, which starves userspace OVS
+itself on 2 cores) is generous so that a shared CI machine passes it, the target is
+< 10 ms."""
+
+from __future__ import annotations
+
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from typing import Iterator
+
+import pytest
+
+import topologies as T
+from lab.ovs import Lab
+from lab.probes import Capture, send
+from tests.support.controller_lab import controller_lab, wait_for
+
+pytestmark = pytest.mark.lab
+
+TOPO = T.leaf_spine(2, 3, 2)  # h1 h2 @leaf 3, h3 h4 @leaf 4, h5 h6 @leaf 5; spines 1, 2
+INTERVAL = 0.001  # 1000 datagrams/s
+BOUND_S = 0.050  # asserted with protection (target 10 ms; a shared 2-core CI machine)
+BOUND_HOG_S = 0.5  # the same with a CPU hog on every core (OVS's own threads starve)
+RECEIVERS = ("h3", "h5")
+REPEATS = 3  # failures per mode and load
+HOG = "while True: pass"
+
+
+@contextmanager
+def cpu_hog(on: bool) -> Iterator[None]:
+    """One busy process per core (started here, stopped here by PID)."""
+    procs = [subprocess.Popen([sys.executable, "-c", HOG]) for _ in range(os.cpu_count() or 1)] if on else []
+    try:
+        time.sleep(0.3 if on else 0)
+        yield
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+
+
+def ff_groups(lab: Lab, dpid: int) -> int:
+    out = subprocess.run(["ovs-ofctl", "-O", "OpenFlow13", "dump-groups", lab.bridge(dpid)],
+                         capture_output=True, text=True, check=True).stdout
+    return len(re.findall(r"type=ff", out))
+
+
+def metric_ff_groups(ctl) -> dict[int, int]:
+    text = ctl.api("GET", "/metrics").text
+    return {int(d): int(float(v)) for d, v in re.findall(
+        r'modelcast_switch_entries\{dpid="(\d+)",kind="ff_groups"\} (\S+)', text)}
+
+
+def measure(lab: Lab, ctl, work, gid: int, hog: bool) -> dict[str, float]:
+    """Take a downstream tree link down under the stream; the receivers' loss window."""
+    g = ctl.wait_group(gid, lambda g: g["state"] == "installed")
+    # a spine -> leaf link of the tree (the spine's FF group protects it)
+    a, b = next((p, c) for p, c in g["tree"]["links"] if p in (1, 2))
+    probes = {h: Capture(lab, h, g["address"], work) for h in RECEIVERS}
+    sender = send(lab, "h1", g["address"], g["port"], INTERVAL, 1_000_000)
+    try:
+        assert wait_for(lambda: all(len(p.seqs()) > 300 for p in probes.values()), 10)
+        with cpu_hog(hog):
+            down_at = time.time()
+            lab.set_link(a, b, False)
+            ctl.wait_group(gid, lambda g: [a, b] not in g["tree"]["links"]
+                           and g["state"] == "installed", timeout=15)
+            time.sleep(1.0)
+        last_sent = time.time()
+        time.sleep(0.3)
+    finally:
+        sender.kill()
+        sender.wait()
+    result = {"lost": 0.0, "gap_ms": 0.0, "dups": 0.0, "window_ms": 0.0, "before_ms": 0.0,
+              "at_ms": 0.0}
+    for h, p in probes.items():
+        recs = [(s, t) for s, t in p.records() if down_at - 0.5 <= t <= last_sent]
+        p.stop()
+        seqs = [s for s, _ in recs]
+        assert seqs, f"{h} received nothing around the failure"
+        result["dups"] += len(seqs) - len(set(seqs))
+        result["lost"] = max(result["lost"], (max(seqs) - min(seqs) + 1) - len(set(seqs)))
+        ts = [t for _, t in recs]
+        result["gap_ms"] = max(result["gap_ms"], max(y - x for x, y in zip(ts, ts[1:])) * 1000)
+        # the loss window: the longest run of consecutive datagrams lost, times the
+        # sending interval (the sender keeps its schedule, so this does not depend on when
+        # the receiver's capture process got the CPU), for runs starting after the failure
+        first = {}
+        for s_, t in recs:
+            first.setdefault(s_, t)
+        order = sorted(first)
+        holes = [(first[x], y - x - 1) for x, y in zip(order, order[1:]) if y - x > 1]
+        after = [(n, t) for t, n in holes if t >= down_at - 0.05]
+        if after and 1000 * INTERVAL * max(after)[0] > result["window_ms"]:
+            n, t = max(after)
+            result["window_ms"], result["at_ms"] = 1000 * INTERVAL * n, (t - down_at) * 1000
+        # the same measure in the 0.5 s before the failure: what the load alone costs
+        result["before_ms"] = max(result["before_ms"], 1000 * INTERVAL * max(
+            (n for t, n in holes if t < down_at - 0.05), default=0))
+    lab.set_link(a, b, True)
+    ctl.wait_topology(switches=len(TOPO.switches), links=len(TOPO.links))
+    return result
+
+
+def test_loss_window_with_and_without_protection(tmp_path):
+    work = tmp_path
+    rows = []
+    with controller_lab(TOPO, work) as (lab, ctl):
+        for h in TOPO.hosts[1:]:  # hosts are learned from their own traffic
+            assert lab.ping(h.name, "h1", count=1, wait=2), ctl.log_text()
+        ip = {h.name: h.ip for h in TOPO.hosts}
+        r = ctl.api("POST", "/v1/groups", json={"model": "ff-test", "source": ip["h1"],
+                                                "receivers": [ip[h] for h in RECEIVERS]})
+        assert r.status_code == 201, r.text
+        gid = r.json()["id"]
+        ctl.wait_group(gid, lambda g: g["state"] == "installed")
+        # protection armed, and the controller's count is what the switches hold
+        assert wait_for(lambda: metric_ff_groups(ctl) == {d: ff_groups(lab, d) for d in TOPO.switches}, 5)
+        assert sum(ff_groups(lab, d) for d in TOPO.switches) > 0
+        for hog in (False, True):
+            for _ in range(REPEATS):
+                rows.append(("protection", hog, measure(lab, ctl, work, gid, hog)))
+                # re-armed for the new tree: the switches hold what the controller counts
+                assert wait_for(lambda: metric_ff_groups(ctl) == {
+                    d: ff_groups(lab, d) for d in TOPO.switches}, 5)
+
+        # the same lab and group, the controller restarted without protection
+        ctl.stop()
+        ctl.args = ["--no-protection"]
+        ctl.start()
+        ctl.wait_topology(switches=len(TOPO.switches), links=len(TOPO.links))
+        ctl.wait_group(gid, lambda g: g["state"] == "installed", timeout=20)
+        assert wait_for(lambda: sum(ff_groups(lab, d) for d in TOPO.switches) == 0, 10), \
+            "the reconnect did not remove the FF groups"
+        for hog in (False, True):
+            for _ in range(REPEATS):
+                rows.append(("controller reroute", hog, measure(lab, ctl, work, gid, hog)))
+        assert ctl.api("DELETE", f"/v1/groups/{gid}").status_code == 204
+
+    print("\nloss window at the receivers when a tree link goes down (1000 datagrams/s, "
+          f"{os.cpu_count()} cores):")
+    for mode, hog, m in rows:
+        print(f"  {mode:18} cpu hog {'on ' if hog else 'off'}: loss window {m['window_ms']:.1f} ms "
+              f"(from {m['at_ms']:.0f} ms after the link went down) "
+              f"(0.5 s before it: {m['before_ms']:.1f} ms); {m['lost']:.0f} datagrams lost in all, "
+              f"longest gap between arrivals {m['gap_ms']:.1f} ms, {m['dups']:.0f} duplicates")
+    for mode in ("protection", "controller reroute"):
+        for hog in (False, True):
+            w = sorted(m["window_ms"] for md, h, m in rows if (md, h) == (mode, hog))
+            print(f"  {mode:18} cpu hog {'on ' if hog else 'off'}: loss window median "
+                  f"{statistics.median(w):.0f} ms (min {w[0]:.0f}, max {w[-1]:.0f}, {len(w)} failures)")
+            if mode == "protection":  # the median: one failure may meet a busy moment
+                # with the hog on every core the switch itself (userspace OVS) is starved:
+                # its failover then takes up to a few hundred ms on a loaded 2-core machine
+                assert statistics.median(w) / 1000 < (BOUND_HOG_S if hog else BOUND_S), (hog, w)
+            else:  # the stream did lose datagrams there: the measurement sees failures
+                assert w[-1] > 0, (hog, w)
