@@ -10,10 +10,14 @@ from bench.controller import run
 
 def test_small_run_reports_ratios_against_the_reference_and_the_machine() -> None:
     out = run(argparse.Namespace(topology="fat-tree:4", groups=20, receivers=4,
-                                 algorithm="spt", failures=3, seed=1))
+                                 algorithm="spt", failures=3, seed=1, no_protection=False))
     assert out["messages_total"] > 0 and out["link_failures"] == 3
     assert out["reference_trees_s"] > 0
     assert out["trees_vs_reference"] > 0
     assert out["reroute_vs_reference_p50"] > 0 and out["reroute_vs_reference_p99"] >= out["reroute_vs_reference_p50"]
     assert 0 <= out["reroutes_with_gc_pause"] <= 3
     assert out["machine"]["cores"] >= 1 and out["machine"]["cpu"]
+    # Protection is on by default: every switch's fast-failover groups and detour flows are counted.
+    entries = out["entries_per_switch"]
+    assert out["protection"] and entries["ff_groups"]["max"] > 0 and entries["detour_flows"]["max"] > 0
+    assert entries["all"]["max"] >= entries["groups"]["max"] + entries["ff_groups"]["max"] // 2
