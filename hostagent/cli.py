@@ -23,8 +23,9 @@ from typing import Any, Optional, Sequence
 
 from .api import (
     GroupAssigned, GroupJoined, LeaveFailed, MetricsServing, ReceiveOptions, ReceiveProgress, ReceiveStarted,
-    SendOptions, SendProgress, SendStarted, TransferError, Unauthenticated, receive, send,
+    SendOptions, SendProgress, SendStarted, TransferError, Unauthenticated, describe_parts, receive, send,
 )
+from . import catalog, tree
 from .control import ControllerError
 from .events import ChunkCorrupt, ManifestReceived, ReceiverCompleted, ReceiverFailed, ReceiverJoined
 
@@ -228,6 +229,42 @@ def cmd_recv(args: argparse.Namespace) -> int:
     return 0 if result.ok else 1
 
 
+# ----------------------------------------------------------------------------- catalog
+
+
+def cmd_catalog(args: argparse.Namespace) -> int:
+    """Publish a model in parts (``catalog DIR --part GLOB``: write the catalog, print the
+    model id and each part's id), or, on a receiver, check a catalog against the model id
+    and print the parts its ``--include`` globs name (``catalog --check FILE --expect ID``)."""
+    if args.check:
+        if not args.expect:
+            raise CliError("--check needs --expect MODEL_ID (the catalog is trusted only through it)")
+        try:
+            with open(args.check, "rb") as handle:
+                blob = handle.read(catalog.MAX_CATALOG_BYTES + 1)
+        except OSError as exc:
+            raise CliError(f"cannot read catalog {args.check}: {exc.strerror}") from None
+        model_id = args.expect
+        parts = catalog.select(catalog.decode_catalog(blob, tree.parse_content_id(model_id)), args.include or ())
+    else:
+        if not args.path or not os.path.isdir(args.path):
+            raise CliError("give a model directory to split, or --check CATALOG")
+        blob, parts = describe_parts(args.path, args.part or [], args.chunk_size)
+        model_id = catalog.catalog_id(blob)
+        if args.write:
+            with open(args.write, "wb") as handle:
+                handle.write(blob)
+    if args.json:
+        print(json.dumps({"model_id": model_id, "chunk_size": args.chunk_size,
+                          "parts": [{"name": p.name, "content_id": p.content_id, "size": p.size, "files": list(p.paths)}
+                                    for p in parts]}))
+    else:
+        print(model_id)
+        for part in parts:
+            print(f"{part.content_id}  {part.size:>12}  {part.name}  ({len(part.paths)} files)")
+    return 0
+
+
 # ----------------------------------------------------------------------------- parser
 
 
@@ -297,6 +334,18 @@ def build_parser() -> argparse.ArgumentParser:
     recv.add_argument("--resume-interval", type=float, default=ReceiveOptions.resume_interval, metavar="SECONDS",
                       help="make the resume record durable at most this long after progress (default %(default)s)")
     recv.add_argument("--on-complete", metavar="CMD", help="run CMD OUT_PATH after verification (exit status in summary)")
+    cat = sub.add_parser("catalog", help="publish a model directory in parts, or check a catalog and pick parts")
+    cat.add_argument("path", nargs="?", help="the model directory to split into parts")
+    cat.add_argument("--part", action="append", metavar="GLOB",
+                     help="files matching GLOB form one part (repeatable); every other file is a part of its own")
+    cat.add_argument("--chunk-size", type=int, default=SendOptions.chunk_size,
+                     help="the chunk size the parts will be sent with (part ids depend on it)")
+    cat.add_argument("--write", metavar="FILE", help="write the catalog (whose digest is the model id) to FILE")
+    cat.add_argument("--check", metavar="FILE", help="check this catalog against --expect and list the parts")
+    cat.add_argument("--expect", metavar="MODEL_ID", help="the model id (blake3:<hex>) the catalog must hash to")
+    cat.add_argument("--include", action="append", metavar="GLOB",
+                     help="with --check: only the parts whose name or files match GLOB (repeatable)")
+    cat.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     return parser
 
 
@@ -305,6 +354,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         if args.command == "send":
             return cmd_send(args)
+        if args.command == "catalog":
+            return cmd_catalog(args)
         return cmd_recv(args)
     except (CliError, TransferError, ControllerError, ValueError) as exc:
         print(f"modelcast: error: {exc}", file=sys.stderr)
