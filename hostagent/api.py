@@ -37,8 +37,8 @@ from .events import (
     Failed, FileComplete, ReceiverCompleted, ReceiverEvent, ReceiverFailed, SenderEvent, StreamFinished,
     TransferFinished,
 )
-from . import catalog, tree
-from .dirs import DirSource, PathSink, scan
+from . import tree
+from .dirs import DirSource, PathSink
 from .manifest import cache_dir, cached_digests
 from .net import (
     FileSink, FileSource, gso_burst_bytes, parse_group, parse_ipv4, path_mtu, receiver_sockets, run,
@@ -567,23 +567,6 @@ class _GroupWatcher:
 
     def stop(self) -> None:
         self._stop.set()
-
-
-def describe_parts(root: str, globs: list[str], chunk_size: int = SendOptions.chunk_size) -> tuple[bytes, list[catalog.Part]]:
-    """A model directory published in parts (``hostagent.catalog``): the catalog blob
-    (its id, ``catalog.catalog_id``, is the model's) and each part with its own content
-    id -- the id its directory session has when sent in ``chunk_size`` chunks. Reads
-    every byte once."""
-    parts = []
-    for name, entries in catalog.split(scan(root), globs):
-        source = DirSource(root, only=[e.path for e in entries])
-        try:
-            digests, whole = file_digests(source, chunk_size)
-            cid = tree.content_id(source.entries_blob, source.size, chunk_size, whole, digests)
-            parts.append(catalog.Part(name, cid, source.size, tuple(e.path for e in source.space.entries)))
-        finally:
-            source.close()
-    return catalog.encode_catalog(parts), parts
 
 
 def _datagram_sizes(opts: SendOptions, interface: str) -> tuple[int, int]:

@@ -23,9 +23,10 @@ from typing import Any, Optional, Sequence
 
 from .api import (
     GroupAssigned, GroupJoined, LeaveFailed, MetricsServing, ReceiveOptions, ReceiveProgress, ReceiveStarted,
-    SendOptions, SendProgress, SendStarted, TransferError, Unauthenticated, describe_parts, receive, send,
+    SendOptions, SendProgress, SendStarted, TransferError, Unauthenticated, receive, send,
 )
 from . import catalog, tree
+from .parts import describe_parts, receive_parts, send_parts
 from .control import ControllerError
 from .events import ChunkCorrupt, ManifestReceived, ReceiverCompleted, ReceiverFailed, ReceiverJoined
 
@@ -179,6 +180,8 @@ def cmd_send(args: argparse.Namespace) -> int:
         min_rate_mbit=args.min_rate, congestion_quorum=args.congestion_quorum, repair_share=args.repair_share,
         lanes=args.lanes,
     )
+    if args.part:
+        return _send_parts(args, options)
     report = Reporter(args, "send")
     try:
         result = send(args.path, options, on_event=report.on_event, on_progress=report.on_send_progress)
@@ -210,6 +213,8 @@ def cmd_recv(args: argparse.Namespace) -> int:
         # The hook's stdout must not corrupt our single JSON line: send it to stderr.
         on_complete=args.on_complete, hook_stdout=sys.stderr if args.json else None, lanes=args.lanes,
     )
+    if args.catalog:
+        return _receive_parts(args, options)
     report = Reporter(args, "recv")
     try:
         result = receive(args.out, options, on_event=report.on_event, on_progress=report.on_receive_progress)
@@ -226,6 +231,49 @@ def cmd_recv(args: argparse.Namespace) -> int:
     hook = result.on_complete
     if hook is not None and hook.exit_status != 0 and not args.json:
         print(f"modelcast: error: --on-complete command exited {hook.exit_status}", file=sys.stderr)
+    return 0 if result.ok else 1
+
+
+# ----------------------------------------------------------------------------- parts
+
+
+def _send_parts(args: argparse.Namespace, options: SendOptions) -> int:
+    report = Reporter(args, "send")
+    try:
+        result = send_parts(args.path, args.part, options, on_event=report.on_event)
+    finally:
+        report.close()
+    return _parts_done(args, result)
+
+
+def _receive_parts(args: argparse.Namespace, options: ReceiveOptions) -> int:
+    if args.on_complete:
+        raise CliError("--on-complete is not supported with --catalog yet")
+    try:
+        with open(args.catalog, "rb") as handle:
+            blob = handle.read(catalog.MAX_CATALOG_BYTES + 1)
+    except OSError as exc:
+        raise CliError(f"cannot read catalog {args.catalog}: {exc.strerror}") from None
+    report = Reporter(args, "recv")
+    try:
+        result = receive_parts(args.out, blob, args.include or [], options, on_event=report.on_event)
+    finally:
+        report.close()
+    return _parts_done(args, result)
+
+
+def _parts_done(args: argparse.Namespace, result: Any) -> int:
+    if args.json:
+        print(json.dumps(result.summary()))
+    else:
+        for part in result.parts:
+            where = part.group or "not sent (no receiver asked for it)"
+            _say(args, f"{part.name}: {part.content_id} on {where}, {part.bytes_on_wire} bytes on the wire"
+                       f"{'' if part.ok else ' FAILED: ' + str(part.error)}")
+        _say(args, f"{'done' if result.ok else 'FAILED'}: model {result.model_id}, {result.bytes} bytes of parts, "
+                   f"{result.bytes_on_wire} on the wire, {result.seconds:.1f}s")
+    if result.error is not None and not args.json:
+        print(f"modelcast: error: {result.error}", file=sys.stderr)
     return 0 if result.ok else 1
 
 
@@ -321,6 +369,10 @@ def build_parser() -> argparse.ArgumentParser:
     send.add_argument("--repair-share", type=float, default=SendOptions.repair_share, metavar="FRACTION",
                       help="max fraction of the sends given to repairs while the stream runs, so lagging "
                            "receivers never starve it (default %(default)s)")
+    send.add_argument("--part", action="append", metavar="GLOB",
+                      help="send DIR in parts, each on its own group named by the part's id: files matching GLOB "
+                           "form one part (repeatable), every other file a part of its own; a part no receiver "
+                           "joined is not sent (see modelcast catalog)")
     recv = sub.add_parser("recv", parents=[common], help="receive a file or a model directory from the group")
     recv.add_argument("--source", required=True, help="sender's IPv4 address (source-specific join)")
     recv.add_argument("--out", required=True,
@@ -329,6 +381,11 @@ def build_parser() -> argparse.ArgumentParser:
     recv.add_argument("--expect", metavar="ID",
                       help="accept only the model with this content id (blake3:<hex>, printed by send); with "
                            "--controller and no --model it also names the group")
+    recv.add_argument("--catalog", metavar="FILE",
+                      help="the model's catalog (modelcast catalog --write): with --expect MODEL_ID, receive the "
+                           "parts --include names, each held to its id, merged into OUT")
+    recv.add_argument("--include", action="append", metavar="GLOB",
+                      help="with --catalog: only the parts whose name or files match GLOB (repeatable)")
     recv.add_argument("--timeout", type=float, default=ReceiveOptions.timeout, help="give up after this long without the sender")
     recv.add_argument("--no-gro", action="store_true", help="do not ask the kernel for UDP GRO")
     recv.add_argument("--resume-interval", type=float, default=ReceiveOptions.resume_interval, metavar="SECONDS",

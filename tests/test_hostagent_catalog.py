@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 import hostagent.wire as wire
 from hostagent import catalog, tree
-from hostagent.api import describe_parts
+from hostagent.parts import describe_parts
 from hostagent.catalog import BadCatalog, Part, PartMismatch
 from hostagent.cli import main
 from hostagent.dirs import DirSource, PathSink, merge_parts
