@@ -39,6 +39,10 @@ class SelectiveReport:
     sender_summary: Optional[dict] = None
     receiver_summaries: dict[str, Optional[dict]] = field(default_factory=dict)
 
+    @property
+    def ok(self) -> bool:
+        return bool(self.verified) and all(self.verified.values())
+
     def sent_parts(self) -> list[catalog.Part]:
         """The distinct parts some receiver asked for (each should cross the sender's link once)."""
         names = {p.name for parts in self.wanted.values() for p in parts}
