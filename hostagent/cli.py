@@ -213,6 +213,8 @@ def cmd_recv(args: argparse.Namespace) -> int:
         # The hook's stdout must not corrupt our single JSON line: send it to stderr.
         on_complete=args.on_complete, hook_stdout=sys.stderr if args.json else None, lanes=args.lanes,
     )
+    if args.include and not args.catalog:
+        raise CliError("--include picks parts of a catalog: give --catalog FILE (and --expect MODEL_ID)")
     if args.catalog:
         return _receive_parts(args, options)
     report = Reporter(args, "recv")
@@ -247,8 +249,6 @@ def _send_parts(args: argparse.Namespace, options: SendOptions) -> int:
 
 
 def _receive_parts(args: argparse.Namespace, options: ReceiveOptions) -> int:
-    if args.on_complete:
-        raise CliError("--on-complete is not supported with --catalog yet")
     try:
         with open(args.catalog, "rb") as handle:
             blob = handle.read(catalog.MAX_CATALOG_BYTES + 1)

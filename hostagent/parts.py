@@ -8,8 +8,9 @@ The sender sends the parts one after another, each once, each to the receivers t
 joined its group by then; a part whose group has no receiver is not sent at all. So
 receivers join first (their groups wait for the sender for ``--timeout`` seconds).
 A receiver joins the groups of all its parts at once (one receive per part, in
-threads), holds each part to its id, and renames the merged directory into place only
-when every part it asked for verified.
+threads, each into ``.OUT.part-<id>`` next to OUT, resumable like any receive), holds
+each part to its id, and renames the merged directory into place only when every part
+it asked for verified.
 """
 
 from __future__ import annotations
@@ -126,13 +127,18 @@ def receive_parts(out: str, catalog_blob: bytes, includes: list[str], options: R
     and rename them merged into ``out`` once all verified."""
     if not options.expect or not options.controller:
         raise TransferError("--catalog needs --expect MODEL_ID and --controller")
+    if options.on_complete or options.lanes != 1 or options.metrics_port is not None:
+        raise TransferError("--catalog does not take --on-complete, --lanes or --metrics-port yet")
     started = time.monotonic()
     try:
         parts = catalog.select(catalog.decode_catalog(catalog_blob, tree.parse_content_id(options.expect)), includes)
     except ValueError as exc:
         raise TransferError(str(exc)) from None
     out = os.path.abspath(out)
-    staging = [os.path.join(os.path.dirname(out), f".{os.path.basename(out)}.part{i}") for i in range(len(parts))]
+    # Named by the part's id: a restarted receiver finds each part's resume record again,
+    # whatever else it now asks for.
+    staging = [os.path.join(os.path.dirname(out), f".{os.path.basename(out)}.part-{_short(p.content_id)}")
+               for p in parts]
     results: list[Optional[ReceiveResult]] = [None] * len(parts)
     errors: list[Optional[str]] = [None] * len(parts)
     emit = _locked(on_event)
@@ -166,6 +172,10 @@ def receive_parts(out: str, catalog_blob: bytes, includes: list[str], options: R
         ok=not failed, model_id=options.expect, bytes=sum(p.size for p in parts),
         bytes_on_wire=sum(r.bytes_on_wire for r in reports), seconds=time.monotonic() - started, parts=reports,
         out=out if not failed else None, error=f"part {failed[0].name!r}: {failed[0].error}" if failed else None)
+
+
+def _short(content_id: str) -> str:
+    return content_id[len(tree.ID_PREFIX):][:16]
 
 
 def _locked(on_event: Optional[OnEvent]) -> OnEvent:

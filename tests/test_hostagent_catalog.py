@@ -9,6 +9,7 @@ one directory."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 from pathlib import Path
@@ -21,7 +22,8 @@ from hypothesis import strategies as st
 
 import hostagent.wire as wire
 from hostagent import catalog, tree
-from hostagent.parts import describe_parts
+from hostagent.api import ReceiveOptions, TransferError
+from hostagent.parts import describe_parts, receive_parts
 from hostagent.catalog import BadCatalog, Part, PartMismatch
 from hostagent.cli import main
 from hostagent.dirs import DirSource, PathSink, merge_parts
@@ -251,3 +253,30 @@ def test_cli_publishes_a_catalog_and_a_receiver_checks_it_and_picks_its_parts(
     other = "blake3:" + blake3.blake3(b"another model").hexdigest()
     assert main(["catalog", "--check", str(path), "--expect", other]) == 1
     assert "does not hash to the model id" in capsys.readouterr().err
+
+
+def test_a_receiver_refuses_a_catalog_of_another_model_before_joining_anything(
+        moe: tuple[Path, bytes, list[Part]], tmp_path: Path) -> None:
+    """No controller call is made (the URL is unreachable) and nothing is created."""
+    _, blob, _ = moe
+    other = "blake3:" + blake3.blake3(b"another model").hexdigest()
+    opts = ReceiveOptions(controller="http://127.0.0.1:9", source="127.0.0.1", expect=other)
+    with pytest.raises(TransferError, match="does not hash to the model id"):
+        receive_parts(str(tmp_path / "model"), blob, [], opts)
+    with pytest.raises(TransferError, match="names no part"):
+        receive_parts(str(tmp_path / "model"), blob, ["experts/nine.*"],
+                      dataclasses.replace(opts, expect=catalog.catalog_id(blob)))
+    with pytest.raises(TransferError, match="on-complete"):
+        receive_parts(str(tmp_path / "model"), blob, [],
+                      dataclasses.replace(opts, expect=catalog.catalog_id(blob), on_complete="true"))
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_include_without_a_catalog_and_part_without_a_controller_are_refused(
+        moe: tuple[Path, bytes, list[Part]], tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    root, _, _ = moe
+    assert main(["recv", "--group", "232.1.1.1:5000", "--insecure", "--source", "127.0.0.1",
+                 "--out", str(tmp_path / "m"), "--include", "*.json"]) == 1
+    assert "--include picks parts of a catalog" in capsys.readouterr().err
+    assert main(["send", str(root), "--group", "232.1.1.1:5000", "--insecure", "--part", "experts/*"]) == 1
+    assert "--part needs --controller" in capsys.readouterr().err
