@@ -39,7 +39,7 @@ from typing import Iterable, Optional
 import blake3
 import msgpack
 
-from . import tree
+import hostagent.tree as tree
 from .tree import Entry, UnsafeEntries
 
 MAX_PARTS = 1024

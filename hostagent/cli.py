@@ -25,7 +25,8 @@ from .api import (
     GroupAssigned, GroupJoined, LeaveFailed, MetricsServing, ReceiveOptions, ReceiveProgress, ReceiveStarted,
     SendOptions, SendProgress, SendStarted, TransferError, Unauthenticated, receive, send,
 )
-from . import catalog, tree
+import hostagent.catalog as catalog
+import hostagent.tree as tree
 from .parts import describe_parts, receive_parts, send_parts
 from .control import ControllerError
 from .events import ChunkCorrupt, ManifestReceived, ReceiverCompleted, ReceiverFailed, ReceiverJoined

@@ -22,12 +22,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Optional
 
-from . import catalog, tree
+import hostagent.catalog as catalog
+import hostagent.tree as tree
 from .api import (
     _ANY, OnEvent, ReceiveOptions, ReceiveResult, SendOptions, SendResult, TransferError, _client, _ipv4, _send,
     _url_host, receive,
 )
-from .control import local_ip_towards
+from .control import ControllerError, local_ip_towards
 from .dirs import DirSource, merge_parts, scan
 from .sender import file_digests
 
@@ -100,7 +101,7 @@ def send_parts(path: str, globs: list[str], options: SendOptions, *, on_event: O
         report = PartReport(part.name, part.content_id, part.size, len(part.paths))
         reports.append(report)
         info = client.create_group(part.content_id, src_ip)
-        wanted = len(info.get("receivers") or {})
+        wanted = sum(1 for state in (info.get("receivers") or {}).values() if state != "unreachable")
         if not wanted:
             report.ok = True  # nobody asked for it: not sending it is the right outcome
             continue
@@ -108,6 +109,9 @@ def send_parts(path: str, globs: list[str], options: SendOptions, *, on_event: O
         source = DirSource(path, only=part.paths)
         try:
             result: SendResult = _send(path, opts, source, interface, emit, None)
+        except (TransferError, ControllerError) as exc:  # this part failed; the others still go
+            report.error = str(exc)
+            continue
         finally:
             source.close()
         report.group, report.group_id = result.group, result.group_id
