@@ -16,7 +16,7 @@ manifest id). A receiver that knows the model id:
    every rule below), so every part id it then trusts was published with the model;
 2. picks the parts its ``--include`` globs name (``select``);
 3. holds each part's manifest to that part's id, and checks that the manifest's entry
-   list is exactly the part's paths and size (``check_part``), so the parts merge into
+   list is exactly the part's paths and size (``check_received``), so the parts merge into
    one directory without one part overwriting another's file.
 
 ``decode_catalog`` refuses: a blob that does not hash to the expected id, anything but
@@ -194,21 +194,12 @@ def select(parts: list[Part], includes: Iterable[str]) -> list[Part]:
     return chosen
 
 
-def check_part(part: Part, pages: list) -> None:
-    """A part's whole manifest (``wire.Manifest`` pages covering every chunk) is the part
-    the catalog lists: it hashes to the part's id, and its files are exactly the part's
-    paths, adding up to its size (``PartMismatch`` otherwise)."""
-    if not pages:
-        raise PartMismatch("no manifest")
-    got = tree.parse_content_id(tree.manifest_id(pages))
-    if not hmac.compare_digest(got, tree.parse_content_id(part.content_id)):
-        raise PartMismatch(f"part {part.name!r}: manifest does not hash to the part's id")
-    first = pages[0]
-    if not first.entries:
-        raise PartMismatch(f"part {part.name!r}: manifest has no entry list")
-    try:
-        entries = tree.decode_entries(first.entries, first.file_size)
-    except UnsafeEntries as exc:
-        raise PartMismatch(f"part {part.name!r}: {exc}") from None
-    if tuple(e.path for e in entries) != part.paths or first.file_size != part.size:
-        raise PartMismatch(f"part {part.name!r}: manifest's files or size differ from the catalog's")
+def check_received(part: Part, content_id: Optional[str], entries: list[Entry]) -> None:
+    """What arrived for a part is the part the catalog lists: it was received against the
+    part's id (``content_id``: the id of the manifest the receiver verified), and its
+    files are exactly the part's paths, adding up to its size (``PartMismatch``)."""
+    if content_id is None or not hmac.compare_digest(tree.parse_content_id(content_id),
+                                                     tree.parse_content_id(part.content_id)):
+        raise PartMismatch(f"part {part.name!r}: not received against the part's id")
+    if tuple(e.path for e in entries) != part.paths or sum(e.size for e in entries) != part.size:
+        raise PartMismatch(f"part {part.name!r}: the files received are not the part's files in the catalog")

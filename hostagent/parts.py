@@ -165,8 +165,11 @@ def receive_parts(out: str, catalog_blob: bytes, includes: list[str], options: R
         if result is not None:
             report.group, report.bytes_on_wire = result.group, result.bytes_received
             error = result.error if not result.ok else None
-            if error is None and tuple(e.path for e in scan(where)) != part.paths:
-                error = "the files received are not the part's files in the catalog"
+            if error is None:
+                try:
+                    catalog.check_received(part, result.content_id, scan(where))
+                except catalog.PartMismatch as exc:
+                    error = str(exc)
         report.ok, report.error, report.receivers = error is None, error, int(error is None)
         reports.append(report)
     failed = [r for r in reports if not r.ok]

@@ -73,7 +73,7 @@ def test_each_part_id_is_the_id_its_own_directory_session_has(moe: tuple[Path, b
             cfg = sender_config(key=KEY, chunk_size=CHUNK, session_id=3)
             pages = build_manifest_pages(source, cfg, 3, file_digests(source, CHUNK), source.entries_blob)
             assert tree.manifest_id(pages) == part.content_id
-            catalog.check_part(part, pages)
+            catalog.check_received(part, tree.manifest_id(pages), tree.decode_entries(pages[0].entries))
         finally:
             source.close()
 
@@ -206,7 +206,7 @@ def test_a_part_is_received_only_against_its_id_and_parts_merge_into_one_directo
         sink.close()
 
 
-def test_check_part_refuses_a_manifest_that_is_not_the_listed_part(moe: tuple[Path, bytes, list[Part]]) -> None:
+def test_what_arrived_must_be_the_listed_part(moe: tuple[Path, bytes, list[Part]]) -> None:
     root, _, parts = moe
     three, four = parts[5], parts[6]
     source = DirSource(str(root), only=four.paths)
@@ -215,15 +215,18 @@ def test_check_part_refuses_a_manifest_that_is_not_the_listed_part(moe: tuple[Pa
         pages = build_manifest_pages(source, cfg, 4, file_digests(source, CHUNK), source.entries_blob)
     finally:
         source.close()
-    with pytest.raises(PartMismatch, match="does not hash"):
-        catalog.check_part(three, pages)
-    # The right id, but a catalog (hostile, or out of date) listing other files for it:
-    # merging would put bytes under names the manifest never had.
-    with pytest.raises(PartMismatch, match="files or size"):
-        catalog.check_part(Part(four.name, four.content_id, four.size, ("experts/other.safetensors",)), pages)
-    with pytest.raises(PartMismatch):
-        catalog.check_part(four, [])
-    catalog.check_part(four, pages)
+    got, entries = tree.manifest_id(pages), tree.decode_entries(pages[0].entries)
+    with pytest.raises(PartMismatch, match="not received against the part's id"):
+        catalog.check_received(three, got, entries)
+    with pytest.raises(PartMismatch, match="not received against"):
+        catalog.check_received(four, None, entries)
+    # The right id, but a catalog (hostile, or out of date) listing other files or another
+    # size for it: merging would put bytes under names the manifest never had.
+    with pytest.raises(PartMismatch, match="not the part's files"):
+        catalog.check_received(Part(four.name, four.content_id, four.size, ("experts/other.safetensors",)), got, entries)
+    with pytest.raises(PartMismatch, match="not the part's files"):
+        catalog.check_received(Part(four.name, four.content_id, four.size + 1, four.paths), got, entries)
+    catalog.check_received(four, got, entries)
 
 
 def test_merge_refuses_two_parts_with_one_file(tmp_path: Path) -> None:
