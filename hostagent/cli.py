@@ -268,9 +268,9 @@ def _parts_done(args: argparse.Namespace, result: Any) -> int:
         print(json.dumps(result.summary()))
     else:
         for part in result.parts:
-            where = part.group or "not sent (no receiver asked for it)"
-            _say(args, f"{part.name}: {part.content_id} on {where}, {part.bytes_on_wire} bytes on the wire"
-                       f"{'' if part.ok else ' FAILED: ' + str(part.error)}")
+            where = f"on {part.group}, {part.bytes_on_wire} bytes on the wire" if part.group else (
+                "not sent (no receiver asked for it)" if part.ok else "not sent")
+            _say(args, f"{part.name}: {part.content_id} {where}{'' if part.ok else ' FAILED: ' + str(part.error)}")
         _say(args, f"{'done' if result.ok else 'FAILED'}: model {result.model_id}, {result.bytes} bytes of parts, "
                    f"{result.bytes_on_wire} on the wire, {result.seconds:.1f}s")
     if result.error is not None and not args.json:
