@@ -25,6 +25,9 @@ from .api import (
     GroupAssigned, GroupJoined, LeaveFailed, MetricsServing, ReceiveOptions, ReceiveProgress, ReceiveStarted,
     SendOptions, SendProgress, SendStarted, TransferError, Unauthenticated, receive, send,
 )
+import hostagent.catalog as catalog
+import hostagent.tree as tree
+from .parts import describe_parts, receive_parts, send_parts
 from .control import ControllerError
 from .events import ChunkCorrupt, ManifestReceived, ReceiverCompleted, ReceiverFailed, ReceiverJoined
 
@@ -178,6 +181,8 @@ def cmd_send(args: argparse.Namespace) -> int:
         min_rate_mbit=args.min_rate, congestion_quorum=args.congestion_quorum, repair_share=args.repair_share,
         lanes=args.lanes,
     )
+    if args.part:
+        return _send_parts(args, options)
     report = Reporter(args, "send")
     try:
         result = send(args.path, options, on_event=report.on_event, on_progress=report.on_send_progress)
@@ -209,6 +214,10 @@ def cmd_recv(args: argparse.Namespace) -> int:
         # The hook's stdout must not corrupt our single JSON line: send it to stderr.
         on_complete=args.on_complete, hook_stdout=sys.stderr if args.json else None, lanes=args.lanes,
     )
+    if args.include and not args.catalog:
+        raise CliError("--include picks parts of a catalog: give --catalog FILE (and --expect MODEL_ID)")
+    if args.catalog:
+        return _receive_parts(args, options)
     report = Reporter(args, "recv")
     try:
         result = receive(args.out, options, on_event=report.on_event, on_progress=report.on_receive_progress)
@@ -226,6 +235,83 @@ def cmd_recv(args: argparse.Namespace) -> int:
     if hook is not None and hook.exit_status != 0 and not args.json:
         print(f"modelcast: error: --on-complete command exited {hook.exit_status}", file=sys.stderr)
     return 0 if result.ok else 1
+
+
+# ----------------------------------------------------------------------------- parts
+
+
+def _send_parts(args: argparse.Namespace, options: SendOptions) -> int:
+    report = Reporter(args, "send")
+    try:
+        result = send_parts(args.path, args.part, options, on_event=report.on_event)
+    finally:
+        report.close()
+    return _parts_done(args, result)
+
+
+def _receive_parts(args: argparse.Namespace, options: ReceiveOptions) -> int:
+    try:
+        with open(args.catalog, "rb") as handle:
+            blob = handle.read(catalog.MAX_CATALOG_BYTES + 1)
+    except OSError as exc:
+        raise CliError(f"cannot read catalog {args.catalog}: {exc.strerror}") from None
+    report = Reporter(args, "recv")
+    try:
+        result = receive_parts(args.out, blob, args.include or [], options, on_event=report.on_event)
+    finally:
+        report.close()
+    return _parts_done(args, result)
+
+
+def _parts_done(args: argparse.Namespace, result: Any) -> int:
+    if args.json:
+        print(json.dumps(result.summary()))
+    else:
+        for part in result.parts:
+            where = f"on {part.group}, {part.bytes_on_wire} bytes on the wire" if part.group else (
+                "not sent (no receiver asked for it)" if part.ok else "not sent")
+            _say(args, f"{part.name}: {part.content_id} {where}{'' if part.ok else ' FAILED: ' + str(part.error)}")
+        _say(args, f"{'done' if result.ok else 'FAILED'}: model {result.model_id}, {result.bytes} bytes of parts, "
+                   f"{result.bytes_on_wire} on the wire, {result.seconds:.1f}s")
+    if result.error is not None and not args.json:
+        print(f"modelcast: error: {result.error}", file=sys.stderr)
+    return 0 if result.ok else 1
+
+
+# ----------------------------------------------------------------------------- catalog
+
+
+def cmd_catalog(args: argparse.Namespace) -> int:
+    """Publish a model in parts (``catalog DIR --part GLOB``: write the catalog, print the
+    model id and each part's id), or, on a receiver, check a catalog against the model id
+    and print the parts its ``--include`` globs name (``catalog --check FILE --expect ID``)."""
+    if args.check:
+        if not args.expect:
+            raise CliError("--check needs --expect MODEL_ID (the catalog is trusted only through it)")
+        try:
+            with open(args.check, "rb") as handle:
+                blob = handle.read(catalog.MAX_CATALOG_BYTES + 1)
+        except OSError as exc:
+            raise CliError(f"cannot read catalog {args.check}: {exc.strerror}") from None
+        model_id = args.expect
+        parts = catalog.select(catalog.decode_catalog(blob, tree.parse_content_id(model_id)), args.include or ())
+    else:
+        if not args.path or not os.path.isdir(args.path):
+            raise CliError("give a model directory to split, or --check CATALOG")
+        blob, parts = describe_parts(args.path, args.part or [], args.chunk_size)
+        model_id = catalog.catalog_id(blob)
+        if args.write:
+            with open(args.write, "wb") as handle:
+                handle.write(blob)
+    if args.json:
+        print(json.dumps({"model_id": model_id, "chunk_size": args.chunk_size,
+                          "parts": [{"name": p.name, "content_id": p.content_id, "size": p.size, "files": list(p.paths)}
+                                    for p in parts]}))
+    else:
+        print(model_id)
+        for part in parts:
+            print(f"{part.content_id}  {part.size:>12}  {part.name}  ({len(part.paths)} files)")
+    return 0
 
 
 # ----------------------------------------------------------------------------- parser
@@ -284,6 +370,10 @@ def build_parser() -> argparse.ArgumentParser:
     send.add_argument("--repair-share", type=float, default=SendOptions.repair_share, metavar="FRACTION",
                       help="max fraction of the sends given to repairs while the stream runs, so lagging "
                            "receivers never starve it (default %(default)s)")
+    send.add_argument("--part", action="append", metavar="GLOB",
+                      help="send DIR in parts, each on its own group named by the part's id: files matching GLOB "
+                           "form one part (repeatable), every other file a part of its own; a part no receiver "
+                           "joined is not sent (see modelcast catalog)")
     recv = sub.add_parser("recv", parents=[common], help="receive a file or a model directory from the group")
     recv.add_argument("--source", required=True, help="sender's IPv4 address (source-specific join)")
     recv.add_argument("--out", required=True,
@@ -292,11 +382,28 @@ def build_parser() -> argparse.ArgumentParser:
     recv.add_argument("--expect", metavar="ID",
                       help="accept only the model with this content id (blake3:<hex>, printed by send); with "
                            "--controller and no --model it also names the group")
+    recv.add_argument("--catalog", metavar="FILE",
+                      help="the model's catalog (modelcast catalog --write): with --expect MODEL_ID, receive the "
+                           "parts --include names, each held to its id, merged into OUT")
+    recv.add_argument("--include", action="append", metavar="GLOB",
+                      help="with --catalog: only the parts whose name or files match GLOB (repeatable)")
     recv.add_argument("--timeout", type=float, default=ReceiveOptions.timeout, help="give up after this long without the sender")
     recv.add_argument("--no-gro", action="store_true", help="do not ask the kernel for UDP GRO")
     recv.add_argument("--resume-interval", type=float, default=ReceiveOptions.resume_interval, metavar="SECONDS",
                       help="make the resume record durable at most this long after progress (default %(default)s)")
     recv.add_argument("--on-complete", metavar="CMD", help="run CMD OUT_PATH after verification (exit status in summary)")
+    cat = sub.add_parser("catalog", help="publish a model directory in parts, or check a catalog and pick parts")
+    cat.add_argument("path", nargs="?", help="the model directory to split into parts")
+    cat.add_argument("--part", action="append", metavar="GLOB",
+                     help="files matching GLOB form one part (repeatable); every other file is a part of its own")
+    cat.add_argument("--chunk-size", type=int, default=SendOptions.chunk_size,
+                     help="the chunk size the parts will be sent with (part ids depend on it)")
+    cat.add_argument("--write", metavar="FILE", help="write the catalog (whose digest is the model id) to FILE")
+    cat.add_argument("--check", metavar="FILE", help="check this catalog against --expect and list the parts")
+    cat.add_argument("--expect", metavar="MODEL_ID", help="the model id (blake3:<hex>) the catalog must hash to")
+    cat.add_argument("--include", action="append", metavar="GLOB",
+                     help="with --check: only the parts whose name or files match GLOB (repeatable)")
+    cat.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     return parser
 
 
@@ -305,6 +412,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         if args.command == "send":
             return cmd_send(args)
+        if args.command == "catalog":
+            return cmd_catalog(args)
         return cmd_recv(args)
     except (CliError, TransferError, ControllerError, ValueError) as exc:
         print(f"modelcast: error: {exc}", file=sys.stderr)

@@ -21,7 +21,7 @@ import resource
 import shutil
 import stat
 import threading
-from typing import Callable, Optional
+from typing import Callable, Iterable, Optional
 
 import msgpack
 
@@ -87,10 +87,16 @@ class _Files:
 
 
 class DirSource(_Files):
-    """ChunkSource over a directory (``scan``); ``entries_blob`` goes in the manifest."""
+    """ChunkSource over a directory (``scan``); ``entries_blob`` goes in the manifest.
+    ``only``: the files of one part (``hostagent.catalog``), each path exactly once."""
 
-    def __init__(self, root: str) -> None:
+    def __init__(self, root: str, only: Optional[Iterable[str]] = None) -> None:
         entries = scan(root)
+        if only is not None:
+            wanted = set(only)
+            entries = [e for e in entries if e.path in wanted]
+            if len(entries) != len(wanted):
+                raise ValueError(f"{root}: a part names a file that is not there")
         self.entries_blob = tree.encode_entries(entries)
         self.space = Space(entries)
         self.label = root
@@ -291,6 +297,28 @@ def _replace_dir(tmp: str, out: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def merge_parts(out: str, parts: list[str]) -> None:
+    """Verified parts (each a directory received on its own group) become one model
+    directory at ``out`` in one step: their files are moved into ``.NAME.modelcast-tmp``,
+    which then replaces ``out`` as a whole directory does. The catalog has already checked
+    that no two parts name one file (``hostagent.catalog``); a clash is still refused."""
+    tmp = tmp_path(out)
+    if os.path.lexists(tmp):
+        shutil.rmtree(tmp)
+    os.mkdir(tmp, 0o755)
+    for part in parts:
+        for entry in scan(part):
+            dest = os.path.join(tmp, entry.path)
+            if os.path.lexists(dest):
+                raise FileExistsError(f"{entry.path}: in two parts")
+            os.makedirs(os.path.dirname(dest), exist_ok=True)
+            os.rename(os.path.join(part, entry.path), dest)
+    _fsync_tree(tmp)
+    _replace_dir(tmp, out)
+    for part in parts:
+        shutil.rmtree(part)
 
 
 class PathSink:

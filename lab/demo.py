@@ -7,6 +7,12 @@ digest, prints a summary and tears everything down -- also on Ctrl-C or failure.
 
     sudo .venv/bin/python -m lab.demo --size-mb 64 --rate 150
     make demo DEMO_ARGS="--size-mb 256 --loss"
+    make demo DEMO_ARGS="--moe"   # selective: 8 experts, each receiver asks for 2
+
+With ``--moe`` the model is a Mixture-of-Experts directory published in parts (one per
+expert, config and dense weights parts of their own): each receiver asks for the shared
+parts and two experts, every part travels on its own group, and the summary shows each
+part's tree and the bytes on every receiver's and the sender's link.
 
 Exit status: 0 all receivers verified; 1 failure (one line says why); 130 interrupted.
 """
@@ -22,16 +28,17 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 if __package__ in (None, ""):  # `python lab/demo.py` rather than `-m lab.demo`
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from lab.controller import stamp_printer
 from lab.fabric import Fabric
-from lab.models import make_model, make_model_dir, model_of
+from lab.models import make_model, make_model_dir, make_moe_dir, model_of
+from lab.selective import Selective, SelectiveReport
 from lab.sh import LabError, leftovers, require
-from lab.transfer import Transfer
+from lab.transfer import Transfer, TransferReport
 from topologies.spec import Topology, TopologyError, parse
 
 DEFAULT_TOPOLOGY = "leaf-spine:2,4,2"  # 2 spines, 4 leaves, 8 hosts
@@ -77,6 +84,8 @@ def run(args: argparse.Namespace) -> int:
     size = int(args.size_mb * 1024 * 1024)
     if size < 1:
         raise DemoError("--size-mb must be positive")
+    if args.moe and (args.loss or args.files != 8):
+        raise DemoError("--moe makes its own model and injects no loss: not with --loss or --files")
     base_dir = Path(args.workdir) if args.workdir else (Path("/dev/shm") if Path("/dev/shm").is_dir() else None)
     work = Path(tempfile.mkdtemp(prefix="modelcast-demo-", dir=base_dir))
     say(f"modelcast demo: {topo.name} ({len(topo.switches)} switches, {len(topo.hosts)} hosts), "
@@ -90,39 +99,10 @@ def run(args: argparse.Namespace) -> int:
         fabric.start()
         assert fabric.lab is not None
         base = fabric.lab.base
-        if args.files > 1:  # a model directory: shards plus small config/tokenizer files, one session
-            shards = max(1, min(4, args.files // 2))
-            say(f"generating a {args.size_mb:g} MB test model directory of {args.files} files, {shards} shards "
-                f"({work / 'model'})")
-            model = model_of(make_model_dir(work / "model", seed=args.seed, files=args.files, big=shards,
-                                            big_size=max(1, size // shards)))
+        if args.moe:
+            report = _moe(args, fabric, work, sender, receivers, size, say)
         else:
-            say(f"generating a {args.size_mb:g} MB test model ({work / 'model.bin'})")
-            model = make_model(work / "model.bin", size, seed=args.seed)
-        say(f"model blake3 {model.digest}")
-        with Transfer(fabric, model, sender, receivers, rate=args.rate, name="demo",
-                      model_name=args.model, workdir=work / "transfer",
-                      receiver_timeout=60, sender_timeout=120) as t:
-            if args.loss:
-                t.add_loss(receivers[0], "random")
-                t.add_loss(receivers[-1], "bursty")
-            if bystanders:
-                t.start_probes(bystanders)
-            say(f"receivers join group of model {t.model_name!r} over REST "
-                f"(POST /v1/groups, PUT /v1/groups/ID/receivers/IP)")
-            t.start_receivers()
-            t.start_sender()
-            step = 0.25
-            deadline = time.monotonic() + args.timeout
-            while t.sender is not None and t.sender.alive() and time.monotonic() < deadline:
-                # progress as the wire sees it: bytes on the sender's switch port
-                frac = t.sent_fraction()
-                if frac >= step and step <= 1.0:
-                    say(f"sender link carried {min(frac, 9.99):.0%} of the file")
-                    while step <= frac:
-                        step += 0.25
-                time.sleep(0.05)
-            report = t.finish(timeout=max(1.0, deadline - time.monotonic()))
+            report = _whole(args, fabric, work, sender, receivers, bystanders, size, say)
     except KeyboardInterrupt:
         interrupted = True
         raise
@@ -152,6 +132,8 @@ def run(args: argparse.Namespace) -> int:
     print()
     print(report.format())
     print()
+    if isinstance(report, SelectiveReport):
+        return _moe_verdict(report)
     if not report.ok:
         bad = [r.host for r in report.receivers if not r.ok]
         first = report.errors[0] if report.errors else "see the summary above"
@@ -161,6 +143,77 @@ def run(args: argparse.Namespace) -> int:
           f"{report.seconds:.1f} s; the sender's link carried "
           f"{report.sender_link.rx_bytes / max(1, report.size):.2f} x the file (unicast would "
           f"need {len(report.receivers)} x)")
+    return 0
+
+
+def _whole(args: argparse.Namespace, fabric: Fabric, work: Path, sender: str, receivers: list[str],
+           bystanders: list[str], size: int, say: Any) -> TransferReport:
+    """The whole model (a directory in one session, or one file) to every receiver."""
+    if args.files > 1:  # a model directory: shards plus small config/tokenizer files, one session
+        shards = max(1, min(4, args.files // 2))
+        say(f"generating a {args.size_mb:g} MB test model directory of {args.files} files, {shards} shards "
+            f"({work / 'model'})")
+        model = model_of(make_model_dir(work / "model", seed=args.seed, files=args.files, big=shards,
+                                        big_size=max(1, size // shards)))
+    else:
+        say(f"generating a {args.size_mb:g} MB test model ({work / 'model.bin'})")
+        model = make_model(work / "model.bin", size, seed=args.seed)
+    say(f"model blake3 {model.digest}")
+    with Transfer(fabric, model, sender, receivers, rate=args.rate, name="demo",
+                  model_name=args.model, workdir=work / "transfer",
+                  receiver_timeout=60, sender_timeout=120) as t:
+        if args.loss:
+            t.add_loss(receivers[0], "random")
+            t.add_loss(receivers[-1], "bursty")
+        if bystanders:
+            t.start_probes(bystanders)
+        say(f"receivers join group of model {t.model_name!r} over REST "
+            f"(POST /v1/groups, PUT /v1/groups/ID/receivers/IP)")
+        t.start_receivers()
+        t.start_sender()
+        step = 0.25
+        deadline = time.monotonic() + args.timeout
+        while t.sender is not None and t.sender.alive() and time.monotonic() < deadline:
+            # progress as the wire sees it: bytes on the sender's switch port
+            frac = t.sent_fraction()
+            if frac >= step and step <= 1.0:
+                say(f"sender link carried {min(frac, 9.99):.0%} of the file")
+                while step <= frac:
+                    step += 0.25
+            time.sleep(0.05)
+        return t.finish(timeout=max(1.0, deadline - time.monotonic()))
+
+
+EXPERTS = 8
+
+
+def _moe(args: argparse.Namespace, fabric: Fabric, work: Path, sender: str, receivers: list[str], size: int,
+         say: Any) -> SelectiveReport:
+    """Selective distribution: an 8-expert model in parts, each receiver asks for the
+    shared parts and 2 experts (the 5th receiver's overlap the 1st's and 2nd's)."""
+    expert = max(1, size // (EXPERTS + 1))
+    say(f"generating a {size / 2**20:.0f} MB Mixture-of-Experts test model: config.json, dense.safetensors and "
+        f"{EXPERTS} experts of {expert / 1e6:.1f} MB ({work / 'model'})")
+    model = make_moe_dir(work / "model", experts=EXPERTS, expert_size=expert, seed=args.seed)
+    globs = [f"experts/expert-{i:02d}.*" for i in range(EXPERTS)]
+    wants = {host: ["config.json", "dense.safetensors"] + [globs[(2 * i + i // 4 + k) % EXPERTS] for k in (0, 1)]
+             for i, host in enumerate(receivers)}
+    with Selective(fabric, model, sender, globs, wants, rate=args.rate, workdir=work / "selective",
+                   timeout=60) as run:
+        say(f"model id {run.model_id} (the digest of its catalog of {len(run.parts)} parts, each with its own id)")
+        return run.run()
+
+
+def _moe_verdict(report: SelectiveReport) -> int:
+    if not report.ok:
+        bad = [h for h, ok in report.verified.items() if not ok]
+        raise DemoError(f"receivers {' '.join(bad)} did not get exactly their parts verified")
+    sent = report.sent_parts()
+    print(f"demo OK: {len(report.wanted)} receivers each verified exactly their parts in {report.seconds:.1f} s; "
+          f"{len(sent)} of {len(report.parts)} parts sent, each once on its own group: the sender's link carried "
+          f"{report.sender_ratio():.2f} x the distinct parts, each receiver's "
+          f"{min(map(report.receiver_ratio, report.wanted)):.2f}-{max(map(report.receiver_ratio, report.wanted)):.2f} x "
+          f"its own")
     return 0
 
 
@@ -183,6 +236,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--files", type=int, default=8,
                    help="files in the test model: a directory of shards and small config files sent in one "
                         "session (default %(default)s); 1: a single file")
+    p.add_argument("--moe", action="store_true",
+                   help="selective distribution: an 8-expert model in parts, each receiver asks for 2 experts")
     p.add_argument("--timeout", type=float, default=300, help="give up after this many seconds")
     p.add_argument("--workdir", help="where to create the work dir (default /dev/shm)")
     p.add_argument("--keep", action="store_true", help="keep the work dir (model, copies, logs)")

@@ -94,3 +94,16 @@ def tree_of(root: Path) -> dict[str, tuple[bytes, int]]:
     """Every file under ``root``: relative path -> (bytes, permission bits), to compare trees."""
     return {str(p.relative_to(root)): (p.read_bytes(), stat.S_IMODE(p.stat().st_mode))
             for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def make_moe_dir(root: Path, experts: int = 8, expert_size: int = 200_000, seed: int = 5) -> Path:
+    """A Mixture-of-Experts-shaped model: ``config.json``, a shared ``dense.safetensors``
+    and one ``experts/expert-NN.safetensors`` per expert (random bytes), for selective
+    distribution (``hostagent.catalog``: one part per expert, one for the rest)."""
+    rng = random.Random(seed)
+    (root / "experts").mkdir(parents=True, exist_ok=True)
+    (root / "config.json").write_text('{"num_experts": %d}\n' % experts)
+    (root / "dense.safetensors").write_bytes(rng.randbytes(expert_size // 2))
+    for i in range(experts):
+        (root / "experts" / f"expert-{i:02d}.safetensors").write_bytes(rng.randbytes(expert_size + i))
+    return root
