@@ -319,6 +319,7 @@ def run(args: argparse.Namespace) -> int:
                         traffic = summarize(fabric.topology, links0, fabric.link_bytes(), sender)
                         results.append({"loss_pct": loss, "run": run_no, **res.as_dict(),
                                         "fabric": traffic, "load_1m": os.getloadavg()[0]})
+                        save_raw(out, meta, results)  # a run cut short keeps what it measured
                         say(f"{name}: {'ok' if res.ok else 'FAILED'} {res.seconds:.2f}s, "
                             f"sender link {res.sender_link_bytes / model.size:.3f} x file, "
                             f"fabric {traffic['total'] / model.size:.1f} x "
@@ -326,6 +327,18 @@ def run(args: argparse.Namespace) -> int:
                 for h in rcv:
                     fabric.clear_loss(h)
     meta["load_end"] = round(os.getloadavg()[0], 2)
+    report(out, meta, results)
+    say(f"wrote {out / 'results.json'}, {out / 'results.md'}, {out / 'results.png'}")
+    subprocess.run(["rm", "-rf", str(work)], check=False)
+    return 0 if all(r["ok"] for r in results) else 1
+
+
+def save_raw(out: Path, meta: dict[str, Any], results: list[dict[str, Any]]) -> None:
+    (out / "results.json").write_text(json.dumps({"meta": meta, "runs": results}, indent=1))
+
+
+def report(out: Path, meta: dict[str, Any], results: list[dict[str, Any]]) -> None:
+    """results.json (raw runs and medians), results.md and results.png in ``out``."""
     rows = medians(results)
     (out / "results.json").write_text(json.dumps({"meta": meta, "runs": results, "medians": rows},
                                                  indent=1))
@@ -333,9 +346,6 @@ def run(args: argparse.Namespace) -> int:
     (out / "results.md").write_text(md)
     plot(rows, out / "results.png", meta)
     print(md)
-    say(f"wrote {out / 'results.json'}, {out / 'results.md'}, {out / 'results.png'}")
-    subprocess.run(["rm", "-rf", str(work)], check=False)
-    return 0 if all(r["ok"] for r in results) else 1
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -352,12 +362,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--methods", default=",".join(METHODS))
     ap.add_argument("--mtu", type=int, default=9000)
     ap.add_argument("--out", default="docs/bench")
+    ap.add_argument("--render", metavar="RESULTS_JSON",
+                    help="only rebuild results.md/.png in --out from a results.json (e.g. of a "
+                         "run cut short); no lab")
     ap.add_argument("--smoke", action="store_true",
                     help="4 MB, N=2, one run of each method, no loss, a small lab (what CI runs)")
     args = ap.parse_args(argv)
     if args.smoke:
         args.size_mb, args.receivers, args.runs, args.loss = 4, "2", 1, "0"
     args.topology = args.topology or (SMOKE_TOPOLOGY if args.smoke else TOPOLOGY)
+    if args.render:
+        data = json.loads(Path(args.render).read_text())
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        report(Path(args.out), data["meta"], data["runs"])
+        return 0
     if os.geteuid() != 0:
         print("error: the benchmark builds an Open vSwitch lab: run it as root", file=sys.stderr)
         return 1
