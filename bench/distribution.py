@@ -94,7 +94,11 @@ def run_modelcast(fabric: Fabric, model: Any, sender: str, rcv: list[str], rate:
     return B.RunResult("modelcast", len(rcv), report.seconds, report.ok, sent, model.size,
                        s.get("repair_bytes"), s.get("cpu_s"), rx_cpu,
                        {"wall_s": report.wall, "errors": report.errors[:5],
-                        "nacks": s.get("nacks")})
+                        "nacks": s.get("nacks"),
+                        # per receiver: its own time, NACKs sent and repairs received
+                        "receivers": {r.host: [(r.summary or {}).get(k) for k in
+                                               ("seconds", "nacks", "repairs_received", "cpu_s")]
+                                      for r in report.receivers}})
 
 
 def run_uftp(fabric: Fabric, model: Any, sender: str, rcv: list[str], rate: float, name: str,
@@ -195,7 +199,9 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
            f"{meta['topology']} (Open vSwitch userspace datapath, MTU {meta['mtu']}); every "
            f"host's NIC capped at {meta['rate_cap']:g} Mbit/s (`tc tbf`, so receivers upload "
            f"no faster than the sender); median of {meta['runs']} runs, {meta['date']}, "
-           f"{describe(meta['machine'])} at the start, load {meta.get('load_end', '-')} at the end.", "",
+           f"{describe(meta['machine'])} at the start; 1-minute load during the runs "
+           f"{meta.get('load_runs', '-')} (min/median/max, the benchmark's own processes "
+           f"included).", "",
            "`time` runs from the first data packet (modelcast), the process start (UFTP, TCP, "
            "chain: their handshakes take milliseconds) or the receivers' start with the seeder "
            "already seeding (BitTorrent) to the last verified copy; `wall` adds, for "
@@ -339,6 +345,9 @@ def save_raw(out: Path, meta: dict[str, Any], results: list[dict[str, Any]]) -> 
 
 def report(out: Path, meta: dict[str, Any], results: list[dict[str, Any]]) -> None:
     """results.json (raw runs and medians), results.md and results.png in ``out``."""
+    loads = sorted(r["load_1m"] for r in results if r.get("load_1m") is not None)
+    if loads:
+        meta["load_runs"] = f"{loads[0]:.1f}/{statistics.median(loads):.1f}/{loads[-1]:.1f}"
     rows = medians(results)
     (out / "results.json").write_text(json.dumps({"meta": meta, "runs": results, "medians": rows},
                                                  indent=1))
