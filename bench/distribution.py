@@ -194,6 +194,22 @@ def targets(rows: list[dict[str, Any]]) -> list[str]:
     return out
 
 
+def pivot(rows: list[dict[str, Any]], key: str, fmt: str) -> list[str]:
+    """``key`` per (loss, method) across N: the compact tables the README shows."""
+    ns = sorted({r["receivers"] for r in rows})
+    out = ["| loss | method | " + " | ".join(f"N={n}" for n in ns) + " |",
+           "|---|---|" + "---|" * len(ns)]
+    for loss in sorted({r["loss_pct"] for r in rows}):
+        for method in METHODS:
+            cells = [_row(rows, loss, method, n) for n in ns]
+            if any(cells):
+                out.append(f"| {loss:g}% | {method} | " + " | ".join(
+                    _fmt(c[key] if c else None, fmt) + ("" if not c or c["ok_runs"] == c["runs"]
+                                                        else f" ({c['ok_runs']}/{c['runs']} ok)")
+                    for c in cells) + " |")
+    return out
+
+
 def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     out = [f"Distribution of a {meta['size_mb']:g} MB file from one sender to N receivers on "
            f"{meta['topology']} (Open vSwitch userspace datapath, MTU {meta['mtu']}); every "
@@ -226,6 +242,11 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
                    f"{_fmt(repair)} | {_fmt(r['cpu_sender_s'])} | {_fmt(r['cpu_receivers_s'])} | "
                    f"{r['ok_runs']}/{r['runs']} |")
     out += ["", "Targets (issue 14):", "", *targets(rows)]
+    out += ["", "Time until every receiver verified, s:", "", *pivot(rows, "seconds", ".2f"),
+            "", "Bytes on all fabric links / file:", "", *pivot(rows, "fabric_total", ".1f"),
+            "", "Bytes on the sender's link / file:", "", *pivot(rows, "link_ratio", ".3f"),
+            "", "The receivers' own uplinks / file:", "", *pivot(rows, "fabric_host_up", ".2f"),
+            "", "Busiest single link direction / file:", "", *pivot(rows, "fabric_peak", ".2f")]
     return "\n".join(out) + "\n"
 
 
