@@ -31,10 +31,11 @@ demo: $(VENV)/.installed
 bench-controller: $(VENV)/.installed
 	$(PY) -m bench.controller --json
 
-# Side-by-side distribution benchmark on the OVS lab (root, ~15 min): TCP fan-out vs UFTP
-# vs modelcast; the host agent at 1 Gbit/s and with one lossy receiver (kernel-bridge
-# lab); then the in-memory NACK-implosion scaling run; a 40-file directory vs the same bytes
-# as one file (kernel-bridge lab). Writes docs/bench/.
+# Side-by-side distribution benchmark on the OVS lab (root, ~30 min): TCP fan-out, UFTP,
+# modelcast, BitTorrent and a pipelined chain, N = 1..16, with total fabric traffic; the
+# host agent at 1 Gbit/s and with one lossy receiver (kernel-bridge lab); then the
+# in-memory NACK-implosion scaling run; a 40-file directory vs the same bytes as one file
+# (kernel-bridge lab). Writes docs/bench/.
 bench: $(VENV)/.installed
 	@if [ "$$(id -u)" != 0 ]; then echo "make bench: must run as root (it builds an OVS lab): sudo make bench" >&2; exit 1; fi
 	bash scripts/lab-deps.sh

@@ -97,7 +97,8 @@ def read_stats(path: Path) -> dict[str, Any]:
         return {"rc": None, "cpu_s": None}
 
 
-def _wait(procs: list[subprocess.Popen], deadline: float) -> bool:
+def wait_all(procs: list[subprocess.Popen], deadline: float) -> bool:
+    """Wait for every process until ``deadline`` (monotonic); False if one still runs."""
     for p in procs:
         try:
             p.wait(timeout=max(0.1, deadline - time.monotonic()))
@@ -125,9 +126,9 @@ def tcp_fanout(lab: NetnsHosts, sender: str, receivers: list[str], path: Path, w
         clients.append((r, out, work / f"tcp-{r}.json", wrapped(
             lab, r, work / f"tcp-{r}.json", sys.executable, "-c", TCP_CLIENT, sender_ip, str(port),
             str(out), stdout=subprocess.PIPE, text=True)))
-    finished = _wait([c[3] for c in clients], t0 + timeout)
+    finished = wait_all([c[3] for c in clients], t0 + timeout)
     seconds = time.monotonic() - t0
-    _wait([server], time.monotonic() + 10)
+    wait_all([server], time.monotonic() + 10)
     oks = {}
     for r, out, _, proc in clients:
         if proc.poll() is None:
@@ -170,7 +171,7 @@ def uftp(lab: NetnsHosts, sender: str, receivers: list[str], path: Path, work: P
                    "-H", ",".join(lab.ip(r) for r in receivers),
                    "-S", str(work / "uftp-status.txt"), "-L", str(work / "uftp.log"), str(path),
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    finished = _wait([proc], t0 + timeout)
+    finished = wait_all([proc], t0 + timeout)
     seconds = time.monotonic() - t0
     if not finished:
         proc.kill()
@@ -180,7 +181,7 @@ def uftp(lab: NetnsHosts, sender: str, receivers: list[str], path: Path, work: P
         out = d / path.name
         oks[r] = out.exists() and file_digest(out) == want
         p.terminate()
-    _wait([p for _, _, p in daemons], time.monotonic() + 10)
+    wait_all([p for _, _, p in daemons], time.monotonic() + 10)
     cpu_rx = sum(read_stats(work / f"uftpd-{r}.json")["cpu_s"] or 0 for r, _, _ in daemons)
     for _, d, _ in daemons:
         shutil.rmtree(d, ignore_errors=True)

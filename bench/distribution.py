@@ -1,21 +1,26 @@
 """Side-by-side distribution benchmark on the Open vSwitch lab (root):
 
-    python -m bench.distribution [--size-mb 128] [--rate-cap 200] [--receivers 1,2,4,8]
-                               [--runs 3] [--loss 0,1] [--methods tcp,uftp,modelcast]
-                               [--out docs/bench] [--smoke]
+    python -m bench.distribution [--size-mb 32] [--rate-cap 100] [--receivers 1,2,4,8,16]
+                               [--runs 3] [--loss 0,1] [--out docs/bench] [--smoke]
+                               [--methods tcp,uftp,modelcast,bittorrent,chain]
 
-One fabric (controller + leaf-spine lab, jumbo frames) serves every run. The sender's
-link is capped with ``tc tbf`` to stand for the model server's NIC; the same file goes to
-N receivers spread over the other leaves by
+One fabric (controller + leaf-spine lab, jumbo frames) serves every run. Every host's NIC
+is capped with ``tc tbf`` at the same rate, so a receiver can upload no faster than the
+model server; the same file goes to N receivers spread over the leaves other than the
+sender's by
 
 - **tcp**: N parallel TCP streams from the sender (what a model server does today);
 - **uftp**: UFTP 4.10 on a controller-built tree, at the cap;
-- **modelcast**: ``modelcast send``/``recv`` through the controller, at the cap.
+- **modelcast**: ``modelcast send``/``recv`` through the controller, at the cap;
+- **bittorrent**: opentracker + aria2c, every receiver re-uploading (``bench.bittorrent``);
+- **chain**: a pipelined TCP chain through the receivers in topology order (``bench.chain``).
 
 Each run records the time until every receiver holds a verified copy (digest checked
-here), bytes on the sender's link (its NIC counter), repair bytes and CPU seconds. Loss is
-1% random on every receiver link, for all protocols alike. Writes ``results.json`` (all
-raw numbers), ``results.md`` (medians) and ``results.png`` to ``--out``.
+here), bytes on the sender's link (its NIC counter), the bytes every fabric link carried
+in each direction (OVS port counters, ``bench.traffic``), repair bytes and CPU seconds.
+Loss is 1% random on every receiver link, for all methods alike. Writes
+``results.json`` (all raw numbers), ``results.md`` (medians) and ``results.png`` to
+``--out``.
 """
 
 from __future__ import annotations
@@ -33,6 +38,10 @@ from pathlib import Path
 from typing import Any
 
 from bench import baselines as B
+from bench.bittorrent import bittorrent, missing_tools
+from bench.chain import chain
+from bench.machine import describe, machine
+from bench.traffic import summarize
 from lab import loss as impair
 from lab.controller import stamp_printer
 from lab.fabric import Fabric
@@ -41,7 +50,9 @@ from lab.sh import LabError
 from lab.transfer import Transfer
 from topologies.spec import TopologyError, parse
 
-METHODS = ("tcp", "uftp", "modelcast")
+METHODS = ("tcp", "uftp", "modelcast", "bittorrent", "chain")
+SMOKE_TOPOLOGY = "leaf-spine:2,3,2"
+TOPOLOGY = "leaf-spine:2,5,4"  # 16 receivers on 4 leaves, the sender alone on the first
 
 
 def receivers_for(fabric: Fabric, sender: str, n: int) -> list[str]:
@@ -65,8 +76,10 @@ def run_modelcast(fabric: Fabric, model: Any, sender: str, rcv: list[str], rate:
                   name: str, work: Path) -> B.RunResult:
     lab = fabric.live_lab()
     before = B.tx_bytes(lab, sender)
+    # A key file of our own: the agents MAC every datagram with it whether or not they
+    # would accept running without one.
     with Transfer(fabric, model, sender, rcv, rate=rate, name=name, workdir=work / name,
-                  receiver_timeout=120, sender_timeout=120) as t:
+                  shared_key=True, receiver_timeout=120, sender_timeout=120) as t:
         t.start_receivers()
         t.start_sender()
         report = t.finish(timeout=900)
@@ -81,7 +94,11 @@ def run_modelcast(fabric: Fabric, model: Any, sender: str, rcv: list[str], rate:
     return B.RunResult("modelcast", len(rcv), report.seconds, report.ok, sent, model.size,
                        s.get("repair_bytes"), s.get("cpu_s"), rx_cpu,
                        {"wall_s": report.wall, "errors": report.errors[:5],
-                        "nacks": s.get("nacks")})
+                        "nacks": s.get("nacks"),
+                        # per receiver: its own time, NACKs sent and repairs received
+                        "receivers": {r.host: [(r.summary or {}).get(k) for k in
+                                               ("seconds", "nacks", "repairs_received", "cpu_s")]
+                                      for r in report.receivers}})
 
 
 def run_uftp(fabric: Fabric, model: Any, sender: str, rcv: list[str], rate: float, name: str,
@@ -102,58 +119,139 @@ def run_uftp(fabric: Fabric, model: Any, sender: str, rcv: list[str], rate: floa
         ctl.api("DELETE", f"/v1/groups/{gid}")
 
 
+FABRIC_KEYS = ("total", "sender_link", "host_down", "host_up", "core", "peak")
+
+
 def medians(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per (loss, method, N): medians over the verified runs; byte counts as
+    multiples of the file size."""
     keys = sorted({(r["loss_pct"], r["method"], r["receivers"]) for r in results})
     rows = []
     for loss, method, n in keys:
         rs = [r for r in results if (r["loss_pct"], r["method"], r["receivers"]) == (loss, method, n)]
         ok = [r for r in rs if r["ok"]]
+        size = rs[0]["file_bytes"]
 
-        def med(field: str) -> float | None:
-            vals = [r[field] for r in ok if r.get(field) is not None]
+        def med(vals: list[Any]) -> float | None:
+            vals = [v for v in vals if v is not None]
             return statistics.median(vals) if vals else None
 
-        walls = [r["detail"].get("wall_s", r["seconds"]) for r in ok]
-        rows.append({"loss_pct": loss, "method": method, "receivers": n, "runs": len(rs),
-                     "ok_runs": len(ok), "seconds": med("seconds"),
-                     "wall_s": statistics.median(walls) if walls else None,
-                     "link_ratio": (med("sender_link_bytes") or 0) / rs[0]["file_bytes"],
-                     "repair_bytes": med("repair_bytes"), "cpu_sender_s": med("cpu_sender_s"),
-                     "cpu_receivers_s": med("cpu_receivers_s")})
+        row = {"loss_pct": loss, "method": method, "receivers": n, "runs": len(rs),
+               "ok_runs": len(ok), "seconds": med([r["seconds"] for r in ok]),
+               "wall_s": med([r["detail"].get("wall_s", r["seconds"]) for r in ok]),
+               "link_ratio": (med([r["sender_link_bytes"] for r in ok]) or 0) / size,
+               "repair_bytes": med([r["repair_bytes"] for r in ok]),
+               "cpu_sender_s": med([r["cpu_sender_s"] for r in ok]),
+               "cpu_receivers_s": med([r["cpu_receivers_s"] for r in ok])}
+        for k in FABRIC_KEYS:
+            v = med([r["fabric"][k] for r in ok if "fabric" in r])
+            row[f"fabric_{k}"] = None if v is None else v / size
+        rows.append(row)
     return rows
 
 
+def _fmt(v: float | None, f: str = ".2f") -> str:
+    return "-" if v is None else format(v, f)
+
+
+def _row(rows: list[dict[str, Any]], loss: float, method: str, n: int) -> dict[str, Any] | None:
+    return next((r for r in rows if (r["loss_pct"], r["method"], r["receivers"]) == (loss, method, n)
+                 and r["seconds"]), None)
+
+
+def targets(rows: list[dict[str, Any]]) -> list[str]:
+    """The issue's targets, each with its measured value: modelcast's time against the
+    better of BitTorrent and the chain (N >= 4), its fabric bytes against theirs at the
+    largest N, and its sender link."""
+    out = []
+    ns = sorted({r["receivers"] for r in rows})
+    for loss in sorted({r["loss_pct"] for r in rows}):
+        for n in (n for n in ns if n >= 4):
+            mc = _row(rows, loss, "modelcast", n)
+            peers = [r for r in (_row(rows, loss, m, n) for m in ("bittorrent", "chain")) if r]
+            if not mc or not peers:
+                continue
+            best = min(peers, key=lambda r: r["seconds"])
+            ratio = mc["seconds"] / best["seconds"]
+            out.append(f"- time, loss {loss:g}%, N={n}: modelcast {mc['seconds']:.2f} s, best peer "
+                       f"{best['method']} {best['seconds']:.2f} s: {ratio:.2f} x (target <= 1: "
+                       f"{'met' if ratio <= 1 else 'not met'})")
+        mc = _row(rows, loss, "modelcast", ns[-1])
+        for m in ("bittorrent", "chain"):
+            other = _row(rows, loss, m, ns[-1])
+            if mc and other and mc["fabric_total"] and other["fabric_total"]:
+                ratio = mc["fabric_total"] / other["fabric_total"]
+                out.append(f"- fabric bytes, loss {loss:g}%, N={ns[-1]}: modelcast "
+                           f"{mc['fabric_total']:.1f} x file, {m} {other['fabric_total']:.1f} x: "
+                           f"{ratio:.2f} (target <= 0.33: {'met' if ratio <= 1 / 3 else 'not met'}); "
+                           f"without the N host downlinks every method needs: "
+                           f"{mc['fabric_total'] - mc['fabric_host_down']:.1f} x vs "
+                           f"{other['fabric_total'] - other['fabric_host_down']:.1f} x")
+        links = [r["link_ratio"] for r in rows if r["method"] == "modelcast" and r["loss_pct"] == loss]
+        if links:
+            out.append(f"- sender link, loss {loss:g}%: modelcast at most {max(links):.3f} x the "
+                       f"file (target <= 1.05: {'met' if max(links) <= 1.05 else 'not met'})")
+    return out
+
+
+def pivot(rows: list[dict[str, Any]], key: str, fmt: str) -> list[str]:
+    """``key`` per (loss, method) across N: the compact tables the README shows."""
+    ns = sorted({r["receivers"] for r in rows})
+    out = ["| loss | method | " + " | ".join(f"N={n}" for n in ns) + " |",
+           "|---|---|" + "---|" * len(ns)]
+    for loss in sorted({r["loss_pct"] for r in rows}):
+        for method in METHODS:
+            cells = [_row(rows, loss, method, n) for n in ns]
+            if any(cells):
+                out.append(f"| {loss:g}% | {method} | " + " | ".join(
+                    _fmt(c[key] if c else None, fmt) + ("" if not c or c["ok_runs"] == c["runs"]
+                                                        else f" ({c['ok_runs']}/{c['runs']} ok)")
+                    for c in cells) + " |")
+    return out
+
+
 def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
-    out = [f"Distribution of a {meta['size_mb']:g} MB file from one sender whose link is capped "
-           f"at {meta['rate_cap']:g} Mbit/s, on {meta['topology']} (Open vSwitch userspace "
-           f"datapath, MTU {meta['mtu']}), median of {meta['runs']} runs, {meta['date']}, "
-           f"{meta['cpus']} CPUs.", "",
-           "`time` runs from the first data packet (modelcast) or the process start (UFTP, TCP: "
-           "their handshakes take milliseconds) to the last verified copy; `wall` adds, for "
-           "modelcast, Python start-up, the REST calls and waiting for the tree (the UFTP runs' "
-           "tree is installed before their clock starts).", "",
-           "| loss | method | N | time s | wall s | T(N)/T(1) | sender link / file | repair MB | CPU sender s | CPU receivers s | ok |",
-           "|---|---|---|---|---|---|---|---|---|---|---|"]
-    base = {(r["loss_pct"], r["method"]): r["seconds"] for r in rows if r["receivers"] == min(
-        x["receivers"] for x in rows)}
+    out = [f"Distribution of a {meta['size_mb']:g} MB file from one sender to N receivers on "
+           f"{meta['topology']} (Open vSwitch userspace datapath, MTU {meta['mtu']}); every "
+           f"host's NIC capped at {meta['rate_cap']:g} Mbit/s (`tc tbf`, so receivers upload "
+           f"no faster than the sender); median of {meta['runs']} runs, {meta['date']}, "
+           f"{describe(meta['machine'])} at the start; 1-minute load during the runs "
+           f"{meta.get('load_runs', '-')} (min/median/max, the benchmark's own processes "
+           f"included).", "",
+           "`time` runs from the first data packet (modelcast), the process start (UFTP, TCP, "
+           "chain: their handshakes take milliseconds) or the receivers' start with the seeder "
+           "already seeding (BitTorrent) to the last verified copy; `wall` adds, for "
+           "modelcast, Python start-up, the REST calls and waiting for the tree. Byte columns "
+           "are multiples of the file size: `sender link` is the sender NIC's counter; "
+           "`fabric` sums the OVS port counters over every link and direction; `core` is the "
+           "inter-switch links' part of it, `rx uplinks` the receivers' own uplinks "
+           "(forwarding, ACKs, NACKs); `peak` is the busiest single link direction. Every "
+           "method also puts N copies on the receivers' downlinks.", "",
+           "| loss | method | N | time s | wall s | T(N)/T(1) | sender link | fabric | core | rx uplinks | peak link | repair MB | CPU sender s | CPU receivers s | ok |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    n1 = min(x["receivers"] for x in rows)
+    base = {(r["loss_pct"], r["method"]): r["seconds"] for r in rows if r["receivers"] == n1}
     for r in rows:
         t1 = base.get((r["loss_pct"], r["method"]))
         ratio = f"{r['seconds'] / t1:.2f}" if r["seconds"] and t1 else "-"
-        fmt = (lambda v, f: "-" if v is None else format(v, f))
-        out.append(f"| {r['loss_pct']:g}% | {r['method']} | {r['receivers']} | {fmt(r['seconds'], '.2f')} | "
-                   f"{fmt(r['wall_s'], '.2f')} | "
-                   f"{ratio} | {r['link_ratio']:.3f} | {fmt(None if r['repair_bytes'] is None else r['repair_bytes'] / 1e6, '.2f')} | "
-                   f"{fmt(r['cpu_sender_s'], '.2f')} | {fmt(r['cpu_receivers_s'], '.2f')} | {r['ok_runs']}/{r['runs']} |")
-    out += ["", "modelcast vs UFTP (time ratio, lower is better):", ""]
-    for r in rows:
-        if r["method"] != "modelcast" or not r["seconds"]:
-            continue
-        u = next((x for x in rows if x["method"] == "uftp" and x["receivers"] == r["receivers"]
-                  and x["loss_pct"] == r["loss_pct"]), None)
-        if u and u["seconds"]:
-            out.append(f"- loss {r['loss_pct']:g}%, N={r['receivers']}: "
-                       f"{r['seconds'] / u['seconds']:.2f} x UFTP's time")
+        repair = None if r["repair_bytes"] is None else r["repair_bytes"] / 1e6
+        out.append(f"| {r['loss_pct']:g}% | {r['method']} | {r['receivers']} | {_fmt(r['seconds'])} | "
+                   f"{_fmt(r['wall_s'])} | {ratio} | {r['link_ratio']:.3f} | "
+                   f"{_fmt(r['fabric_total'], '.1f')} | {_fmt(r['fabric_core'], '.1f')} | "
+                   f"{_fmt(r['fabric_host_up'], '.2f')} | {_fmt(r['fabric_peak'], '.2f')} | "
+                   f"{_fmt(repair)} | {_fmt(r['cpu_sender_s'])} | {_fmt(r['cpu_receivers_s'])} | "
+                   f"{r['ok_runs']}/{r['runs']} |")
+    out += ["", "Targets (issue 14):", "", *targets(rows)]
+    out += ["", "Time until every receiver verified, s:", "", *pivot(rows, "seconds", ".2f"),
+            "", "Bytes on all fabric links / file:", "", *pivot(rows, "fabric_total", ".1f"),
+            "", "Bytes on the sender's link / file:", "", *pivot(rows, "link_ratio", ".3f"),
+            "", "The receivers' own uplinks / file:", "", *pivot(rows, "fabric_host_up", ".2f"),
+            "", "Busiest single link direction / file:", "", *pivot(rows, "fabric_peak", ".2f")]
     return "\n".join(out) + "\n"
+
+
+COLORS = {"tcp": "tab:red", "uftp": "tab:blue", "modelcast": "tab:green",
+          "bittorrent": "tab:purple", "chain": "tab:orange"}
 
 
 def plot(rows: list[dict[str, Any]], path: Path, meta: dict[str, Any]) -> None:
@@ -162,30 +260,45 @@ def plot(rows: list[dict[str, Any]], path: Path, meta: dict[str, Any]) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
-    colors = {"tcp": "tab:red", "uftp": "tab:blue", "modelcast": "tab:green"}
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.4))
+    panels = [("seconds", "seconds until every receiver verified",
+               f"{meta['size_mb']:g} MB, every NIC capped at {meta['rate_cap']:g} Mbit/s"),
+              ("link_ratio", "bytes on the sender's link / file size", "traffic out of the model server"),
+              ("fabric_total", "bytes on all fabric links / file size",
+               "total fabric traffic (every link, each direction)")]
     for method in METHODS:
         for loss in sorted({r["loss_pct"] for r in rows}):
-            pts = [(r["receivers"], r["seconds"], r["link_ratio"]) for r in rows
-                   if r["method"] == method and r["loss_pct"] == loss and r["seconds"]]
+            pts = [r for r in rows if r["method"] == method and r["loss_pct"] == loss and r["seconds"]]
             if not pts:
                 continue
-            xs = [p[0] for p in pts]
             style = "-" if loss == 0 else "--"
-            label = f"{method}, {loss:g}% loss"
-            ax1.plot(xs, [p[1] for p in pts], style, marker="o", color=colors[method], label=label)
-            ax2.plot(xs, [p[2] for p in pts], style, marker="o", color=colors[method], label=label)
-    for ax in (ax1, ax2):
+            for ax, (key, _, _) in zip(axes, panels):
+                ax.plot([r["receivers"] for r in pts], [r[key] for r in pts], style, marker="o",
+                        color=COLORS[method], label=f"{method}, {loss:g}% loss")
+    for ax, (_, ylabel, title) in zip(axes, panels):
         ax.set_xlabel("receivers N")
         ax.set_xscale("log", base=2)
+        ax.set_ylabel(ylabel)
+        ax.set_title(title, fontsize=10)
         ax.grid(alpha=0.3)
-    ax1.set_ylabel("seconds until every receiver verified")
-    ax1.set_title(f"{meta['size_mb']:g} MB, sender link capped at {meta['rate_cap']:g} Mbit/s")
-    ax2.set_ylabel("bytes on the sender's link / file size")
-    ax2.set_title("traffic out of the model server")
-    ax2.legend(fontsize=8)
+    axes[0].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+
+
+def run_one(fabric: Fabric, method: str, model: Any, sender: str, rcv: list[str], rate: float,
+            name: str, work: Path, index: int) -> B.RunResult:
+    """One distribution by ``method`` (one of METHODS)."""
+    lab = fabric.live_lab()
+    if method == "tcp":
+        return B.tcp_fanout(lab, sender, rcv, model.path, work / name)
+    if method == "uftp":
+        return run_uftp(fabric, model, sender, rcv, rate, name, work, index)
+    if method == "modelcast":
+        return run_modelcast(fabric, model, sender, rcv, rate, name, work)
+    if method == "bittorrent":
+        return bittorrent(lab, sender, rcv, model.path, work / name)
+    return chain(lab, fabric.topology, sender, rcv, model.path, work / name)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -197,6 +310,9 @@ def run(args: argparse.Namespace) -> int:
     bad = set(methods) - set(METHODS)
     if bad:
         raise SystemExit(f"error: unknown method(s) {', '.join(sorted(bad))}; use {', '.join(METHODS)}")
+    if "bittorrent" in methods and missing_tools():
+        raise SystemExit(f"error: BitTorrent needs {', '.join(missing_tools())} "
+                         "(bash scripts/lab-deps.sh installs them)")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     base_dir = Path("/dev/shm") if Path("/dev/shm").is_dir() else None
@@ -204,14 +320,15 @@ def run(args: argparse.Namespace) -> int:
     meta = {"size_mb": args.size_mb, "rate_cap": args.rate_cap, "topology": topo.name,
             "mtu": args.mtu, "runs": args.runs, "receivers": ns, "loss_pct": losses,
             "methods": methods, "date": time.strftime("%Y-%m-%d"), "cpus": os.cpu_count(),
-            "kernel": platform.release()}
+            "machine": machine(), "kernel": platform.release(), "caps": "every host"}
     say(f"benchmark: {meta}")
     results: list[dict[str, Any]] = []
     rate = args.rate_cap * 0.95  # agents pace just under the NIC cap
     with Fabric(topo, work, say=say, mtu=args.mtu) as fabric:
         sender = fabric.topology.hosts[0].name
         model = make_model(work / "model.bin", int(args.size_mb * 1024 * 1024))
-        impair.cap_rate(fabric.live_lab(), sender, args.rate_cap)
+        for h in fabric.topology.hosts:  # uploads as limited as the sender's, for everyone
+            impair.cap_rate(fabric.live_lab(), h.name, args.rate_cap)
         index = 0
         for loss in losses:
             for n in ns:
@@ -224,18 +341,34 @@ def run(args: argparse.Namespace) -> int:
                     for method in methods:
                         index += 1
                         name = f"{method}-l{loss:g}-n{n}-r{run_no}"
-                        if method == "tcp":
-                            res = B.tcp_fanout(fabric.live_lab(), sender, rcv, model.path, work / name)
-                        elif method == "uftp":
-                            res = run_uftp(fabric, model, sender, rcv, rate, name, work, index)
-                        else:
-                            res = run_modelcast(fabric, model, sender, rcv, rate, name, work)
-                        row = {"loss_pct": loss, "run": run_no, **res.as_dict()}
-                        results.append(row)
+                        links0 = fabric.link_bytes()
+                        res = run_one(fabric, method, model, sender, rcv, rate, name, work, index)
+                        traffic = summarize(fabric.topology, links0, fabric.link_bytes(), sender)
+                        results.append({"loss_pct": loss, "run": run_no, **res.as_dict(),
+                                        "fabric": traffic, "load_1m": os.getloadavg()[0]})
+                        save_raw(out, meta, results)  # a run cut short keeps what it measured
                         say(f"{name}: {'ok' if res.ok else 'FAILED'} {res.seconds:.2f}s, "
-                            f"link {res.sender_link_bytes / model.size:.3f} x file")
+                            f"sender link {res.sender_link_bytes / model.size:.3f} x file, "
+                            f"fabric {traffic['total'] / model.size:.1f} x "
+                            f"(peak {traffic['peak'] / model.size:.2f} x on {traffic['peak_link']})")
                 for h in rcv:
                     fabric.clear_loss(h)
+    meta["load_end"] = round(os.getloadavg()[0], 2)
+    report(out, meta, results)
+    say(f"wrote {out / 'results.json'}, {out / 'results.md'}, {out / 'results.png'}")
+    subprocess.run(["rm", "-rf", str(work)], check=False)
+    return 0 if all(r["ok"] for r in results) else 1
+
+
+def save_raw(out: Path, meta: dict[str, Any], results: list[dict[str, Any]]) -> None:
+    (out / "results.json").write_text(json.dumps({"meta": meta, "runs": results}, indent=1))
+
+
+def report(out: Path, meta: dict[str, Any], results: list[dict[str, Any]]) -> None:
+    """results.json (raw runs and medians), results.md and results.png in ``out``."""
+    loads = sorted(r["load_1m"] for r in results if r.get("load_1m") is not None)
+    if loads:
+        meta["load_runs"] = f"{loads[0]:.1f}/{statistics.median(loads):.1f}/{loads[-1]:.1f}"
     rows = medians(results)
     (out / "results.json").write_text(json.dumps({"meta": meta, "runs": results, "medians": rows},
                                                  indent=1))
@@ -243,28 +376,36 @@ def run(args: argparse.Namespace) -> int:
     (out / "results.md").write_text(md)
     plot(rows, out / "results.png", meta)
     print(md)
-    say(f"wrote {out / 'results.json'}, {out / 'results.md'}, {out / 'results.png'}")
-    subprocess.run(["rm", "-rf", str(work)], check=False)
-    return 0 if all(r["ok"] for r in results) else 1
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.distribution",
-                                 description="TCP fan-out vs UFTP vs modelcast on the OVS lab")
-    ap.add_argument("--topology", default="leaf-spine:2,4,3")
-    ap.add_argument("--size-mb", type=float, default=128)
-    ap.add_argument("--rate-cap", type=float, default=200, help="sender link cap, Mbit/s")
-    ap.add_argument("--receivers", default="1,2,4,8")
+                                 description="TCP fan-out, UFTP, modelcast, BitTorrent and a "
+                                             "pipelined chain on the OVS lab")
+    ap.add_argument("--topology", default=None,
+                    help=f"default {TOPOLOGY} ({SMOKE_TOPOLOGY} with --smoke)")
+    ap.add_argument("--size-mb", type=float, default=32)
+    ap.add_argument("--rate-cap", type=float, default=100, help="every host's NIC cap, Mbit/s")
+    ap.add_argument("--receivers", default="1,2,4,8,16")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--loss", default="0,1", help="percent random loss on receiver links")
     ap.add_argument("--methods", default=",".join(METHODS))
     ap.add_argument("--mtu", type=int, default=9000)
     ap.add_argument("--out", default="docs/bench")
+    ap.add_argument("--render", metavar="RESULTS_JSON",
+                    help="only rebuild results.md/.png in --out from a results.json (e.g. of a "
+                         "run cut short); no lab")
     ap.add_argument("--smoke", action="store_true",
-                    help="tiny file, N=1,2, one run, no loss (what CI runs)")
+                    help="4 MB, N=2, one run of each method, no loss, a small lab (what CI runs)")
     args = ap.parse_args(argv)
     if args.smoke:
-        args.size_mb, args.receivers, args.runs, args.loss = 4, "1,2", 1, "0"
+        args.size_mb, args.receivers, args.runs, args.loss = 4, "2", 1, "0"
+    args.topology = args.topology or (SMOKE_TOPOLOGY if args.smoke else TOPOLOGY)
+    if args.render:
+        data = json.loads(Path(args.render).read_text())
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        report(Path(args.out), data["meta"], data["runs"])
+        return 0
     if os.geteuid() != 0:
         print("error: the benchmark builds an Open vSwitch lab: run it as root", file=sys.stderr)
         return 1

@@ -39,8 +39,19 @@ class PortCounters:
         return PortCounters(*(a - b for a, b in zip(dataclasses.astuple(self), dataclasses.astuple(other))))
 
 
-_PORT_RX = re.compile(r"rx pkts=(\d+), bytes=(\d+)")
-_PORT_TX = re.compile(r"tx pkts=(\d+), bytes=(\d+)")
+_PORT = re.compile(r"port\s+(\w+): rx pkts=(\d+), bytes=(\d+).*?tx pkts=(\d+), bytes=(\d+)", re.S)
+
+
+def dump_ports(bridge: str, port: Optional[int] = None) -> dict[int, PortCounters]:
+    """OVS's counters of a bridge's OpenFlow ports (all, or one), by port number; the
+    bridge's LOCAL port is left out (no lab traffic uses it)."""
+    cmd = ["ovs-ofctl", "-O", "OpenFlow13", "dump-ports", bridge] + ([str(port)] if port else [])
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=10)
+    found = {int(m[0]): PortCounters(*map(int, m[1:])) for m in _PORT.findall(out.stdout)
+             if m[0].isdigit()}
+    if out.returncode or not found or (port is not None and port not in found):
+        raise LabError(f"{' '.join(cmd)}: {(out.stderr or out.stdout).strip()}")
+    return found
 
 
 class Fabric:
@@ -156,14 +167,25 @@ class Fabric:
     def port_counters(self, host: str) -> PortCounters:
         """OVS's own counters for the switch port a host is attached to."""
         h = self.topology.host(host)
-        lab = self.live_lab()
-        out = subprocess.run(["ovs-ofctl", "-O", "OpenFlow13", "dump-ports", lab.bridge(h.dpid),
-                              str(h.port)], capture_output=True, text=True, timeout=10)
-        rx, tx = _PORT_RX.search(out.stdout), _PORT_TX.search(out.stdout)
-        if out.returncode or not rx or not tx:
-            raise LabError(f"ovs-ofctl dump-ports {lab.bridge(h.dpid)} {h.port}: "
-                              f"{(out.stderr or out.stdout).strip()}")
-        return PortCounters(int(rx.group(1)), int(rx.group(2)), int(tx.group(1)), int(tx.group(2)))
+        return dump_ports(self.live_lab().bridge(h.dpid), h.port)[h.port]
+
+    def link_bytes(self) -> dict[tuple[str, str], int]:
+        """Bytes every link of the fabric carried so far, once per direction, keyed
+        (from, to) by switch and host names, from OVS's port counters: an inter-switch
+        direction is the sending port's tx, a host's uplink its switch port's rx, its
+        downlink that port's tx. Subtract two snapshots for what a run put on the fabric."""
+        topo, lab = self.topology, self.live_lab()
+        ports = {dpid: dump_ports(lab.bridge(dpid)) for dpid in topo.switches}
+        names = topo.switches
+        out: dict[tuple[str, str], int] = {}
+        for link in topo.links:
+            out[(names[link.a], names[link.b])] = ports[link.a][link.a_port].tx_bytes
+            out[(names[link.b], names[link.a])] = ports[link.b][link.b_port].tx_bytes
+        for h in topo.hosts:
+            c = ports[h.dpid][h.port]
+            out[(h.name, names[h.dpid])] = c.rx_bytes
+            out[(names[h.dpid], h.name)] = c.tx_bytes
+        return out
 
     def wire_bytes(self, host: str, towards_host: bool) -> int:
         """Kernel byte counter of a host's link (cheap enough to poll every few ms):

@@ -1,5 +1,6 @@
-"""The distribution benchmark keeps working: a tiny run (4 MB, N=1,2, one run) of all
-three methods on the OVS lab writes its table, plot and raw numbers, every copy verified."""
+"""The distribution benchmark keeps working: a tiny run (4 MB, N=2, one run) of all five
+methods on the OVS lab writes its table, plot and raw numbers, every copy verified and
+the fabric's link counters telling multicast from unicast copies."""
 
 import json
 import subprocess
@@ -11,6 +12,8 @@ from tests.support.lab import need_lab
 
 pytestmark = pytest.mark.lab
 
+METHODS = {"tcp", "uftp", "modelcast", "bittorrent", "chain"}
+
 
 def test_benchmark_smoke(tmp_path):
     need_lab()
@@ -18,13 +21,32 @@ def test_benchmark_smoke(tmp_path):
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     data = json.loads((tmp_path / "results.json").read_text())
-    assert {r["method"] for r in data["runs"]} == {"tcp", "uftp", "modelcast"}
-    assert all(r["ok"] for r in data["runs"]) and len(data["runs"]) == 6
-    tcp2 = next(r for r in data["runs"] if r["method"] == "tcp" and r["receivers"] == 2)
-    mc2 = next(r for r in data["runs"] if r["method"] == "modelcast" and r["receivers"] == 2)
-    assert tcp2["sender_link_bytes"] > 1.9 * tcp2["file_bytes"]  # two unicast copies
-    assert mc2["sender_link_bytes"] < 1.2 * mc2["file_bytes"]  # one multicast copy
-    assert "| modelcast |" in (tmp_path / "results.md").read_text()
+    runs = {r["method"]: r for r in data["runs"]}
+    assert set(runs) == METHODS and len(data["runs"]) == 5
+    for r in data["runs"]:
+        assert r["ok"] and r["receivers"] == 2, r
+    for m in METHODS - {"modelcast"}:  # our BLAKE3 per receiver (modelcast's is in lab.transfer)
+        assert list(runs[m]["detail"]["verified"].values()) == [True, True], m
+    size = runs["tcp"]["file_bytes"]
+    assert runs["tcp"]["sender_link_bytes"] > 1.9 * size  # two unicast copies
+    assert runs["modelcast"]["sender_link_bytes"] < 1.2 * size  # one multicast copy
+    assert set(runs["bittorrent"]["detail"]["aria2_complete"]) == set(runs["bittorrent"]["detail"]["verified"])
+    fab = {m: r["fabric"] for m, r in runs.items()}
+    for m, f in fab.items():
+        # sender h1 on leaf1, receivers on leaf2 and leaf3: every method delivers two copies
+        # over the core (at least leaf1 > spine > leaf2/3) and the receivers' downlinks
+        assert f["host_down"] >= 2 * size and f["core"] >= 3 * size, (m, f)
+        assert f["total"] == f["sender_link"] + f["host_down"] + f["host_up"] + f["core"]
+    # multicast: one copy per tree link (sender link, leaf1>spine, spine>leaf2/3, 2 downlinks)
+    assert fab["modelcast"]["total"] < 6.5 * size
+    assert fab["modelcast"]["host_up"] < 0.05 * size  # receivers only send NACKs
+    # a chain forwards through the first receiver's uplink and crosses the core twice
+    assert fab["chain"]["host_up"] > size and fab["chain"]["core"] >= 4 * size
+    assert fab["modelcast"]["total"] < fab["chain"]["total"]
+    assert fab["modelcast"]["total"] < fab["bittorrent"]["total"]
+    assert fab["tcp"]["sender_link"] > 1.9 * size and fab["tcp"]["peak_link"] == "h1>leaf1"
+    md = (tmp_path / "results.md").read_text()
+    assert "| modelcast |" in md and "| bittorrent |" in md and "| chain |" in md
     assert (tmp_path / "results.png").stat().st_size > 10_000
 
 
