@@ -45,7 +45,7 @@ from .net import (
     sender_socket,
 )
 from .receiver import Receiver, ReceiverConfig
-from .sender import Sender, SenderConfig, build_manifest_pages, file_digests
+from .sender import Sender, SenderConfig, build_manifest_pages, check_chunk_count, file_digests
 from .wire import DATA_HEADER_LEN, MAC_LEN, Manifest, derive_key
 
 __all__ = [
@@ -398,6 +398,7 @@ def _send(path: str, opts: SendOptions, source: FileSource | DirSource, interfac
     )
     try:
         config.validate()
+        check_chunk_count(source.size, config.chunk_size)  # before the file is read
     except ValueError as exc:
         raise TransferError(str(exc)) from None
     if not opts.controller:  # (with one, the key comes with the group)

@@ -210,6 +210,15 @@ def file_digests(source: ChunkSource, chunk_size: int) -> tuple[bytes, bytes]:
     return bytes(digests), whole.digest()
 
 
+def check_chunk_count(size: int, chunk_size: int) -> None:
+    """Receivers refuse a manifest of more than ``wire.MAX_CHUNK_COUNT`` chunks: say so
+    before anything reads the file (ValueError)."""
+    count = -(-size // chunk_size)
+    if count > wire.MAX_CHUNK_COUNT:
+        raise ValueError(f"{count} chunks of {chunk_size} bytes: at most "
+                         f"{wire.MAX_CHUNK_COUNT}; use a larger chunk size")
+
+
 def build_manifest_pages(source: ChunkSource, config: SenderConfig, session: int,
                          known: Optional[tuple[bytes, bytes]] = None, entries: bytes = b"") -> list[wire.Manifest]:
     """Digest the file (``file_digests``, unless ``known`` already holds its result, e.g.
@@ -217,10 +226,7 @@ def build_manifest_pages(source: ChunkSource, config: SenderConfig, session: int
     one datagram. ``entries``: a directory's entry list (``hostagent.tree``), carried in
     every page; a long one makes pages larger than a frame (IP fragments them), never
     more than one datagram."""
-    layout = Layout(source.size, config.chunk_size, config.payload_size)
-    if layout.chunk_count > wire.MAX_CHUNK_COUNT:  # receivers refuse such a manifest
-        raise ValueError(f"{layout.chunk_count} chunks of {config.chunk_size} bytes: at most "
-                         f"{wire.MAX_CHUNK_COUNT}; use a larger chunk size")
+    check_chunk_count(source.size, config.chunk_size)
     digests, file_digest = known if known is not None else file_digests(source, config.chunk_size)
     room = config.max_datagram
     if entries:

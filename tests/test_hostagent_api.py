@@ -179,3 +179,16 @@ def test_no_key_from_the_controller_is_refused_unless_insecure(tmp_path, monkeyp
                                                         insecure=True, wait_timeout=0.2, poll=0.05),
                            on_event=events.append)
     assert hostagent.Unauthenticated("the controller gave no session key (no --token?)") in events
+
+
+def test_a_file_with_too_many_chunks_is_refused_before_it_is_read(tmp_path) -> None:
+    """Receivers refuse manifests of more than MAX_CHUNK_COUNT chunks, so the sender says
+    so at once (naming the fix) instead of hashing a huge file first and failing then."""
+    from hostagent import wire
+
+    huge = tmp_path / "huge.bin"
+    with open(huge, "wb") as f:  # sparse: nothing to read but holes, yet reading 17 GB would take minutes
+        f.truncate((wire.MAX_CHUNK_COUNT + 1) * 1024)
+    with pytest.raises(TransferError, match="use a larger chunk size"):
+        hostagent.send(str(huge), SendOptions(group="239.1.2.3:5000", chunk_size=1024, secret=b"k" * 32,
+                                              manifest_cache=False, timeout=1))
