@@ -202,6 +202,7 @@ class ModelcastApp(app_manager.RyuApp):
                      dp.id, len(done.present.groups), len(done.plan))
             self._apply(done.plan, "switch")
             return
+        self.audits.finished(dp.id, time.monotonic())
         result = "void" if done.void else "repaired" if len(done.plan) else "clean"
         self.service.metrics.audits.labels(result=result).inc()
         if result == "repaired":

@@ -104,11 +104,16 @@ def _base_key(table_id: int, priority: int, match: Any) -> tuple:
 class AuditClock:
     """When each connected switch is due for an audit: every ``interval_s``, never while
     plans are still being installed (their effect is not on the switch yet), never while
-    its tables are being read anyway."""
+    its tables are being read anyway -- and, per switch, taking at most ``share`` of the
+    time: reading and parsing a switch's tables grows with its entries (thousands of
+    groups, with protection several flows each, cost the controller seconds per read in
+    Ryu's parser), so a read that took D seconds is not repeated for D / share."""
 
-    def __init__(self, interval_s: float) -> None:
+    def __init__(self, interval_s: float, share: float = 0.02) -> None:
         self.interval_s = interval_s
+        self.share = share
         self._next: dict[int, float] = {}
+        self._began: dict[int, float] = {}
 
     def soon(self, dpid: int) -> None:
         """Audit this switch at the next opportunity (it reported one of our entries
@@ -131,7 +136,15 @@ class AuditClock:
             if now >= at and dpid not in skip:
                 out.append(dpid)
                 self._next[dpid] = now + self.interval_s
+                self._began[dpid] = now
         return out
+
+    def finished(self, dpid: int, now: float) -> None:
+        """The audit of ``dpid`` that ``due`` started is done (its tables were read and
+        compared): the next one waits for the read's cost."""
+        began = self._began.pop(dpid, None)
+        if began is not None and dpid in self._next and self._next[dpid] != float("-inf"):
+            self._next[dpid] = max(self._next[dpid], now + (now - began) / self.share)
 
 class Reconnect:
     """Per-switch reads in progress over one core; replies of switches not being read

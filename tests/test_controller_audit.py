@@ -147,3 +147,21 @@ def test_the_audit_clock_waits_for_quiet_and_spreads_over_switches():
     clock.soon(1)  # it reported an entry of ours deleted: audit it at the next chance
     assert clock.due(10.5, [1], busy=True) == [] and clock.due(10.6, [1], busy=False) == [1]
     assert clock.due(11.0, [1], busy=False) == []
+
+
+def test_an_expensive_audit_is_repeated_only_after_fifty_times_its_cost():
+    """Reading a switch with thousands of entries costs the controller seconds (Ryu's
+    parser): at most 2% of the time goes to auditing one switch, a cheap read still
+    comes back every interval, and a reported deletion is still audited at once."""
+    clock = AuditClock(5.0)
+    clock.due(0.0, [1, 2], busy=False)
+    assert clock.due(5.0, [1, 2], busy=False) == [1, 2]
+    clock.finished(1, 5.01)  # 10 ms: a small table
+    clock.finished(2, 7.0)  # 2 s: a big one
+    assert clock.due(10.0, [1, 2], busy=False) == [1]
+    assert clock.due(106.9, [1, 2], busy=False) == [1] and clock.due(107.0, [1, 2], busy=False) == [2]
+    clock.soon(2)
+    assert clock.due(107.1, [1, 2], busy=False) == [2]  # a deletion it reported: now
+    clock.soon(2)  # reported again while that read was still running: still at once after it
+    clock.finished(2, 109.1)
+    assert clock.due(109.2, [2], busy=False) == [2]
