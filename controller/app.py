@@ -33,7 +33,7 @@ from controller.core import MulticastCore, Plan, tune_gc
 from controller.errors import CoreError
 from controller.hosts import PROBE_MAC, Actions, HostDiscovery
 from controller.igmp import IgmpPolicy
-from controller.reconnect import AuditClock, Reconnect, port_status
+from controller.reconnect import AuditClock, Reconnect, port_status, removal_is_drift
 from controller.rest import RestApi
 from controller.service import Service, StateFileError
 
@@ -306,8 +306,9 @@ class ModelcastApp(app_manager.RyuApp):
                 self.discovery.idle(msg.datapath.id, msg.match["in_port"],
                                     msg.match["eth_src"], time.monotonic())
                 self._discovery_tick()
-        elif msg.cookie != ofmsgs.COOKIE_SOURCE and not self.service.busy:  # (we delete
-            # source-table entries outside plans; the periodic audit checks link ports)
+        elif msg.cookie != ofmsgs.COOKIE_SOURCE and not self.service.busy \
+                and removal_is_drift(self.service.core, msg.datapath.id, msg.cookie):  # (we
+            # delete source-table entries outside plans; the periodic audit checks link ports)
             log.warning("switch %#x: an entry of ours was deleted (cookie %#x, priority %d): "
                         "auditing it", msg.datapath.id, msg.cookie, msg.priority)
             self.audits.soon(msg.datapath.id)

@@ -101,6 +101,18 @@ def _base_key(table_id: int, priority: int, match: Any) -> tuple:
     return (table_id, priority, tuple(sorted(match.items())))
 
 
+def removal_is_drift(core: MulticastCore, dpid: int, cookie: int) -> bool:
+    """A switch reported one of our entries removed: is it one the controller still
+    means to have there (drift: audit the switch), or one of a group, or a switch of a
+    group's tree, that is gone (we deleted it ourselves; its report can come after our
+    plan finished)? Shared entries (detour transit flows, unicast) always count."""
+    gid = cookie & ~ofmsgs.COOKIE_MASK
+    if gid >= 1 << 32:  # a shared entry's cookie, not a group's
+        return True
+    group = core.groups.get(gid)
+    return group is not None and group.tree is not None and dpid in group.tree.entries
+
+
 class AuditClock:
     """When each connected switch is due for an audit: every ``interval_s``, never while
     plans are still being installed (their effect is not on the switch yet), never while

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 import topologies as T
 from controller import ofmsgs
 from controller.core import MulticastCore
-from controller.reconnect import AuditClock, Reconnect
+from controller.reconnect import AuditClock, Reconnect, removal_is_drift
 from lab.fakeof import FakeFabric
 from tests.support.controller_env import assert_exact, core_and_fabric
 
@@ -165,3 +165,20 @@ def test_an_expensive_audit_is_repeated_only_after_fifty_times_its_cost():
     clock.soon(2)  # reported again while that read was still running: still at once after it
     clock.finished(2, 109.1)
     assert clock.due(109.2, [2], busy=False) == [2]
+
+
+def test_a_removal_report_is_drift_only_for_an_entry_still_intended():
+    """Deleting thousands of groups makes switches report thousands of removals, some
+    after our plan finished: those of a group (or a switch of its tree) that is gone are
+    ours and must not each trigger a full re-read of the switch; a group's entry that is
+    still intended, or a shared one, is drift."""
+    core, fabric = installed()
+    g = core.groups[1]
+    on_tree = next(iter(g.tree.entries))
+    off_tree = next(d for d in TOPO.switches if d not in g.tree.entries)
+    assert removal_is_drift(core, on_tree, ofmsgs.cookie(1))
+    assert not removal_is_drift(core, off_tree, ofmsgs.cookie(1))
+    assert removal_is_drift(core, on_tree, ofmsgs.COOKIE_DETOUR)
+    assert not fabric.apply_all(core.delete_group(1))
+    assert not removal_is_drift(core, on_tree, ofmsgs.cookie(1))
+    assert not removal_is_drift(core, on_tree, ofmsgs.cookie(9999))
