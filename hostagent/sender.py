@@ -227,6 +227,7 @@ def build_manifest_pages(source: ChunkSource, config: SenderConfig, session: int
     every page; a long one makes pages larger than a frame (IP fragments them), never
     more than one datagram."""
     check_chunk_count(source.size, config.chunk_size)
+    layout = Layout(source.size, config.chunk_size, config.payload_size)
     digests, file_digest = known if known is not None else file_digests(source, config.chunk_size)
     room = config.max_datagram
     if entries:
