@@ -21,9 +21,9 @@ import pytest
 
 from lab.bridge import BridgeLab
 from lab.models import make_key_file, make_model_dir, tree_of
-from lab.sh import LabError
+
 from tests.support.agents import REPO, cli_argv
-from tests.support.lab import need_lab, skip_or_fail
+from tests.support.lab import bridge_lab
 
 
 pytestmark = pytest.mark.lab
@@ -34,17 +34,8 @@ CHUNK = 256 * 1024
 
 @pytest.fixture
 def lab4() -> Iterator[BridgeLab]:
-    need_lab(ovs=False)
-    lab = BridgeLab(4)
-    try:
-        lab.start()
-    except LabError as exc:
-        skip_or_fail(str(exc))
-    try:
+    with bridge_lab(4) as lab:
         yield lab
-    finally:
-        lab.stop()
-        assert lab.leftovers() == [], "lab objects left behind"
 
 
 def _group() -> str:

@@ -21,9 +21,9 @@ import pytest
 
 from lab.bridge import BridgeLab
 from lab.models import ModelFile, file_digest, make_key_file, make_model
-from lab.sh import LabError, sh
+from lab.sh import sh
 from tests.support.agents import REPO, cli_argv
-from tests.support.lab import need_lab, skip_or_fail
+from tests.support.lab import bridge_lab
 
 pytestmark = pytest.mark.lab
 
@@ -35,17 +35,8 @@ RATE = "60"  # Mbit/s: ~4.5 s for the file, so the kill lands mid-transfer
 
 @pytest.fixture
 def lab2() -> Iterator[BridgeLab]:
-    need_lab(ovs=False)
-    lab = BridgeLab(2)
-    try:
-        lab.start()
-    except LabError as exc:
-        skip_or_fail(str(exc))
-    try:
+    with bridge_lab(2) as lab:
         yield lab
-    finally:
-        lab.stop()
-        assert lab.leftovers() == [], "lab objects left behind"
 
 
 @pytest.fixture
