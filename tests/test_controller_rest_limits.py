@@ -138,8 +138,27 @@ def test_a_hostile_body_is_answered_within_100_ms(controller, size, kind, status
     assert size - 60 <= len(make(0)) <= size
     took, statuses = timed(controller, make)
     assert statuses == [status] * 3
-    print(f"{kind} {len(make(0))} bytes: {took * 1000:.1f} ms")
-    assert took < BUDGET_S, f"{kind} body of {len(make(0))} bytes took {took * 1000:.0f} ms"
+    budget = BUDGET_S
+    if kind == "valid":
+        # A valid create does real work (a tree to ~18,000 receivers, the state saved):
+        # on a slow machine that work alone is 50-65 ms, and parsing, validating and
+        # saving the 256 KB body add about as much again. The bound is then three times
+        # the same create in-process, timed in this run: what must not happen is the
+        # hub held beyond the work (the quadratic validator held it 10 s).
+        budget = max(BUDGET_S, 3 * in_process_create(json.loads(make(0))))
+    print(f"{kind} {len(make(0))} bytes: {took * 1000:.1f} ms (bound {budget * 1000:.0f} ms)")
+    assert took < budget, f"{kind} body of {len(make(0))} bytes took {took * 1000:.0f} ms"
+
+
+def in_process_create(body: dict) -> float:
+    """The fastest of three creates of ``body`` (renamed each time) on a service in this
+    process: the controller's own work for that request, without HTTP."""
+    svc, best = make_env().service, float("inf")
+    for i in range(3):
+        t0 = time.perf_counter()
+        svc.create_group(dict(body, model=f"{body['model']}-ref{i}"))
+        best = min(best, time.perf_counter() - t0)
+    return best
 
 
 def test_chunked_bodies_are_read(controller):
