@@ -26,7 +26,7 @@ from typing import Callable, Iterable, Optional
 import msgpack
 
 from . import tree
-from .net import STATE_SUFFIX, FileSink, _RecordWriter
+from .net import STATE_SUFFIX, FileSink, _RecordWriter, pwritev_all
 from .tree import Entry, Space
 from .wire import Manifest
 
@@ -201,14 +201,7 @@ class DirSink(_Files):
             return
         i, foff, _, _ = spans[0]
         fd = self.fds[i]
-        try:
-            done = os.pwritev(fd, parts, foff)
-            if done < want:
-                blob = b"".join(parts)
-                while done < want:
-                    done += os.pwrite(fd, blob[done:], foff + done)
-        except OSError as exc:
-            raise OSError(exc.errno, exc.strerror, self._path(i)) from None
+        pwritev_all(fd, parts, foff, self._path(i))
         self._mark(fd)
 
     def _sync(self) -> None:

@@ -183,6 +183,20 @@ class _RecordWriter:
             raise OSError(exc.errno, exc.strerror, self._path) from None
 
 
+def pwritev_all(fd: int, parts: list[memoryview], offset: int, path: str) -> None:
+    """Consecutive pieces at ``offset`` in one ``pwritev``, finishing a short write (disk
+    full then shows as an error on the retry); errors name ``path``."""
+    want = sum(map(len, parts))
+    try:
+        done = os.pwritev(fd, parts, offset)
+        if done < want:
+            blob = b"".join(parts)
+            while done < want:
+                done += os.pwrite(fd, blob[done:], offset + done)
+    except OSError as exc:
+        raise OSError(exc.errno, exc.strerror, path) from None
+
+
 class FileSink:
     """ChunkSink over a file plus a resume record next to it (``PATH.modelcast-state``),
     made durable after the data it claims (``_RecordWriter``). I/O errors name the path.
@@ -211,16 +225,7 @@ class FileSink:
 
     def write_many(self, offset: int, parts: list[memoryview]) -> None:
         """Consecutive pieces (a GRO batch's payloads) in one ``pwritev``."""
-        offset += self.base
-        want = sum(map(len, parts))
-        try:
-            done = os.pwritev(self._fd, parts, offset)
-            if done != want:  # short write (disk full shows as an error on the retry)
-                blob = b"".join(parts)
-                while done < want:
-                    done += os.pwrite(self._fd, blob[done:], offset + done)
-        except OSError as exc:
-            raise OSError(exc.errno, exc.strerror, self.path) from None
+        pwritev_all(self._fd, parts, self.base + offset, self.path)
 
     def read(self, offset: int, length: int) -> bytes:
         return os.pread(self._fd, length, self.base + offset)
