@@ -235,6 +235,7 @@ class Receiver:
         self._total_seq: Optional[int] = None  # from END
         self._group_hint = 1
         self._last_heard = now
+        self._other_lanes: int | None = None  # a lane count heard that is not ours
         self._unsaved_since: Optional[float] = None  # first verification not in the record yet
 
         self._gap_timers: list[tuple[float, int, int, bool]] = []  # heap of (deadline, start, end, retry)
@@ -302,6 +303,8 @@ class Receiver:
             return
         if isinstance(msg, wire.Manifest) and msg.lane[:2] != self.config.lane:
             self.stats.drops["wrong_lane"] += 1  # another lane's session (or lanes vs none)
+            if msg.lane[1] != self.config.lane[1]:
+                self._other_lanes = msg.lane[1]
             return
         if isinstance(msg, wire.Manifest) and self.session is None:
             self.session = msg.session
@@ -478,7 +481,12 @@ class Receiver:
                 self._send_complete(now)
             return
         if now >= self._last_heard + self.config.idle_timeout:
-            self._fail("sender silent")
+            if self.session is None and self._other_lanes is not None:
+                self._fail(f"sender silent on this lane: heard a sender striping over "
+                           f"{self._other_lanes} lane(s), this receiver takes "
+                           f"{self.config.lane[1]} (start both with the same --lanes)")
+            else:
+                self._fail("sender silent")
             return
         if self._claims_due():
             self._check_claims(now)

@@ -405,6 +405,20 @@ def test_receiver_fails_when_sender_goes_silent() -> None:
     assert rx.next_event() == Failed("sender silent")
 
 
+def test_receiver_with_other_lane_count_says_so_when_it_gives_up() -> None:
+    """A receiver started with another --lanes than the sender hears only manifests it
+    must drop; 'sender silent' alone would send the user looking at the network."""
+    data = payload(16 * KIB)
+    sender = Sender(MemorySource(data), sender_config(lane=(0, 2, 0)), 0.0)
+    rx = Receiver(MemorySink(), ReceiverConfig(idle_timeout=2.0), 0.0)
+    rx.receive_datagram(sender.datagrams_to_send(0.0)[0][0], SENDER_ADDR, 0.0)
+    assert rx.stats.drops["wrong_lane"] == 1
+    rx.handle_timer(2.0)
+    failed = rx.next_event()
+    assert isinstance(failed, Failed)
+    assert "2 lane(s)" in failed.reason and "--lanes" in failed.reason
+
+
 def test_second_asker_escalates_to_multicast_but_re_asking_does_not() -> None:
     sender, now = _sender_with_stream_out()
     s = sender.session
