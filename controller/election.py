@@ -112,6 +112,8 @@ class Election:
         self._granted_ttl = ttl
         self._next_keepalive = float("-inf")
         self.status = Status(UNKNOWN)
+        self._failing_since: float | None = None  # etcd has not answered since
+        self._next_complaint = float("-inf")
 
     @property
     def is_leader(self) -> bool:
@@ -120,20 +122,25 @@ class Election:
     def step(self, now: float) -> Status:
         try:
             self._step(now)
+            self._failing_since = None
         except OSError as exc:
-            log.warning("etcd: %s", exc)
+            if self._failing_since is None or now >= self._next_complaint:
+                log.warning("etcd: %s", exc)
+                self._next_complaint = now + 5.0
+            if self._failing_since is None:
+                self._failing_since = now
             self._unreachable(now)
         return self.status
 
     def _step(self, now: float) -> None:
-        if self.lease is None or now >= self._lease_valid_until:
-            self.lease = None
-            self._lease_valid_until = float("-inf")
+        if self.lease is None:
             lease, granted = self.store.grant(self.ttl)
             self.lease, self._granted_ttl = lease, granted
             self._lease_valid_until = now + granted
             self._next_keepalive = now + granted / 4
-        elif now >= self._next_keepalive:
+        elif now >= self._next_keepalive or now >= self._lease_valid_until:
+            # (past the local bound the lease may still live: etcd restores leases over
+            # a restart, so the leader keeps its key and generation if it renews in time)
             left = self.store.keepalive(self.lease)
             if left <= 0:  # expired at etcd (e.g. it was down longer than the TTL)
                 self.lease = None
@@ -149,13 +156,16 @@ class Election:
         leader = Leader.decode(holder, generation)
         if holder_lease == self.lease and leader.ident == self.me.ident:
             self._set(Status(LEADER, leader, generation))
+        elif leader.ident == self.me.ident:  # our own key on a lease we gave up: free it
+            self.store.resign(holder_lease)
+            self._set(Status(UNKNOWN, None, max(generation, self.status.generation)))
         else:
             self._set(Status(FOLLOWER, leader, max(generation, self.status.generation)))
 
     def _unreachable(self, now: float) -> None:
         """No answer from etcd: a leader stays leader while its lease surely lives, so a
         short etcd restart changes nothing; then it steps down (never two leaders)."""
-        if self.status.role == LEADER and now < self._lease_valid_until:
+        if now < self._lease_valid_until:  # (a follower, too, still knows who leads)
             return
         self._set(Status(UNKNOWN, None, self.status.generation))
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import os
 import tempfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Protocol
@@ -136,7 +137,7 @@ class EtcdStore:
     endpoints in turn (the first that answers serves it). Implements ``Store`` and
     ``controller.election.ElectionStore``."""
 
-    def __init__(self, url: EtcdUrl, timeout: float = 1.0) -> None:
+    def __init__(self, url: EtcdUrl, timeout: float = 1.0, fenced: bool = True) -> None:
         import etcd3gw  # only an etcd deployment needs it
 
         self.url = url
@@ -145,7 +146,12 @@ class EtcdStore:
         self.leader_key = url.prefix + "leader"
         self._clients = [etcd3gw.client(host=h, port=p, timeout=timeout, api_path=API_PATH)
                          for h, p in url.endpoints]
-        self.fence: int | None = None  # the create revision of the leader key we hold
+        # fenced: the snapshot is written only while ``fence``, the create revision of the
+        # leader key this instance won, is still the key's (None: not the leader, no write)
+        self.fenced = fenced
+        self.fence: int | None = None
+        # saves land in the order they were encoded (green under eventlet's patching)
+        self._lock = threading.Lock()
 
     def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         """One gateway call on the first endpoint that answers; StoreError otherwise."""
@@ -174,10 +180,16 @@ class EtcdStore:
         return int(kvs[0].get("mod_revision", 0)) if kvs else 0
 
     def save(self, payload: bytes) -> None:
+        with self._lock:
+            self._save(payload)
+
+    def _save(self, payload: bytes) -> None:
         put = {"request_put": {"key": _b64(self.key), "value": _b64(payload)}}
-        if self.fence is None:
+        if not self.fenced:
             self._post("/kv/put", put["request_put"])
             return
+        if self.fence is None:
+            raise StoreError("not written: this instance is not the leader")
         out = self._post("/kv/txn", {
             "compare": [{"key": _b64(self.leader_key), "target": "CREATE", "result": "EQUAL",
                          "create_revision": str(self.fence)}],

@@ -385,6 +385,12 @@ def test_every_handler_runs_with_real_effects(make_bench, caplog):
     err = svc.get_group(2)
     assert err["state"] == "error" and "OpenFlow error type 6 code 0" in err["errors"][0], err
 
+    # a role reply (several instances: controller.election) is what the switch says we are
+    bench.dps[3].reply(parser.OFPRoleReply(bench.dps[3], ofp.OFPCR_ROLE_SLAVE, 7), 99)
+    bench.settle()
+    assert app.switch_roles[3] == ("slave", 7)
+    assert "switch 0x3: our role is slave (generation 7)" in caplog.text
+
     # a switch disconnects: forgotten, its groups rerouted
     bench.state(spine, DEAD_DISPATCHER)
     bench.settle()

@@ -33,6 +33,12 @@ class FakeEtcd:
                     self.key = None
                     self.revision += 1
 
+    def come_back(self, ttls: dict[int, int]) -> None:
+        """Up again after a restart: like etcd, every lease restored with its full TTL."""
+        self.down = False
+        for lease in self.leases:
+            self.leases[lease] = self.now + ttls.get(lease, self.min_ttl)
+
     def client(self, name: str, cut: set[str]) -> "FakeClient":
         return FakeClient(self, name, cut)
 
@@ -147,6 +153,21 @@ def test_a_short_etcd_outage_changes_nothing_a_long_one_steps_the_leader_down() 
     # it asks the switches for SLAVE with its own generation: accepted, nothing written
     assert role_for(es[lead].status) == (SLAVE, gen)
     assert es[1 - lead].status.role == UNKNOWN
+
+
+def test_after_an_etcd_restart_the_same_leader_keeps_its_generation() -> None:
+    etcd, _, es = cluster(3, ttl=2)
+    run(etcd, es, 1.0)
+    lead = next(i for i, e in enumerate(es) if e.is_leader)
+    gen = es[lead].status.generation
+    etcd.down = True
+    run(etcd, es, etcd.now + 3.0)  # longer than the TTL: the leader stepped down meanwhile
+    assert not any(e.is_leader for e in es)
+    etcd.come_back({k: v for e in es for k, v in e.store.ttls.items()})
+    run(etcd, es, etcd.now + 0.5)
+    assert es[lead].is_leader and es[lead].status.generation == gen
+    assert all(e.status == es[(lead + 1) % 3].status for e in es if not e.is_leader)
+    assert role_for(es[(lead + 1) % 3].status) == (SLAVE, gen)
 
 
 def test_a_partitioned_leader_steps_down_before_the_other_can_win() -> None:
