@@ -48,6 +48,12 @@ app_manager.require_app("ryu.topology.switches", api_style=True)
 log = logging.getLogger("modelcast.app")
 
 
+def open_store(conf: settings.Settings) -> EtcdStore:
+    """The etcd store of ``--store`` (tests put an in-memory one here)."""
+    assert conf.store_url is not None
+    return EtcdStore(parse_store_url(conf.store_url, conf.store_prefix))
+
+
 class ModelcastApp(app_manager.RyuApp):
     OFP_VERSIONS = [ofp.OFP_VERSION]
     _CONTEXTS = {"wsgi": WSGIApplication}
@@ -67,7 +73,7 @@ class ModelcastApp(app_manager.RyuApp):
         self.store: EtcdStore | None = None
         self.election: Election | None = None
         if conf.store_url:
-            self.store = EtcdStore(parse_store_url(conf.store_url, conf.store_prefix))
+            self.store = open_store(conf)
             self.election = Election(self.store, f"{socket.gethostname()}-{os.getpid()}-"
                                      f"{secrets.token_hex(3)}", conf.advertise_url or "",
                                      ttl=conf.lease_ttl_s)
