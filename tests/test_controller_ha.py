@@ -23,7 +23,7 @@ from controller import app as app_module
 from controller import ofmsgs, settings
 from lab.fakeof import FakeFabric
 from tests.support.fake_etcd import FakeEtcd
-from tests.test_app_smoke import TOPO, H, Bench, FakeDatapath, ours, start
+from tests.support.app_bench import TOPO, H, Bench, FakeDatapath, ours, start
 
 WRITES = (parser.OFPFlowMod, parser.OFPGroupMod, parser.OFPPacketOut, parser.OFPPortMod)
 
