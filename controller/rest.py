@@ -16,6 +16,7 @@ import logging
 import re
 from pathlib import Path
 from typing import Any, Callable
+from urllib.parse import urlsplit
 
 from jsonschema import Draft202012Validator, FormatChecker
 from jsonschema.exceptions import best_match
@@ -268,6 +269,9 @@ def forward_to(req: Any, leader_url: str | None, timeout: float) -> Response:
     for k in ("Location", "Retry-After", "WWW-Authenticate"):
         if k in answer.headers:
             resp.headers[k] = answer.headers[k]
+    if "Location" in answer.headers:  # on this instance, not the leader (which may go away)
+        loc = urlsplit(answer.headers["Location"])
+        resp.headers["Location"] = loc.path + (f"?{loc.query}" if loc.query else "")
     return resp
 
 

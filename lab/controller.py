@@ -117,7 +117,8 @@ class Controller:
         """A raw HTTP call with the token, for tests that assert on status codes."""
         headers = kw.pop("headers", {})
         headers.setdefault("Authorization", f"Bearer {self.token}")
-        return requests.request(method, self.url + path, headers=headers, timeout=15, **kw)
+        kw.setdefault("timeout", 15)
+        return requests.request(method, self.url + path, headers=headers, **kw)
 
     def wait_topology(self, switches: int, links: int, timeout: float = 30) -> dict:
         """Until LLDP found ``switches`` switches and ``links`` links that are up."""
