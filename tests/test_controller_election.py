@@ -9,6 +9,7 @@ from hypothesis import given, settings, strategies as st
 
 from controller.election import (FOLLOWER, LEADER, MASTER, SLAVE, UNKNOWN, Election, Leader,
                                  Status, role_for)
+from controller.store import DEFAULT_PREFIX, EtcdUrl, parse_store_url
 from tests.support.fake_etcd import FakeEtcd
 
 
@@ -147,3 +148,10 @@ def test_never_two_leaders_and_generations_only_grow(schedule: list[tuple[str, i
             for i in alive:
                 assert es[i].status.generation >= seen_gen[i]
                 seen_gen[i] = es[i].status.generation
+
+
+def test_store_urls() -> None:
+    assert parse_store_url("etcd://10.0.0.5:2379,10.0.0.6") == EtcdUrl(
+        (("10.0.0.5", 2379), ("10.0.0.6", 2379)), DEFAULT_PREFIX)
+    assert parse_store_url("etcd://e1:2381/fabric-a").prefix == "/fabric-a/"
+    assert parse_store_url("etcd://e1:2381/fabric-a", prefix="x").prefix == "/x/"
