@@ -48,6 +48,18 @@ app_manager.require_app("ryu.topology.switches", api_style=True)
 log = logging.getLogger("modelcast.app")
 
 
+_CAMPAIGNING: list["ModelcastApp"] = []  # instances in an election (--store)
+
+
+def request_stop() -> bool:
+    """SIGTERM (``controller.main``): an instance in an election resigns first, so the
+    others take over at once instead of after the lease TTL. False: none is running
+    one (the caller exits as before)."""
+    for app in _CAMPAIGNING:
+        app.stopping = True
+    return bool(_CAMPAIGNING)
+
+
 def open_store(conf: settings.Settings) -> EtcdStore:
     """The etcd store of ``--store`` (tests put an in-memory one here)."""
     assert conf.store_url is not None
@@ -103,7 +115,9 @@ class ModelcastApp(app_manager.RyuApp):
                                           "forward": self._forward if self.election else None})
         hub.spawn(self._install_loop)
         hub.spawn(self._timer_loop)
+        self.stopping = False
         if self.election is not None:
+            _CAMPAIGNING.append(self)
             hub.spawn(self._election_loop)
         if self.service.credentials.open:
             log.warning("no REST token configured (--token or MODELCAST_TOKEN): local callers "
@@ -127,6 +141,11 @@ class ModelcastApp(app_manager.RyuApp):
     def _election_loop(self) -> None:
         assert self.election is not None
         while True:
+            if self.stopping:
+                log.warning("stopping: resigning from the election (leader: %s)", self.leading)
+                self.leading = False
+                self.election.resign()
+                os._exit(0)  # switches keep forwarding; the others take over now
             try:
                 self._election_step(self.election.step(time.monotonic()))
             except Exception:  # never let one bad step stop the election

@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import os
+import signal
+import socket
 import sys
 from pathlib import Path
 
@@ -128,6 +130,16 @@ def loopback(host: str | None) -> bool:
         return False
 
 
+def _on_sigterm(signum: int, frame: object) -> None:
+    """One of several instances resigns before it exits (``controller.app.request_stop``);
+    otherwise SIGTERM does what it always did."""
+    app = sys.modules.get("controller.app")
+    if app is not None and app.request_stop():
+        return
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
 def main(argv: list[str] | None = None) -> int:
     conf, rest = parse(list(sys.argv[1:] if argv is None else argv))
     settings.current = conf
@@ -141,6 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     from ryu import cfg
     from ryu.cmd import manager
 
+    signal.signal(signal.SIGTERM, _on_sigterm)
     args = ["--observe-links", *rest, "controller.app"]
     try:
         cfg.CONF(args=args, project="ryu", prog="modelcast-controller")
@@ -155,7 +168,9 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     if conf.advertise_url is None:
-        conf.advertise_url = f"http://{cfg.CONF.wsapi_host or '127.0.0.1'}:{cfg.CONF.wsapi_port}"
+        host = cfg.CONF.wsapi_host
+        host = socket.gethostname() if host in (None, "", "0.0.0.0", "::") else host
+        conf.advertise_url = f"http://{host}:{cfg.CONF.wsapi_port}"
     print(f"modelcast-controller: OpenFlow on {cfg.CONF.ofp_listen_host or '0.0.0.0'}:"
           f"{cfg.CONF.ofp_tcp_listen_port}, REST on http://{cfg.CONF.wsapi_host}:"
           f"{cfg.CONF.wsapi_port}/v1, "
