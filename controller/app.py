@@ -40,7 +40,7 @@ from controller.hosts import PROBE_MAC, Actions, HostDiscovery
 from controller.igmp import IgmpPolicy
 from controller.reconnect import AuditClock, Reconnect, port_status, removal_is_drift
 from controller.rest import RestApi
-from controller.rest import forward_to
+from controller.rest import ApiError, forward_to
 from controller.service import Service, StateFileError
 from controller.store import EtcdStore, parse_store_url
 
@@ -93,6 +93,9 @@ class ModelcastApp(app_manager.RyuApp):
         self._role: tuple[str, int] | None = None  # the role request switches last got
         self._mirrored = -1  # the store revision a follower's view reflects
         self._next_mirror = float("-inf")
+        # a new leader's switches whose tables are still being read (mutations wait)
+        self._taking_over: set[int] = set()
+        self._takeover_deadline = float("-inf")
         self._slave_refusals = 0
         self.switch_roles: dict[int, tuple[str, int]] = {}  # dpid -> what its role reply said
         self.service = Service(core, installer=self, state_path=conf.state_file, token=conf.token,
@@ -186,6 +189,8 @@ class ModelcastApp(app_manager.RyuApp):
         log.warning("elected leader (generation %d): %d groups, %d switches connected; "
                     "reading their tables", status.generation, len(self.core.groups), len(self.dps))
         self._role = (MASTER, status.generation)
+        self._taking_over = set(self.dps)
+        self._takeover_deadline = time.monotonic() + settings.current.barrier_timeout_s
         for dpid, dp in list(self.dps.items()):
             dp.send_msg(ofmsgs.role_request(dpid, True, status.generation))
             self._send([(dpid, m) for m in self.reconnect.features(dpid)])
@@ -239,6 +244,10 @@ class ModelcastApp(app_manager.RyuApp):
         """A mutation on a follower goes to the leader (its answer passed back as is);
         None when this instance leads and serves it itself."""
         if self.leading:
+            if self._taking_over and time.monotonic() < self._takeover_deadline:
+                # a change now would be planned against switches not read yet
+                raise ApiError(503, f"taking over as leader: reading {len(self._taking_over)} "
+                               "switches; retry shortly", None, {"Retry-After": "1"})
             return None
         assert self.election is not None
         leader = self.election.status.leader
@@ -370,6 +379,7 @@ class ModelcastApp(app_manager.RyuApp):
         elif self.dps.get(dp.id) is dp:
             del self.dps[dp.id]
             self.reconnect.forget(dp.id)
+            self._taking_over.discard(dp.id)
             if not self.leading:
                 return
             t0 = time.perf_counter()
@@ -392,6 +402,10 @@ class ModelcastApp(app_manager.RyuApp):
             log.info("switch %#x reconciled: held %d of our groups, %d messages to fix",
                      dp.id, len(done.present.groups), len(done.plan))
             self._apply(done.plan, "switch")
+            if dp.id in self._taking_over:
+                self._taking_over.discard(dp.id)
+                if not self._taking_over:
+                    log.warning("took over: every connected switch read and reconciled")
             return
         self.audits.finished(dp.id, time.monotonic())
         result = "void" if done.void else "repaired" if len(done.plan) else "clean"

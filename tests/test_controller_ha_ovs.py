@@ -10,6 +10,7 @@ role each switch granted). The failover times are printed."""
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import threading
@@ -187,16 +188,16 @@ def test_leader_sigkill_mid_transfer(cluster):
             failover = t_served - t_kill
             new = leader_of(fab)
             assert new is not old
+            # the new group installs (barrier-confirmed)
+            g_after = new.wait_group(g_after["id"], lambda g: g["state"] == "installed", timeout=15)
+            after = tables(fab)  # (while the transfer runs: its receivers leave when done)
             report = t.finish(timeout=120)
         print(report.format())
         assert report.ok, report.format()
         for rr in report.receivers:
             assert rr.ok and rr.digest == model.digest, report.format()
-        # the new group installs (barrier-confirmed) and carries datagrams
-        g_after = new.wait_group(g_after["id"], lambda g: g["state"] == "installed", timeout=15)
-        check_delivery(fab, g_after, "h2", "h5", work)
+        check_delivery(fab, g_after, "h2", "h5", work)  # and it carries datagrams
         # nothing the old leader installed was wiped or changed (only the new group added)
-        after = tables(fab)
         for d in TOPO.switches:  # (every count may only grow by the new group's entries)
             assert before[d][0] <= after[d][0], (d, before[d], after[d])
             assert all(b <= a for b, a in zip(before[d][1:], after[d][1:])), (d, before[d], after[d])
@@ -204,6 +205,10 @@ def test_leader_sigkill_mid_transfer(cluster):
         for h, p in probes.items():
             first, last, missing = contiguous(p)
             assert missing == 0 and last - first > 1000, (h, first, last, missing)
+        # the new leader read every switch and found nothing to fix
+        log = new.logs[-1].read_text(errors="replace")
+        for d in TOPO.switches:
+            assert re.search(rf"switch {d:#x} reconciled: held \d+ of our groups, 0 messages to fix", log), log
         assert masters.worst == 1, "a bridge had two masters at once"
         mastered = masters.all_mastered_by(new.of_target, t_kill)
         assert mastered is not None, masters.samples[-1]
