@@ -330,9 +330,11 @@ class ModelcastApp(app_manager.RyuApp):
         msg = ev.msg
         dpid = msg.datapath.id
         text = f"switch {dpid:#x}: OpenFlow error type {msg.type} code {msg.code} (xid {msg.xid})"
-        if msg.type == ofp.OFPET_BAD_REQUEST and msg.code == ofp.OFPBRC_IS_SLAVE and not self.leading:
-            # a follower's LLDP packet-outs (ryu.topology) and any late message: refused
-            # by design, not an error worth a line each
+        if msg.type == ofp.OFPET_BAD_REQUEST and msg.code == ofp.OFPBRC_IS_SLAVE and (
+                not self.leading or (dpid, msg.xid) not in self._xid_errors):
+            # a follower's LLDP packet-outs (ryu.topology), also one answered just after it
+            # was elected: refused by design, not an error worth a line each (a plan's
+            # message refused so falls through: this instance was deposed)
             self._slave_refusals += 1
             if self._slave_refusals in (1, 10, 100) or self._slave_refusals % 1000 == 0:
                 log.info("switches refused %d messages of ours as from a SLAVE (expected on a "
