@@ -15,6 +15,7 @@ from controller.store import EtcdStore, StoreError, parse_store_url
 from hostagent.control import ControllerClient
 from lab import etcd as lab_etcd
 from lab.controller import Controller
+from lab.sh import free_port
 from tests.support.controller_lab import wait_for
 from tests.support.lab import skip_or_fail
 
@@ -120,3 +121,29 @@ def test_election_forwarding_failover_and_etcd_restart(cluster):
     print(f"\nleader SIGKILLed: the agent's client was served again after {failover:.2f} s; "
           f"etcd down 3 s: served {back:.2f} s after etcd was back (leader "
           f"{'kept' if after is new else 'changed'}, generation {gen2} -> {gen3})")
+
+
+def test_the_store_uses_the_first_endpoint_that_answers(tmp_path):
+    why = lab_etcd.available()
+    if why:
+        skip_or_fail(why)
+    etcd = lab_etcd.Etcd(tmp_path)
+    etcd.start()
+    try:
+        dead = free_port()
+        store = EtcdStore(parse_store_url(f"etcd://127.0.0.1:{dead},{etcd.endpoint}/lab-a"))
+        assert store.load() is None and store.revision() == 0  # a fresh start
+        lease, ttl = store.grant(2)
+        assert ttl >= 2
+        holder, generation, holder_lease = store.campaign(b'{"id": "x"}', lease)
+        assert holder == b'{"id": "x"}' and holder_lease == lease and generation > 0
+        store.fence = generation
+        store.save(b'{"version": 1}')
+        assert store.load() == b'{"version": 1}' and store.revision() > generation
+        other = EtcdStore(parse_store_url(f"etcd://{etcd.endpoint}/lab-b"))  # another prefix
+        assert other.load() is None
+        store.resign(lease)  # the leader key goes with the lease: the fence no longer holds
+        with pytest.raises(StoreError, match="no longer ours"):
+            store.save(b"{}")
+    finally:
+        etcd.stop()
