@@ -54,9 +54,6 @@ class FileStore:
         self.name = str(self.path)
         self.writer = writer or write_atomic
 
-    def exists(self) -> bool:
-        return self.path.exists()
-
     def load(self) -> bytes | None:
         if not self.path.exists():
             return None
