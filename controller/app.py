@@ -10,7 +10,11 @@ shim first and enables Ryu's LLDP link discovery.
 
 from __future__ import annotations
 
+import json
 import logging
+import os
+import secrets
+import socket
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -29,16 +33,37 @@ from ryu.topology import event as topo_event
 
 from controller import igmp as igmp_decisions
 from controller import ofmsgs, settings, unicast
+from controller.election import LEADER, MASTER, Election, Status, role_for
 from controller.core import MulticastCore, Plan, tune_gc
 from controller.errors import CoreError
 from controller.hosts import PROBE_MAC, Actions, HostDiscovery
 from controller.igmp import IgmpPolicy
 from controller.reconnect import AuditClock, Reconnect, port_status, removal_is_drift
 from controller.rest import RestApi
+from controller.rest import ApiError, forward_to
 from controller.service import Service, StateFileError
+from controller.store import EtcdStore, parse_store_url
 
 app_manager.require_app("ryu.topology.switches", api_style=True)
 log = logging.getLogger("modelcast.app")
+
+
+_CAMPAIGNING: list["ModelcastApp"] = []  # instances in an election (--store)
+
+
+def request_stop() -> bool:
+    """SIGTERM (``controller.main``): an instance in an election resigns first, so the
+    others take over at once instead of after the lease TTL. False: none is running
+    one (the caller exits as before)."""
+    for app in _CAMPAIGNING:
+        app.stopping = True
+    return bool(_CAMPAIGNING)
+
+
+def open_store(conf: settings.Settings) -> EtcdStore:
+    """The etcd store of ``--store`` (tests put an in-memory one here)."""
+    assert conf.store_url is not None
+    return EtcdStore(parse_store_url(conf.store_url, conf.store_prefix))
 
 
 class ModelcastApp(app_manager.RyuApp):
@@ -56,24 +81,48 @@ class ModelcastApp(app_manager.RyuApp):
         core = MulticastCore(algorithm=conf.algorithm, udp_port=conf.udp_port,
                              protection=conf.protection)
         self._save_lock = hub.Semaphore()
+        # several instances (--store etcd://): one leads and writes, the others follow
+        self.store: EtcdStore | None = None
+        self.election: Election | None = None
+        if conf.store_url:
+            self.store = open_store(conf)
+            self.election = Election(self.store, f"{socket.gethostname()}-{os.getpid()}-"
+                                     f"{secrets.token_hex(3)}", conf.advertise_url or "",
+                                     ttl=conf.lease_ttl_s)
+        self.leading = self.election is None  # may write to switches (and the store)
+        self._role: tuple[str, int] | None = None  # the role request switches last got
+        self._mirrored = -1  # the store revision a follower's view reflects
+        self._next_mirror = float("-inf")
+        # a new leader's switches whose tables are still being read (mutations wait)
+        self._taking_over: set[int] = set()
+        self._takeover_deadline = float("-inf")
+        self._slave_refusals = 0
+        self.switch_roles: dict[int, tuple[str, int]] = {}  # dpid -> what its role reply said
         self.service = Service(core, installer=self, state_path=conf.state_file, token=conf.token,
-                               host_tokens=conf.host_tokens, writer=self._write_state)
-        self.reconnect = Reconnect(core, host_idle_s=conf.host_timeout_s)
-        self.discovery = HostDiscovery(core, idle_s=conf.host_timeout_s)
-        self.audits = AuditClock(conf.audit_interval_s)
+                               host_tokens=conf.host_tokens, writer=self._write_state,
+                               store=self.store)
+        self._rebind()
+        if self.election is not None:
+            self.service.cluster = self._cluster
         self.igmp_policy = IgmpPolicy.from_settings(conf.igmp_allow, conf.host_tokens)
-        try:
-            problems = self.service.load()  # before any switch connects
-        except StateFileError as exc:
-            # Starting empty would overwrite the file (and the groups' keys) on next save.
-            log.critical("%s", exc)
-            raise SystemExit(2) from None
-        for problem in problems:
-            log.error("state file %s: %s", conf.state_file, problem)
+        if self.election is None:
+            try:
+                problems = self.service.load()  # before any switch connects
+            except StateFileError as exc:
+                # Starting empty would overwrite the file (and the groups' keys) on next save.
+                log.critical("%s", exc)
+                raise SystemExit(2) from None
+            for problem in problems:
+                log.error("state file %s: %s", conf.state_file, problem)
         kwargs["wsgi"].register(RestApi, {"service": self.service,
-                                          "barrier_timeout": 3 * conf.barrier_timeout_s + 2})
+                                          "barrier_timeout": 3 * conf.barrier_timeout_s + 2,
+                                          "forward": self._forward if self.election else None})
         hub.spawn(self._install_loop)
         hub.spawn(self._timer_loop)
+        self.stopping = False
+        if self.election is not None:
+            _CAMPAIGNING.append(self)
+            hub.spawn(self._election_loop)
         if self.service.credentials.open:
             log.warning("no REST token configured (--token or MODELCAST_TOKEN): local callers "
                         "may change groups, and no caller is given a session key")
@@ -84,6 +133,135 @@ class ModelcastApp(app_manager.RyuApp):
     @property
     def core(self) -> MulticastCore:
         return self.service.core
+
+    def _rebind(self) -> None:
+        """The per-core helpers, after the service's core was (re)built."""
+        conf = settings.current
+        self.reconnect = Reconnect(self.core, host_idle_s=conf.host_timeout_s)
+        self.discovery = HostDiscovery(self.core, idle_s=conf.host_timeout_s)
+        self.audits = AuditClock(conf.audit_interval_s)
+
+    # -- several instances: election, OpenFlow roles, follower view -----------------------
+    def _election_loop(self) -> None:
+        assert self.election is not None
+        while True:
+            if self.stopping:
+                log.warning("stopping: resigning from the election (leader: %s)", self.leading)
+                self.leading = False
+                self.election.resign()
+                os._exit(0)  # switches keep forwarding; the others take over now
+            try:
+                self._election_step(self.election.step(time.monotonic()))
+            except Exception:  # never let one bad step stop the election
+                log.exception("election step failed")
+            hub.sleep(0.1)
+
+    def _election_step(self, status: Status) -> None:
+        if status.role == LEADER and not self.leading:
+            self._promote(status)
+        elif status.role != LEADER and self.leading:
+            self._demote(status)
+        role = role_for(status) if (status.role != LEADER or self.leading) else None
+        if role is not None and role != self._role:
+            self._role = role
+            self._send([(dpid, ofmsgs.role_request(dpid, role[0] == MASTER, role[1]))
+                        for dpid in self.dps])
+        if not self.leading:
+            self._follow()
+
+    def _promote(self, status: Status) -> None:
+        """Won the election: start from the predecessor's last state in the store, ask
+        every switch for MASTER, then read each switch's tables and fix only what differs
+        (the restart path: a healthy switch gets no flow-mod at all)."""
+        assert self.store is not None
+        try:
+            raw = self.store.load()
+            problems = self.service.reload(json.loads(raw)) if raw else []
+        except (OSError, ValueError, StateFileError) as exc:
+            log.error("elected, but the state in %s cannot be read (%s): not taking over yet",
+                      self.store.name, exc)
+            return
+        for p in problems:
+            log.error("store %s: %s", self.store.name, p)
+        self._rebind()
+        self.store.fence = status.generation
+        self.leading = True
+        log.warning("elected leader (generation %d): %d groups, %d switches connected; "
+                    "reading their tables", status.generation, len(self.core.groups), len(self.dps))
+        self._role = (MASTER, status.generation)
+        self._taking_over = set(self.dps)
+        self._takeover_deadline = time.monotonic() + settings.current.barrier_timeout_s
+        for dpid, dp in list(self.dps.items()):
+            dp.send_msg(ofmsgs.role_request(dpid, True, status.generation))
+            self._send([(dpid, m) for m in self.reconnect.features(dpid)])
+            self._send([(dpid, m) for m in self.reconnect.start(dpid)])
+
+    def _demote(self, status: Status) -> None:
+        """Lost the lead (or cannot renew it): stop writing at once; switches keep
+        forwarding exactly as they do."""
+        assert self.store is not None
+        self.store.fence = None
+        self.leading = False
+        self._mirrored = -1
+        log.warning("no longer the leader (%s): following", status.role)
+
+    def _follow(self) -> None:
+        """A follower mirrors the leader's state whenever the store's revision moves, at
+        most every 0.5 s and taking at most a tenth of the time (a mirror rebuilds every
+        tree: with thousands of groups that costs a follower seconds)."""
+        assert self.store is not None
+        now = time.monotonic()
+        if now < self._next_mirror:
+            return
+        try:
+            rev = self.store.revision()
+            if rev == self._mirrored:
+                return
+            raw = self.store.load()
+        except OSError as exc:
+            log.debug("store: %s", exc)
+            return
+        if raw:
+            try:
+                problems = self.service.mirror(json.loads(raw))
+            except (ValueError, StateFileError) as exc:
+                log.error("store %s: cannot mirror the leader's state: %s", self.store.name, exc)
+                return
+            for p in problems:
+                log.warning("store %s: %s", self.store.name, p)
+            self._rebind()
+            self._next_mirror = now + max(0.5, 10 * (time.monotonic() - now))
+        self._mirrored = rev
+
+    def _cluster(self) -> dict[str, Any]:
+        assert self.election is not None
+        st = self.election.status
+        role = "leader" if self.leading else ("follower" if st.leader is not None else "unknown")
+        return {"role": role, "leader": st.leader.url if st.leader is not None else None,
+                "generation": st.generation}
+
+    def _forward(self, req: Any) -> Any:
+        """A mutation on a follower goes to the leader (its answer passed back as is);
+        None when this instance leads and serves it itself."""
+        if self.leading:
+            if self._taking_over and time.monotonic() < self._takeover_deadline:
+                # a change now would be planned against switches not read yet
+                raise ApiError(503, f"taking over as leader: reading {len(self._taking_over)} "
+                               "switches; retry shortly", None, {"Retry-After": "1"})
+            return None
+        assert self.election is not None
+        leader = self.election.status.leader
+        return forward_to(req, leader.url if leader is not None else None,
+                          timeout=3 * settings.current.barrier_timeout_s + 5)
+
+    @set_ev_cls(ofp_event.EventOFPRoleReply, MAIN_DISPATCHER)
+    def _role_reply(self, ev: Any) -> None:
+        msg = ev.msg
+        names = {ofp.OFPCR_ROLE_MASTER: "master", ofp.OFPCR_ROLE_SLAVE: "slave",
+                 ofp.OFPCR_ROLE_EQUAL: "equal"}
+        self.switch_roles[msg.datapath.id] = (names.get(msg.role, str(msg.role)), msg.generation_id)
+        log.info("switch %#x: our role is %s (generation %d)", msg.datapath.id,
+                 names.get(msg.role, msg.role), msg.generation_id)
 
     def _write_state(self, path: Path, payload: bytes) -> None:
         """Write and fsync in a native thread: the hub keeps serving OpenFlow and REST
@@ -152,6 +330,20 @@ class ModelcastApp(app_manager.RyuApp):
         msg = ev.msg
         dpid = msg.datapath.id
         text = f"switch {dpid:#x}: OpenFlow error type {msg.type} code {msg.code} (xid {msg.xid})"
+        if msg.type == ofp.OFPET_BAD_REQUEST and msg.code == ofp.OFPBRC_IS_SLAVE and (
+                not self.leading or (dpid, msg.xid) not in self._xid_errors):
+            # a follower's LLDP packet-outs (ryu.topology), also one answered just after it
+            # was elected: refused by design, not an error worth a line each (a plan's
+            # message refused so falls through: this instance was deposed)
+            self._slave_refusals += 1
+            if self._slave_refusals in (1, 10, 100) or self._slave_refusals % 1000 == 0:
+                log.info("switches refused %d messages of ours as from a SLAVE (expected on a "
+                         "follower)", self._slave_refusals)
+            return
+        if msg.type == ofp.OFPET_ROLE_REQUEST_FAILED:
+            log.warning("switch %#x refused our role request (code %d%s)", dpid, msg.code,
+                        ": stale, a newer leader was elected" if msg.code == ofp.OFPRRFC_STALE else "")
+            return
         errors = self._xid_errors.get((dpid, msg.xid))
         if errors is not None:
             errors.append(text)
@@ -165,6 +357,8 @@ class ModelcastApp(app_manager.RyuApp):
     @set_ev_cls(ofp_event.EventOFPSwitchFeatures, CONFIG_DISPATCHER)
     def _features(self, ev: Any) -> None:
         dp = ev.msg.datapath
+        if not self.leading:
+            return
         for msg in self.reconnect.features(dp.id):
             dp.send_msg(msg)
 
@@ -176,6 +370,10 @@ class ModelcastApp(app_manager.RyuApp):
         if ev.state == MAIN_DISPATCHER:
             log.info("switch %#x connected from %s", dp.id, dp.address)
             self.dps[dp.id] = dp
+            if self._role is not None:
+                dp.send_msg(ofmsgs.role_request(dp.id, self._role[0] == MASTER, self._role[1]))
+            if not self.leading:
+                return
             # Read what it already holds of ours before touching it: after a controller
             # restart a healthy switch keeps forwarding and gets no message at all.
             for msg in self.reconnect.start(dp.id):
@@ -183,6 +381,9 @@ class ModelcastApp(app_manager.RyuApp):
         elif self.dps.get(dp.id) is dp:
             del self.dps[dp.id]
             self.reconnect.forget(dp.id)
+            self._taking_over.discard(dp.id)
+            if not self.leading:
+                return
             t0 = time.perf_counter()
             plan = self.core.switch_leave(dp.id)
             log.warning("switch %#x disconnected: %d groups rerouted in %.1f ms",
@@ -194,6 +395,8 @@ class ModelcastApp(app_manager.RyuApp):
                 MAIN_DISPATCHER)
     def _stats_reply(self, ev: Any) -> None:
         dp = ev.msg.datapath
+        if not self.leading:
+            return
         done = self.reconnect.on_reply(dp.id, ev.msg, getattr(dp, "ports", {}).values())
         if done is None:
             return
@@ -201,6 +404,10 @@ class ModelcastApp(app_manager.RyuApp):
             log.info("switch %#x reconciled: held %d of our groups, %d messages to fix",
                      dp.id, len(done.present.groups), len(done.plan))
             self._apply(done.plan, "switch")
+            if dp.id in self._taking_over:
+                self._taking_over.discard(dp.id)
+                if not self._taking_over:
+                    log.warning("took over: every connected switch read and reconciled")
             return
         self.audits.finished(dp.id, time.monotonic())
         result = "void" if done.void else "repaired" if len(done.plan) else "clean"
@@ -216,7 +423,7 @@ class ModelcastApp(app_manager.RyuApp):
         msg = ev.msg
         dpid, port = msg.datapath.id, msg.desc.port_no
         down = port_status(msg.reason, msg.desc)
-        if down is None:
+        if down is None or not self.leading:  # a follower's view comes from the leader
             return
         t0 = time.perf_counter()
         plan = self.core.port_down(dpid, port) if down else self.core.port_up(dpid, port)
@@ -233,6 +440,8 @@ class ModelcastApp(app_manager.RyuApp):
     @set_ev_cls(topo_event.EventLinkAdd)
     def _link_add(self, ev: Any) -> None:
         s, d = ev.link.src, ev.link.dst
+        if not self.leading:
+            return
         before = self.core.view.version
         plan = self.core.link_add(s.dpid, s.port_no, d.dpid, d.port_no)
         if self.core.view.version != before:
@@ -245,6 +454,8 @@ class ModelcastApp(app_manager.RyuApp):
     @set_ev_cls(topo_event.EventLinkDelete)
     def _link_delete(self, ev: Any) -> None:
         s, d = ev.link.src, ev.link.dst
+        if not self.leading:
+            return
         before = self.core.view.version
         t0 = time.perf_counter()
         plan = self.core.link_remove(s.dpid, s.port_no, d.dpid, d.port_no)
@@ -262,6 +473,8 @@ class ModelcastApp(app_manager.RyuApp):
     def _packet_in(self, ev: Any) -> None:
         msg = ev.msg
         dp = msg.datapath
+        if not self.leading:  # (an EQUAL instance before the roles are set)
+            return
         in_port = msg.match.get("in_port")
         try:
             pkt = packet.Packet(msg.data)
@@ -298,7 +511,7 @@ class ModelcastApp(app_manager.RyuApp):
         of our other entries was deleted while no plan of ours was in flight: someone
         else did it, so that switch is audited at once."""
         msg = ev.msg
-        if msg.cookie & ofmsgs.COOKIE_MASK != ofmsgs.COOKIE_TAG:
+        if msg.cookie & ofmsgs.COOKIE_MASK != ofmsgs.COOKIE_TAG or not self.leading:
             return
         if msg.reason == ofp.OFPRR_IDLE_TIMEOUT:
             if msg.cookie == ofmsgs.COOKIE_SOURCE and "eth_src" in msg.match \
@@ -317,6 +530,8 @@ class ModelcastApp(app_manager.RyuApp):
         """Host discovery's probes and timeouts, and the switches' periodic audits."""
         while True:
             hub.sleep(0.25)
+            if not self.leading:
+                continue
             try:
                 self._discovery_tick()
                 self._start_audits(time.monotonic())

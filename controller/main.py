@@ -10,12 +10,15 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import os
+import signal
+import socket
 import sys
 from pathlib import Path
 
 from controller import settings
 from controller.auth import CredentialsError, load_host_tokens
 from controller.igmp import parse_allow
+from controller.store import parse_store_url
 from controller.trees import ALGORITHMS
 
 
@@ -47,6 +50,15 @@ def parse(argv: list[str]) -> tuple[settings.Settings, list[str]]:
     ap.add_argument("--no-protection", action="store_true",
                     help="do not pre-install fast-failover groups and detours for tree links "
                     "(a failed link then waits for the controller's reroute)")
+    ap.add_argument("--store", metavar="etcd://HOST:PORT[,HOST:PORT]",
+                    help="keep the state in etcd instead of --state-file and run as one of several "
+                    "instances: one is elected leader, the others follow (env MODELCAST_STORE)")
+    ap.add_argument("--store-prefix", metavar="PREFIX", help="etcd key prefix (default /modelcast/)")
+    ap.add_argument("--lease-ttl", type=int, metavar="S", help="seconds of the leader's etcd lease: "
+                    "a dead leader is replaced after about this long (default 2; etcd's minimum)")
+    ap.add_argument("--advertise-url", metavar="URL", help="this instance's REST URL as the others "
+                    "reach it (mutations sent to a follower are forwarded to the leader's); "
+                    "default http://WSAPI_HOST:WSAPI_PORT")
     ours, rest = ap.parse_known_args(argv)
     if ours.help:
         ap.print_help()
@@ -66,6 +78,23 @@ def parse(argv: list[str]) -> tuple[settings.Settings, list[str]]:
         conf.audit_interval_s = ours.audit_interval
     if ours.no_protection:
         conf.protection = False
+    if ours.store is not None:
+        conf.store_url = ours.store or None
+    if ours.store_prefix is not None:
+        conf.store_prefix = ours.store_prefix
+    if ours.lease_ttl is not None:
+        conf.lease_ttl_s = ours.lease_ttl
+    if ours.advertise_url is not None:
+        conf.advertise_url = ours.advertise_url
+    if conf.store_url is not None:
+        try:
+            parse_store_url(conf.store_url, conf.store_prefix)
+        except ValueError as exc:
+            ap.error(f"--store: {exc}")
+        if conf.state_file is not None:
+            ap.error("--store and --state-file exclude each other: the state lives in one place")
+    if not 1 <= conf.lease_ttl_s <= 60:
+        ap.error(f"--lease-ttl must be 1..60 s, not {conf.lease_ttl_s}")
     if ours.igmp_allow is not None:
         try:
             conf.igmp_allow = parse_allow(ours.igmp_allow)
@@ -101,6 +130,16 @@ def loopback(host: str | None) -> bool:
         return False
 
 
+def _on_sigterm(signum: int, frame: object) -> None:
+    """One of several instances resigns before it exits (``controller.app.request_stop``);
+    otherwise SIGTERM does what it always did."""
+    app = sys.modules.get("controller.app")
+    if app is not None and app.request_stop():
+        return
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
 def main(argv: list[str] | None = None) -> int:
     conf, rest = parse(list(sys.argv[1:] if argv is None else argv))
     settings.current = conf
@@ -114,6 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     from ryu import cfg
     from ryu.cmd import manager
 
+    signal.signal(signal.SIGTERM, _on_sigterm)
     args = ["--observe-links", *rest, "controller.app"]
     try:
         cfg.CONF(args=args, project="ryu", prog="modelcast-controller")
@@ -127,9 +167,15 @@ def main(argv: list[str] | None = None) -> int:
               "without a token: give --token (or MODELCAST_TOKEN), or --wsapi-host 127.0.0.1",
               file=sys.stderr)
         return 2
+    if conf.advertise_url is None:
+        host = cfg.CONF.wsapi_host
+        host = socket.gethostname() if host in (None, "", "0.0.0.0", "::") else host
+        conf.advertise_url = f"http://{host}:{cfg.CONF.wsapi_port}"
     print(f"modelcast-controller: OpenFlow on {cfg.CONF.ofp_listen_host or '0.0.0.0'}:"
           f"{cfg.CONF.ofp_tcp_listen_port}, REST on http://{cfg.CONF.wsapi_host}:"
-          f"{cfg.CONF.wsapi_port}/v1, state file {conf.state_file or '(none)'}", flush=True)
+          f"{cfg.CONF.wsapi_port}/v1, "
+          + (f"store {conf.store_url}" if conf.store_url else f"state file {conf.state_file or '(none)'}"),
+          flush=True)
     manager.main(args=args, prog="modelcast-controller")
     return 0
 

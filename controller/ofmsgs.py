@@ -331,3 +331,10 @@ def flow_stats_request(dpid: int) -> Msg:
 
 def group_desc_request(dpid: int) -> Msg:
     return parser.OFPGroupDescStatsRequest(datapath(dpid), 0)
+
+
+def role_request(dpid: int, master: bool, generation: int) -> Msg:
+    """OFPRoleRequest MASTER or SLAVE with ``generation`` (controller.election): the
+    switch refuses one older than the newest it has seen (OFPRRFC_STALE)."""
+    return parser.OFPRoleRequest(datapath(dpid), ofp.OFPCR_ROLE_MASTER if master else ofp.OFPCR_ROLE_SLAVE,
+                                 generation & ((1 << 64) - 1))

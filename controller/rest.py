@@ -16,6 +16,7 @@ import logging
 import re
 from pathlib import Path
 from typing import Any, Callable
+from urllib.parse import urlsplit
 
 from jsonschema import Draft202012Validator, FormatChecker
 from jsonschema.exceptions import best_match
@@ -209,10 +210,14 @@ def endpoint(mutating: bool = False) -> Callable[[Callable[..., Response]], Call
         @functools.wraps(func)
         def handler(self: "RestApi", req: Any, **kwargs: Any) -> Response:
             try:
-                # every call: a wrong token is a 401 even on a read (the client learns it
-                # at once), and reads show keys only to a caller allowed to see them
-                who = self.service.authenticate(req.headers.get("Authorization"), mutating)
-                resp = func(self, req, who=who, **kwargs)
+                forwarded = self.forward(req) if mutating and self.forward is not None else None
+                if forwarded is not None:  # a follower: the leader served it
+                    resp = forwarded
+                else:
+                    # every call: a wrong token is a 401 even on a read (the client learns it
+                    # at once), and reads show keys only to a caller allowed to see them
+                    who = self.service.authenticate(req.headers.get("Authorization"), mutating)
+                    resp = func(self, req, who=who, **kwargs)
             except ApiError as exc:
                 resp = error_response(exc.status, exc.message, exc.detail, exc.headers)
             except CoreError as exc:
@@ -237,6 +242,39 @@ def endpoint(mutating: bool = False) -> Callable[[Callable[..., Response]], Call
     return wrap
 
 
+FORWARDED = "X-Modelcast-Forwarded"  # set on a mutation a follower passed to the leader
+_PASSED = ("Authorization", "Content-Type")
+
+
+def forward_to(req: Any, leader_url: str | None, timeout: float) -> Response:
+    """Send a mutation on to the leader and answer with its response (status, body,
+    Location) as is, so a client configured with any instance is served. A 503 with
+    Retry-After while no leader is known, when the leader does not answer (it may have
+    just died: an election follows within the lease TTL), or when the request was
+    already forwarded once (two instances each believing the other leads)."""
+    import requests  # green under the controller's eventlet monkey-patching
+
+    if req.headers.get(FORWARDED) or not leader_url:
+        raise ApiError(503, "no leader elected right now; retry shortly", None, {"Retry-After": "1"})
+    headers = {k: req.headers[k] for k in _PASSED if k in req.headers}
+    headers[FORWARDED] = "1"
+    try:
+        answer = requests.request(req.method, leader_url.rstrip("/") + req.path_qs,
+                                  data=read_body(req), headers=headers, timeout=timeout)
+    except requests.RequestException as exc:
+        raise ApiError(503, f"the leader at {leader_url} did not answer ({type(exc).__name__}); "
+                       "retry shortly", None, {"Retry-After": "1"}) from None
+    resp = Response(status=answer.status_code, body=answer.content,
+                    content_type=answer.headers.get("Content-Type", "application/json").split(";")[0])
+    for k in ("Location", "Retry-After", "WWW-Authenticate"):
+        if k in answer.headers:
+            resp.headers[k] = answer.headers[k]
+    if "Location" in answer.headers:  # on this instance, not the leader (which may go away)
+        loc = urlsplit(answer.headers["Location"])
+        resp.headers["Location"] = loc.path + (f"?{loc.query}" if loc.query else "")
+    return resp
+
+
 class RestApi(ControllerBase):
     """Routes under /v1 (plus /metrics). Route methods are matched by the mapper; a
     wrong method or unknown path under /v1 reaches the fallbacks, which answer JSON
@@ -246,6 +284,8 @@ class RestApi(ControllerBase):
         super().__init__(req, link, data, **config)
         self.service: Service = data["service"]
         self.barrier_timeout = float(data.get("barrier_timeout", DEFAULT_BARRIER_TIMEOUT))
+        # several instances: (req) -> the leader's answer, or None when this one leads
+        self.forward: Callable[[Any], Response | None] | None = data.get("forward")
 
     # -- body ------------------------------------------------------------------------
     def _body(self, req: Any, schema: str, optional: bool = False) -> dict[str, Any]:

@@ -12,11 +12,9 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import re
 import secrets
 import socket
-import tempfile
 import time
 from collections import Counter
 from pathlib import Path
@@ -31,6 +29,7 @@ from controller.auth import (ADMIN, Credentials, Principal, check_admin, check_c
                              check_source, may_see_key)
 from controller.core import MAX_GID, Group, MulticastCore, Plan
 from controller.errors import Conflict, CoreError, InvalidAddress
+from controller.store import FileStore, Store, write_atomic
 from controller.topoview import check_unicast
 from controller.trees import ALGORITHMS
 
@@ -99,11 +98,14 @@ class Service:
                  clock: Callable[[], float] = time.monotonic,
                  host_tokens: dict[str, str] | None = None,
                  writer: Callable[[Path, bytes], None] | None = None,
-                 save_interval_s: float = SAVE_INTERVAL_S) -> None:
+                 save_interval_s: float = SAVE_INTERVAL_S, store: Store | None = None) -> None:
         self.core = core
         self.installer = installer
         self.state_path = Path(state_path) if state_path is not None else None
         self.writer = writer or self._write  # (path, payload): atomic and durable
+        # where state() is kept: the state file by default, or e.g. etcd (controller.store)
+        self.store: Store | None = store if store is not None else (
+            FileStore(self.state_path, self.writer) if self.state_path is not None else None)
         self.save_interval_s = save_interval_s
         self._dirty = False  # changes not written yet (save_soon)
         self._next_save = float("-inf")
@@ -117,8 +119,10 @@ class Service:
         self._plans_inflight = 0
         self._errors: dict[int, list[str]] = {}  # gid -> errors of its last confirmed plan
         self._started = clock()
+        # () -> {"role", "leader", "generation"} when several instances run (the app's)
+        self.cluster: Callable[[], dict[str, Any]] | None = None
         self.metrics.groups.set_function(lambda: len(self.core.groups))
-        self.metrics.registry.register(_SwitchEntries(core))
+        self.metrics.registry.register(_SwitchEntries(self))
         for state in RECEIVER_STATES:
             self.metrics.receivers.labels(state=state).set_function(
                 lambda state=state: self._count_receivers(state))
@@ -331,9 +335,12 @@ class Service:
                                                                   key=lambda kv: _ip_key(kv[0]))]}
 
     def health(self) -> dict[str, Any]:
-        return {"status": "ok", "switches": len(self.core.view.switches),
-                "groups": len(self.core.groups),
-                "uptime_s": round(max(0.0, self.clock() - self._started), 3)}
+        out = {"status": "ok", "switches": len(self.core.view.switches),
+               "groups": len(self.core.groups),
+               "uptime_s": round(max(0.0, self.clock() - self._started), 3)}
+        if self.cluster is not None:  # several instances: role, leader, generation
+            out.update(self.cluster())
+        return out
 
     # -- metrics -----------------------------------------------------------------------
     def metrics_text(self) -> bytes:
@@ -440,14 +447,14 @@ class Service:
         refuses: the change the switches already received stands and the next save
         retries."""
         self._dirty = False
-        if self.state_path is None:
+        if self.store is None:
             return True
         # compact: json's C encoder (an indented dump runs in Python, ~4x slower)
         payload = json.dumps(self.state(), sort_keys=True, separators=(",", ":")).encode()
         try:
-            self.writer(self.state_path, payload)
+            self.store.save(payload)
         except OSError as exc:
-            log.error("cannot save state to %s: %s", self.state_path, exc)
+            log.error("cannot save state to %s: %s", self.store.name, exc)
             self._dirty = True  # flush_state retries
             return False
         return True
@@ -471,31 +478,7 @@ class Service:
     def _write(path: Path, payload: bytes) -> None:
         """The file replaced atomically and durably (also what the app's writer runs in
         a native thread)."""
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                os.fchmod(f.fileno(), 0o600)  # it holds the groups' session keys
-                f.write(payload)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except FileNotFoundError:
-                pass
-            raise
-        try:  # make the rename itself durable
-            dfd = os.open(path.parent, os.O_RDONLY)
-        except OSError:
-            return
-        try:
-            os.fsync(dfd)
-        except OSError:
-            pass
-        finally:
-            os.close(dfd)
+        write_atomic(path, payload)
 
     def load(self) -> list[str]:
         """Restore groups (with their keys) and the last known topology from the state
@@ -503,11 +486,14 @@ class Service:
         Returns one line per item that could not be restored; a missing file is a fresh
         start. Raises StateFileError, one clear sentence, for a file that cannot be used
         at all (the caller should stop rather than overwrite it)."""
-        if self.state_path is None or not self.state_path.exists():
+        if self.store is None:
             return []
-        path = self.state_path
+        path = self.store.name
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
+            raw = self.store.load()
+            if raw is None:
+                return []
+            data = json.loads(raw.decode("utf-8"))
         except (OSError, UnicodeDecodeError) as exc:
             raise StateFileError(f"cannot read state file {path}: {exc}") from None
         except json.JSONDecodeError as exc:
@@ -524,6 +510,34 @@ class Service:
         except ValueError as exc:  # one entry is wrong: starting without it would save over it
             raise StateFileError(f"state file {path}: {exc}; fix it or move it aside to "
                                  "start empty") from None
+        return self._restore(data, path)
+
+    def reload(self, data: dict[str, Any]) -> list[str]:
+        """Replace everything with ``data`` (a ``state()`` another instance saved): a
+        follower mirrors its leader, a new leader starts from its predecessor's last
+        state. The core is rebuilt with the same settings; nothing is sent."""
+        if data.get("version") != STATE_VERSION:
+            raise StateFileError(f"state version {data.get('version')!r}; this controller "
+                                 f"reads version {STATE_VERSION}")
+        check_state(data)
+        old = self.core
+        self.core = MulticastCore(algorithm=old.algorithm, udp_port=old.udp_port,
+                                  balance=old.balance, protection=old.protection)
+        self.keys.clear()
+        self.transfers.clear()
+        self._errors.clear()
+        return self._restore(data, self.store.name if self.store is not None else "state")
+
+    def mirror(self, data: dict[str, Any]) -> list[str]:
+        """A follower's view: its leader's last saved state, with every known switch
+        believed to hold its share of the trees (the leader installs them; a follower
+        never writes), so reads on any instance answer what the leader would."""
+        problems = self.reload(data)
+        for dpid in sorted(self.core.view.switches):
+            self.core.switch_enter(dpid)  # the plan is the leader's to send: dropped
+        return problems
+
+    def _restore(self, data: dict[str, Any], path: str) -> list[str]:
         problems: list[str] = []
         groups = data.get("groups", [])
         before = set(self.core.groups)
@@ -653,15 +667,16 @@ class _SwitchEntries:
     protection's ``ff_groups`` and ``detour_flows``), so table use can be watched per switch. Collected on scrape from the core's belief, which the
     audits keep equal to the switches."""
 
-    def __init__(self, core: MulticastCore) -> None:
-        self.core = core
+    def __init__(self, service: Service) -> None:
+        self.service = service  # its core is replaced when a follower reloads the state
 
     def collect(self) -> Any:
         fam = GaugeMetricFamily("modelcast_switch_entries",
                                 "Multicast entries of ours per connected switch",
                                 labels=["dpid", "kind"])
-        for dpid in sorted(self.core.installed):
-            for kind, n in self.core.entries_at(dpid).items():
+        core = self.service.core
+        for dpid in sorted(core.installed):
+            for kind, n in core.entries_at(dpid).items():
                 fam.add_metric([str(dpid), kind], n)
         yield fam
 

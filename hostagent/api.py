@@ -999,7 +999,8 @@ def _client(opts: _Common) -> ControllerClient:
 
 
 def _url_host(url: str) -> str:
-    host = urlsplit(url).hostname
+    """The (first) controller's host: the route towards it names this host's address."""
+    host = urlsplit(url.split(",")[0].strip()).hostname
     if not host:
         raise TransferError(f"no host in controller URL {url!r}")
     return host

@@ -322,7 +322,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--group", help="multicast ADDR:PORT (SSM: 232.0.0.0/8); not with --controller")
-    common.add_argument("--controller", help="controller base URL, e.g. http://10.0.0.254:8080 (assigns the group)")
+    common.add_argument("--controller", help="controller base URL, e.g. http://10.0.0.254:8080 (assigns the group); "
+                        "several instances of one controller: URL,URL,... (tried in turn)")
     common.add_argument("--token", help="controller bearer token (default: $MODELCAST_TOKEN)")
     common.add_argument("--model", help="model name registered with the controller")
     common.add_argument("--ip", help="this host's IPv4 address as the controller knows it (default: from the routing table)")

@@ -26,8 +26,33 @@ class ControllerError(Exception):
     """Anything that stops us using the controller; ``str()`` is one printable line."""
 
 
+class _Unavailable(ControllerError):
+    """This instance could not take the call (unreachable, or 503: no leader right now)
+    and did nothing: another instance, or a retry, may serve it."""
+
+
+def controller_urls(text: str) -> list[str]:
+    """``URL[,URL...]``: every instance of a controller run as several (any may be asked;
+    followers pass changes to their leader)."""
+    urls = [u.strip().rstrip("/") for u in text.split(",") if u.strip()]
+    if not urls:
+        raise ControllerError(f"no controller URL in {text!r}")
+    for u in urls:
+        if not u.startswith(("http://", "https://")):
+            raise ControllerError(f"controller URL must start with http:// or https://, got {u!r}")
+    return urls
+
+
 class ControllerClient:
-    """One controller base URL (e.g. ``http://10.0.0.254:8080``) and optional bearer token."""
+    """A controller base URL (e.g. ``http://10.0.0.254:8080``), or several separated by
+    commas (the instances of one controller), and an optional bearer token.
+
+    With several URLs a call that finds an instance unreachable, or answering 503 (no
+    leader elected at this moment), goes to the next, and keeps cycling through them for
+    up to ``failover_s`` seconds (the controller elects a new leader within its lease
+    TTL, ~2 s): a client configured with every instance keeps working when one dies. A
+    call is never repeated after a request was sent and not answered (a timeout): it
+    may have been served."""
 
     def __init__(
         self,
@@ -35,10 +60,11 @@ class ControllerClient:
         token: Optional[str] = None,
         request_timeout: float = 10.0,
         session: Optional[requests.Session] = None,
+        failover_s: float = 10.0,
     ) -> None:
-        if not base_url.startswith(("http://", "https://")):
-            raise ControllerError(f"controller URL must start with http:// or https://, got {base_url!r}")
-        self.base_url = base_url.rstrip("/")
+        self.urls = controller_urls(base_url)
+        self.base_url = self.urls[0]  # the instance that answered last
+        self.failover_s = failover_s
         self.token = token if token is not None else os.environ.get(TOKEN_ENV) or None
         self.request_timeout = request_timeout
         import requests
@@ -152,19 +178,44 @@ class ControllerClient:
     # ------------------------------------------------------------------ plumbing
 
     def _call(self, method: str, path: str, body: Optional[dict] = None) -> Any:
+        if len(self.urls) == 1:
+            return self._call_one(self.base_url, method, path, body)
+        deadline = time.monotonic() + self.failover_s
+        while True:
+            start = self.urls.index(self.base_url)
+            for url in self.urls[start:] + self.urls[:start]:
+                try:
+                    out = self._call_one(url, method, path, body)
+                except _Unavailable as exc:
+                    last = exc
+                    continue
+                self.base_url = url
+                return out
+            if time.monotonic() >= deadline:
+                raise ControllerError(f"no controller instance served {method} {path} within "
+                                      f"{self.failover_s:g}s; last: {last}")
+            time.sleep(0.2)
+
+    def _call_one(self, base_url: str, method: str, path: str, body: Optional[dict]) -> Any:
         import requests
 
         headers = {"Accept": "application/json"}
         if self.token:
             headers["Authorization"] = f"Bearer {self.token}"
-        url = self.base_url + path
+        url = base_url + path
         try:
             resp = self._http.request(method, url, json=body, headers=headers, timeout=self.request_timeout)
+        except requests.ConnectTimeout as exc:  # nothing was sent: another instance may serve it
+            raise _Unavailable(f"cannot reach controller at {base_url}: {_reason(exc)}") from None
         except requests.Timeout:
-            raise ControllerError(f"controller at {self.base_url} did not answer {method} {path} "
+            raise ControllerError(f"controller at {base_url} did not answer {method} {path} "
                                   f"within {self.request_timeout:g}s") from None
+        except requests.ConnectionError as exc:
+            raise _Unavailable(f"cannot reach controller at {base_url}: {_reason(exc)}") from None
         except requests.RequestException as exc:
-            raise ControllerError(f"cannot reach controller at {self.base_url}: {_reason(exc)}") from None
+            raise ControllerError(f"cannot reach controller at {base_url}: {_reason(exc)}") from None
+        if resp.status_code == 503:
+            raise _Unavailable(f"controller refused {method} {path} (503): {_error_text(resp)}")
         if resp.status_code >= 400:
             raise ControllerError(f"controller refused {method} {path} ({resp.status_code}): {_error_text(resp)}")
         if resp.status_code == 204 or not resp.content:

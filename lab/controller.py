@@ -40,12 +40,15 @@ class Controller:
     ``rest_host`` (loopback unless set to a lab's management gateway before ``start``)."""
 
     def __init__(self, workdir: Path, token: str = "test-token", algorithm: str = "spt",
-                 say: Say = quiet, args: Sequence[str] = ()) -> None:
+                 say: Say = quiet, args: Sequence[str] = (), store: str | None = None,
+                 name: str = "controller") -> None:
         self.of_port = free_port()
         self.rest_port = free_port()
         self.rest_host = "127.0.0.1"
         self.workdir = Path(workdir)
-        self.state = self.workdir / "controller-state.json"
+        self.name = name
+        self.store = store  # etcd://...: one of several instances (no state file)
+        self.state = self.workdir / f"{name}-state.json"
         self.token = token
         self.algorithm = algorithm
         self.args = list(args)  # more controller options (e.g. --no-protection); read on start
@@ -68,11 +71,12 @@ class Controller:
 
     def start(self) -> None:
         """Start and wait (<= 30 s) until /v1/health answers; on failure raise with the log."""
-        logf = self.workdir / f"controller-{len(self.logs)}.log"
+        logf = self.workdir / f"{self.name}-{len(self.logs)}.log"
         self.logs.append(logf)
         cmd = [str(VENV_BIN / "modelcast-controller"), "--ofp-tcp-listen-port", str(self.of_port),
                "--ofp-listen-host", "127.0.0.1", "--wsapi-host", self.rest_host,
-               "--wsapi-port", str(self.rest_port), "--state-file", str(self.state),
+               "--wsapi-port", str(self.rest_port),
+               *(["--store", self.store] if self.store else ["--state-file", str(self.state)]),
                "--token", self.token, "--algorithm", self.algorithm, *self.args]
         with open(logf, "w") as out:
             # Own session: a terminal's Ctrl-C reaches only the orchestrating process,
@@ -113,7 +117,8 @@ class Controller:
         """A raw HTTP call with the token, for tests that assert on status codes."""
         headers = kw.pop("headers", {})
         headers.setdefault("Authorization", f"Bearer {self.token}")
-        return requests.request(method, self.url + path, headers=headers, timeout=15, **kw)
+        kw.setdefault("timeout", 15)
+        return requests.request(method, self.url + path, headers=headers, **kw)
 
     def wait_topology(self, switches: int, links: int, timeout: float = 30) -> dict:
         """Until LLDP found ``switches`` switches and ``links`` links that are up."""

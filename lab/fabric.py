@@ -61,13 +61,18 @@ class Fabric:
     context manager: teardown happens on every path, Ctrl-C included."""
 
     def __init__(self, topology: Topology, workdir: Path, algorithm: str = "spt",
-                 token: Optional[str] = None, say: Say = quiet, mtu: int = 9000) -> None:
+                 token: Optional[str] = None, say: Say = quiet, mtu: int = 9000,
+                 instances: int = 1, store: Optional[str] = None) -> None:
         self.topology = topology
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.say = say
-        self.controller = Controller(self.workdir, token=token or secrets.token_hex(8),
-                                     algorithm=algorithm, say=say)
+        token = token or secrets.token_hex(8)
+        # several instances of one controller (``store``: etcd://...), every switch
+        # connected to each of them, agents configured with all of their URLs
+        self.controllers = [Controller(self.workdir, token=token, algorithm=algorithm, say=say,
+                                       store=store, name=f"controller{i}" if instances > 1 else "controller")
+                            for i in range(instances)]
         self.mtu = mtu
         self.lab: Optional[Lab] = None
 
@@ -88,11 +93,13 @@ class Fabric:
             self.say(f"building lab {topo.name}: {len(topo.switches)} OVS bridges (userspace "
                      f"datapath, MTU {self.mtu}), {len(topo.links)} links, {len(topo.hosts)} "
                      "host namespaces on a management network")
-            self.lab = Lab(topo, controller=self.controller.of_target, mgmt=True, mtu=self.mtu)
+            self.lab = Lab(topo, controller=" ".join(c.of_target for c in self.controllers),
+                           mgmt=True, mtu=self.mtu)
             self.lab.start()
-            self.controller.rest_host = self.lab.mgmt_gateway
-            self.say(f"starting modelcast-controller (algorithm {self.controller.algorithm})")
-            self.controller.start()
+            for c in self.controllers:
+                c.rest_host = self.lab.mgmt_gateway
+                self.say(f"starting modelcast-controller (algorithm {c.algorithm})")
+                c.start()
             self.say(f"lab {self.lab.base} up; waiting for the controller to discover "
                      f"{len(topo.links)} links (LLDP)")
             self.controller.wait_topology(len(topo.switches), len(topo.links), timeout=learn_timeout)
@@ -135,17 +142,25 @@ class Fabric:
             except LabError as exc:
                 errors.append(str(exc))
             self.lab = None
-        if self.controller.proc is not None:
-            self.controller.stop()
+        for c in self.controllers:
+            if c.proc is not None:
+                c.stop()
         if errors:
             raise LabError("; ".join(errors))
 
     # ---------------------------------------------------------------- helpers
 
     @property
+    def controller(self) -> Controller:
+        """The (first live) controller instance: the one to ask for reads and waits."""
+        return next((c for c in self.controllers if c.proc is not None and c.proc.poll() is None),
+                    self.controllers[0])
+
+    @property
     def url(self) -> str:
-        """Controller URL as seen from inside any host namespace (and from the root one)."""
-        return self.controller.url
+        """Controller URL as seen from inside any host namespace (and from the root one):
+        with several instances, all of their URLs (``--controller A,B,C``)."""
+        return ",".join(c.url for c in self.controllers)
 
     def ip(self, host: str) -> str:
         return self.topology.host(host).ip

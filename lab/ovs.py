@@ -87,7 +87,8 @@ atexit.register(_stop_all)
 class Lab(NetnsHosts):
     """A topology on OVS bridges with one network namespace per host; same dpids, OpenFlow
     port numbers, IPs and MACs as the spec. Use as a context manager so it always tears
-    down. Not thread-safe: build, use and stop it from one thread."""
+    down. Not thread-safe: build, use and stop it from one thread. ``controller``: an
+    OpenFlow target, or several separated by spaces (every switch connects to each)."""
 
     def __init__(self, topology: Topology, controller: str | None = "tcp:127.0.0.1:6653",
                  prefix: str = "mc", fail_mode: str = "secure", stp: bool | None = None,
@@ -376,8 +377,14 @@ class Lab(NetnsHosts):
         if self.controller:
             # Reconnect within 1 s (default backoff grows to 8 s): a restarted controller
             # regains every switch at once.
-            cmd += ["--", "set-controller", br, self.controller,
-                    "--", "set", "controller", br, "max_backoff=1000"]
+            # Several targets (space-separated): one Controller record each, e.g. the
+            # instances of a controller run as several (controller.election).
+            targets = self.controller.split()
+            for i, target in enumerate(targets):
+                cmd += ["--", f"--id=@c{i}", "create", "Controller", f'target="{target}"',
+                        "max_backoff=1000"]
+            cmd += ["--", "set", "bridge", br,
+                    f"controller=[{','.join(f'@c{i}' for i in range(len(targets)))}]"]
         sh(cmd, what=f"create bridge {br}")
 
     def _verify_ofports(self) -> None:

@@ -14,10 +14,8 @@ import time
 import pytest
 
 import topologies as T
-from controller.protect import is_ff
-from lab.ovs import Lab
 from lab.probes import Capture, send
-from tests.support.controller_lab import controller_lab, wait_for
+from tests.support.controller_lab import controller_lab, held, ofctl, wait_for
 
 pytestmark = pytest.mark.lab
 
@@ -31,20 +29,6 @@ def fabric(tmp_path_factory):
     work = tmp_path_factory.mktemp("heal")
     with controller_lab(TOPO, work) as (lab, ctl):
         yield lab, ctl, work
-
-
-def ofctl(lab: Lab, dpid: int, *args: str) -> str:
-    return subprocess.run(["ovs-ofctl", "-O", "OpenFlow13", *args, lab.bridge(dpid)],
-                          capture_output=True, text=True, check=True).stdout
-
-
-def held(lab: Lab, dpid: int) -> tuple[set[int], int, int, int]:
-    """(ALL group ids, number of (S,G) flows, FF groups, detour flows) a bridge holds."""
-    groups = {int(x) for x in re.findall(r"group_id=(\d+)", ofctl(lab, dpid, "dump-groups"))}
-    flows = ofctl(lab, dpid, "dump-flows")
-    ff = {x for x in groups if is_ff(x)}
-    return (groups - ff, len(re.findall(r"priority=1000\b", flows)), len(ff),
-            len(re.findall(r"priority=1100\b", flows)))
 
 
 def intended(ctl, dpid: int) -> tuple[set[int], int, int, int]:

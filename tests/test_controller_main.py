@@ -23,6 +23,10 @@ def run(*args: str, timeout: float = 30) -> subprocess.CompletedProcess:
     (["--state-file", "/nonexistent-dir/state.json"], "does not exist"),
     (["--igmp-allow", "10.0.0.0/40"], "--igmp-allow: '10.0.0.0/40' is not an IPv4 CIDR"),
     (["--no-such-option"], "unrecognized arguments"),
+    (["--store", "http://127.0.0.1:2379"], "--store: 'http://127.0.0.1:2379' is not an etcd://HOST:PORT"),
+    (["--store", "etcd://127.0.0.1:x"], "--store: '127.0.0.1:x': bad port"),
+    (["--store", "etcd://127.0.0.1:2379", "--state-file", "/tmp/s.json"], "--store and --state-file exclude"),
+    (["--store", "etcd://127.0.0.1:2379", "--lease-ttl", "0"], "--lease-ttl must be 1..60 s"),
     (["--ofp-tcp-listen-port", "x"], "Invalid Integer value"),
 ])
 def test_bad_options_exit_nonzero_with_a_clear_message(args, needle):
@@ -45,6 +49,7 @@ def test_help_lists_our_options():
     proc = run("--help")
     assert proc.returncode == 0 and "--state-file" in proc.stdout and "--token" in proc.stdout
     assert "--host-tokens" in proc.stdout and "--igmp-allow" in proc.stdout
+    assert "--store" in proc.stdout and "--advertise-url" in proc.stdout
 
 
 def test_no_token_is_refused_unless_rest_is_on_loopback(monkeypatch):

@@ -55,6 +55,37 @@ def test_group_in_error_state_fails_with_its_errors() -> None:
         client.wait_installed({"id": 2, "state": "error", "errors": ["no path to 10.0.0.9"]})
 
 
+def test_several_controller_urls_a_dead_or_leaderless_instance_is_skipped() -> None:
+    """``--controller A,B,C``: a dead instance (connection refused) and one answering 503
+    (no leader right now) are passed over; the call is served by the live one, which is
+    then asked first."""
+    dead = f"http://{LOOPBACK}:{free_port()}"
+    with FakeController(5000, reject=(503, "no leader elected right now; retry shortly")) as busy, \
+            FakeController(5000, pending_polls=0) as live:
+        client = ControllerClient(f"{dead},{busy.url},{live.url}", failover_s=2)
+        group = client.create_group("m", "10.0.0.1")
+        assert group["address"] == FakeController.ADDRESS
+        assert client.base_url == live.url
+        assert [c[0] for c in busy.calls] == ["POST"] and [c[0] for c in live.calls] == ["POST"]
+        client.get_group(group["id"])
+        assert len(busy.calls) == 1  # the one that answered is asked first now
+
+
+def test_several_controller_urls_give_up_after_the_failover_window() -> None:
+    dead = [f"http://{LOOPBACK}:{free_port()}" for _ in range(2)]
+    client = ControllerClient(",".join(dead), failover_s=0.5)
+    with pytest.raises(ControllerError, match="no controller instance served POST /v1/groups within 0.5s"):
+        client.create_group("m", "10.0.0.1")
+
+
+def test_a_refusal_other_than_503_is_not_retried_elsewhere() -> None:
+    with FakeController(5000, reject=(403, "not yours")) as first, FakeController(5000) as second:
+        client = ControllerClient(f"{first.url},{second.url}")
+        with pytest.raises(ControllerError, match=r"\(403\): not yours"):
+            client.create_group("m", "10.0.0.1")
+        assert second.calls == []
+
+
 def test_requests_carry_bearer_token_and_json(monkeypatch) -> None:
     monkeypatch.setenv("MODELCAST_TOKEN", "s3cret")
     with FakeController(5000) as fake:

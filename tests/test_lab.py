@@ -140,6 +140,17 @@ def test_controller_mode_bridge_config_and_popen_cleanup(lab_env: None) -> None:
     assert leftovers(base) == []
 
 
+@pytest.mark.lab
+def test_every_switch_connects_to_each_of_several_controllers(lab_env: None) -> None:
+    targets = ["tcp:127.0.0.1:1", "tcp:127.0.0.1:2", "tcp:127.0.0.1:3"]
+    with Lab(linear(2), controller=" ".join(targets), fail_mode="secure") as lab:
+        for dpid in (1, 2):
+            br = lab.bridge(dpid)
+            assert sorted(_sh("ovs-vsctl", "get-controller", br).split()) == targets
+            for uuid in _sh("ovs-vsctl", "get", "bridge", br, "controller").strip("[]\n").split(", "):
+                assert _sh("ovs-vsctl", "get", "controller", uuid, "max_backoff").strip() == "1000"
+
+
 RECEIVER = textwrap.dedent("""
     import socket, struct, sys
     group, port, iface = sys.argv[1], int(sys.argv[2]), sys.argv[3]

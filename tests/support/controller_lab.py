@@ -3,12 +3,15 @@ vSwitch lab of a topology, torn down (lab by name, controller by PID) even on fa
 
 from __future__ import annotations
 
+import re
+import subprocess
 import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
 import topologies as T
+from controller.protect import is_ff
 from lab.controller import Controller
 from lab.ovs import Lab
 from tests.support.lab import need_lab
@@ -44,3 +47,17 @@ def wait_for(pred: Callable[[], bool], timeout: float, step: float = 0.05) -> bo
             return True
         time.sleep(step)
     return pred()
+
+
+def ofctl(lab: Lab, dpid: int, *args: str) -> str:
+    return subprocess.run(["ovs-ofctl", "-O", "OpenFlow13", *args, lab.bridge(dpid)],
+                          capture_output=True, text=True, check=True).stdout
+
+
+def held(lab: Lab, dpid: int) -> tuple[set[int], int, int, int]:
+    """(ALL group ids, number of (S,G) flows, FF groups, detour flows) a bridge holds."""
+    groups = {int(x) for x in re.findall(r"group_id=(\d+)", ofctl(lab, dpid, "dump-groups"))}
+    flows = ofctl(lab, dpid, "dump-flows")
+    ff = {x for x in groups if is_ff(x)}
+    return (groups - ff, len(re.findall(r"priority=1000\b", flows)), len(ff),
+            len(re.findall(r"priority=1100\b", flows)))
