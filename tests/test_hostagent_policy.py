@@ -155,7 +155,8 @@ def test_loss_at_a_minority_is_local_and_at_a_majority_is_congestion() -> None:
 def test_drops_at_the_senders_own_link_cut_the_rate_below_the_minimum() -> None:
     """The socket layer reports send drops: congestion whatever receivers say. Loss the
     receivers report stops at ``min_rate_bps``; the sender's own link may go below it."""
-    cfg = config(rate_bps=1e9, min_rate_bps=5e8, aimd_interval=0.01, expected_receivers=4)
+    # (loss_horizon 1: each window's reports count as news once one repair went out)
+    cfg = config(rate_bps=1e9, min_rate_bps=5e8, aimd_interval=0.01, expected_receivers=4, loss_horizon=1)
     sender = Sender(MemorySource(payload(256 * KIB)), cfg, 0.0)
     now = stream_out(sender)
     for _ in range(10):  # receivers 1..3 of 4 report 30% loss, window after window
@@ -163,6 +164,7 @@ def test_drops_at_the_senders_own_link_cut_the_rate_below_the_minimum() -> None:
         for rid in (1, 2, 3):
             sender.receive_datagram(wire.encode(wire.Nack(sender.session, rid, ((0, 1),), 300)), ("rx", rid), now)
         sender.handle_timer(now + sender.nack_window)
+        sender.datagrams_to_send(now + sender.nack_window)
     assert sender.loss_verdicts["group"] >= 1
     assert sender.rate == pytest.approx(5e8)  # the floor for receiver-reported loss
     for _ in range(10):
