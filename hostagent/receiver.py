@@ -701,6 +701,8 @@ class Receiver:
         if not held:
             self.stats.duplicates += 1
             return
+        if self._total_seq is not None:
+            self._count_repairs(delivered=1)
         if self._rounds:
             self._sample_repair(now, first, end)
         chunk = msg.chunk
@@ -1084,8 +1086,9 @@ class Receiver:
 
     def _count_repairs(self, delivered: int = 0, lost: int = 0) -> None:
         """After the stream only repairs arrive: the loss figure follows theirs (same
-        EWMA), so NACKs tell the sender about the path now -- a catch-up that overruns a
-        bottleneck still reads as congestion, and a burst during the stream fades out of
+        EWMA; a useful parity share counts as delivered, a repair the sender served past
+        as lost), so NACKs tell the sender about the path now -- a catch-up that overruns
+        a bottleneck still reads as congestion, and a burst during the stream fades out of
         the figure as repairs arrive instead of staying in it for good."""
         keep = 1.0 - 1.0 / max(1, self.config.loss_horizon)
         self._loss = 1.0 - (1.0 - self._loss * keep ** delivered) * keep ** lost
