@@ -701,10 +701,10 @@ class Sender:
         averages over ~``loss_horizon`` datagrams, so one shared burst (a switch that
         stalled for 20 ms) keeps the whole group above the tolerance for that many
         datagrams -- longer, in seconds, the lower the rate. Read as new congestion
-        window after window, it cut the rate to the floor (10-80 cuts for one stall, 2-8x
-        the transfer time in the simulator). One cut per congestion event: the next waits
-        until the receivers took in that many datagrams sent after the cut. Drops at our
-        own link are fresh news and cut at once."""
+        window after window, it cut the rate towards the floor (9-81 cuts for one
+        stall, 2-8x the transfer time in the simulator). One cut per congestion event:
+        the next waits until the receivers took in that many datagrams sent after the
+        cut. Drops at our own link are fresh news and cut at once."""
         return self._since_cut is None or self._since_cut >= self.config.loss_horizon
 
     def _took_in(self) -> None:

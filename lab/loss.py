@@ -110,10 +110,11 @@ def cap_rate(lab: NetnsHosts, host: object, mbit: float, burst: str = "512kb") -
 
 def add_stall(iface: str, every: int, count: int) -> str:
     """Loss every receiver shares: of each ``every`` packets entering a kernel bridge from
-    ``iface`` (the sender's link, root-namespace end), drop ``count`` in a row before the
-    bridge copies them -- a switch that stops forwarding for a moment, as Open vSwitch's
-    userspace datapath does when it is off the CPU. Returns the nftables table to pass to
-    ``clear_stall``; ``stall_dropped`` reads its counter."""
+    ``iface`` (the sender's link, root-namespace end), drop the last ``count`` in a row
+    before the bridge copies them -- a switch that stops forwarding for a moment, as Open
+    vSwitch's userspace datapath does when it is off the CPU (not at the very start: the
+    first stall comes after ``every - count`` packets). Returns the nftables table to pass
+    to ``clear_stall``; ``stall_dropped`` reads its counter."""
     if not 0 < count < every:
         raise ValueError(f"need 0 < count < every, got {count}, {every}")
     if shutil.which("nft") is None:
@@ -123,7 +124,7 @@ def add_stall(iface: str, every: int, count: int) -> str:
         f"table bridge {table} {{\n"
         "  chain pre {\n"
         "    type filter hook prerouting priority -300; policy accept;\n"
-        f"    iifname \"{iface}\" meta protocol ip numgen inc mod {every} < {count} counter drop\n"
+        f"    iifname \"{iface}\" meta protocol ip numgen inc mod {every} >= {every - count} counter drop\n"
         "  }\n"
         "}\n"
     )

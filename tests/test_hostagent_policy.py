@@ -168,8 +168,9 @@ def test_one_shared_stall_costs_one_cut_not_the_floor(seed: int) -> None:
     """A switch that forwards nothing for 20 ms (a userspace datapath off the CPU) costs
     every receiver the same ~27 datagrams: one congestion event, one cut. Receivers'
     loss figures average over ~1000 datagrams, so the burst stays in them for that long;
-    read as new congestion window after window it cut the rate 10-26 times, to the 5%
-    floor, and the transfer took 2-5x as long (the OVS lab's bimodal 1%-loss runs)."""
+    read as new congestion window after window it cut the rate 9-26 times (in one seed
+    to the 5% floor) and the transfer took 2-5x as long (the OVS lab's bimodal 1%-loss
+    runs)."""
     data = payload(8 * 1024 * KIB)
     clean = Run(data, SenderConfig(**JUMBO), 4, loss=_own_loss(seed))
     run = Run(data, SenderConfig(**JUMBO), 4, loss=_own_loss(seed), shared_loss=stall(0.3, 0.02))
