@@ -10,8 +10,10 @@ own modules: which NACKed ranges to repair and how (unicast, multicast or FEC pa
 Loss is not congestion; the group is not its slowest member. The rate is cut only when
 ``pacing.LossClassifier`` judges a window's loss reports to be congestion: loss reported
 by more than ``congestion_quorum`` of the group at once, or drops at the sender's own
-link (``send_dropped``). One receiver's own loss, however high, leaves the group's rate
-alone; that receiver is repaired (unicast or FEC parity) within the repair share while
+link (``send_dropped``) -- and once per congestion event: receivers' loss figures
+average over ~``loss_horizon`` datagrams, so a cut on them waits until they took in that
+many sent after the previous cut (``_fresh_reports``). One receiver's own loss, however
+high, leaves the group's rate alone; that receiver is repaired (unicast or FEC parity) within the repair share while
 the stream runs, and catches up after it -- or is reported failed as a straggler when
 ``linger_timeout`` after the stream it still has not verified the file.
 
