@@ -2,7 +2,8 @@
 
     python -m bench.agent [--size-mb 256] [--rate-cap 1000] [--mtu 9000] [--receivers 1,4]
                           [--runs 3] [--methods modelcast,tcp,uftp] [--out docs/bench]
-                          [--no-asymmetry] [--no-lanes] [--lanes-cap 0] [--smoke] [--work DIR]
+                          [--no-asymmetry] [--no-stall] [--no-lanes] [--lanes-cap 0] [--smoke]
+                          [--work DIR]
 
 A kernel-bridge lab (Linux bridge, one netns per host: the agent, not the switch, is
 what is measured), the sender's NIC capped with ``tc tbf`` at ``--rate-cap``:
@@ -14,6 +15,10 @@ what is measured), the sender's NIC capped with ``tc tbf`` at ``--rate-cap``:
   random: does one lossy receiver slow the group? modelcast clean, modelcast with the
   lossy receiver, UFTP with the lossy receiver; the clean receivers' times are compared
   with their times in the clean run;
+- **stall**: issue 14's 1%-loss runs on the kernel bridge: every host's NIC at 100 Mbit/s,
+  MTU 9000, 32 MB, 4 receivers each dropping 1% of their IPv4 at random, with and without
+  a shared stall (the bridge drops 4 packets in a row of every 200 from the sender: a
+  switch off the CPU for a moment, loss every receiver shares): one cut, or many?
 - **lanes**: one transfer to one receiver over 1 and over 2 lanes (``--lanes``), MTU
   9000, the NIC uncapped: where one Python process per side is the limit, how much
   sooner do two lanes finish?
@@ -222,6 +227,38 @@ def asymmetry(args: argparse.Namespace, work: Path, say: Any) -> list[Run]:
     return runs
 
 
+STALL_EVERY, STALL_COUNT = 200, 4  # packets from the sender: 4 in a row of every 200 dropped
+
+
+def stall(args: argparse.Namespace, work: Path, say: Any) -> list[Run]:
+    """1% own loss at each of 4 receivers, alone and with a shared stall on the sender's
+    bridge port; every NIC at 100 Mbit/s, MTU 9000, the agents at 95 Mbit/s."""
+    size, cap, n = (8 if args.smoke else 32) * 1024 * 1024, 100.0, 4
+    runs: list[Run] = []
+    with BridgeLab(1 + n, mtu=9000) as lab:
+        for h in range(1 + n):
+            impair.cap_rate(lab, h, cap)
+        for h in range(1, n + 1):
+            impair.add(lab.ns(h), lab.veth(h), "random", all_ip=True)
+        model = make_model(work / "stall.bin", size, seed=6)
+        receivers = list(range(1, n + 1))
+        for r in range(args.runs):
+            for label in ("1pct", "1pct-stalled"):
+                table = impair.add_stall(lab.veth(0), STALL_EVERY, STALL_COUNT) if label.endswith("stalled") else None
+                try:
+                    res = one("modelcast", lab, model, receivers, cap * 0.95, work / f"stall-{label}-{r}",
+                              200 + len(runs), 9000, args.timeout)
+                    res.detail["stall_dropped"] = impair.stall_dropped(table) if table else 0
+                finally:
+                    if table:
+                        impair.clear_stall(table)
+                res.scenario, res.line_rate_s = f"stall-{label}", size * 8 / (cap * 0.95e6)
+                runs.append(res)
+                say(f"stall {label} run {r}: {'ok' if res.ok else 'FAILED'} {res.seconds:.2f} s, "
+                    f"{res.detail['rate_decreases']} rate decreases, {res.detail['repair_pct']:.1f}% repaired")
+    return runs
+
+
 def lanes(args: argparse.Namespace, work: Path, say: Any) -> list[Run]:
     """One transfer over 1 and over 2 lanes (``--lanes``), N=1, MTU 9000, the sender's
     NIC uncapped (``--lanes-cap 0``, the default) or capped above what one lane reaches:
@@ -302,6 +339,13 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any], runs: list[Run]) 
     if one and two:
         out.append(f"- lanes (N=1, {meta.get('lanes_cap') or 'no'} cap): T(2 lanes) / T(1 lane) = {two / one:.2f} "
                    f"({meta['size_mb'] * 8 * 1.048576 / one:.0f} -> {meta['size_mb'] * 8 * 1.048576 / two:.0f} Mbit/s)")
+    calm = [r for r in runs if r.scenario == "stall-1pct"]
+    stalled = [r for r in runs if r.scenario == "stall-1pct-stalled"]
+    if calm and stalled:
+        cuts = fmt(_median([r.detail.get("rate_decreases") for r in stalled]), "g")
+        slower = _median([s.seconds / c.seconds for c, s in zip(calm, stalled)])
+        out.append(f"- stall: with a shared stall modelcast took {fmt(slower)} x its time without "
+                   f"(median of runs), {cuts} rate decreases (median)")
     ratio = clean_receivers_ratio(runs)
     if ratio is not None:
         out.append(f"- asymmetry: the clean receivers took {ratio:.2f} x their clean-run time "
@@ -329,6 +373,8 @@ def run(args: argparse.Namespace) -> int:
             runs += lanes(args, work, say)
         if args.asymmetry:
             runs += asymmetry(args, work, say)
+        if args.stall:
+            runs += stall(args, work, say)
     finally:
         subprocess.run(["rm", "-rf", str(work)], check=False)
     rows = medians(runs)
@@ -353,6 +399,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--timeout", type=float, default=120, help="per transfer, seconds")
     ap.add_argument("--asymmetry", action=argparse.BooleanOptionalAction, default=True,
                     help="also run the one-lossy-receiver scenario (default on)")
+    ap.add_argument("--stall", action=argparse.BooleanOptionalAction, default=True,
+                    help="also run 1%% loss with and without a shared stall, N=4 (default on)")
     ap.add_argument("--lanes", action=argparse.BooleanOptionalAction, default=True,
                     help="also run one transfer over 1 and 2 lanes, N=1 (default on)")
     ap.add_argument("--lanes-cap", type=float, default=0.0,

@@ -22,6 +22,13 @@ from __future__ import annotations
 import enum
 from typing import Optional
 
+# Datagrams a receiver's reported loss (a NACK's ``loss_permille``) averages over: a
+# per-datagram EWMA of first-transmission loss with this horizon (``ReceiverConfig``).
+# Long enough that random 1% loss does not read as the 2% tolerance; so a burst stays in
+# the figure for about this many datagrams after it ended, and the sender does not read
+# it as new congestion until that many datagrams were streamed after its cut.
+LOSS_HORIZON = 1024
+
 
 class Pacer:
     """Token bucket (bytes) at ``rate`` (bits/s), additive increase and multiplicative
@@ -84,13 +91,15 @@ class Pacer:
         """When the bucket is out of debt again (a datagram may leave)."""
         return self._last_refill + max(0.0, -self._tokens) / (self.rate / 8) + 1e-9
 
-    def window_closed(self, now: float, floor: Optional[float] = None) -> bool:
+    def window_closed(self, now: float, floor: Optional[float] = None, may_cut: bool = True) -> bool:
         """A NACK window closed: if it carried a congestion signal, cut the rate (at most
-        once per interval, never below ``floor``, default the hard floor) and report
-        True. The signal is cleared either way, or it would stay latched and stop the
-        additive increase for good."""
+        once per interval, never below ``floor``, default the hard floor; not at all
+        unless ``may_cut``: the signal is one already answered) and report True. The
+        signal is cleared either way, or it would stay latched and stop the additive
+        increase for good."""
         floor = self._floor if floor is None else max(self._floor, floor)
-        cut = self.congested and now - self._last_decrease >= self._interval and self.rate > floor
+        cut = (may_cut and self.congested and now - self._last_decrease >= self._interval
+               and self.rate > floor)
         if cut:
             self.refill(now)
             self.rate = max(floor, self.rate * self._decrease)

@@ -64,6 +64,7 @@ import hostagent.tree as tree
 import hostagent.wire as wire
 from .common import Addr, ChunkSink, Layout, Stats, read_view, write_parts
 from .events import ChunkCorrupt, Failed, FileComplete, ManifestReceived, ReceiverEvent
+from .pacing import LOSS_HORIZON
 from .rangeset import RangeSet
 
 STATE_VERSION = 1
@@ -97,7 +98,7 @@ class ReceiverConfig:
     min_nack_backoff: float = 0.003  # lets a slightly reordered datagram fill its gap first
     nack_retry: float = 0.6  # re-request what is still missing after at most this long ...
     min_nack_retry: float = 0.03  # ... or sooner: a few measured NACK-to-repair delays
-    loss_horizon: int = 1024  # datagrams the reported loss rate averages over
+    loss_horizon: int = LOSS_HORIZON  # datagrams the reported loss rate averages over
     max_nacks_per_round: int = 4  # NACK datagrams per timer expiry; the rest waits
     # NACK rounds at most this often: gaps falling due within one tick go out together,
     # so a receiver with a gap every other datagram fires hundreds, not tens of
@@ -651,8 +652,11 @@ class Receiver:
         self._last_data_at = now
         if repair:
             self.stats.repairs_received += 1
-            if self._rounds and seq not in self.have:
-                self._sample_repair(now, seq, seq + 1, served=True)
+            if seq not in self.have:
+                if self._total_seq is not None:
+                    self._count_repairs(delivered=1)
+                if self._rounds:
+                    self._sample_repair(now, seq, seq + 1, served=True)
         else:
             self.stats.data_received += 1
             if self._loss_pos is None:
@@ -705,6 +709,8 @@ class Receiver:
         if not held:
             self.stats.duplicates += 1
             return
+        if self._total_seq is not None:
+            self._count_repairs(delivered=1)
         if self._rounds:
             self._sample_repair(now, first, end)
         chunk = msg.chunk
@@ -965,6 +971,8 @@ class Receiver:
         for s, e in ranges.covered(entry[4] + 1, seq):
             for gs, ge in self.have.missing(s, e):
                 self._add_gap(now, gs, ge, delay=self.config.nack_tick)
+                if self._total_seq is not None:
+                    self._count_repairs(lost=ge - gs)
         for s, e in ranges.covered(0, seq):
             self._requested.discard(s, e)
         ranges.discard(0, seq)
@@ -1083,6 +1091,15 @@ class Receiver:
             pos = gap_to - 1
         self._loss_pos = pos
         return self._loss
+
+    def _count_repairs(self, delivered: int = 0, lost: int = 0) -> None:
+        """After the stream only repairs arrive: the loss figure follows theirs (same
+        EWMA; a useful parity share counts as delivered, a repair the sender served past
+        as lost), so NACKs tell the sender about the path now -- a catch-up that overruns
+        a bottleneck still reads as congestion, and a burst during the stream fades out of
+        the figure as repairs arrive instead of staying in it for good."""
+        keep = 1.0 - 1.0 / max(1, self.config.loss_horizon)
+        self._loss = 1.0 - (1.0 - self._loss * keep ** delivered) * keep ** lost
 
     def _report_due(self) -> Optional[float]:
         """When the next loss report is due (None: not lossy, or the stream is over)."""

@@ -106,3 +106,40 @@ def cap_rate(lab: NetnsHosts, host: object, mbit: float, burst: str = "512kb") -
     a slower NIC, in any lab."""
     lab.run(host, "tc", "qdisc", "replace", "dev", lab.host_iface(host), "root", "tbf",
             "rate", f"{mbit}mbit", "burst", burst, "latency", "50ms")
+
+
+def add_stall(iface: str, every: int, count: int) -> str:
+    """Loss every receiver shares: of each ``every`` packets entering a kernel bridge from
+    ``iface`` (the sender's link, root-namespace end), drop the last ``count`` in a row
+    before the bridge copies them -- a switch that stops forwarding for a moment, as Open
+    vSwitch's userspace datapath does when it is off the CPU (not at the very start: the
+    first stall comes after ``every - count`` packets). Returns the nftables table to pass
+    to ``clear_stall``; ``stall_dropped`` reads its counter."""
+    if not 0 < count < every:
+        raise ValueError(f"need 0 < count < every, got {count}, {every}")
+    if shutil.which("nft") is None:
+        raise LabError("a stall needs `nft` (apt-get install nftables)")
+    table = f"mcstall_{iface}"
+    script = (
+        f"table bridge {table} {{\n"
+        "  chain pre {\n"
+        "    type filter hook prerouting priority -300; policy accept;\n"
+        f"    iifname \"{iface}\" meta protocol ip numgen inc mod {every} >= {every - count} counter drop\n"
+        "  }\n"
+        "}\n"
+    )
+    sh(["nft", "-f", "-"], input=script, what="install a bridge stall")
+    return table
+
+
+def stall_dropped(table: str) -> int:
+    """Packets ``add_stall``'s rule dropped so far."""
+    text = sh(["nft", "list", "table", "bridge", table], check=False).stdout
+    found = re.findall(r"counter packets (\d+)", text)
+    if not found:
+        raise LabError(f"cannot read the stall counter of {table}: {text.strip()!r}")
+    return sum(int(x) for x in found)
+
+
+def clear_stall(table: str) -> None:
+    sh(["nft", "delete", "table", "bridge", table], check=False)

@@ -2,7 +2,11 @@
 
 Virtual time only: an event heap of deliveries and endpoint timers, a fixed one-way
 latency, and loss decided by caller-supplied functions, so a test scenario is a few
-lambdas and its outcome is reproducible from a seed. Used by the tests and handy for
+lambdas and its outcome is reproducible from a seed. Two effects of real networks that
+lambdas do not capture are built in: a tail-drop ``Bottleneck`` on the sender's link (a
+``tc tbf`` qdisc, a switch port: datagrams queue, and drop when its buffer is full) and
+``stall`` (a switch that forwards nothing for a moment -- a userspace datapath off the
+CPU -- so every receiver loses the same burst). Used by the tests and handy for
 trying parameter changes without a lab.
 
 Built to reach ~1000 receivers (``bench_scale``): one heap event per multicast datagram
@@ -50,6 +54,34 @@ class SimReceiver:
         if self.receiver is None:
             return False
         return not self.down or not any(s <= now < e for s, e in self.down)
+
+
+@dataclass
+class Bottleneck:
+    """A FIFO link of ``rate_bps`` with a ``limit_bytes`` tail-drop buffer, between the
+    sender and everyone else: datagrams leave it in order at its rate (the backlog is
+    queueing delay) and one that does not fit in the buffer is dropped for every
+    receiver. ``dropped`` counts those."""
+
+    rate_bps: float
+    limit_bytes: int
+    busy_until: float = 0.0
+    dropped: int = 0
+
+    def admit(self, now: float, size: int) -> Optional[float]:
+        """When a datagram of ``size`` bytes entering now has left the link (None: dropped)."""
+        backlog = max(0.0, self.busy_until - now) * self.rate_bps / 8
+        if backlog + size > self.limit_bytes:
+            self.dropped += 1
+            return None
+        self.busy_until = max(now, self.busy_until) + size * 8 / self.rate_bps
+        return self.busy_until
+
+
+def stall(start: float, length: float) -> SharedLossFn:
+    """Shared loss: everything the sender sends in ``[start, start + length)`` is lost
+    for every receiver (a switch that stopped forwarding for ``length`` seconds)."""
+    return lambda now, datagram: start <= now < start + length
 
 
 class SourceBackedSink:
@@ -117,9 +149,11 @@ class Sim:
         sink_factory: Optional[Callable[[], ChunkSink]] = None,
         source: Optional[ChunkSource] = None,
         manifest: Optional[list] = None,
+        bottleneck: Optional[Bottleneck] = None,
     ) -> None:
         """``source``/``manifest``: send those instead of ``data`` from memory (e.g. a
-        model directory, ``hostagent.dirs.DirSource``); ``data`` is then its bytes."""
+        model directory, ``hostagent.dirs.DirSource``); ``data`` is then its bytes.
+        ``bottleneck``: every datagram the sender sends crosses it first."""
         self.data = data
         self.now = 0.0
         self.latency = latency
@@ -127,6 +161,7 @@ class Sim:
         self.loss = loss or (lambda *a: False)
         self.shared_loss = shared_loss or (lambda *a: False)
         self.duplicate = duplicate or (lambda *a: False)
+        self.bottleneck = bottleneck
         self.sender = Sender(source or MemorySource(data), sender_config, 0.0, rng=random.Random(seed),
                              manifest=manifest)
         self.sender_events: list = []
@@ -273,6 +308,12 @@ class Sim:
     def _flush_sender(self) -> None:
         now = self.now
         for data, dest in self.sender.datagrams_to_send(now):
+            delay = self.latency
+            if self.bottleneck is not None:
+                left = self.bottleneck.admit(now, len(data))
+                if left is None:
+                    continue
+                delay += left - now
             if dest == GROUP:
                 self.multicast_sent += 1
                 if self.shared_loss(now, data):
@@ -285,11 +326,11 @@ class Sim:
                         continue
                     batch.append(rec)
                     if self.duplicate(now, SENDER_ADDR, rec.addr, data):
-                        self._push(now + 2 * self.latency, "deliver", (rec.addr, data, SENDER_ADDR))
+                        self._push(now + delay + self.latency, "deliver", (rec.addr, data, SENDER_ADDR))
                 if batch:
-                    self._push(now + self.latency, "mdeliver", (data, batch))
+                    self._push(now + delay, "mdeliver", (data, batch))
             else:
-                self._send(SENDER_ADDR, dest, data)
+                self._send(SENDER_ADDR, dest, data, delay)
         while (event := self.sender.next_event()) is not None:
             self.sender_events.append(event)
         self._arm("sender", self.sender.get_timer())
@@ -302,12 +343,13 @@ class Sim:
             rec.events.append(event)
         self._arm(rec.addr[1], rec.receiver.get_timer())
 
-    def _send(self, src: object, dst: object, data: bytes) -> None:
+    def _send(self, src: object, dst: object, data: bytes, delay: Optional[float] = None) -> None:
         if self.loss(self.now, src, dst, data):
             return
-        self._push(self.now + self.latency, "deliver", (dst, data, src))
+        delay = self.latency if delay is None else delay
+        self._push(self.now + delay, "deliver", (dst, data, src))
         if self.duplicate(self.now, src, dst, data):
-            self._push(self.now + 2 * self.latency, "deliver", (dst, data, src))
+            self._push(self.now + delay + self.latency, "deliver", (dst, data, src))
 
 
 def _state_verified(state: Optional[bytes]) -> list[tuple[int, int]]:

@@ -51,8 +51,9 @@ def test_benchmark_smoke(tmp_path):
 
 
 def test_agent_benchmark_smoke(tmp_path):
-    """The agent-speed, lanes and asymmetry benchmark runs end to end on the kernel-bridge
-    lab: every method's copies verified, times and CPU per GB reported for each side."""
+    """The agent-speed, lanes, asymmetry and stall benchmark runs end to end on the
+    kernel-bridge lab: every method's copies verified, times and CPU per GB reported for
+    each side, the stall really dropped packets."""
     need_lab(ovs=False)
     proc = subprocess.run([sys.executable, "-m", "bench.agent", "--smoke", "--out", str(tmp_path)],
                           capture_output=True, text=True, timeout=600)
@@ -72,6 +73,9 @@ def test_agent_benchmark_smoke(tmp_path):
     laned = {r["method"] for r in runs if r["scenario"] == "lanes"}
     assert laned == {"modelcast --lanes 1", "modelcast --lanes 2"}
     assert "T(2 lanes) / T(1 lane)" in (tmp_path / "agent.md").read_text()
+    stalled = [r for r in runs if r["scenario"] == "stall-1pct-stalled"]
+    assert stalled and all(r["detail"]["stall_dropped"] > 0 for r in stalled)
+    assert "- stall: with a shared stall" in (tmp_path / "agent.md").read_text()
 
 
 def test_directory_benchmark_smoke():

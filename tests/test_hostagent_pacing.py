@@ -98,6 +98,13 @@ def test_a_cut_stops_at_the_floor_it_is_given() -> None:
     assert p.rate == pytest.approx(CAP * 0.3)
 
 
+def test_a_signal_already_answered_is_cleared_without_a_cut() -> None:
+    p = pacer()
+    p.congested = True
+    assert p.window_closed(1.0, may_cut=False) is False
+    assert p.rate == pytest.approx(CAP * 0.5) and p.decreases == 0 and not p.congested
+
+
 # --------------------------------------------------------------------------- loss classifier
 
 

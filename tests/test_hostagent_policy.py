@@ -19,7 +19,7 @@ from hostagent.cli import build_parser
 from hostagent.events import ReceiverCompleted, ReceiverFailed, StreamFinished, TransferFinished
 from hostagent.pacing import Verdict
 from hostagent.sender import Sender, SenderConfig
-from lab.netsim import Sim
+from lab.netsim import Bottleneck, Sim, stall
 from tests.support.agents import KIB, assert_all_verified, payload, sender_config, stream_out
 
 CAP = 20e6
@@ -152,10 +152,100 @@ def test_loss_at_a_minority_is_local_and_at_a_majority_is_congestion() -> None:
         assert verdicts["group" if cut else "local"] > 0, verdicts  # the loss was reported and judged
 
 
+# The OVS lab's shape (issue 14): jumbo datagrams at 95 Mbit/s, 1 MiB chunks, FEC on, four
+# receivers each losing 1% at random on their own links.
+JUMBO = dict(chunk_size=1024 * KIB, payload_size=8900, max_datagram=8972, rate_bps=95e6, fec_k=64,
+             expected_receivers=4, linger_timeout=120)
+
+
+def _own_loss(seed: int, rate: float = 0.01) -> Callable:
+    rng = random.Random(seed)
+    return lambda now, src, dst, datagram: dst[0] == "rx" and rng.random() < rate
+
+
+@pytest.mark.parametrize("seed", [0, 2])
+def test_one_shared_stall_costs_one_cut_not_the_floor(seed: int) -> None:
+    """A switch that forwards nothing for 20 ms (a userspace datapath off the CPU) costs
+    every receiver the same ~27 datagrams: one congestion event, one cut. Receivers'
+    loss figures average over ~1000 datagrams, so the burst stays in them for that long;
+    read as new congestion window after window it cut the rate 9-26 times (in one seed
+    to the 5% floor) and the transfer took 2-5x as long (the OVS lab's bimodal 1%-loss
+    runs)."""
+    data = payload(8 * 1024 * KIB)
+    clean = Run(data, SenderConfig(**JUMBO), 4, loss=_own_loss(seed))
+    run = Run(data, SenderConfig(**JUMBO), 4, loss=_own_loss(seed), shared_loss=stall(0.3, 0.02))
+    for r in (clean, run):
+        assert_all_verified(r.sim, data)
+    assert clean.sender.stats.rate_decreases == 0
+    assert 1 <= run.sender.stats.rate_decreases <= 2  # the stall is congestion: cut, once
+    assert run.sender.lowest_rate is not None and run.sender.lowest_rate >= 0.6 * JUMBO["rate_bps"]
+    assert max(run.done_at.values()) <= 1.25 * max(clean.done_at.values())
+
+
+def test_a_bottleneck_below_the_cap_is_found_and_kept() -> None:
+    """A tail-drop queue at half the cap between the sender and everyone (a slower link,
+    a switch port): the rate comes down below it and stays there through catch-up, so
+    the transfer takes about the bottleneck's line-rate time. (Cutting on the same
+    stale reports again and again drove it to the floor instead: ~2x that time.)"""
+    data = payload(8 * 1024 * KIB)
+    link = Bottleneck(rate_bps=JUMBO["rate_bps"] / 2, limit_bytes=128 * KIB)
+    run = Run(data, SenderConfig(**JUMBO), 4, bottleneck=link)
+    assert_all_verified(run.sim, data)
+    assert link.dropped > 0  # the queue really overflowed
+    assert run.sender.loss_verdicts["group"] > 0
+    assert run.sender.lowest_rate is not None and run.sender.lowest_rate <= link.rate_bps
+    assert run.sender.rate <= link.rate_bps  # still below it at the end (catch-up)
+    line = len(data) * 8 / link.rate_bps
+    assert max(run.done_at.values()) <= 1.3 * line
+
+
+def _group_reports(sender: Sender, now: float, loss_permille: int = 300) -> None:
+    """Receivers 1..3 of 4 NACK with ``loss_permille``; the window closes."""
+    for rid in (1, 2, 3):
+        sender.receive_datagram(wire.encode(wire.Nack(sender.session, rid, ((0, 1),), loss_permille)),
+                                ("rx", rid), now)
+    sender.handle_timer(now + sender.nack_window)
+
+
+def _stream(sender: Sender, now: float, datagrams: int) -> float:
+    """Let ``datagrams`` more first transmissions leave; returns the virtual time."""
+    target = sender.stream_position + datagrams
+    while sender.stream_position < target:
+        now += 0.0005
+        sender.datagrams_to_send(now)
+    return now
+
+
+def test_the_group_reporting_the_same_loss_again_is_not_a_new_cut() -> None:
+    """After a cut on the group's reports, the same reports (each receiver's figure
+    averages over its last ``loss_horizon`` datagrams, so they still hold the loss the cut
+    answered) neither cut again nor let the rate grow, window after window; once the
+    receivers took in ``loss_horizon`` datagrams sent after the cut, loss they still
+    report is new and cuts again."""
+    cfg = config(aimd_interval=0.01, expected_receivers=4, loss_horizon=64)
+    sender = Sender(MemorySource(payload(512 * KIB)), cfg, 0.0)
+    now = _stream(sender, 0.0, 100)
+    _group_reports(sender, now)
+    assert sender.stats.rate_decreases == 1
+    after_cut = sender.rate
+    for _ in range(10):  # 10 windows, 20 aimd intervals, nothing streamed in between
+        now += 0.02
+        _group_reports(sender, now)
+    sender.datagrams_to_send(now + sender.nack_window)  # (the rate grows here, if at all)
+    assert sender.stats.rate_decreases == 1 and sender.rate == pytest.approx(after_cut)
+    assert sender.loss_verdicts["group"] == 11
+    now = _stream(sender, now, 64)
+    before = sender.rate
+    _group_reports(sender, now + 0.02)
+    assert sender.stats.rate_decreases == 2
+    assert sender.rate == pytest.approx(cfg.aimd_decrease * before)
+
+
 def test_drops_at_the_senders_own_link_cut_the_rate_below_the_minimum() -> None:
     """The socket layer reports send drops: congestion whatever receivers say. Loss the
     receivers report stops at ``min_rate_bps``; the sender's own link may go below it."""
-    cfg = config(rate_bps=1e9, min_rate_bps=5e8, aimd_interval=0.01, expected_receivers=4)
+    # (loss_horizon 1: each window's reports count as news once one repair went out)
+    cfg = config(rate_bps=1e9, min_rate_bps=5e8, aimd_interval=0.01, expected_receivers=4, loss_horizon=1)
     sender = Sender(MemorySource(payload(256 * KIB)), cfg, 0.0)
     now = stream_out(sender)
     for _ in range(10):  # receivers 1..3 of 4 report 30% loss, window after window
@@ -163,6 +253,7 @@ def test_drops_at_the_senders_own_link_cut_the_rate_below_the_minimum() -> None:
         for rid in (1, 2, 3):
             sender.receive_datagram(wire.encode(wire.Nack(sender.session, rid, ((0, 1),), 300)), ("rx", rid), now)
         sender.handle_timer(now + sender.nack_window)
+        sender.datagrams_to_send(now + sender.nack_window)
     assert sender.loss_verdicts["group"] >= 1
     assert sender.rate == pytest.approx(5e8)  # the floor for receiver-reported loss
     for _ in range(10):
