@@ -203,6 +203,7 @@ class RoundDone:
     seconds: float
     stream_s: Optional[float]
     error: Optional[str]
+    started_at: float = 0.0  # time.monotonic() (system-wide: a lab on the same machine places it)
 
 
 @dataclass
@@ -380,7 +381,7 @@ def _round(m: Model, number: int, hosts: frozenset[str], send_opts: SendOptions,
         error = result.error
     emit(RoundDone(m.content_id, number, tuple(sorted(hosts)), tuple(sorted(verified)), late, deferred,
                    result.bytes_sent if result is not None else 0, round(time.monotonic() - started, 3),
-                   result.stream_s if result is not None else None, error))
+                   result.stream_s if result is not None else None, error, started))
 
 
 def _quietly(call: Callable[[], Any]) -> None:
