@@ -4,8 +4,11 @@ controller. The OVS lab run with a fleet arriving over time is tests/test_serve_
 
 from __future__ import annotations
 
+import os
 import threading
 import time
+from contextlib import contextmanager
+from typing import Iterator
 
 import pytest
 
@@ -109,44 +112,93 @@ def test_settings_are_checked(bad):
 # ----------------------------------------------------------------------------- in-process
 
 
+@contextmanager
+def serving(ctl: FakeController, path: str, rate: float, events: list, **rounds: float) -> Iterator[str]:
+    """``serve`` of ``path`` in a thread until the block ends; yields the offered model id
+    (from the controller, as a fetcher finds it). ``events`` gets the server's events and,
+    last, the list of models it returns."""
+    stop = threading.Event()
+    opts = serve.ServeOptions(
+        controller=ctl.url, ip=LOOPBACK, poll=0.05,
+        send=SendOptions(interface=LOOPBACK, ttl=0, rate_mbit=rate, chunk_size=65536, insecure=True,
+                         poll=0.1, wait_timeout=5, timeout=10),
+        rounds=RoundSettings(quiet_s=0.2, max_wait_s=0.5, **rounds))
+    server = threading.Thread(target=lambda: events.append(serve.serve([path], opts, stop, on_event=events.append)))
+    server.start()
+    try:
+        client = ControllerClient(ctl.url)
+        deadline = time.monotonic() + 20
+        while not client.offers() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        (offer,) = client.offers()
+        assert offer["source"] == LOOPBACK and offer["size"] == os.path.getsize(path)
+        yield offer["model"]
+    finally:
+        stop.set()
+        server.join(30)
+    assert not server.is_alive()
+
+
+def fetch_options(ctl: FakeController, ip: str = LOOPBACK) -> ReceiveOptions:
+    """A fetcher on ``ip`` (a loopback address of its own: the server tells hosts apart by address)."""
+    return ReceiveOptions(controller=ctl.url, ip=ip, interface=ip, source="", timeout=10, insecure=True)
+
+
 def test_serve_and_fetch_on_loopback(tmp_path, monkeypatch):
     """One server, a fetcher that knows only the model id; it verifies; a second fetch
     is a second round; stopping withdraws the offer and deletes the group."""
     monkeypatch.setenv("MODELCAST_CACHE_DIR", str(tmp_path / "cache"))
     group, port = loopback_group()
     model = make_model(tmp_path / "model.bin", 900_000, seed=5)
+    events: list = []
     with FakeController(port, pending_polls=0, address=group) as ctl:
-        stop = threading.Event()
-        events: list = []
-        opts = serve.ServeOptions(
-            controller=ctl.url, ip=LOOPBACK, poll=0.05,
-            send=SendOptions(interface=LOOPBACK, ttl=0, rate_mbit=200, chunk_size=65536, insecure=True,
-                             poll=0.1, wait_timeout=5, timeout=10),
-            rounds=RoundSettings(quiet_s=0.2, max_wait_s=0.5))
-        server = threading.Thread(target=lambda: events.append(serve.serve([str(model.path)], opts, stop,
-                                                                           on_event=events.append)))
-        server.start()
-        try:
-            client = ControllerClient(ctl.url)
-            deadline = time.monotonic() + 20
-            while not client.offers() and time.monotonic() < deadline:
-                time.sleep(0.05)
-            (offer,) = client.offers()
-            assert offer["source"] == LOOPBACK and offer["size"] == model.size
-            model_id = offer["model"]
-            rx = ReceiveOptions(controller=ctl.url, ip=LOOPBACK, interface=LOOPBACK, source="", timeout=10,
-                                insecure=True)
+        with serving(ctl, str(model.path), 200, events) as model_id:
             for i in range(2):
-                got = serve.fetch(model_id, str(tmp_path / f"copy{i}.bin"), rx, patience=30)
+                got = serve.fetch(model_id, str(tmp_path / f"copy{i}.bin"), fetch_options(ctl), patience=30)
                 assert got.ok and got.content_id == model_id
                 assert file_digest(tmp_path / f"copy{i}.bin") == model.digest
-        finally:
-            stop.set()
-            server.join(30)
-        assert not server.is_alive()
         rounds = [e for e in events if isinstance(e, serve.RoundDone)]
         assert [r.verified for r in rounds] == [(LOOPBACK,), (LOOPBACK,)] and all(r.error is None for r in rounds)
         (served,) = [e for e in events if isinstance(e, list)]
         assert served[0].stats.rounds == 2 and served[0].stats.receivers == 2
         assert served[0].stats.bytes_sent >= 2 * model.size
         assert ctl.offers == {} and ctl.groups == {}
+
+
+def test_a_late_arrival_is_repaired_in_the_round_and_a_later_one_takes_the_tail_and_the_next(tmp_path, monkeypatch):
+    """Three hosts (loopback addresses of their own) ask 0, ~0.15 and ~0.6 of a stream
+    apart: the second joins the running round and is repaired; the third, past
+    ``admit_share``, keeps the tail, sees the round close, and resumes in the next round
+    from its record (it only lacks the start)."""
+    monkeypatch.setenv("MODELCAST_CACHE_DIR", str(tmp_path / "cache"))
+    group, port = loopback_group()
+    model = make_model(tmp_path / "model.bin", 12_000_000, seed=6)
+    events: list = []
+    done: dict[str, tuple] = {}  # ip -> (result, its Fetched events)
+    with FakeController(port, pending_polls=0, address=group) as ctl:
+        with serving(ctl, str(model.path), 100, events, admit_share=0.35) as model_id:
+            transfer = model.size * 8 / 100e6  # one stream at the cap; the sender starts at 70%
+
+            def one(ip: str, delay: float) -> None:
+                time.sleep(delay)
+                seen: list = []
+                got = serve.fetch(model_id, str(tmp_path / f"copy-{ip}.bin"), fetch_options(ctl, ip), patience=60,
+                                  on_event=seen.append)
+                done[ip] = (got, [e for e in seen if isinstance(e, serve.Fetched)])
+
+            fleet = [threading.Thread(target=one, args=(ip, d * transfer))
+                     for ip, d in (("127.0.0.2", 0.0), ("127.0.0.3", 0.4), ("127.0.0.4", 1.0))]
+            for t in fleet:
+                t.start()
+            for t in fleet:
+                t.join(90)
+    assert all(done[ip][0].ok for ip in done) and len(done) == 3
+    for ip in done:
+        assert file_digest(tmp_path / f"copy-{ip}.bin") == model.digest
+    first, second = [e for e in events if isinstance(e, serve.RoundDone)]
+    assert first.receivers == ("127.0.0.2",) and set(first.late) == {"127.0.0.3"}
+    assert first.verified == ("127.0.0.2", "127.0.0.3") and first.deferred == ("127.0.0.4",)
+    assert second.receivers == ("127.0.0.4",) and second.verified == ("127.0.0.4",)
+    assert [f.error for f in done["127.0.0.4"][1]] == ["sender closed before the file was complete"]
+    assert not done["127.0.0.2"][1] and not done["127.0.0.3"][1]
+    assert done["127.0.0.4"][0].resumed_chunks > 0  # it kept the tail of the first round
