@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from .api import (
-    ControllerError, OnEvent, ReceiveOptions, ReceiveResult, SendOptions, SendResult, TransferError, _client,
+    ControllerError, OnEvent, ReceiveOptions, ReceiveResult, SendOptions, SendResult, SendStarted, TransferError, _client,
     _ignore, _ipv4, _url_host, receive, send_source,
 )
 from .control import local_ip_towards
@@ -91,6 +91,7 @@ class Rounds:
         self._admitted: set[str] = set()
         self._done: dict[str, float] = {}  # verified hosts not yet gone from the group -> when verified
         self.running_since: Optional[float] = None
+        self.stream_since: Optional[float] = None  # when the running round's stream began
         self.late: dict[str, float] = {}  # this round's admitted late joiners -> share of the stream they missed
         self.deferred: set[str] = set()  # arrived during this round, left for the next
 
@@ -116,7 +117,8 @@ class Rounds:
             if host in self._done or host in self.waiting or host in self._admitted:
                 continue
             if self.running_since is not None:
-                missed = (now - self.running_since) / self.transfer_s
+                # (before the stream begins -- the round's REST calls -- nothing is missed)
+                missed = max(0.0, now - (self.stream_since or now)) / self.transfer_s
                 if missed <= self.settings.admit_share:
                     self._admitted.add(host)
                     self.late[host] = round(min(missed, 1.0), 3)
@@ -143,11 +145,16 @@ class Rounds:
 
     def started(self, hosts: frozenset[str], now: float) -> None:
         self.running_since = now
+        self.stream_since = None
         self._admitted = set(hosts)
         self.late = {}
         self.deferred = set()
         for host in hosts:
             self.waiting.pop(host, None)
+
+    def streaming(self, now: float) -> None:
+        """The running round's stream begins (its group is set up, its key announced)."""
+        self.stream_since = now
 
     def ended(self, verified: frozenset[str], now: float, stream_s: Optional[float] = None) -> None:
         """The round is over: ``verified`` hosts are served; every other admitted host
@@ -163,7 +170,7 @@ class Rounds:
                 self.waiting[host] = min(self.waiting[host], self.running_since)
         if stream_s:
             self.transfer_s = stream_s
-        self.running_since = None
+        self.running_since = self.stream_since = None
         self._admitted = set()
 
 
@@ -362,11 +369,16 @@ def _round(m: Model, number: int, hosts: frozenset[str], send_opts: SendOptions,
         with lock:
             return group & policy.admitted()
 
+    def on_event(event: object) -> None:
+        if isinstance(event, SendStarted):
+            with lock:
+                policy.streaming(time.monotonic())
+
     result: Optional[SendResult] = None
     error: Optional[str] = None
     try:
         result = send_source(m.path, m.source, m.digests, dataclasses.replace(send_opts, receivers=len(hosts)),
-                             admit=admit)
+                             admit=admit, on_event=on_event)
     except (ControllerError, TransferError, OSError) as exc:
         error = str(exc)
     verified = frozenset(r.addr for r in result.receivers if r.ok) if result is not None else frozenset()

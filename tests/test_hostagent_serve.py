@@ -58,18 +58,21 @@ def test_arrivals_during_a_round_join_it_while_little_was_missed_else_the_next()
     p.observe(frozenset({A}), 0.0)
     p.started(p.due(0.5), 0.5)
     assert p.running and p.admitted() == {A} and p.due(1.0) is None
-    # 2 s into an 8 s stream: 25% missed -> admitted, repaired in this round
-    assert p.observe(frozenset({A, B}), 2.5) == [B]
-    assert p.admitted() == {A, B} and p.late == {B: 0.25}
+    assert p.observe(frozenset({A, D}), 0.6) == [D]  # the round is still being set up: nothing missed
+    assert p.late == {D: 0.0}
+    p.streaming(0.7)
+    # 1.8 s into an 8 s stream: 22.5% missed -> admitted, repaired in this round
+    assert p.observe(frozenset({A, D, B}), 2.5) == [B]
+    assert p.admitted() == {A, B, D} and p.late == {D: 0.0, B: 0.225}
     # 6 s in: 69% missed -> not admitted; it waits for the next round
-    assert p.observe(frozenset({A, B, C}), 6.0) == []
+    assert p.observe(frozenset({A, D, B, C}), 6.0) == []
     assert C not in p.admitted() and p.deferred == {C} and p.due(6.0) is None
     # the round ends: A and B verified (still in the group until they leave), C starts the next at once
-    p.ended(frozenset({A, B}), 9.5, stream_s=8.4)
+    p.ended(frozenset({A, B, D}), 9.5, stream_s=8.4)
     assert not p.running and p.transfer_s == 8.4
     assert p.due(9.5) == {C}
     p.started(frozenset({C}), 9.5)
-    p.observe(frozenset({A, B, C}), 9.6)  # the verified ones have not left yet: not new requests
+    p.observe(frozenset({A, B, C, D}), 9.6)  # the verified ones have not left yet: not new requests
     assert p.admitted() == {C} and not p.waiting
 
 
