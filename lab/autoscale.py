@@ -31,6 +31,7 @@ class Arrival:
     until it had the verified model, and how it was served."""
 
     host: str
+    ip: str
     start_s: float
     seconds: Optional[float]  # start -> verified (process exit 0); None: failed
     verified: bool
@@ -68,17 +69,17 @@ class AutoscaleReport:
         return max((a.seconds or float("inf")) for a in self.arrivals) / self.reference_s
 
     def mid_round_check(self) -> list[tuple[str, float, float]]:
-        """Per receiver that arrived while a round ran: (host, when it verified, when
-        one arriving at the start of the next round would have: that round's start plus
-        one transfer), seconds after the first start. Target: the first <= the second."""
+        """Per receiver that joined while a round ran (admitted late, or keeping the tail
+        for the next round): (host, when it verified, when one arriving at the start of
+        the next round would have: that start plus one transfer), seconds after the
+        first start. Target: the first <= the second."""
         out = []
-        starts = sorted(r["started_s"] for r in self.rounds)
-        for a in self.arrivals:
-            if a.seconds is None or not a.how or "late" not in a.how and "tail" not in a.how:
-                continue
-            later = [s for s in starts if s > a.start_s]
-            next_start = later[0] if later else self.seconds
-            out.append((a.host, round(a.start_s + a.seconds, 2), round(next_start + self.reference_s, 2)))
+        for i, r in enumerate(self.rounds):
+            next_start = self.rounds[i + 1]["started_s"] if i + 1 < len(self.rounds) else self.seconds
+            for a in self.arrivals:
+                ip = a.ip
+                if a.seconds is not None and (ip in r["late"] or ip in r["deferred"]):
+                    out.append((a.host, round(a.start_s + a.seconds, 2), round(next_start + self.reference_s, 2)))
         return out
 
     def format(self) -> str:
@@ -200,15 +201,16 @@ class Autoscale:
         server.proc.send_signal(signal.SIGTERM)
         server.wait(60)
         offers = self.fabric.controller.client.offers()
-        rounds = [json.loads(line) for line in server.stdout.read_text().splitlines()
-                  if json.loads(line).get("event") == "round"]
+        lines = [json.loads(line) for line in server.stdout.read_text().splitlines()]
+        # the fleet's rounds (the reference's ended before the fleet began)
+        rounds = [r for r in lines if r.get("event") == "round" and r["started_at"] >= t0]
         arrivals = []
         for host, run in fleet.items():
             summary = run.wait(1)
             ok = run.returncode == 0 and bool(summary and summary.get("ok"))
             if ok:
                 self._check(self.workdir / f"fetch-{host}-model", want)
-            arrivals.append(Arrival(host, round(run.started - t0, 3), round(ended[host] - run.started, 3) if ok else None,
+            arrivals.append(Arrival(host, self.fabric.ip(host), round(run.started - t0, 3), round(ended[host] - run.started, 3) if ok else None,
                                     ok, int((summary or {}).get("attempts", 0))))
         self._rounds_of(arrivals, rounds, t0)
         return AutoscaleReport(model_id, size, reference_s, arrivals, rounds, link, seconds,
@@ -219,7 +221,7 @@ class Autoscale:
         server stamps rounds with the system-wide monotonic clock, as ours)."""
         for r in rounds:
             r["started_s"] = round(r["started_at"] - t0, 2)
-        by_ip = {self.fabric.ip(a.host): a for a in arrivals}
+        by_ip = {a.ip: a for a in arrivals}
         for r in rounds:
             for ip in r["verified"]:
                 a = by_ip.get(ip)
