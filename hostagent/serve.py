@@ -48,6 +48,7 @@ from .api import (
 )
 from .control import local_ip_towards
 from .dirs import DirSource
+from .events import ReceiverCompleted
 from .manifest import cache_dir, cached_digests
 from .net import FileSource
 from .sender import check_chunk_count, file_digests
@@ -369,16 +370,24 @@ def _round(m: Model, number: int, hosts: frozenset[str], send_opts: SendOptions,
         with lock:
             return group & policy.admitted()
 
+    served: set[str] = set()
+    finished = threading.Event()  # every host the round serves verified: the rest of the stream helps nobody
+
     def on_event(event: object) -> None:
         if isinstance(event, SendStarted):
             with lock:
                 policy.streaming(time.monotonic())
+        elif isinstance(event, ReceiverCompleted) and isinstance(event.addr, tuple):
+            served.add(event.addr[0])
+            with lock:
+                if policy.admitted() <= served:
+                    finished.set()
 
     result: Optional[SendResult] = None
     error: Optional[str] = None
     try:
         result = send_source(m.path, m.source, m.digests, dataclasses.replace(send_opts, receivers=len(hosts)),
-                             admit=admit, on_event=on_event)
+                             admit=admit, done=finished.is_set, on_event=on_event)
     except (ControllerError, TransferError, OSError) as exc:
         error = str(exc)
     verified = frozenset(r.addr for r in result.receivers if r.ok) if result is not None else frozenset()

@@ -169,30 +169,36 @@ def test_serve_and_fetch_on_loopback(tmp_path, monkeypatch):
 
 
 def test_a_late_arrival_is_repaired_in_the_round_and_a_later_one_takes_the_tail_and_the_next(tmp_path, monkeypatch):
-    """Three hosts (loopback addresses of their own) ask 0, ~0.15 and ~0.6 of a stream
-    apart: the second joins the running round and is repaired; the third, past
-    ``admit_share``, keeps the tail, sees the round close, and resumes in the next round
-    from its record (it only lacks the start)."""
+    """Three hosts (loopback addresses of their own): the second asks as the first's
+    round starts and is repaired in it; the third asks ~0.6 of a stream later, past
+    ``admit_share``: it keeps the tail, sees the round close, and resumes in the next
+    round from its record -- a round that ends as soon as it has the start."""
     monkeypatch.setenv("MODELCAST_CACHE_DIR", str(tmp_path / "cache"))
     group, port = loopback_group()
     model = make_model(tmp_path / "model.bin", 12_000_000, seed=6)
     events: list = []
     done: dict[str, tuple] = {}  # ip -> (result, its Fetched events)
     with FakeController(port, pending_polls=0, address=group) as ctl:
-        with serving(ctl, str(model.path), 100, events, admit_share=0.35) as model_id:
-            transfer = model.size * 8 / 100e6  # one stream at the cap; the sender starts at 70%
+        with serving(ctl, str(model.path), 50, events, admit_share=0.2) as model_id:
+            transfer = model.size * 8 / 50e6  # one stream at the cap (the sender starts at 70%: longer)
 
-            def one(ip: str, delay: float) -> None:
-                time.sleep(delay)
-                seen: list = []
-                got = serve.fetch(model_id, str(tmp_path / f"copy-{ip}.bin"), fetch_options(ctl, ip), patience=60,
-                                  on_event=seen.append)
-                done[ip] = (got, [e for e in seen if isinstance(e, serve.Fetched)])
+            def one(ip: str) -> threading.Thread:
+                def run() -> None:
+                    seen: list = []
+                    got = serve.fetch(model_id, str(tmp_path / f"copy-{ip}.bin"), fetch_options(ctl, ip),
+                                      patience=60, on_event=seen.append)
+                    done[ip] = (got, [e for e in seen if isinstance(e, serve.Fetched)])
+                thread = threading.Thread(target=run)
+                thread.start()
+                return thread
 
-            fleet = [threading.Thread(target=one, args=(ip, d * transfer))
-                     for ip, d in (("127.0.0.2", 0.0), ("127.0.0.3", 0.4), ("127.0.0.4", 1.0))]
-            for t in fleet:
-                t.start()
+            fleet = [one("127.0.0.2")]
+            deadline = time.monotonic() + 20
+            while not any(isinstance(e, serve.RoundStarted) for e in events) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            fleet.append(one("127.0.0.3"))
+            time.sleep(0.6 * transfer)
+            fleet.append(one("127.0.0.4"))
             for t in fleet:
                 t.join(90)
     assert all(done[ip][0].ok for ip in done) and len(done) == 3
@@ -200,8 +206,10 @@ def test_a_late_arrival_is_repaired_in_the_round_and_a_later_one_takes_the_tail_
         assert file_digest(tmp_path / f"copy-{ip}.bin") == model.digest
     first, second = [e for e in events if isinstance(e, serve.RoundDone)]
     assert first.receivers == ("127.0.0.2",) and set(first.late) == {"127.0.0.3"}
-    assert first.verified == ("127.0.0.2", "127.0.0.3") and first.deferred == ("127.0.0.4",)
+    assert first.verified == ("127.0.0.2", "127.0.0.3") and first.deferred == ("127.0.0.4",), f"{first}\n{second}"
     assert second.receivers == ("127.0.0.4",) and second.verified == ("127.0.0.4",)
     assert [f.error for f in done["127.0.0.4"][1]] == ["sender closed before the file was complete"]
     assert not done["127.0.0.2"][1] and not done["127.0.0.3"][1]
     assert done["127.0.0.4"][0].resumed_chunks > 0  # it kept the tail of the first round
+    # and the second round ended once it had the start: no whole stream for a host holding the tail
+    assert second.bytes_sent < 0.9 * model.size, (second.bytes_sent, model.size)
