@@ -85,7 +85,7 @@ class AutoscaleReport:
     def format(self) -> str:
         lines = [f"model {self.model_id[:23]}... ({self.size / 1e6:.1f} MB); one transfer alone "
                  f"(same run): {self.reference_s:.2f} s; {len(self.arrivals)} receivers started over "
-                 f"{max(a.start_s for a in self.arrivals):.1f} s"]
+                 f"{max(a.start_s for a in self.arrivals):.1f} s (the server's earlier rounds: the reference)"]
         for r in self.rounds:
             late = ", ".join(f"{h} (missed {p:.0%})" for h, p in sorted(r["late"].items())) or "none"
             lines.append(f"  round {r['round']} at {r['started_s']:.1f} s: started with "
