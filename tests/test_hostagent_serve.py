@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import os
 import threading
+import urllib.request
 import time
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Iterator, Optional
 
 import pytest
 
@@ -17,6 +18,7 @@ from hostagent import ReceiveOptions, SendOptions
 from hostagent.control import ControllerClient
 from hostagent.serve import RoundSettings, Rounds
 from lab.models import file_digest, make_model
+from lab.sh import free_port
 from tests.support.agents import LOOPBACK, FakeController, loopback_group
 
 A, B, C, D = "10.0.0.2", "10.0.0.3", "10.0.0.4", "10.0.0.5"
@@ -116,13 +118,14 @@ def test_settings_are_checked(bad):
 
 
 @contextmanager
-def serving(ctl: FakeController, path: str, rate: float, events: list, **rounds: float) -> Iterator[str]:
+def serving(ctl: FakeController, path: str, rate: float, events: list, metrics_port: Optional[int] = None,
+            **rounds: float) -> Iterator[str]:
     """``serve`` of ``path`` in a thread until the block ends; yields the offered model id
     (from the controller, as a fetcher finds it). ``events`` gets the server's events and,
     last, the list of models it returns."""
     stop = threading.Event()
     opts = serve.ServeOptions(
-        controller=ctl.url, ip=LOOPBACK, poll=0.05,
+        controller=ctl.url, ip=LOOPBACK, poll=0.05, metrics_port=metrics_port,
         send=SendOptions(interface=LOOPBACK, ttl=0, rate_mbit=rate, chunk_size=65536, insecure=True,
                          poll=0.1, wait_timeout=5, timeout=10),
         rounds=RoundSettings(quiet_s=0.2, max_wait_s=0.5, **rounds))
@@ -154,18 +157,28 @@ def test_serve_and_fetch_on_loopback(tmp_path, monkeypatch):
     group, port = loopback_group()
     model = make_model(tmp_path / "model.bin", 900_000, seed=5)
     events: list = []
+    metrics_port = free_port()
     with FakeController(port, pending_polls=0, address=group) as ctl:
-        with serving(ctl, str(model.path), 200, events) as model_id:
+        with serving(ctl, str(model.path), 200, events, metrics_port) as model_id:
             for i in range(2):
                 got = serve.fetch(model_id, str(tmp_path / f"copy{i}.bin"), fetch_options(ctl), patience=30)
                 assert got.ok and got.content_id == model_id
                 assert file_digest(tmp_path / f"copy{i}.bin") == model.digest
+            while sum(isinstance(e, serve.RoundDone) for e in events) < 2:
+                time.sleep(0.02)  # (the fetcher may verify before the server's round is over)
+            with urllib.request.urlopen(f"http://{LOOPBACK}:{metrics_port}/metrics", timeout=5) as resp:
+                text = resp.read().decode()
         rounds = [e for e in events if isinstance(e, serve.RoundDone)]
         assert [r.verified for r in rounds] == [(LOOPBACK,), (LOOPBACK,)] and all(r.error is None for r in rounds)
         (served,) = [e for e in events if isinstance(e, list)]
         assert served[0].stats.rounds == 2 and served[0].stats.receivers == 2
         assert served[0].stats.bytes_sent >= 2 * model.size
         assert ctl.offers == {} and ctl.groups == {}
+    labels = f'{{model="{model_id}",name="model.bin"}}'
+    for line in (f"modelcast_serve_rounds_total{labels} 2.0", f"modelcast_serve_receivers_total{labels} 2.0",
+                 f"modelcast_serve_receivers_per_round{labels} 1.0", f"modelcast_serve_model_bytes{labels} 900000.0",
+                 f"modelcast_serve_bytes_per_receiver{labels} {served[0].stats.bytes_sent / 2}"):
+        assert line in text, (line, text)
 
 
 def test_a_late_arrival_is_repaired_in_the_round_and_a_later_one_takes_the_tail_and_the_next(tmp_path, monkeypatch):
