@@ -44,7 +44,7 @@ from typing import Any, Callable, Optional
 
 from .api import (
     ControllerError, OnEvent, ReceiveOptions, ReceiveResult, SendOptions, SendResult, SendStarted, TransferError, _client,
-    _ignore, _ipv4, _url_host, receive, send_source,
+    _ignore, _ipv4, _stop, _url_host, receive, send_source,
 )
 from .control import local_ip_towards
 from .dirs import DirSource
@@ -295,12 +295,14 @@ def serve(paths: list[str], options: ServeOptions, stop: threading.Event, *,
     client = _client(send_opts)
     my_ip = _ipv4(options.ip or local_ip_towards(_url_host(options.controller)))
     send_opts = dataclasses.replace(send_opts, ip=my_ip, metrics_port=None)
-    models = [open_model(p, send_opts.chunk_size) for p in paths]
-    if len({m.content_id for m in models}) != len(models):
-        raise TransferError("two of the paths are the same model (same content id)")
+    models: list[Model] = []
     metrics = None
     threads = []
     try:
+        for p in paths:
+            models.append(open_model(p, send_opts.chunk_size))
+        if len({m.content_id for m in models}) != len(models):
+            raise TransferError("two of the paths are the same model (same content id)")
         for m in models:
             m.group_id = int(client.create_group(m.content_id, my_ip)["id"])
             m.offer_id = int(client.offer(m.content_id, my_ip, m.name, m.size, m.files)["id"])
@@ -326,9 +328,7 @@ def serve(paths: list[str], options: ServeOptions, stop: threading.Event, *,
             if m.group_id:
                 _quietly(lambda: client.delete_group(m.group_id))
             m.source.close()
-        if metrics is not None:
-            metrics.shutdown()
-            metrics.server_close()
+        _stop(metrics)
     return models
 
 
@@ -390,6 +390,8 @@ def _round(m: Model, number: int, hosts: frozenset[str], send_opts: SendOptions,
                              admit=admit, done=finished.is_set, on_event=on_event)
     except (ControllerError, TransferError, OSError) as exc:
         error = str(exc)
+    except Exception as exc:  # a bug must not stop the server's other rounds: report it, go on
+        error = f"round failed: {type(exc).__name__}: {exc}"
     verified = frozenset(r.addr for r in result.receivers if r.ok) if result is not None else frozenset()
     with lock:
         late, deferred = dict(policy.late), tuple(sorted(policy.deferred))
