@@ -71,15 +71,20 @@ class AutoscaleReport:
     def mid_round_check(self) -> list[tuple[str, float, float]]:
         """Per receiver that joined while a round ran (admitted late, or keeping the tail
         for the next round): (host, when it verified, when one arriving at the start of
-        the next round would have: that start plus one transfer), seconds after the
-        first start. Target: the first <= the second."""
+        the next round would have), seconds after the first start. The latter is the
+        first of that round's own starters to verify (they did arrive at its start), or
+        without any, its start plus one transfer. Target: the first <= the second."""
         out = []
+        seen: set[str] = set()
         for i, r in enumerate(self.rounds):
-            next_start = self.rounds[i + 1]["started_s"] if i + 1 < len(self.rounds) else self.seconds
+            nxt = self.rounds[i + 1] if i + 1 < len(self.rounds) else None
+            starters = [a.start_s + a.seconds for a in self.arrivals
+                        if nxt is not None and a.seconds is not None and a.how == f"round {nxt['round']} from its start"]
+            would = min(starters) if starters else (nxt["started_s"] if nxt else self.seconds) + self.reference_s
             for a in self.arrivals:
-                ip = a.ip
-                if a.seconds is not None and (ip in r["late"] or ip in r["deferred"]):
-                    out.append((a.host, round(a.start_s + a.seconds, 2), round(next_start + self.reference_s, 2)))
+                if a.seconds is not None and (a.ip in r["late"] or a.ip in r["deferred"]) and a.host not in seen:
+                    seen.add(a.host)  # (the first round it joined mid-way)
+                    out.append((a.host, round(a.start_s + a.seconds, 2), round(would, 2)))
         return out
 
     def format(self) -> str:
@@ -99,8 +104,8 @@ class AutoscaleReport:
         lines.append(f"server link: {self.sender_link_bytes / 1e6:.1f} MB = {self.sender_ratio:.2f} x N x size "
                      f"(unicast: {self.unicast_bytes / 1e6:.1f} MB = 1 x) in {len(self.rounds)} rounds")
         for host, done, would in self.mid_round_check():
-            lines.append(f"  {host} arrived mid-round: verified at {done:.1f} s; arriving at the next round's "
-                         f"start it would have at ~{would:.1f} s")
+            lines.append(f"  {host} arrived mid-round: verified at {done:.2f} s; arriving at the next round's "
+                         f"start it would have at ~{would:.2f} s")
         return "\n".join(lines)
 
 
