@@ -22,6 +22,10 @@ class UnknownGroup(CoreError):
     status = 404
 
 
+class UnknownOffer(CoreError):
+    status = 404
+
+
 class ReceiverIsSource(CoreError):
     """A host cannot receive its own stream through the fabric."""
 

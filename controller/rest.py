@@ -190,9 +190,9 @@ def too_deep(value: Any, limit: int) -> bool:
     return False
 
 
-def parse_gid(text: str) -> int:
+def parse_gid(text: str, what: str = "group") -> int:
     if not re.fullmatch(r"[0-9]{1,10}", text or "") or not 1 <= int(text) <= MAX_GID:
-        raise ApiError(400, f"group id {text!r} is not a positive integer")
+        raise ApiError(400, f"{what} id {text!r} is not a positive integer")
     return int(text)
 
 
@@ -371,6 +371,35 @@ class RestApi(ControllerBase):
     @endpoint(mutating=True)
     def leave(self, req: Any, id: str, ip: str, who: Principal | None, **_: Any) -> Response:
         return json_response(200, self.service.leave(parse_gid(id), parse_ip(ip, "receiver"), who))
+
+    # -- offers: what `modelcast serve` publishes ---------------------------------------
+    @route("modelcast_offers_list", "/v1/offers", methods=["GET"])
+    @endpoint()
+    def list_offers(self, req: Any, **_: Any) -> Response:
+        unknown = sorted(set(req.GET) - {"model", "source"})
+        if unknown:
+            raise ApiError(400, f"unknown query parameter {unknown[0]!r}; use model and source",
+                           {"unknown": unknown})
+        source = req.GET.get("source")
+        return json_response(200, self.service.list_offers(
+            req.GET.get("model"), parse_ip(source, "source") if source is not None else None))
+
+    @route("modelcast_offers_create", "/v1/offers", methods=["POST"])
+    @endpoint(mutating=True)
+    def create_offer(self, req: Any, who: Principal | None, **_: Any) -> Response:
+        offer, created = self.service.create_offer(self._body(req, "OfferCreate"), who)
+        return json_response(201 if created else 200, offer, {"Location": f"/v1/offers/{offer['id']}"})
+
+    @route("modelcast_offer_get", "/v1/offers/{id}", methods=["GET"])
+    @endpoint()
+    def get_offer(self, req: Any, id: str, **_: Any) -> Response:
+        return json_response(200, self.service.get_offer(parse_gid(id, "offer")))
+
+    @route("modelcast_offer_delete", "/v1/offers/{id}", methods=["DELETE"])
+    @endpoint(mutating=True)
+    def delete_offer(self, req: Any, id: str, who: Principal | None, **_: Any) -> Response:
+        self.service.delete_offer(parse_gid(id, "offer"), who)
+        return Response(status=204)
 
     # -- hosts, topology, health -----------------------------------------------------
     @route("modelcast_hosts_declare", "/v1/hosts", methods=["POST"])

@@ -28,7 +28,7 @@ from controller.addressing import check_model, check_ssm
 from controller.auth import (ADMIN, Credentials, Principal, check_admin, check_create, check_self,
                              check_source, may_see_key)
 from controller.core import MAX_GID, Group, MulticastCore, Plan
-from controller.errors import Conflict, CoreError, InvalidAddress
+from controller.errors import Conflict, CoreError, InvalidAddress, UnknownOffer
 from controller.store import FileStore, Store, write_atomic
 from controller.topoview import check_unicast
 from controller.trees import ALGORITHMS
@@ -115,6 +115,9 @@ class Service:
         self.keys: dict[int, str] = {}  # gid -> hex session key for host agents
         # gid -> the transfer its source announced with the key ({"session", "file_digest"})
         self.transfers: dict[int, dict[str, str]] = {}
+        # offer id -> {"model", "source", "name", "size", "files"}: what `modelcast serve`
+        # publishes (README "Serving models to an autoscaling fleet")
+        self.offers: dict[int, dict[str, Any]] = {}
         self._inflight: Counter[int] = Counter()  # gid -> plans sent, not yet confirmed
         self._plans_inflight = 0
         self._errors: dict[int, list[str]] = {}  # gid -> errors of its last confirmed plan
@@ -287,6 +290,52 @@ class Service:
         self.save()
         return self.group_json(g, who)
 
+    # -- offers ------------------------------------------------------------------------
+    def create_offer(self, body: dict[str, Any], who: Principal | None = ADMIN
+                     ) -> tuple[dict[str, Any], bool]:
+        """Register that ``source`` serves ``model`` (the admin or the source itself), or
+        update its offer of it (created False): a restarted server re-registers."""
+        model = check_model(body.get("model"))
+        source = check_unicast(body.get("source"), "source")
+        check_source(who, source, "offer models from it")
+        fields = {"model": model, "source": source, "name": str(body.get("name", "")),
+                  "size": int(body.get("size", 0)), "files": int(body.get("files", 0))}
+        for oid, offer in self.offers.items():
+            if (offer["model"], offer["source"]) == (model, source):
+                offer.update(fields)
+                self.save()
+                return self.offer_json(oid), False
+        oid = max(self.offers, default=0) + 1
+        self.offers[oid] = fields
+        log.info("offer %d: %s serves %r (%s)", oid, source, model, fields["name"] or "unnamed")
+        self.save()
+        return self.offer_json(oid), True
+
+    def list_offers(self, model: str | None = None, source: str | None = None) -> list[dict[str, Any]]:
+        if source is not None:
+            source = check_unicast(source, "source")
+        return [self.offer_json(oid) for oid, o in sorted(self.offers.items())
+                if (model is None or o["model"] == model) and (source is None or o["source"] == source)]
+
+    def get_offer(self, oid: int) -> dict[str, Any]:
+        if oid not in self.offers:
+            raise UnknownOffer(f"no offer {oid}")
+        return self.offer_json(oid)
+
+    def delete_offer(self, oid: int, who: Principal | None = ADMIN) -> None:
+        """Withdraw an offer (the admin or its source); its group is the server's to delete."""
+        offer = self.get_offer(oid)
+        check_source(who, offer["source"], "withdraw its offer")
+        del self.offers[oid]
+        log.info("offer %d withdrawn: %s no longer serves %r", oid, offer["source"], offer["model"])
+        self.save()
+
+    def offer_json(self, oid: int) -> dict[str, Any]:
+        """The offer as REST shows it, with the id of its group (None until created)."""
+        o = self.offers[oid]
+        g = self.core.find(o["model"], o["source"])
+        return {"id": oid, **o, "group": g.gid if g is not None else None}
+
     # -- hosts and topology ------------------------------------------------------------
     def declare_host(self, ip: str, mac: str, dpid: int, port: int,
                      who: Principal | None = ADMIN) -> dict[str, Any]:
@@ -436,6 +485,8 @@ class Service:
             d["key"] = self.keys.get(d["id"], "")
             if d["id"] in self.transfers:
                 d["transfer"] = dict(self.transfers[d["id"]])
+        if self.offers:
+            data["offers"] = [{"id": oid, **o} for oid, o in sorted(self.offers.items())]
         return data
 
     def save(self) -> bool:
@@ -525,6 +576,7 @@ class Service:
                                   balance=old.balance, protection=old.protection)
         self.keys.clear()
         self.transfers.clear()
+        self.offers.clear()
         self._errors.clear()
         return self._restore(data, self.store.name if self.store is not None else "state")
 
@@ -566,6 +618,9 @@ class Service:
             transfer = d.get("transfer")
             if transfer:
                 self.transfers[gid] = dict(transfer)
+        for o in data.get("offers", []):  # (checked by check_state)
+            self.offers[o["id"]] = {"model": o["model"].strip(), "source": o["source"], "name": o.get("name", ""),
+                                    "size": o.get("size", 0), "files": o.get("files", 0)}
         for p in problems:
             log.warning("state file %s: %s", path, p)
         view = self.core.view
@@ -659,6 +714,25 @@ def check_state(data: dict[str, Any]) -> None:
             raise ValueError(f"{where} key is not a string")
         if not _valid_transfer(d.get("transfer", {})):
             raise ValueError(f"{where} transfer is not {{session: 16 hex digits[, file_digest: 64 hex digits]}}")
+    offered: set[int] = set()
+    for i, o in enumerate(listed(data.get("offers", []), "offers")):
+        where = f"offers[{i}]"
+        if not isinstance(o, dict):
+            raise ValueError(f"{where} is {type(o).__name__}, not an object")
+        integer(o.get("id"), 1, MAX_GID, f"{where} id")
+        if o["id"] in offered:
+            raise ValueError(f"{where} id {o['id']} is used twice")
+        offered.add(o["id"])
+        if not isinstance(o.get("model"), str) or not isinstance(o.get("source"), str) \
+                or not isinstance(o.get("name", ""), str):
+            raise ValueError(f"{where} model, source and name must be strings")
+        try:
+            check_model(o["model"])
+        except CoreError as exc:
+            raise ValueError(f"{where}: {exc}") from None
+        check_unicast(o["source"], f"{where} source")
+        for name in ("size", "files"):
+            integer(o.get(name, 0), 0, 1 << 62, f"{where} {name}")
 
 
 class _SwitchEntries:

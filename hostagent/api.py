@@ -51,7 +51,7 @@ from .wire import DATA_HEADER_LEN, MAC_LEN, Manifest, derive_key
 __all__ = [
     "ControllerError", "GroupAssigned", "GroupJoined", "HookResult", "LeaveFailed", "MetricsServing",
     "ReceiveOptions", "ReceiveProgress", "ReceiveResult", "ReceiveStarted", "ReceiverReport", "SendOptions",
-    "SendProgress", "SendResult", "SendStarted", "TransferError", "Unauthenticated", "receive", "send",
+    "SendProgress", "SendResult", "SendStarted", "TransferError", "Unauthenticated", "receive", "send", "send_source",
 ]
 
 _ANY = "0.0.0.0"
@@ -381,10 +381,30 @@ def send(
         source.close()
 
 
+Admit = Callable[[frozenset[str]], frozenset[str]]  # the group's receivers -> those this session serves
+
+
+def send_source(path: str, source: FileSource | DirSource, digests: tuple[bytes, bytes], options: SendOptions, *,
+                admit: Optional[Admit] = None, done: Optional[Callable[[], bool]] = None,
+                on_event: Optional[OnEvent] = None) -> SendResult:
+    """One session of an open ``source`` whose ``digests`` (chunk digests, whole-content
+    digest: ``sender.file_digests``) are known -- ``modelcast serve`` hashes a model once
+    and sends it in many rounds. With a controller, ``admit`` picks which of the group's
+    receivers this session serves (the others are not repaired: they wait for the next).
+    ``done`` (checked every loop turn: make it cheap) True ends the session at once, even
+    mid-stream."""
+    _check_group_source(options)
+    return _send(path, options, source, _ipv4(options.interface), on_event or _ignore, None,
+                 digests=digests, admit=admit, done=done)
+
+
 def _send(path: str, opts: SendOptions, source: FileSource | DirSource, interface: str, emit: OnEvent,
-          on_progress: Optional[Callable[[SendProgress], None]], lane: Optional[Any] = None) -> SendResult:
+          on_progress: Optional[Callable[[SendProgress], None]], lane: Optional[Any] = None,
+          digests: Optional[tuple[bytes, bytes]] = None, admit: Optional[Admit] = None,
+          done: Optional[Callable[[], bool]] = None) -> SendResult:
     """One session; ``lane`` (a ``hostagent.lanes.Lane``): the slice ``source`` reads,
-    sent as that lane with the whole file's digests cut to it."""
+    sent as that lane with the whole file's digests cut to it; ``digests``: known ones
+    (not read again); ``admit``, ``done``: see ``send_source``."""
     payload_size, max_datagram = _datagram_sizes(opts, interface)
     config = SenderConfig(
         chunk_size=opts.chunk_size, payload_size=payload_size, max_datagram=max_datagram,
@@ -409,7 +429,7 @@ def _send(path: str, opts: SendOptions, source: FileSource | DirSource, interfac
     entries = source.entries_blob if isinstance(source, DirSource) else b""
     if lane is not None:
         config.lane, digests = (lane.index, lane.count, lane.offset), lane.digests
-    else:
+    elif digests is None:
         cache = cache_dir() if opts.manifest_cache and not entries else None
         digests, _ = cached_digests(path, config.chunk_size, lambda: file_digests(source, config.chunk_size), cache)
     pages = build_manifest_pages(source, config, config.session_id, digests, entries)  # type: ignore[arg-type]
@@ -435,11 +455,14 @@ def _send(path: str, opts: SendOptions, source: FileSource | DirSource, interfac
             info = client.wait_installed(info, opts.receivers, opts.wait_timeout, opts.poll)
             # Only the group's receivers count (README "Who the sender listens to").
             config.allowed_receivers = frozenset(info.get("receivers") or ()) | frozenset(opts.receiver_ips)
+            if admit is not None:
+                config.allowed_receivers = admit(config.allowed_receivers)
             if interface == _ANY:
                 interface = src_ip  # the tree is rooted at this address: send from it
         else:
             group = _group(opts.group)
-        return _send_on(path, opts, source, config, pages, group, group_id, interface, emit, on_progress)
+        return _send_on(path, opts, source, config, pages, group, group_id, interface, emit, on_progress, admit,
+                        done)
     finally:
         if announced:
             _retire(opts, int(group_id), emit)  # type: ignore[arg-type]
@@ -455,7 +478,8 @@ def _retire(opts: SendOptions, group_id: int, emit: OnEvent) -> None:
 
 def _send_on(path: str, opts: SendOptions, source: FileSource | DirSource, config: SenderConfig, pages: list,
              group: tuple[str, int], group_id: Optional[int], interface: str, emit: OnEvent,
-             on_progress: Optional[Callable[[SendProgress], None]]) -> SendResult:
+             on_progress: Optional[Callable[[SendProgress], None]], admit: Optional[Admit] = None,
+             done: Optional[Callable[[], bool]] = None) -> SendResult:
     """The sender's socket and loop, once the group and its key are settled."""
     sock = sender_socket(interface, opts.ttl)
     try:
@@ -466,7 +490,8 @@ def _send_on(path: str, opts: SendOptions, source: FileSource | DirSource, confi
         try:
             lister = _GroupWatcher(_client(opts), group_id, opts.poll) if opts.controller else None
             try:
-                return _stream(path, opts, sender, sock, group, group_id, started, emit, on_progress, lister)
+                return _stream(path, opts, sender, sock, group, group_id, started, emit, on_progress, lister, admit,
+                               done)
             finally:
                 if lister is not None:
                     lister.stop()
@@ -479,7 +504,8 @@ def _send_on(path: str, opts: SendOptions, source: FileSource | DirSource, confi
 def _stream(path: str, opts: SendOptions, sender: Sender, sock: socket.socket, group: tuple[str, int],
             group_id: Optional[int], started: float, emit: OnEvent,
             on_progress: Optional[Callable[[SendProgress], None]],
-            lister: Optional[_GroupWatcher] = None) -> SendResult:
+            lister: Optional[_GroupWatcher] = None, admit: Optional[Admit] = None,
+            done: Optional[Callable[[], bool]] = None) -> SendResult:
     """Run the sender's loop to its TransferFinished and summarise."""
     reasons: dict[int, str] = {}
     timeline: dict[str, Any] = {"completed_s": []}
@@ -497,8 +523,13 @@ def _stream(path: str, opts: SendOptions, sender: Sender, sock: socket.socket, g
         emit(event)  # type: ignore[arg-type]
 
     def should_stop() -> bool:
+        if done is not None and not sender.finished and done():
+            sender.end_now(time.monotonic())
         if lister is not None and (g := lister.changed()) is not None:
             hosts = frozenset(g.get("receivers") or ())
+            if admit is not None:
+                hosts = admit(hosts)
+                sender.set_expected_receivers(len(hosts))  # the session waits for every host admitted
             sender.set_allowed_receivers(hosts | (sender.allowed_receivers or frozenset()))
         if on_progress is not None and throttle.due():
             stats = sender.stats

@@ -15,6 +15,7 @@ The transfer itself is ``hostagent.api``; this module is arguments, output and e
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import errno
 import json
 import os
@@ -28,6 +29,7 @@ from .api import (
 import hostagent.catalog as catalog
 import hostagent.tree as tree
 from .parts import describe_parts, receive_parts, send_parts
+from .serve import RoundSettings
 from .control import ControllerError
 from .events import ChunkCorrupt, ManifestReceived, ReceiverCompleted, ReceiverFailed, ReceiverJoined
 
@@ -237,6 +239,88 @@ def cmd_recv(args: argparse.Namespace) -> int:
     return 0 if result.ok else 1
 
 
+# ----------------------------------------------------------------------------- serve, fetch
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    """Serve until SIGTERM/SIGINT: then the offers are withdrawn, running rounds end, exit 0."""
+    import signal
+    import threading
+
+    from .serve import RoundDone, RoundStarted, ServeOptions, Served, round_summary, serve
+
+    if not args.controller:
+        raise CliError("serve needs --controller (it registers the models and hands out the groups)")
+    for path in args.paths:
+        if not os.path.isfile(path) and not os.path.isdir(path):
+            raise CliError(f"no such file or directory: {path}")
+    send = SendOptions(controller=args.controller, token=args.token, rate_mbit=args.rate, chunk_size=args.chunk_size,
+                       fec_k=args.fec_k, timeout=args.timeout, poll=0.2, wait_timeout=10.0, insecure=args.insecure,
+                       interface=args.interface, request_timeout=args.request_timeout)
+    options = ServeOptions(
+        controller=args.controller, token=args.token, ip=args.ip, send=send, metrics_port=args.metrics_port,
+        metrics_addr=args.metrics_addr,
+        rounds=RoundSettings(quiet_s=args.window_quiet, max_wait_s=args.window_max, admit_share=args.admit_share))
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: Any) -> None:
+        if stop.is_set():
+            raise SystemExit(1)  # a second signal: do not wait for the rounds
+        stop.set()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, on_signal)
+
+    def on_event(event: object) -> None:
+        if isinstance(event, Served):
+            if args.json:
+                print(json.dumps({"event": "served", **dataclasses.asdict(event)}), flush=True)
+            else:
+                _say(args, f"serving {event.name} as {event.model} ({event.size} bytes) on group {event.group_id}")
+        elif isinstance(event, RoundStarted):
+            _say(args, f"round {event.round} of {event.model[:19]}...: {len(event.receivers)} receivers")
+        elif isinstance(event, RoundDone):
+            if args.json:
+                print(json.dumps(round_summary(event)), flush=True)
+            else:
+                _say(args, f"round {event.round}: {len(event.verified)} verified ({len(event.late)} joined late, "
+                           f"{len(event.deferred)} left for the next round), {event.bytes_sent} bytes, "
+                           f"{event.seconds:.1f}s" + (f": {event.error}" if event.error else ""))
+
+    models = serve(args.paths, options, stop, on_event=on_event)
+    if args.json:
+        print(json.dumps({"event": "stopped", "models": [
+            {"model": m.content_id, "name": m.name, "size": m.size, **dataclasses.asdict(m.stats)} for m in models]}))
+    return 0
+
+
+def cmd_fetch(args: argparse.Namespace) -> int:
+    """The model MODEL_ID into --out from whoever offers it; exit 0 only when verified."""
+    from .serve import Fetched, fetch
+
+    if not args.controller or args.group:
+        raise CliError("fetch needs --controller (it says who serves the model), and no --group")
+    options = ReceiveOptions(
+        controller=args.controller, token=args.token, ip=args.ip, request_timeout=args.request_timeout,
+        interface=args.interface, insecure=args.insecure, source="", timeout=args.timeout, gro=not args.no_gro,
+        on_complete=args.on_complete, hook_stdout=sys.stderr if args.json else None)
+    attempts = [0]
+
+    def on_event(event: object) -> None:
+        if isinstance(event, Fetched):
+            attempts[0] = event.attempt
+            _say(args, f"attempt {event.attempt} (from {event.source}) ended: {event.error}; resuming")
+
+    result = fetch(args.model_id, args.out, options, patience=args.patience, on_event=on_event)
+    if args.json:
+        print(json.dumps(dict(result.summary(), attempts=attempts[0] + 1)))
+    elif result.digest_ok:
+        _say(args, f"verified {args.out} ({result.content_id}) after {attempts[0] + 1} attempts")
+    else:
+        print(f"modelcast: error: {result.error}", file=sys.stderr)
+    return 0 if result.ok else 1
+
+
 # ----------------------------------------------------------------------------- parts
 
 
@@ -393,6 +477,39 @@ def build_parser() -> argparse.ArgumentParser:
     recv.add_argument("--resume-interval", type=float, default=ReceiveOptions.resume_interval, metavar="SECONDS",
                       help="make the resume record durable at most this long after progress (default %(default)s)")
     recv.add_argument("--on-complete", metavar="CMD", help="run CMD OUT_PATH after verification (exit status in summary)")
+    srv = sub.add_parser("serve", help="serve models to whoever fetches them, in batched multicast rounds")
+    srv.add_argument("paths", nargs="+", metavar="PATH", help="a model file or directory (repeatable)")
+    srv.add_argument("--controller", required=True, help="controller base URL")
+    srv.add_argument("--token", help="controller bearer token: the admin's or this host's (default: $MODELCAST_TOKEN)")
+    srv.add_argument("--ip", help="this host's IPv4 address as the controller knows it")
+    srv.add_argument("--interface", default=SendOptions.interface, help="local IPv4 address of the interface to use")
+    srv.add_argument("--request-timeout", type=float, default=SendOptions.request_timeout)
+    srv.add_argument("--rate", type=float, default=SendOptions.rate_mbit, help="rate cap in Mbit/s, per round")
+    srv.add_argument("--chunk-size", type=int, default=SendOptions.chunk_size, help="(the content ids depend on it)")
+    srv.add_argument("--fec-k", type=int, default=SendOptions.fec_k)
+    srv.add_argument("--timeout", type=float, default=SendOptions.timeout,
+                     help="a round's catch-up bound: receivers not verified this long after its stream fail")
+    srv.add_argument("--window-quiet", type=float, default=RoundSettings.quiet_s, metavar="SECONDS",
+                     help="a join window closes this long after its latest request (default %(default)s)")
+    srv.add_argument("--window-max", type=float, default=RoundSettings.max_wait_s, metavar="SECONDS",
+                     help="and at most this long (or a quarter of one transfer) after its first (default %(default)s)")
+    srv.add_argument("--admit-share", type=float, default=RoundSettings.admit_share, metavar="FRACTION",
+                     help="a request while at most this share of a round's stream is out joins it and is repaired; "
+                          "a later one takes the rest and the next round's start (default %(default)s)")
+    srv.add_argument("--insecure", action="store_true", help="run without MAC keys (see send --insecure)")
+    srv.add_argument("--metrics-port", type=int, help="serve Prometheus metrics (rounds, receivers, bytes) here")
+    srv.add_argument("--metrics-addr", default=SendOptions.metrics_addr)
+    srv.add_argument("--json", action="store_true", help="one JSON line per model served and per round")
+    srv.add_argument("--quiet", action="store_true", help="print nothing but errors")
+    fch = sub.add_parser("fetch", parents=[common], help="fetch a model by its id from whoever serves it")
+    fch.add_argument("model_id", metavar="MODEL_ID", help="the content id (blake3:<hex>) the server printed")
+    fch.add_argument("--out", required=True, help="output file or directory (written as recv --out does)")
+    fch.add_argument("--timeout", type=float, default=ReceiveOptions.timeout,
+                     help="per attempt: give up after this long without the server")
+    fch.add_argument("--patience", type=float, default=300.0,
+                     help="keep asking (resuming each time) for this long in all (default %(default)s)")
+    fch.add_argument("--no-gro", action="store_true", help="do not ask the kernel for UDP GRO")
+    fch.add_argument("--on-complete", metavar="CMD", help="run CMD OUT_PATH after verification")
     cat = sub.add_parser("catalog", help="publish a model directory in parts, or check a catalog and pick parts")
     cat.add_argument("path", nargs="?", help="the model directory to split into parts")
     cat.add_argument("--part", action="append", metavar="GLOB",
@@ -415,6 +532,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return cmd_send(args)
         if args.command == "catalog":
             return cmd_catalog(args)
+        if args.command == "serve":
+            return cmd_serve(args)
+        if args.command == "fetch":
+            return cmd_fetch(args)
         return cmd_recv(args)
     except (CliError, TransferError, ControllerError, ValueError) as exc:
         print(f"modelcast: error: {exc}", file=sys.stderr)

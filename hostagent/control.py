@@ -2,7 +2,8 @@
 
 The controller owns the multicast tree: it hands out the group address/port and the
 session MAC key, and installs flows as receivers join. The host agent only needs five
-calls (create-or-get, get, join, leave, rekey) and one wait loop, so this is a thin layer over
+calls (create-or-get, get, join, leave, rekey; and the offers ``modelcast serve`` and
+``fetch`` use) and one wait loop, so this is a thin layer over
 ``requests`` whose job is to turn every failure into one clear ``ControllerError`` line.
 """
 
@@ -13,6 +14,7 @@ import os
 import socket
 import time
 from typing import TYPE_CHECKING, Any, Callable, Optional
+from urllib.parse import urlencode
 
 from .wire import KEY_LEN, derive_key
 
@@ -102,6 +104,19 @@ class ControllerClient:
 
     def delete_group(self, group_id: int) -> None:
         self._call("DELETE", f"/v1/groups/{group_id}")
+
+    def offer(self, model: str, source: str, name: str = "", size: int = 0, files: int = 0) -> dict:
+        """POST /v1/offers: ``source`` serves ``model`` (modelcast serve); idempotent."""
+        return self._call("POST", "/v1/offers", {"model": model, "source": source, "name": name[:256],
+                                                 "size": size, "files": files})
+
+    def offers(self, model: Optional[str] = None) -> list[dict]:
+        """GET /v1/offers: who serves ``model`` (every offer without one)."""
+        query = "?" + urlencode({"model": model}) if model is not None else ""
+        return self._call("GET", "/v1/offers" + query) or []
+
+    def withdraw(self, offer_id: int) -> None:
+        self._call("DELETE", f"/v1/offers/{offer_id}")
 
     def topology(self) -> dict:
         return self._call("GET", "/v1/topology")

@@ -6,7 +6,7 @@ into prometheus_client objects, so the hot path pays nothing for metrics.
 
 from __future__ import annotations
 
-from typing import Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -69,5 +69,42 @@ def serve(
     None on prometheus_client versions that do not return one)."""
     registry = CollectorRegistry()
     registry.register(StatsCollector(role, stats, progress))
+    result = start_http_server(port, addr=addr, registry=registry)
+    return result[0] if isinstance(result, tuple) else result
+
+
+class ServeCollector(Collector):
+    """``modelcast serve``: per model, rounds, receivers per round, bytes sent and bytes
+    per receiver (against the model's size: what unicast would send to each)."""
+
+    def __init__(self, models: Sequence[Any]) -> None:
+        self._models = models  # hostagent.serve.Model: content_id, name, stats
+
+    def collect(self) -> Iterator:
+        labels = ["model", "name"]
+        rounds = CounterMetricFamily("modelcast_serve_rounds", "Rounds (send sessions) run", labels=labels)
+        receivers = CounterMetricFamily("modelcast_serve_receivers", "Receivers that verified the model",
+                                        labels=labels)
+        per_round = GaugeMetricFamily("modelcast_serve_receivers_per_round",
+                                      "Receivers that verified, mean per round", labels=labels)
+        sent = CounterMetricFamily("modelcast_serve_bytes_sent", "Datagram bytes sent, all rounds", labels=labels)
+        per_rx = GaugeMetricFamily("modelcast_serve_bytes_per_receiver",
+                                   "Bytes sent per verified receiver (unicast: the model's size)", labels=labels)
+        size = GaugeMetricFamily("modelcast_serve_model_bytes", "The model's size", labels=labels)
+        for m in self._models:
+            key, st = [m.content_id, m.name], m.stats
+            rounds.add_metric(key, st.rounds)
+            receivers.add_metric(key, st.receivers)
+            per_round.add_metric(key, st.receivers / st.rounds if st.rounds else 0.0)
+            sent.add_metric(key, st.bytes_sent)
+            per_rx.add_metric(key, st.bytes_per_receiver)
+            size.add_metric(key, st.size)
+        yield from (rounds, receivers, per_round, sent, per_rx, size)
+
+
+def serve_models(models: Sequence[Any], port: int, addr: str = "127.0.0.1") -> Any:
+    """The ``modelcast serve`` exporter on ``addr:port`` (a daemon thread); the server."""
+    registry = CollectorRegistry()
+    registry.register(ServeCollector(models))
     result = start_http_server(port, addr=addr, registry=registry)
     return result[0] if isinstance(result, tuple) else result

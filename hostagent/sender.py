@@ -431,6 +431,18 @@ class Sender:
     def next_event(self) -> Optional[SenderEvent]:
         return self._events.popleft() if self._events else None
 
+    def set_expected_receivers(self, count: int) -> None:
+        """Receivers that must verify before the session may end early: a caller that
+        admits late joiners (``modelcast serve``) raises it as it admits them, so the
+        session waits for one whose HELLO came before it was admitted (and was dropped)."""
+        self.config.expected_receivers = max(count, self._n_completed)
+
+    def end_now(self, now: float) -> None:
+        """End the session before its stream is over, as if everyone were done: the
+        caller knows nobody needs the rest (``modelcast serve``: every receiver the
+        round serves verified). The closing END tells the others."""
+        self._finish(now)
+
     def set_allowed_receivers(self, hosts: Optional[frozenset[str]]) -> None:
         """The receiver list changed (a late joiner joined through the controller): admit
         datagrams from these hosts from now on. Peers already admitted stay (a receiver

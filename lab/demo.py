@@ -8,11 +8,17 @@ digest, prints a summary and tears everything down -- also on Ctrl-C or failure.
     sudo .venv/bin/python -m lab.demo --size-mb 64 --rate 150
     make demo DEMO_ARGS="--size-mb 256 --loss"
     make demo DEMO_ARGS="--moe"   # selective: 8 experts, each receiver asks for 2
+    make demo DEMO_ARGS="--autoscale"   # modelcast serve; receivers fetch at random moments
 
 With ``--moe`` the model is a Mixture-of-Experts directory published in parts (one per
 expert, config and dense weights parts of their own): each receiver asks for the shared
 parts and two experts, every part travels on its own group, and the summary shows each
 part's tree and the bytes on every receiver's and the sender's link.
+
+With ``--autoscale`` the sender runs ``modelcast serve`` and every other host (but the
+first, which times one fetch alone) starts ``modelcast fetch MODEL_ID`` at a random
+moment over twice that time, as replicas of an autoscaling fleet do: the summary shows
+the rounds, each receiver's time and the bytes saved against unicast (``lab.autoscale``).
 
 Exit status: 0 all receivers verified; 1 failure (one line says why); 130 interrupted.
 """
@@ -33,6 +39,7 @@ from typing import Any, Optional, Sequence
 if __package__ in (None, ""):  # `python lab/demo.py` rather than `-m lab.demo`
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from lab.autoscale import Autoscale, AutoscaleReport
 from lab.controller import stamp_printer
 from lab.fabric import Fabric
 from lab.models import make_model, make_model_dir, make_moe_dir, model_of
@@ -86,6 +93,8 @@ def run(args: argparse.Namespace) -> int:
         raise DemoError("--size-mb must be positive")
     if args.moe and (args.loss or args.files != 8):
         raise DemoError("--moe makes its own model and injects no loss: not with --loss or --files")
+    if args.autoscale and (args.loss or args.moe):
+        raise DemoError("--autoscale injects no loss and serves a whole model: not with --loss or --moe")
     base_dir = Path(args.workdir) if args.workdir else (Path("/dev/shm") if Path("/dev/shm").is_dir() else None)
     work = Path(tempfile.mkdtemp(prefix="modelcast-demo-", dir=base_dir))
     say(f"modelcast demo: {topo.name} ({len(topo.switches)} switches, {len(topo.hosts)} hosts), "
@@ -101,6 +110,8 @@ def run(args: argparse.Namespace) -> int:
         base = fabric.lab.base
         if args.moe:
             report = _moe(args, fabric, work, sender, receivers, size, say)
+        elif args.autoscale:
+            report = _autoscale(args, fabric, work, sender, receivers + bystanders, size, say)
         else:
             report = _whole(args, fabric, work, sender, receivers, bystanders, size, say)
     except KeyboardInterrupt:
@@ -134,6 +145,8 @@ def run(args: argparse.Namespace) -> int:
     print()
     if isinstance(report, SelectiveReport):
         return _moe_verdict(report)
+    if isinstance(report, AutoscaleReport):
+        return _autoscale_verdict(report)
     if not report.ok:
         bad = [r.host for r in report.receivers if not r.ok]
         first = report.errors[0] if report.errors else "see the summary above"
@@ -217,6 +230,30 @@ def _moe_verdict(report: SelectiveReport) -> int:
     return 0
 
 
+def _autoscale(args: argparse.Namespace, fabric: Fabric, work: Path, sender: str, hosts: list[str], size: int,
+               say: Any) -> AutoscaleReport:
+    """``modelcast serve`` on the sender; the first other host times one fetch alone,
+    then every other host fetches at a random moment over twice that time."""
+    shards = max(1, min(4, args.files // 2))
+    say(f"generating a {args.size_mb:g} MB test model directory of {args.files} files ({work / 'model'})")
+    model = make_model_dir(work / "model", seed=args.seed, files=args.files, big=shards, big_size=max(1, size // shards))
+    fleet = hosts[1:] if len(hosts) > 2 else hosts
+    with Autoscale(fabric, model, sender, fleet, rate=args.rate, workdir=work / "autoscale",
+                   reference_host=hosts[0], seed=args.seed + 16) as run:
+        return run.run()
+
+
+def _autoscale_verdict(report: AutoscaleReport) -> int:
+    if not report.ok:
+        bad = [a.host for a in report.arrivals if not a.verified]
+        raise DemoError(f"receivers {' '.join(bad)} did not verify the model")
+    print(f"demo OK: {len(report.arrivals)} receivers arriving over {max(a.start_s for a in report.arrivals):.1f} s "
+          f"each verified the model within {report.worst_time_ratio():.2f} x one transfer, in {len(report.rounds)} "
+          f"rounds; the server's link carried {report.sender_ratio:.2f} x what unicast would ({len(report.arrivals)} "
+          f"copies)")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m lab.demo",
                                 description="Distribute a test model over an OVS lab with modelcast.")
@@ -238,6 +275,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "session (default %(default)s); 1: a single file")
     p.add_argument("--moe", action="store_true",
                    help="selective distribution: an 8-expert model in parts, each receiver asks for 2 experts")
+    p.add_argument("--autoscale", action="store_true",
+                   help="modelcast serve on the sender; every other host fetches the model at a random moment")
     p.add_argument("--timeout", type=float, default=300, help="give up after this many seconds")
     p.add_argument("--workdir", help="where to create the work dir (default /dev/shm)")
     p.add_argument("--keep", action="store_true", help="keep the work dir (model, copies, logs)")

@@ -249,6 +249,20 @@ def _group_gone(ex: Example, body: Any, ctl: Controller) -> None:
     assert ctl.api("GET", ex.path).status_code == 404
 
 
+def _offered(ex: Example, offer: Any, ctl: Controller) -> None:
+    assert offer["id"] == 1 and {k: offer[k] for k in ex.body} == ex.body, offer
+
+
+def _offers_listed(ex: Example, offers: Any, ctl: Controller) -> None:
+    """"who serves it, and the id of its group (or null)": the group was deleted above."""
+    assert [(o["id"], o["source"], o["group"]) for o in offers] == [(1, "10.0.0.1", None)], offers
+    assert ctl.api("GET", "/v1/offers", params={"model": "blake3:other"}).json() == []
+
+
+def _offer_gone(ex: Example, body: Any, ctl: Controller) -> None:
+    assert ctl.api("GET", ex.path).status_code == 404 and ctl.api("GET", "/v1/offers").json() == []
+
+
 def _host_declared(ex: Example, host: Any, ctl: Controller) -> None:
     assert host == ex.body
     assert ex.body in ctl.client.topology()["hosts"]
@@ -284,6 +298,9 @@ EXPECTED: dict[str, Expect] = {
     "GET /v1/groups/1": Expect((200,), _one_group),
     "POST /v1/groups/1/rekey": Expect((200,), _rekeyed),
     "DELETE /v1/groups/1": Expect((204,), _group_gone),
+    "POST /v1/offers": Expect((201, 200), _offered),  # modelcast serve's registration, idempotent
+    "GET /v1/offers?model=blake3:5f1c": Expect((200,), _offers_listed),
+    "DELETE /v1/offers/1": Expect((204,), _offer_gone),
     "POST /v1/hosts": Expect((201,), _host_declared),
     "GET /v1/topology": Expect((200,), _topology),
     "GET /v1/health": Expect((200,), _health),

@@ -490,7 +490,7 @@ def test_openapi_documents_every_route(api):
                   for m in ops if m in ("get", "put", "post", "delete", "patch")}
     in_code = _routes_in_source()
     assert in_code == set(rest.routes())
-    assert len(in_code) == 13
+    assert len(in_code) == 17
     assert in_code == documented
     # every $ref resolves and every operation's error responses use the Error schema
     refs = re.findall(r'"\$ref": "#/components/(\w+)/(\w+)"', resp.text)
@@ -515,3 +515,38 @@ def test_create_with_an_explicit_ssm_address(api, env):
     assert "SSM" in create(api, 400, model="other", address="239.1.1.1")["error"]
     assert create(api, 409, model="other", address="232.9.9.9")["error"]
     assert create(api, 409, model="uftp-run", address="232.9.9.10")["error"]
+
+
+# ---------------------------------------------------------------------- offers
+
+
+def test_offers_say_who_serves_a_model_and_which_group(hosts_api):
+    """What `modelcast fetch` relies on: the server's offer names its address and the
+    group receivers join; only the server itself (or the admin) may offer or withdraw."""
+    api = hosts_api
+    model = "blake3:" + "ab" * 32
+    body = {"model": model, "source": S, "name": "llama", "size": 1 << 20, "files": 3}
+    assert "source" in api.json("POST", "/v1/offers", body, 403, auth=False, headers=as_host(R1))["error"]
+    resp = api.call("POST", "/v1/offers", body, auth=False, headers=as_host(S))
+    offer = valid("Offer", resp.json)
+    assert resp.status_code == 201 and resp.headers["Location"].endswith(f"/v1/offers/{offer['id']}")
+    assert offer["group"] is None and (offer["source"], offer["size"], offer["files"]) == (S, 1 << 20, 3)
+    g = api.json("POST", "/v1/groups", {"model": model, "source": S}, 201, auth=False, headers=as_host(S))
+    again = api.json("POST", "/v1/offers", dict(body, size=7), 200, auth=False, headers=as_host(S))
+    assert again["id"] == offer["id"] and again["size"] == 7 and again["group"] == g["id"]
+    other = api.json("POST", "/v1/offers", {"model": "blake3:" + "cd" * 32, "source": R2}, 201)
+    assert [o["id"] for o in valid("OfferList", api.json("GET", f"/v1/offers?model={model}", auth=False))] \
+        == [offer["id"]]
+    assert [o["id"] for o in api.json("GET", f"/v1/offers?source={R2}", auth=False)] == [other["id"]]
+    assert len(api.json("GET", "/v1/offers", auth=False)) == 2
+    assert api.json("GET", f"/v1/offers/{offer['id']}", auth=False)["name"] == "llama"
+    assert "unknown query parameter" in api.json("GET", "/v1/offers?mdl=x", status=400)["error"]
+    for bad, where in (({"model": model}, "source"), ({"model": model, "source": S, "size": -1}, "/size"),
+                       ({"model": model, "source": S, "extra": 1}, "extra")):
+        assert where in api.json("POST", "/v1/offers", bad, 400)["error"]
+    api.json("DELETE", f"/v1/offers/{offer['id']}", status=403, auth=False, headers=as_host(R2))
+    assert api.call("DELETE", f"/v1/offers/{offer['id']}", auth=False, headers=as_host(S)).status_code == 204
+    assert [o["id"] for o in api.json("GET", "/v1/offers", auth=False)] == [other["id"]]
+    api.json("GET", f"/v1/offers/{offer['id']}", status=404)
+    api.json("DELETE", f"/v1/offers/{offer['id']}", status=404)
+    assert api.call("DELETE", f"/v1/offers/{other['id']}", auth=False).status_code == 401

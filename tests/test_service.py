@@ -237,6 +237,21 @@ def test_save_and_load_restore_groups_keys_and_hosts(tmp_path):
     assert c["id"] == 3  # ids continue after the restored ones
 
 
+def test_offers_survive_a_restart(tmp_path):
+    """A restarted controller still tells fetchers who serves what (the offers are in
+    the same state snapshot as the groups)."""
+    state = tmp_path / "state.json"
+    env = make_env(state_path=state)
+    g, _ = env.service.create_group({"model": "blake3:" + "ab" * 32, "source": S})
+    kept, _ = env.service.create_offer({"model": "blake3:" + "ab" * 32, "source": S, "name": "m", "size": 9})
+    gone, _ = env.service.create_offer({"model": "x", "source": R1})
+    env.service.delete_offer(gone["id"])
+    svc, _, problems = restart(env, state)
+    assert problems == [] and svc.list_offers() == [dict(kept, group=g["id"])]
+    again, created = svc.create_offer({"model": "y", "source": R1})
+    assert created and again["id"] == kept["id"] + 1
+
+
 def test_failed_save_keeps_the_old_file(tmp_path, monkeypatch, caplog):
     state = tmp_path / "state.json"
     env = make_env(state_path=state)
@@ -322,6 +337,11 @@ GOOD_GROUP = {"id": 4, "model": "ok", "source": S, "address": "232.1.2.3", "port
     ({"topology": {"hosts": [[S, "zz", 1, 9]]}}, "topology.hosts[0] MAC 'zz'"),
     ({"topology": {"hosts": [[S, "00:00:00:00:00:99", 1, "9"]]}}, "topology.hosts[0] port is '9'"),
     ({"topology": {"hosts": "x"}}, "topology.hosts is str, not a list"),
+    ({"offers": [{"id": 0, "model": "m", "source": S}]}, "offers[0] id is 0"),
+    ({"offers": [{"id": 1, "model": "m", "source": "232.1.1.1"}]}, "offers[0] source"),
+    ({"offers": [{"id": 1, "model": "m", "source": S, "size": -1}]}, "offers[0] size is -1"),
+    ({"offers": [{"id": 1, "model": 5, "source": S}]}, "offers[0] model, source and name must be strings"),
+    ({"offers": [{"id": 1, "model": "m", "source": S}] * 2}, "offers[1] id 1 is used twice"),
 ])
 def test_a_hostile_state_file_is_one_clear_error(tmp_path, change, words):
     """Starting without a bad entry would save over it (and its key): the controller stops

@@ -13,6 +13,7 @@ import struct
 import subprocess
 import sys
 import threading
+import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Optional
@@ -143,6 +144,7 @@ class FakeController:
         self.address = address or self.ADDRESS
         self.calls: list[tuple[str, str, Optional[dict], Optional[str]]] = []
         self.groups: dict[int, dict] = {}
+        self.offers: dict[int, dict] = {}  # /v1/offers, as modelcast serve and fetch use it
         self.pending_polls = pending_polls
         self.stuck_state = stuck_state
         self.reject = reject
@@ -195,7 +197,10 @@ class FakeController:
     def route(self, method: str, path: str, body: Optional[dict]) -> tuple[int, Optional[dict]]:
         if self.reject is not None:
             return self.reject[0], {"error": self.reject[1], "detail": {"path": path}}
+        path, _, query = path.partition("?")
         parts = path.strip("/").split("/")
+        if parts[:2] == ["v1", "offers"]:
+            return self._offers(method, parts, body, query)
         if method == "POST" and parts == ["v1", "groups"]:
             for g in self.groups.values():
                 if (g["model"], g["source"]) == (body["model"], body["source"]):
@@ -212,6 +217,9 @@ class FakeController:
             if method == "GET" and len(parts) == 3:
                 g["reads"] += 1
                 return 200, self._view(g)
+            if method == "DELETE" and len(parts) == 3:
+                del self.groups[int(parts[2])]
+                return 204, None
             if method == "POST" and len(parts) == 4 and parts[3] == "rekey":
                 g["key"] = secrets.token_hex(32)  # a fresh key every time
                 for name in ("session", "file_digest"):
@@ -230,3 +238,29 @@ class FakeController:
                         g["receivers"].remove(parts[4])
                     return 200, self._view(g)
         return 404, {"error": f"no such resource {path}", "detail": None}
+
+    def _offers(self, method: str, parts: list[str], body: Optional[dict], query: str) -> tuple[int, Optional[dict]]:
+        """POST/GET /v1/offers (?model=), DELETE /v1/offers/{id}; ``group`` as the real one."""
+        def view(oid: int) -> dict:
+            o = self.offers[oid]
+            gid = next((g["id"] for g in self.groups.values() if (g["model"], g["source"]) == (o["model"], o["source"])),
+                       None)
+            return {"id": oid, **o, "group": gid}
+
+        if method == "POST" and len(parts) == 2:
+            body = dict(body or {})
+            for oid, o in self.offers.items():
+                if (o["model"], o["source"]) == (body["model"], body["source"]):
+                    o.update(body)
+                    return 200, view(oid)
+            oid = max(self.offers, default=0) + 1
+            self.offers[oid] = body
+            return 201, view(oid)
+        if method == "GET" and len(parts) == 2:
+            model = dict(urllib.parse.parse_qsl(query)).get("model")
+            return 200, [view(oid) for oid, o in sorted(self.offers.items())  # type: ignore[return-value]
+                         if model is None or o["model"] == model]
+        if method == "DELETE" and len(parts) == 3 and parts[2].isdigit() and int(parts[2]) in self.offers:
+            del self.offers[int(parts[2])]
+            return 204, None
+        return 404, {"error": "no such offer", "detail": None}

@@ -1,0 +1,482 @@
+"""An always-on model server and the fetch that asks it for a model (``modelcast serve``,
+``modelcast fetch``; README "Serving models to an autoscaling fleet").
+
+``serve`` publishes models (files or directories) under their content ids: for each it
+creates the (model id, this host) group, offers the model on the controller
+(``POST /v1/offers``) and then runs *rounds*: one ordinary send session
+(``api.send_source``) to the hosts that have joined the group. A fetching host needs to
+know only the model id: the controller's offers say which host serves it, and the host
+joins that group as any receiver does (its own host token, issue 11's keys). Joining is
+the request; the server sees it in the group's receiver list.
+
+When a round starts, and who it serves, is ``Rounds`` -- a pure policy (arrivals and
+``now`` in, decisions out):
+
+* **Join window.** The first request opens a window. It closes ``quiet_s`` after the
+  latest arrival, and at most ``min(max_wait_s, window_share x one transfer's time)``
+  after the first: a lone request waits ``quiet_s``, a burst keeps the window open while
+  it lasts, bounded so the first in the burst never waits long.
+* **Arrivals during a round** are on the tree at once (their join installs it) and take
+  the rest of the stream. One that arrives while at most ``admit_share`` of the stream
+  is out is *admitted*: the round's sender repairs what it missed (after the stream, at
+  up to half the rate: the sender's per-receiver repair rate). A later one is not
+  admitted: it keeps the tail (its resume record holds it) and catches up on the
+  beginning of the next round, which starts as soon as this one ends -- the shorter
+  wait, and one multicast instead of a unicast copy of most of the file (measured:
+  README).
+* **After a round** every host still asking (not verified) is in the next round, which
+  opens at once (their window is long past).
+
+Rounds of different models run concurrently, each model in its own thread. SIGTERM
+(``stop``) withdraws the offers at once, lets running rounds finish, then deletes the
+groups.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import random
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+from .api import (
+    ControllerError, OnEvent, ReceiveOptions, ReceiveResult, SendOptions, SendResult, SendStarted, TransferError, _client,
+    _ignore, _ipv4, _stop, _url_host, receive, send_source,
+)
+from .control import local_ip_towards
+from .dirs import DirSource
+from .events import ReceiverCompleted
+from .manifest import cache_dir, cached_digests
+from .net import FileSource
+from .sender import check_chunk_count, file_digests
+import hostagent.tree as tree
+
+__all__ = ["Fetched", "Model", "RoundDone", "RoundSettings", "RoundStarted", "Rounds", "ServeOptions", "ServeStats",
+           "Served", "fetch", "serve"]
+
+
+# ----------------------------------------------------------------------------- policy
+
+
+@dataclass(frozen=True)
+class RoundSettings:
+    """The round policy's knobs (README "Serving models to an autoscaling fleet")."""
+
+    quiet_s: float = 0.5  # a join window closes this long after its latest arrival...
+    max_wait_s: float = 3.0  # ...and at most this long after its first,
+    window_share: float = 0.25  # ...or this share of one transfer's time, if shorter
+    admit_share: float = 0.5  # arrivals while at most this share of the stream is out are repaired in the round
+    done_grace_s: float = 10.0  # a verified host still in the group this long is asking again
+
+    def validate(self) -> None:
+        if self.quiet_s <= 0 or self.max_wait_s < 0 or not 0 <= self.window_share <= 1:
+            raise ValueError("quiet_s must be > 0, max_wait_s >= 0 and window_share in [0, 1]")
+        if not 0 <= self.admit_share <= 1 or self.done_grace_s <= 0:
+            raise ValueError("admit_share must be in [0, 1] and done_grace_s > 0")
+
+
+class Rounds:
+    """When to start a round of one model, and whom it serves: arrivals and ``now`` in,
+    decisions out (no clock, no I/O). ``observe`` the hosts asking (the group's receivers)
+    whenever known; ``due`` says when a round should start and with whom; the shell
+    reports ``started`` and ``ended``; ``admitted`` is whom the running round serves."""
+
+    def __init__(self, settings: RoundSettings, transfer_s: float) -> None:
+        settings.validate()
+        self.settings = settings
+        self.transfer_s = max(transfer_s, 1e-3)  # one stream's time: estimated, then measured
+        self.waiting: dict[str, float] = {}  # host -> when it started asking (not in the running round)
+        self._admitted: set[str] = set()
+        self._done: dict[str, float] = {}  # verified hosts not yet gone from the group -> when verified
+        self.running_since: Optional[float] = None
+        self.stream_since: Optional[float] = None  # when the running round's stream began
+        self.late: dict[str, float] = {}  # this round's admitted late joiners -> share of the stream they missed
+        self.deferred: set[str] = set()  # arrived during this round, left for the next
+
+    @property
+    def running(self) -> bool:
+        return self.running_since is not None
+
+    def admitted(self) -> frozenset[str]:
+        """The hosts the running round serves (none between rounds)."""
+        return frozenset(self._admitted)
+
+    def observe(self, asking: frozenset[str], now: float) -> list[str]:
+        """The hosts in the group now. Returns the new arrivals admitted to the running
+        round (each is repaired what it missed)."""
+        for host in [h for h in self._done if h not in asking]:
+            del self._done[host]  # verified and gone: a later join is a new request
+        for host in [h for h in self._done if now - self._done[h] >= self.settings.done_grace_s]:
+            del self._done[host]  # verified long ago and still there: it asks again
+        for host in [h for h in self.waiting if h not in asking]:
+            del self.waiting[host]  # gave up
+        admitted = []
+        for host in sorted(asking):
+            if host in self._done or host in self.waiting or host in self._admitted:
+                continue
+            if self.running_since is not None:
+                # (before the stream begins -- the round's REST calls -- nothing is missed)
+                missed = max(0.0, now - (self.stream_since or now)) / self.transfer_s
+                if missed <= self.settings.admit_share:
+                    self._admitted.add(host)
+                    self.late[host] = round(min(missed, 1.0), 3)
+                    admitted.append(host)
+                    continue
+                self.deferred.add(host)
+            self.waiting[host] = now
+        return admitted
+
+    def window_closes(self) -> Optional[float]:
+        """When the open join window closes (None: nobody waits)."""
+        if not self.waiting:
+            return None
+        s = self.settings
+        first, last = min(self.waiting.values()), max(self.waiting.values())
+        return min(first + min(s.max_wait_s, s.window_share * self.transfer_s), last + s.quiet_s)
+
+    def due(self, now: float) -> Optional[frozenset[str]]:
+        """The hosts a round should start with now (None: not yet, or one is running)."""
+        closes = self.window_closes()
+        if self.running_since is not None or closes is None or now < closes:
+            return None
+        return frozenset(self.waiting)
+
+    def started(self, hosts: frozenset[str], now: float) -> None:
+        self.running_since = now
+        self.stream_since = None
+        self._admitted = set(hosts)
+        self.late = {}
+        self.deferred = set()
+        for host in hosts:
+            self.waiting.pop(host, None)
+
+    def streaming(self, now: float) -> None:
+        """The running round's stream begins (its group is set up, its key announced)."""
+        self.stream_since = now
+
+    def ended(self, verified: frozenset[str], now: float, stream_s: Optional[float] = None) -> None:
+        """The round is over: ``verified`` hosts are served; every other admitted host
+        still asking is first in the next round (its window is long closed)."""
+        assert self.running_since is not None
+        for host in self._admitted:
+            if host in verified:
+                self._done[host] = now
+            else:
+                self.waiting[host] = self.running_since
+        for host in self.deferred:
+            if host in self.waiting:
+                self.waiting[host] = min(self.waiting[host], self.running_since)
+        if stream_s:
+            self.transfer_s = stream_s
+        self.running_since = self.stream_since = None
+        self._admitted = set()
+
+
+# ----------------------------------------------------------------------------- events, stats
+
+
+@dataclass(frozen=True)
+class Served:
+    """One model is offered: its id, group and offer."""
+
+    model: str
+    name: str
+    size: int
+    group_id: int
+    offer_id: int
+
+
+@dataclass(frozen=True)
+class RoundStarted:
+    model: str
+    round: int
+    receivers: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class RoundDone:
+    """One round's outcome: who verified (``late``: admitted mid-round, with the share
+    of the stream each missed; ``deferred``: arrived too late, left for the next round)."""
+
+    model: str
+    round: int
+    receivers: tuple[str, ...]  # at the start
+    verified: tuple[str, ...]
+    late: dict[str, float]
+    deferred: tuple[str, ...]
+    bytes_sent: int
+    seconds: float
+    stream_s: Optional[float]
+    error: Optional[str]
+    started_at: float = 0.0  # time.monotonic() (system-wide: a lab on the same machine places it)
+
+
+@dataclass
+class ServeStats:
+    """Per model: what the Prometheus metrics show (``metrics.ServeCollector``)."""
+
+    rounds: int = 0
+    receivers: int = 0  # summed over rounds: receivers that verified
+    bytes_sent: int = 0  # datagram bytes out, all rounds (data, repairs, manifests)
+    size: int = 0
+    round_receivers: list[int] = field(default_factory=list)  # verified per round
+
+    @property
+    def bytes_per_receiver(self) -> float:
+        return self.bytes_sent / self.receivers if self.receivers else 0.0
+
+
+# ----------------------------------------------------------------------------- serve
+
+
+@dataclass(kw_only=True)
+class ServeOptions:
+    """How to serve (defaults are the CLI's): the controller, and the send options every
+    round uses (``send``: its ``receivers`` are set per round)."""
+
+    controller: str
+    token: Optional[str] = None
+    ip: Optional[str] = None  # this host's address as the controller knows it (default: routing table)
+    send: SendOptions = field(default_factory=lambda: SendOptions(poll=0.2, wait_timeout=10.0))
+    rounds: RoundSettings = field(default_factory=RoundSettings)
+    poll: float = 0.1  # seconds between looks at each group's receivers
+    metrics_port: Optional[int] = None
+    metrics_addr: str = "127.0.0.1"
+
+
+@dataclass
+class Model:
+    """One published model: its source (open for every round) and the digests that name it."""
+
+    path: str
+    name: str
+    source: FileSource | DirSource
+    digests: tuple[bytes, bytes]
+    content_id: str
+    size: int
+    files: int
+    group_id: int = 0
+    offer_id: int = 0
+    stats: ServeStats = field(default_factory=ServeStats)
+
+
+def open_model(path: str, chunk_size: int) -> Model:
+    """Open and hash ``path`` once (a file's digests come from the cache while it is
+    unchanged): its content id is what fetchers ask for."""
+    if not os.path.isfile(path) and not os.path.isdir(path):
+        raise TransferError(f"no such file or directory: {path}")
+    try:
+        source: FileSource | DirSource = DirSource(path) if os.path.isdir(path) else FileSource(path)
+    except ValueError as exc:
+        raise TransferError(str(exc)) from None
+    try:
+        check_chunk_count(source.size, chunk_size)
+        entries = source.entries_blob if isinstance(source, DirSource) else b""
+        digests, _ = cached_digests(path, chunk_size, lambda: file_digests(source, chunk_size),
+                                    None if entries else cache_dir())
+    except (ValueError, OSError) as exc:
+        source.close()
+        raise TransferError(f"{path}: {exc}") from None
+    files = len(tree.decode_entries(entries)) if entries else 1
+    cid = tree.content_id(entries, source.size, chunk_size, digests[1], digests[0])
+    return Model(path, os.path.basename(os.path.normpath(path)), source, digests, cid, source.size, files,
+                 stats=ServeStats(size=source.size))
+
+
+def serve(paths: list[str], options: ServeOptions, stop: threading.Event, *,
+          on_event: Optional[OnEvent] = None) -> list[Model]:
+    """Serve ``paths`` until ``stop`` is set; then withdraw the offers, let running rounds
+    end and delete the groups. Returns the models with their stats."""
+    emit = _locked(on_event or _ignore)
+    send_opts = dataclasses.replace(options.send, controller=options.controller, token=options.token, group=None)
+    client = _client(send_opts)
+    my_ip = _ipv4(options.ip or local_ip_towards(_url_host(options.controller)))
+    send_opts = dataclasses.replace(send_opts, ip=my_ip, metrics_port=None)
+    models: list[Model] = []
+    metrics = None
+    threads = []
+    try:
+        for p in paths:
+            models.append(open_model(p, send_opts.chunk_size))
+        if len({m.content_id for m in models}) != len(models):
+            raise TransferError("two of the paths are the same model (same content id)")
+        for m in models:
+            m.group_id = int(client.create_group(m.content_id, my_ip)["id"])
+            m.offer_id = int(client.offer(m.content_id, my_ip, m.name, m.size, m.files)["id"])
+            emit(Served(m.content_id, m.name, m.size, m.group_id, m.offer_id))
+        if options.metrics_port is not None:
+            from .metrics import serve_models
+
+            metrics = serve_models(models, options.metrics_port, options.metrics_addr)
+        for m in models:
+            t = threading.Thread(target=_model_loop, args=(m, send_opts, options, stop, emit),
+                                 name=f"serve-{m.name}", daemon=True)
+            t.start()
+            threads.append(t)
+        stop.wait()
+    finally:
+        for m in models:  # first: no new fetcher is sent here
+            if m.offer_id:
+                _quietly(lambda: client.withdraw(m.offer_id))
+        stop.set()
+        for t in threads:
+            t.join()
+        for m in models:
+            if m.group_id:
+                _quietly(lambda: client.delete_group(m.group_id))
+            m.source.close()
+        _stop(metrics)
+    return models
+
+
+def _model_loop(m: Model, send_opts: SendOptions, options: ServeOptions, stop: threading.Event,
+                emit: OnEvent) -> None:
+    """One model: watch its group, run the rounds the policy asks for (one at a time)."""
+    client = _client(send_opts)
+    policy = Rounds(options.rounds, m.size * 8 / (send_opts.rate_mbit * 1e6) + 1.0)
+    lock = threading.Lock()
+    round_thread: Optional[threading.Thread] = None
+    number = 0
+    while not stop.wait(options.poll):
+        try:
+            asking = frozenset((client.get_group(m.group_id).get("receivers") or {}))
+        except ControllerError:
+            continue  # (restarting): look again
+        now = time.monotonic()
+        with lock:
+            policy.observe(asking, now)
+            hosts = policy.due(now)
+            if hosts is not None:
+                policy.started(hosts, now)
+        if hosts is not None:
+            number += 1
+            emit(RoundStarted(m.content_id, number, tuple(sorted(hosts))))
+            round_thread = threading.Thread(target=_round, args=(m, number, hosts, send_opts, policy, lock, emit),
+                                            name=f"round-{m.name}-{number}", daemon=True)
+            round_thread.start()
+    if round_thread is not None:
+        round_thread.join()
+
+
+def _round(m: Model, number: int, hosts: frozenset[str], send_opts: SendOptions, policy: Rounds,
+           lock: threading.Lock, emit: OnEvent) -> None:
+    """One send session to ``hosts`` (and the late joiners the policy admits)."""
+    started = time.monotonic()
+
+    def admit(group: frozenset[str]) -> frozenset[str]:
+        with lock:
+            return group & policy.admitted()
+
+    served: set[str] = set()
+    finished = threading.Event()  # every host the round serves verified: the rest of the stream helps nobody
+
+    def on_event(event: object) -> None:
+        if isinstance(event, SendStarted):
+            with lock:
+                policy.streaming(time.monotonic())
+        elif isinstance(event, ReceiverCompleted) and isinstance(event.addr, tuple):
+            served.add(event.addr[0])
+            with lock:
+                if policy.admitted() <= served:
+                    finished.set()
+
+    result: Optional[SendResult] = None
+    error: Optional[str] = None
+    try:
+        result = send_source(m.path, m.source, m.digests, dataclasses.replace(send_opts, receivers=len(hosts)),
+                             admit=admit, done=finished.is_set, on_event=on_event)
+    except (ControllerError, TransferError, OSError) as exc:
+        error = str(exc)
+    except Exception as exc:  # a bug must not stop the server's other rounds: report it, go on
+        error = f"round failed: {type(exc).__name__}: {exc}"
+    verified = frozenset(r.addr for r in result.receivers if r.ok) if result is not None else frozenset()
+    with lock:
+        late, deferred = dict(policy.late), tuple(sorted(policy.deferred))
+        policy.ended(verified, time.monotonic(), result.stream_s if result is not None else None)
+        m.stats.rounds += 1
+        m.stats.receivers += len(verified)
+        m.stats.round_receivers.append(len(verified))
+        m.stats.bytes_sent += result.bytes_sent if result is not None else 0
+    if result is not None and not result.ok and error is None:
+        error = result.error
+    emit(RoundDone(m.content_id, number, tuple(sorted(hosts)), tuple(sorted(verified)), late, deferred,
+                   result.bytes_sent if result is not None else 0, round(time.monotonic() - started, 3),
+                   result.stream_s if result is not None else None, error, started))
+
+
+def _quietly(call: Callable[[], Any]) -> None:
+    try:
+        call()
+    except ControllerError:
+        pass
+
+
+def _locked(emit: OnEvent) -> OnEvent:
+    """Events from several threads, one at a time."""
+    lock = threading.Lock()
+
+    def forward(event: Any) -> None:
+        with lock:
+            emit(event)
+
+    return forward
+
+
+# ----------------------------------------------------------------------------- fetch
+
+
+@dataclass(frozen=True)
+class Fetched:
+    """A fetch attempt ended without the model (``retry``: the next one resumes)."""
+
+    attempt: int
+    source: str
+    error: str
+
+
+def fetch(model_id: str, out: str, options: ReceiveOptions, *, patience: float = 300.0,
+          on_event: Optional[OnEvent] = None, clock: Callable[[], float] = time.monotonic) -> ReceiveResult:
+    """Receive the model ``model_id`` into ``out`` from whichever host offers it: the
+    controller's offers name the server; the join is the request. An attempt that ends
+    without the model (this host arrived late in a round: the sender closed before it
+    had everything) is followed by another, which resumes from the record and catches
+    up in the next round, until verified or ``patience`` seconds have passed."""
+    emit = on_event or _ignore
+    try:
+        tree.parse_content_id(model_id)
+    except ValueError as exc:
+        raise TransferError(str(exc)) from None
+    if not options.controller:
+        raise TransferError("fetch needs a controller (it says who serves the model)")
+    client = _client(options)
+    deadline = clock() + patience
+    attempt = 0
+    while True:
+        attempt += 1
+        offers = client.offers(model_id)
+        if not offers:
+            if clock() >= deadline:
+                raise TransferError(f"nobody offers {model_id} (GET /v1/offers)")
+            time.sleep(min(1.0, max(0.0, deadline - clock())))
+            continue
+        source = random.choice(offers)["source"]
+        opts = dataclasses.replace(options, source=source, expect=model_id, model=model_id, group=None,
+                                   timeout=max(1.0, min(options.timeout, deadline - clock())))
+        try:
+            result = receive(out, opts, on_event=emit)
+        except ControllerError as exc:  # e.g. no announcement within the timeout
+            if clock() >= deadline:
+                raise
+            emit(Fetched(attempt, source, str(exc)))
+            continue
+        if result.digest_ok or clock() >= deadline:
+            return result
+        emit(Fetched(attempt, source, result.error or "not verified"))
+
+
+def round_summary(done: RoundDone) -> dict:
+    """A round as ``modelcast serve --json`` prints it (one line per round)."""
+    return {"event": "round", **dataclasses.asdict(done)}

@@ -1,0 +1,250 @@
+"""An autoscaling fleet on a ``Fabric`` (issue 16): one ``modelcast serve`` and receivers
+that each start ``modelcast fetch MODEL_ID`` at a random moment, knowing nothing but the
+model id. First one fetch alone times *one transfer* (the reference, same run); then the
+fleet's start times are spread uniformly over ``spread`` x that time. The report has the
+rounds the server ran (from its ``--json`` lines), every receiver's time from its start
+to verified (and which round served it), and the bytes on the server's link (OVS port
+counters) next to N x the model's size, what unicast would send. The OVS lab test and
+``make demo DEMO_ARGS=--autoscale`` both drive it.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from lab.controller import VENV_BIN, Say
+from lab.fabric import Fabric
+from lab.models import tree_of
+from lab.sh import LabError
+from lab.transfer import AgentRun
+
+
+@dataclass
+class Arrival:
+    """One fetching receiver: when it started (seconds after the fleet's first), how long
+    until it had the verified model, and how it was served."""
+
+    host: str
+    ip: str
+    start_s: float
+    seconds: Optional[float]  # start -> verified (process exit 0); None: failed
+    verified: bool
+    attempts: int
+    how: str = ""  # "round N", "round N, joined late (missed X%)", "rounds N-M (tail, then the start)"
+
+
+@dataclass
+class AutoscaleReport:
+    model_id: str
+    size: int
+    reference_s: float  # one fetch alone, start -> verified
+    arrivals: list[Arrival]
+    rounds: list[dict]  # the server's round lines (hostagent.serve.RoundDone)
+    sender_link_bytes: int  # the server's uplink during the fleet (OVS port rx)
+    seconds: float  # first start -> last verified
+    server_exit: Optional[int] = None
+    offers_after_stop: list[dict] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.arrivals) and all(a.verified for a in self.arrivals)
+
+    @property
+    def unicast_bytes(self) -> int:
+        return len(self.arrivals) * self.size
+
+    @property
+    def sender_ratio(self) -> float:
+        """Server-link bytes / (N x size): unicast would be 1.0 (plus headers)."""
+        return self.sender_link_bytes / max(1, self.unicast_bytes)
+
+    def worst_time_ratio(self) -> float:
+        """The slowest receiver's start -> verified, in one-transfer times."""
+        return max((a.seconds or float("inf")) for a in self.arrivals) / self.reference_s
+
+    def mid_round_check(self) -> list[tuple[str, float, float]]:
+        """Per receiver that joined while a round ran (admitted late, or keeping the tail
+        for the next round): (host, when it verified, when one arriving at the start of
+        the next round would have), seconds after the first start. The latter is the
+        first of that round's own starters to verify (they did arrive at its start), or
+        without any, its start plus one transfer. Target: the first <= the second."""
+        out = []
+        seen: set[str] = set()
+        for i, r in enumerate(self.rounds):
+            nxt = self.rounds[i + 1] if i + 1 < len(self.rounds) else None
+            starters = [a.start_s + a.seconds for a in self.arrivals
+                        if nxt is not None and a.seconds is not None and a.how == f"round {nxt['round']} from its start"]
+            would = min(starters) if starters else (nxt["started_s"] if nxt else self.seconds) + self.reference_s
+            for a in self.arrivals:
+                if a.seconds is not None and (a.ip in r["late"] or a.ip in r["deferred"]) and a.host not in seen:
+                    seen.add(a.host)  # (the first round it joined mid-way)
+                    out.append((a.host, round(a.start_s + a.seconds, 2), round(would, 2)))
+        return out
+
+    def format(self) -> str:
+        lines = [f"model {self.model_id[:23]}... ({self.size / 1e6:.1f} MB); one transfer alone "
+                 f"(same run): {self.reference_s:.2f} s; {len(self.arrivals)} receivers started over "
+                 f"{max(a.start_s for a in self.arrivals):.1f} s (the server's earlier rounds: the reference)"]
+        for r in self.rounds:
+            late = ", ".join(f"{h} (missed {p:.0%})" for h, p in sorted(r["late"].items())) or "none"
+            lines.append(f"  round {r['round']} at {r['started_s']:.1f} s: started with "
+                         f"{len(r['receivers'])}, joined late {late}, left for the next "
+                         f"{len(r['deferred'])}; {len(r['verified'])} verified; {r['bytes_sent'] / 1e6:.1f} MB "
+                         f"sent in {r['seconds']:.1f} s" + (f" ({r['error']})" if r["error"] else ""))
+        for a in sorted(self.arrivals, key=lambda a: a.start_s):
+            took = f"{a.seconds:.2f} s = {a.seconds / self.reference_s:.2f} x one transfer" if a.seconds else "FAILED"
+            lines.append(f"  {a.host} started at {a.start_s:5.1f} s: verified after {took}, "
+                         f"{a.attempts} attempt(s), {a.how}")
+        lines.append(f"server link: {self.sender_link_bytes / 1e6:.1f} MB = {self.sender_ratio:.2f} x N x size "
+                     f"(unicast: {self.unicast_bytes / 1e6:.1f} MB = 1 x) in {len(self.rounds)} rounds")
+        for host, done, would in self.mid_round_check():
+            lines.append(f"  {host} arrived mid-round: verified at {done:.2f} s; arriving at the next round's "
+                         f"start it would have at ~{would:.2f} s")
+        return "\n".join(lines)
+
+
+class Autoscale:
+    """``model`` (file or directory) served from ``server``; ``receivers`` fetch it.
+    ``run()`` -> ``AutoscaleReport``. Every process is killed by PID on every path."""
+
+    def __init__(self, fabric: Fabric, model: Path, server: str, receivers: list[str], rate: float,
+                 workdir: Path, spread: float = 2.0, seed: int = 16, chunk_size: int = 256 * 1024,
+                 reference_host: Optional[str] = None, say: Optional[Say] = None) -> None:
+        self.fabric = fabric
+        self.model = Path(model)
+        self.server = fabric.name(server)
+        self.receivers = [fabric.name(h) for h in receivers]
+        self.reference_host = fabric.name(reference_host or receivers[0])
+        self.rate = rate
+        self.workdir = Path(workdir)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.spread = spread
+        self.rng = random.Random(seed)
+        self.chunk_size = chunk_size
+        self.say = say or fabric.say
+        self.runs: list[AgentRun] = []
+
+    def __enter__(self) -> "Autoscale":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _start(self, host: str, name: str, args: list[str]) -> AgentRun:
+        stdout, stderr = self.workdir / f"{name}.json", self.workdir / f"{name}.log"
+        argv = [str(VENV_BIN / "modelcast"), *args, "--controller", self.fabric.url,
+                "--token", self.fabric.controller.token, "--ip", self.fabric.ip(host), "--json"]
+        with open(stdout, "w") as out, open(stderr, "w") as err:
+            proc = self.fabric.live_lab().popen(host, *argv, stdout=out, stderr=err, start_new_session=True)
+        run = AgentRun(host, name, argv, proc, stdout, stderr, time.monotonic())
+        self.runs.append(run)
+        return run
+
+    def _fetch(self, host: str, model_id: str, name: str) -> AgentRun:
+        return self._start(host, name, ["fetch", model_id, "--out", str(self.workdir / f"{name}-model"),
+                                        "--timeout", "30", "--patience", "180"])
+
+    def _served(self, server: AgentRun, timeout: float = 120) -> dict:
+        """The server's first line: the model is offered (it hashed the model first)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for line in server.stdout.read_text().splitlines():
+                event = json.loads(line)
+                if event.get("event") == "served":
+                    return event
+            if not server.alive():
+                break
+            time.sleep(0.1)
+        raise LabError(f"modelcast serve did not offer the model: {server.stderr_tail()}")
+
+    def run(self) -> AutoscaleReport:
+        want = tree_of(self.model) if self.model.is_dir() else None
+        server = self._start(self.server, "serve", [
+            "serve", str(self.model), "--rate", str(self.rate), "--chunk-size", str(self.chunk_size)])
+        served = self._served(server)
+        model_id, size = served["model"], served["size"]
+        self.say(f"{self.server} serves {served['name']} as {model_id[:23]}... ({size / 1e6:.1f} MB)")
+        ref = self._fetch(self.reference_host, model_id, "reference")
+        if ref.wait(180) is None or ref.returncode != 0:
+            raise LabError(f"the reference fetch failed: {ref.stderr_tail()}")
+        reference_s = time.monotonic() - ref.started
+        self._check(self.workdir / "reference-model", want)
+        self.say(f"one fetch alone took {reference_s:.2f} s; now {len(self.receivers)} receivers start at random "
+                 f"moments over {self.spread:g} x that")
+        starts = sorted(self.rng.uniform(0, self.spread * reference_s) for _ in self.receivers)
+        starts[0] = 0.0
+        hosts = list(self.receivers)
+        self.rng.shuffle(hosts)
+        before = self.fabric.port_counters(self.server)
+        t0 = time.monotonic()
+        fleet: dict[str, AgentRun] = {}
+        ended: dict[str, float] = {}
+        pending = list(zip(starts, hosts))
+        deadline = t0 + self.spread * reference_s + 240
+        while pending or len(ended) < len(fleet):
+            now = time.monotonic()
+            while pending and now - t0 >= pending[0][0]:
+                at, host = pending.pop(0)
+                fleet[host] = self._fetch(host, model_id, f"fetch-{host}")
+                self.say(f"  {host} starts fetching at {now - t0:.1f} s")
+            for host, run in fleet.items():
+                if host not in ended and not run.alive():
+                    ended[host] = time.monotonic()
+                    self.say(f"  {host} done after {ended[host] - run.started:.2f} s (exit {run.proc.returncode})")
+            if now > deadline:
+                raise LabError("the fleet did not finish: " + "; ".join(
+                    f"{h}: {r.stderr_tail(300)}" for h, r in fleet.items() if h not in ended))
+            time.sleep(0.02)
+        link = (self.fabric.port_counters(self.server) - before).rx_bytes
+        seconds = max(ended.values()) - t0
+        server.proc.send_signal(signal.SIGTERM)
+        server.wait(60)
+        offers = self.fabric.controller.client.offers()
+        lines = [json.loads(line) for line in server.stdout.read_text().splitlines()]
+        # the fleet's rounds (the reference's ended before the fleet began)
+        rounds = [r for r in lines if r.get("event") == "round" and r["started_at"] >= t0]
+        arrivals = []
+        for host, run in fleet.items():
+            summary = run.wait(1)
+            ok = run.returncode == 0 and bool(summary and summary.get("ok"))
+            if ok:
+                self._check(self.workdir / f"fetch-{host}-model", want)
+            arrivals.append(Arrival(host, self.fabric.ip(host), round(run.started - t0, 3), round(ended[host] - run.started, 3) if ok else None,
+                                    ok, int((summary or {}).get("attempts", 0))))
+        self._rounds_of(arrivals, rounds, t0)
+        return AutoscaleReport(model_id, size, reference_s, arrivals, rounds, link, seconds,
+                               server.returncode, offers)
+
+    def _rounds_of(self, arrivals: list[Arrival], rounds: list[dict], t0: float) -> None:
+        """Which round(s) served each receiver, from the server's lines (by address; the
+        server stamps rounds with the system-wide monotonic clock, as ours)."""
+        for r in rounds:
+            r["started_s"] = round(r["started_at"] - t0, 2)
+        by_ip = {a.ip: a for a in arrivals}
+        for r in rounds:
+            for ip in r["verified"]:
+                a = by_ip.get(ip)
+                if a is None:
+                    continue
+                if ip in r["late"]:
+                    a.how = f"round {r['round']}, joined late (missed {r['late'][ip]:.0%})"
+                elif a.attempts > 1:
+                    a.how = f"the tail of round {r['round'] - 1}, then round {r['round']}'s start"
+                else:
+                    a.how = f"round {r['round']} from its start"
+
+    def _check(self, out: Path, want: Optional[dict]) -> None:
+        """The copy is the model, hashed here (not trusting the agents)."""
+        if want is not None and (not out.is_dir() or tree_of(out) != want):
+            raise LabError(f"{out} is not the model")
+
+    def close(self) -> None:
+        for run in self.runs:
+            if run.alive():
+                run.kill(signal.SIGKILL)
