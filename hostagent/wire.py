@@ -319,18 +319,23 @@ def _finish(mtype: int, flags: int, session: int, body: bytes, key: bytes | None
 
 def encode_data(msg: Data, key: bytes | None = None) -> bytes:
     """Fast path: fixed header + payload (+ MAC)."""
-    if len(msg.payload) > MAX_PAYLOAD:
+    return data_datagram(msg.session, msg.seq, msg.chunk, msg.offset, msg.payload, msg.repair, msg.multicast, key)
+
+
+def data_datagram(session: int, seq: int, chunk: int, offset: int, payload: bytes | memoryview,
+                  repair: bool = False, multicast: bool = True, key: bytes | None = None) -> bytes:
+    """``encode_data`` without the message object (the sender's per-datagram path): one
+    struct pack for both headers and one MAC over the datagram as it will be sent."""
+    plen = len(payload)
+    if plen > MAX_PAYLOAD:
         raise ValueError("payload too large")
-    mtype = T_REPAIR if msg.repair else T_DATA
-    flags = FLAG_MULTICAST if (msg.repair and msg.multicast) else 0
+    mtype = T_REPAIR if repair else T_DATA
+    flags = FLAG_MULTICAST if (repair and multicast) else 0
     if key is None:
-        return (
-            _HEADER.pack(MAGIC, VERSION, mtype, flags, msg.session)
-            + _DATA.pack(msg.seq, msg.chunk, msg.offset, len(msg.payload))
-            + msg.payload
-        )
-    body = _DATA.pack(msg.seq, msg.chunk, msg.offset, len(msg.payload)) + msg.payload
-    return _finish(mtype, flags, msg.session, body, key)
+        return _DATA_FULL.pack(MAGIC, VERSION, mtype, flags, session, seq, chunk, offset, plen) + payload
+    _check_key(key)
+    out = _DATA_FULL.pack(MAGIC, VERSION, mtype, flags | FLAG_MAC, session, seq, chunk, offset, plen) + payload
+    return out + _mac(key, out)
 
 
 def encode_manifest(msg: Manifest, key: bytes | None = None) -> bytes:
