@@ -217,6 +217,7 @@ class Receiver:
         else:
             self.receiver_id = self._rng.getrandbits(64)
         self._sink = sink
+        self._stream = wire.StreamDigest()  # the chunk being written in order, hashed as it goes
         self._key = config.key
         self.stats = Stats()
         self._events: deque[ReceiverEvent] = deque()
@@ -445,6 +446,7 @@ class Receiver:
         if gap:
             self._maybe_report(now)
         write_parts(self._sink, chunk * layout.chunk_size + offset, payloads)
+        self._stream.wrote(chunk, offset, payloads)
         self.have.add(first, last + 1)
         start, end = layout.chunk_seqs(chunk)
         if self.have.contains_range(start, end):
@@ -671,6 +673,7 @@ class Receiver:
             self.stats.duplicates += 1
             return
         self._sink.write(chunk * layout.chunk_size + offset, payload)
+        self._stream.wrote(chunk, offset, (payload,))
         self.have.add(seq)
         if self._parity:
             first = fec.block_of(layout, seq, self._fec_k)[2]
@@ -759,6 +762,7 @@ class Receiver:
             length = layout.locate(seq)[2]
             self._sink.write(base + i * step, symbols[i][:length])
             self.have.add(seq)
+        self._stream.forget(chunk)
         self._fec_chunks.add(chunk)
         self.stats.fec_decodes += 1
         self.stats.fec_recovered += len(holes)
@@ -805,10 +809,13 @@ class Receiver:
         if chunk not in self._digests.known:
             self._unverified.add(chunk)
             return
-        data = read_view(self._sink, chunk * layout.chunk_size, layout.chunk_len(chunk))
+        length = layout.chunk_len(chunk)
+        digest = self._stream.digest(chunk, length)
+        if digest is None:  # not streamed in order: hash what the file holds
+            digest = wire.chunk_digest(read_view(self._sink, chunk * layout.chunk_size, length))
         rebuilt = chunk in self._fec_chunks
         self._fec_chunks.discard(chunk)
-        if hmac.compare_digest(wire.chunk_digest(data), self._digests.get(chunk)):
+        if hmac.compare_digest(digest, self._digests.get(chunk)):
             self.verified.add(chunk)
             if self._unsaved_since is None:
                 self._unsaved_since = now

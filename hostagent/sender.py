@@ -816,7 +816,7 @@ class Sender:
     def _data(self, seq: int, repair: bool, multicast: bool) -> bytes:
         chunk, offset, length = self.layout.locate(seq)
         payload = self._source.read(chunk * self.layout.chunk_size + offset, length)
-        return wire.encode_data(wire.Data(self.session, seq, chunk, offset, payload, repair, multicast), self._key)
+        return wire.data_datagram(self.session, seq, chunk, offset, payload, repair, multicast, self._key)
 
     def _parity(self, share: ParityRepair) -> bytes:
         """One parity datagram; a job's shares are encoded together, on its first share."""

@@ -235,9 +235,54 @@ def derive_key(secret: bytes) -> bytes:
     return blake3.blake3(secret, derive_key_context="modelcast 2024 session MAC key").digest()
 
 
-def chunk_digest(data: bytes) -> bytes:
+def chunk_digest(data: bytes | memoryview) -> bytes:
     """Per-chunk digest carried in the manifest."""
     return blake3.blake3(data).digest(length=CHUNK_DIGEST_LEN)
+
+
+class StreamDigest:
+    """``chunk_digest`` of the one chunk being written front to back, hashed from the
+    pieces as they are written (a clean stream's payloads, still in the receive buffer),
+    so verifying that chunk needs no second read of it from the file. Every write to a
+    chunk goes through ``wrote`` (or ``forget``): a write that does not continue the
+    chunk's stream exactly where it stands drops it, and ``digest`` then answers None
+    (the caller reads the chunk back and hashes that). A write at offset 0 starts a
+    chunk's stream afresh, dropping the one before."""
+
+    __slots__ = ("chunk", "_pos", "_hasher")
+
+    def __init__(self) -> None:
+        self.chunk = -1
+        self._pos = 0
+        self._hasher = blake3.blake3()
+
+    def wrote(self, chunk: int, offset: int, parts: list[memoryview] | tuple[bytes | memoryview, ...]) -> None:
+        """``parts`` (consecutive) were written to ``chunk`` at ``offset``."""
+        if offset == 0:
+            self.chunk, self._pos, self._hasher = chunk, 0, blake3.blake3()
+        elif chunk != self.chunk:
+            return  # another chunk's bytes: this stream's are untouched
+        elif offset != self._pos:
+            self.chunk = -1
+            return
+        # One update per write: BLAKE3 hashes many 1 KiB blocks at once only in a long
+        # input, and a datagram's ~9 KB, alone, costs ~1.5 x that per byte.
+        whole = parts[0] if len(parts) == 1 else b"".join(parts)
+        self._hasher.update(whole)
+        self._pos += len(whole)
+
+    def forget(self, chunk: int) -> None:
+        """``chunk`` was written some other way (FEC rebuilt, a resume claim)."""
+        if chunk == self.chunk:
+            self.chunk = -1
+
+    def digest(self, chunk: int, length: int) -> bytes | None:
+        """``chunk_digest`` of ``chunk``'s ``length`` bytes if all of them, and nothing
+        else, were streamed; None otherwise. Ends the stream."""
+        if chunk != self.chunk or self._pos != length:
+            return None
+        self.chunk = -1
+        return self._hasher.digest(length=CHUNK_DIGEST_LEN)
 
 
 def _mac(key: bytes, data: bytes | memoryview) -> bytes:
@@ -274,18 +319,23 @@ def _finish(mtype: int, flags: int, session: int, body: bytes, key: bytes | None
 
 def encode_data(msg: Data, key: bytes | None = None) -> bytes:
     """Fast path: fixed header + payload (+ MAC)."""
-    if len(msg.payload) > MAX_PAYLOAD:
+    return data_datagram(msg.session, msg.seq, msg.chunk, msg.offset, msg.payload, msg.repair, msg.multicast, key)
+
+
+def data_datagram(session: int, seq: int, chunk: int, offset: int, payload: bytes | memoryview,
+                  repair: bool = False, multicast: bool = True, key: bytes | None = None) -> bytes:
+    """``encode_data`` without the message object (the sender's per-datagram path): one
+    struct pack for both headers and one MAC over the datagram as it will be sent."""
+    plen = len(payload)
+    if plen > MAX_PAYLOAD:
         raise ValueError("payload too large")
-    mtype = T_REPAIR if msg.repair else T_DATA
-    flags = FLAG_MULTICAST if (msg.repair and msg.multicast) else 0
+    mtype = T_REPAIR if repair else T_DATA
+    flags = FLAG_MULTICAST if (repair and multicast) else 0
     if key is None:
-        return (
-            _HEADER.pack(MAGIC, VERSION, mtype, flags, msg.session)
-            + _DATA.pack(msg.seq, msg.chunk, msg.offset, len(msg.payload))
-            + msg.payload
-        )
-    body = _DATA.pack(msg.seq, msg.chunk, msg.offset, len(msg.payload)) + msg.payload
-    return _finish(mtype, flags, msg.session, body, key)
+        return _DATA_FULL.pack(MAGIC, VERSION, mtype, flags, session, seq, chunk, offset, plen) + payload
+    _check_key(key)
+    out = _DATA_FULL.pack(MAGIC, VERSION, mtype, flags | FLAG_MAC, session, seq, chunk, offset, plen) + payload
+    return out + _mac(key, out)
 
 
 def encode_manifest(msg: Manifest, key: bytes | None = None) -> bytes:
@@ -427,35 +477,26 @@ def parse_data_run(data: bytes | bytearray | memoryview, seg: int, key: bytes | 
     if seg <= DATA_HEADER_LEN or seg >= n or seg > MAX_DATAGRAM:
         return None
     view = memoryview(data)
-    if key is not None:  # the per-datagram MAC dominates: parse_data checks each
-        payloads = []
-        run = parse_data(view[:seg], key)
-        if run is None or run[5]:
-            return None
-        session, seq, chunk, pos = run[0], run[1], run[2], run[3]
-        for off in range(0, n, seg):
-            fields = parse_data(view[off : off + seg], key) if off else run
-            if (fields is None or fields[5] or fields[0] != session or fields[1] != seq
-                    or fields[2] != chunk or fields[3] != pos):
-                return None
-            payloads.append(fields[4])
-            seq += 1
-            pos += len(fields[4])
-        return session, run[1], chunk, run[3], payloads
-    # Unkeyed: exactly parse_data's checks, inlined (a MAC'd datagram, which parse_data
-    # accepts unchecked, makes the run fall back instead).
-    unpack = _DATA_FULL.unpack_from
+    # parse_data's checks, inlined, for the one header shape a clean run has: DATA, flags
+    # exactly FLAG_MAC with a key (each MAC checked) and exactly 0 without one (a MAC'd
+    # datagram, which parse_data accepts unchecked, makes the run fall back instead).
+    want, tail = (FLAG_MAC, MAC_LEN) if key is not None else (0, 0)
+    unpack, least = _DATA_FULL.unpack_from, DATA_HEADER_LEN + tail
     _, _, _, _, session, first, chunk, start, _ = unpack(view, 0)
     seq, pos = first, start
     payloads = []
     for off in range(0, n, seg):
         end = off + seg if off + seg < n else n
-        if end - off <= DATA_HEADER_LEN:
+        if end - off <= least:
             return None
         magic, version, mtype, flags, s, q, c, o, plen = unpack(view, off)
-        if (mtype != T_DATA or flags or magic != MAGIC or version != VERSION or s != session or q != seq
-                or c != chunk or o != pos or plen != end - off - DATA_HEADER_LEN or o + plen > MAX_CHUNK_SIZE):
+        if (mtype != T_DATA or flags != want or magic != MAGIC or version != VERSION or s != session or q != seq
+                or c != chunk or o != pos or plen != end - off - least or o + plen > MAX_CHUNK_SIZE):
             return None
+        if tail:
+            end -= MAC_LEN
+            if not hmac.compare_digest(_mac(key, view[off:end]), view[end : end + MAC_LEN]):
+                return None
         payloads.append(view[off + DATA_HEADER_LEN : end])
         seq += 1
         pos += plen

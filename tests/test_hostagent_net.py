@@ -128,6 +128,35 @@ def test_parse_group_accepts_only_multicast() -> None:
         parse_group("127.0.0.1:7000")
 
 
+@pytest.mark.parametrize("base", [0, 1000])
+def test_file_source_reads_what_the_file_holds_whatever_the_order(tmp_path, monkeypatch, base) -> None:
+    """The stream's read-ahead block is an optimisation only: a stream of small reads front
+    to back, repairs anywhere between them, whole-chunk reads and reads past the end all
+    return the file's bytes, as one positional read would (a lane's slice too); and the
+    stream costs one read per block, not one per datagram."""
+    monkeypatch.setattr(FileSource, "READ_AHEAD", 4096)
+    data = random.Random(base).randbytes(20_000)
+    path = tmp_path / "f.bin"
+    path.write_bytes(data)
+    src = FileSource(str(path), offset=base)
+    calls = []
+    for name in ("pread", "preadv"):
+        real = getattr(os, name)
+        monkeypatch.setattr(os, name, lambda *a, _real=real, _name=name: calls.append(_name) or _real(*a))
+    rng, pos, want = random.Random(7), 0, data[base:]
+    while pos < len(want):
+        size = rng.choice([300, 300, 300, 257])
+        assert src.read(pos, size) == want[pos : pos + size]
+        pos += size
+        if rng.random() < 0.2:  # a repair somewhere
+            at = rng.randrange(len(want))
+            assert src.read(at, 300) == want[at : at + 300]
+    assert src.read(4096, 4096) == want[4096:8192]  # a manifest's whole-chunk read
+    assert src.read(len(want) - 5, 300) == want[-5:] and src.read(len(want) + 10, 300) == b""
+    assert calls.count("preadv") <= len(want) // 4096 + 2
+    src.close()
+
+
 def test_file_source_and_sink_positional_io(tmp_path) -> None:
     path = tmp_path / "f.bin"
     path.write_bytes(bytes(range(256)) * 4)

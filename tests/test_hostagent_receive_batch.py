@@ -143,3 +143,52 @@ def test_clean_stream_takes_the_super_packet_path(monkeypatch) -> None:
         rx.receive_batch(memoryview(b"".join(batch)), seg, SENDER, now)
     assert rx.complete and bytes(rx._sink.data) == data  # type: ignore[attr-defined]
     assert batched > 50 and len(per_datagram) <= 2 * (len(stream) - batched)  # the rest: twice at most
+
+
+def _count_read_backs(monkeypatch) -> list[int]:
+    """Chunks the receiver reads back from its sink to hash them (their offsets)."""
+    from hostagent import receiver as receiver_module
+
+    reads: list[int] = []
+    original = receiver_module.read_view
+    monkeypatch.setattr(receiver_module, "read_view",
+                        lambda sink, offset, length: reads.append(offset) or original(sink, offset, length))
+    return reads
+
+
+@pytest.mark.parametrize("key", [None, KEY])
+def test_clean_stream_verifies_chunks_without_reading_them_back(monkeypatch, key) -> None:
+    """In-order chunks are hashed from the receive buffer as they are written: none is
+    read back from the file to verify it (the second copy a receiver used to pay per
+    byte), and the copy is still exactly the file."""
+    data = payload(100 * KIB + 123, seed=5)
+    reads = _count_read_backs(monkeypatch)
+    rx = _receiver(key)
+    for now, batch in enumerate(_batches(_stream(data, key), random.Random(3))):
+        rx.receive_batch(memoryview(b"".join(batch)), len(batch[0]) if len(batch) > 1 else 0, SENDER, now * 1e-4)
+    assert rx.complete and bytes(rx._sink.data) == data  # type: ignore[attr-defined]
+    assert reads == []
+
+
+def test_damaged_fragment_in_a_streamed_chunk_is_caught(monkeypatch) -> None:
+    """Without a MAC a damaged payload gets in; the chunk it lands in, streamed in order,
+    still fails its manifest digest (counted corrupt, not verified, asked for again),
+    and a chunk that was not streamed in order is read back and verified."""
+    data = payload(64 * KIB, seed=6)
+    stream = _stream(data, None)
+    datas = [i for i, raw in enumerate(stream) if wire.peek_type(raw) == wire.T_DATA]
+    victim = bytearray(stream[datas[3]])  # chunk 0 (16 KB chunks, 1000-byte payloads)
+    victim[-1] ^= 0xFF
+    stream[datas[3]] = bytes(victim)
+    later = datas[20:23]  # chunk 1: its fragments reordered, so it is not streamed
+    stream[later[0]], stream[later[2]] = stream[later[2]], stream[later[0]]
+    reads = _count_read_backs(monkeypatch)
+    rx = _receiver(None)
+    for now, batch in enumerate(_batches(stream, random.Random(4))):
+        rx.receive_batch(memoryview(b"".join(batch)), len(batch[0]) if len(batch) > 1 else 0, SENDER, now * 1e-4)
+    assert rx.stats.corrupt_chunks == 1 and 0 not in rx.verified and 1 in rx.verified
+    assert reads == [16 * KIB]  # chunk 1 only
+    events = []
+    while (event := rx.next_event()) is not None:
+        events.append(event)
+    assert any(type(e).__name__ == "ChunkCorrupt" and e.chunk == 0 for e in events)

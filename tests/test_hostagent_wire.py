@@ -6,7 +6,7 @@ import struct
 
 import msgpack
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import example, given, settings, strategies as st
 
 from hostagent import wire
 from hostagent.wire import (
@@ -314,3 +314,43 @@ def test_lane_field_is_absent_for_one_lane_and_checked_when_present() -> None:
         with pytest.raises(WireError) as info:
             decode(raw)
         assert info.value.reason == "bad_field", bad
+
+
+_write = st.tuples(st.integers(0, 2), st.integers(0, 2), st.lists(st.integers(1, 4), min_size=1, max_size=3),
+                   st.booleans(), st.integers(-1, 2))
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(_write, max_size=25), st.integers(0, 255))
+@example([(0, 0, [4], False, -1), (0, 2, [4], False, -1), (0, 1, [4], False, 0)], 0)  # out of order
+@example([(0, 0, [4, 4], False, -1), (0, 0, [4], True, -1), (0, 2, [4], False, 0)], 0)  # FEC rewrote a streamed part
+def test_stream_digest_is_the_digest_of_what_was_written(writes, fill) -> None:
+    """``StreamDigest`` against a model of three 12-byte chunks written in any order, in
+    pieces, some rebuilt by FEC (``forget``), asked for a chunk's digest at any time:
+    whenever it names one, that is ``chunk_digest`` of what the chunk holds; and a chunk
+    written front to back in one go always gets one."""
+    length = 12
+    chunks = [bytearray(length) for _ in range(3)]
+    stream = wire.StreamDigest()
+    for n, (chunk, unit, sizes, fec, ask) in enumerate(writes):
+        offset = min(unit * 4, length - 1)
+        parts, pos = [], offset
+        for size in sizes:
+            part = bytes([(fill + n + pos) % 256]) * min(size, length - pos)
+            if part:
+                parts.append(memoryview(part))
+                chunks[chunk][pos : pos + len(part)] = part
+                pos += len(part)
+        if fec:
+            stream.forget(chunk)
+        else:
+            stream.wrote(chunk, offset, parts)
+        if ask >= 0:
+            got = stream.digest(ask, length)
+            assert got is None or got == wire.chunk_digest(bytes(chunks[ask]))
+    whole = bytes(range(length))
+    stream.wrote(1, 0, [memoryview(whole[:7])])
+    stream.wrote(0, 4, [memoryview(b"repair")])  # another chunk's repair does not end the stream
+    stream.wrote(1, 7, [memoryview(whole[7:])])
+    assert stream.digest(0, length) is None and stream.digest(1, length) == wire.chunk_digest(whole)
+    assert stream.digest(1, length) is None  # one answer per stream
