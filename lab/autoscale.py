@@ -18,11 +18,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from lab.controller import VENV_BIN, Say
+from lab.controller import Say
 from lab.fabric import Fabric
 from lab.models import tree_of
 from lab.sh import LabError
-from lab.transfer import AgentRun
+from lab.transfer import AgentRun, agent_argv
 
 
 @dataclass
@@ -137,12 +137,7 @@ class Autoscale:
         self.close()
 
     def _start(self, host: str, name: str, args: list[str]) -> AgentRun:
-        stdout, stderr = self.workdir / f"{name}.json", self.workdir / f"{name}.log"
-        argv = [str(VENV_BIN / "modelcast"), *args, "--controller", self.fabric.url,
-                "--token", self.fabric.controller.token, "--ip", self.fabric.ip(host), "--json"]
-        with open(stdout, "w") as out, open(stderr, "w") as err:
-            proc = self.fabric.live_lab().popen(host, *argv, stdout=out, stderr=err, start_new_session=True)
-        run = AgentRun(host, name, argv, proc, stdout, stderr, time.monotonic())
+        run = AgentRun.start(self.fabric, host, name, agent_argv(self.fabric, host, args), self.workdir / name)
         self.runs.append(run)
         return run
 

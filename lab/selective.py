@@ -16,11 +16,11 @@ from typing import Optional
 from hostagent import catalog
 from hostagent.control import ControllerError
 from hostagent.parts import describe_parts
-from lab.controller import VENV_BIN, Say
+from lab.controller import Say
 from lab.fabric import Fabric, PortCounters, natural
 from lab.models import tree_of
 from lab.sh import LabError
-from lab.transfer import AgentRun
+from lab.transfer import AgentRun, agent_argv
 
 
 @dataclass
@@ -109,12 +109,8 @@ class Selective:
         self.close()
 
     def _start(self, host: str, role: str, args: list[str]) -> AgentRun:
-        stdout, stderr = self.workdir / f"{role}-{host}.json", self.workdir / f"{role}-{host}.log"
-        argv = [str(VENV_BIN / "modelcast"), *args, "--controller", self.fabric.url,
-                "--token", self.fabric.controller.token, "--ip", self.fabric.ip(host), "--json"]
-        with open(stdout, "w") as out, open(stderr, "w") as err:
-            proc = self.fabric.live_lab().popen(host, *argv, stdout=out, stderr=err, start_new_session=True)
-        run = AgentRun(host, role, argv, proc, stdout, stderr, time.monotonic())
+        run = AgentRun.start(self.fabric, host, role, agent_argv(self.fabric, host, args),
+                             self.workdir / f"{role}-{host}")
         self.runs.append(run)
         return run
 

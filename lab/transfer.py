@@ -45,6 +45,15 @@ class AgentRun:
     returncode: Optional[int] = None
     killed: bool = False
 
+    @classmethod
+    def start(cls, fabric: Fabric, host: str, role: str, argv: list[str], stem: Path) -> "AgentRun":
+        """Run ``argv`` in ``host``'s namespace in a session of its own (stopped by PID),
+        its stdout (the ``--json`` summary) in ``stem``.json and its log in ``stem``.log."""
+        stdout, stderr = Path(f"{stem}.json"), Path(f"{stem}.log")
+        with open(stdout, "w") as out, open(stderr, "w") as err:
+            proc = fabric.live_lab().popen(host, *argv, stdout=out, stderr=err, start_new_session=True)
+        return cls(host, role, argv, proc, stdout, stderr, time.monotonic())
+
     def alive(self) -> bool:
         return self.proc.poll() is None
 
@@ -173,6 +182,13 @@ class TransferReport:
         return "\n".join(lines)
 
 
+def agent_argv(fabric: Fabric, host: str, args: Sequence[str]) -> list[str]:
+    """``modelcast ARGS`` as ``host`` runs it against the fabric's controller (admin
+    token, the host's lab address, a ``--json`` summary on stdout)."""
+    return [str(VENV_BIN / "modelcast"), *args, "--controller", fabric.url,
+            "--token", fabric.controller.token, "--ip", fabric.ip(host), "--json"]
+
+
 def _failure(run: AgentRun, timed_out: bool) -> str:
     """One line on why an agent failed: timeout, its JSON error, or its last stderr line."""
     if timed_out:
@@ -255,12 +271,7 @@ class Transfer:
 
     def _start(self, host: str, role: str, argv: list[str]) -> AgentRun:
         n = len(self.runs.get(host, [])) if role == "recv" else 0
-        stdout = self.workdir / f"{role}-{host}-{n}.json"
-        stderr = self.workdir / f"{role}-{host}-{n}.log"
-        with open(stdout, "w") as out, open(stderr, "w") as err:
-            proc = self.fabric.live_lab().popen(host, *argv, stdout=out, stderr=err,
-                                            start_new_session=True)
-        return AgentRun(host, role, argv, proc, stdout, stderr, time.monotonic())
+        return AgentRun.start(self.fabric, host, role, argv, self.workdir / f"{role}-{host}-{n}")
 
     def add_loss(self, host: str, kind: str) -> str:
         """Inject ``kind`` loss ("random" 1% / "bursty") on the link towards ``host``."""
