@@ -70,6 +70,44 @@ _new = object.__new__
 _MATCH_CLS, _MATCH_ATTRS = _template(parser.OFPMatch())
 
 
+class _Deferred:
+    """A Ryu message that holds only its builder and arguments until first used.
+
+    The core decides ~300 messages per group (a tree, its protection); turning each into
+    a Ryu object (an ``OFPMatch``, instructions, ~20 attributes) is most of the cost of
+    a create at scale, and it is only needed when the message is sent, inspected, or
+    applied to a fake switch. So the builders below return an instance of the message's
+    own class (``isinstance`` and the class name are Ryu's) that fills in its
+    attributes from the builder on the first attribute it lacks: sending, serialising,
+    ``str()`` and every attribute read see exactly the message the builder makes, which
+    ``tests/test_controller_ofmsgs.py`` checks byte for byte."""
+
+    def __getattr__(self, name: str) -> Any:
+        if "_deferred" not in self.__dict__:
+            raise AttributeError(name)
+        return getattr(materialise(self), name)
+
+
+def _deferred_class(base: type) -> type:
+    return type(base.__name__, (_Deferred, base), {"__module__": base.__module__,
+                                                   "__qualname__": base.__qualname__})
+
+
+def _defer(cls: type, fill: Any, *args: Any) -> Msg:
+    m = _new(cls)
+    m._deferred = (fill, args)
+    return m
+
+
+def materialise(msg: Msg) -> Msg:
+    """``msg`` with every attribute filled in (a no-op for an ordinary message)."""
+    attrs = msg.__dict__
+    spec = attrs.pop("_deferred", None)
+    if spec is not None:
+        spec[0](attrs, *spec[1])
+    return msg
+
+
 def sg_match(in_port: int, source: str, group: str) -> parser.OFPMatch:
     """The (S,G) match on the tree's ingress port.
 
@@ -122,32 +160,41 @@ _GROUP_CLS, _GROUP_ATTRS = _template(parser.OFPGroupMod(datapath(0), ofp.OFPGC_A
 _FLOW_CLS, _FLOW_ADD_ATTRS = _template(parser.OFPFlowMod(
     datapath(0), cookie=COOKIE_TAG, table_id=TABLE, command=ofp.OFPFC_ADD, priority=PRIO_SG,
     flags=ofp.OFPFF_SEND_FLOW_REM))
+_LAZY_GROUP, _LAZY_FLOW = _deferred_class(_GROUP_CLS), _deferred_class(_FLOW_CLS)
 
 
-def _group_mod(dpid: int, command: int, gid: int, bucket_list: list) -> Msg:
-    m = _new(_GROUP_CLS)
-    m.__dict__.update(_GROUP_ATTRS, datapath=datapath(dpid), command=command, group_id=gid,
-                      buckets=bucket_list)
-    return m
+def _fill_group_mod(attrs: dict, dpid: int, command: int, gid: int, in_port: int,
+                    out_ports: Iterable[int], ff: Iterable[int]) -> None:
+    attrs.update(_GROUP_ATTRS, datapath=datapath(dpid), command=command, group_id=gid,
+                 buckets=_group_buckets(in_port, out_ports, ff))
 
 
 def group_add(dpid: int, gid: int, in_port: int, out_ports: Iterable[int], ff: Iterable[int] = ()) -> Msg:
-    return _group_mod(dpid, ofp.OFPGC_ADD, gid, _group_buckets(in_port, out_ports, ff))
+    return _group_mod(dpid, ofp.OFPGC_ADD, gid, in_port, out_ports, ff)
 
 
 def group_modify(dpid: int, gid: int, in_port: int, out_ports: Iterable[int], ff: Iterable[int] = ()) -> Msg:
-    return _group_mod(dpid, ofp.OFPGC_MODIFY, gid, _group_buckets(in_port, out_ports, ff))
+    return _group_mod(dpid, ofp.OFPGC_MODIFY, gid, in_port, out_ports, ff)
+
+
+def _group_mod(dpid: int, command: int, gid: int, in_port: int, out_ports: Iterable[int],
+               ff: Iterable[int]) -> Msg:
+    if type(out_ports) is not tuple or type(ff) is not tuple:  # (held until first use)
+        out_ports, ff = tuple(out_ports), tuple(ff)
+    return _defer(_LAZY_GROUP, _fill_group_mod, dpid, command, gid, in_port, out_ports, ff)
 
 
 def group_delete(dpid: int, gid: int) -> Msg:
-    return _group_mod(dpid, ofp.OFPGC_DELETE, gid, [])
+    return _defer(_LAZY_GROUP, _fill_group_mod, dpid, ofp.OFPGC_DELETE, gid, 0, (), ())
+
+
+def _fill_flow_add(attrs: dict, dpid: int, gid: int, in_port: int, source: str, group: str) -> None:
+    attrs.update(_FLOW_ADD_ATTRS, datapath=datapath(dpid), cookie=COOKIE_TAG | gid,
+                 match=sg_match(in_port, source, group), instructions=_to_group(gid))
 
 
 def flow_add(dpid: int, gid: int, in_port: int, source: str, group: str) -> Msg:
-    m = _new(_FLOW_CLS)
-    m.__dict__.update(_FLOW_ADD_ATTRS, datapath=datapath(dpid), cookie=COOKIE_TAG | gid,
-                      match=sg_match(in_port, source, group), instructions=_to_group(gid))
-    return m
+    return _defer(_LAZY_FLOW, _fill_flow_add, dpid, gid, in_port, source, group)
 
 
 def flow_delete(dpid: int, gid: int, in_port: int, source: str, group: str) -> Msg:
@@ -182,12 +229,14 @@ def _ff_buckets(bucket_specs: tuple) -> list:
     return [parser.OFPBucket(watch_port=w, actions=actions(acts)) for w, acts in bucket_specs]
 
 
+def _fill_ff_group(attrs: dict, dpid: int, ffid: int, bucket_specs: tuple, command: int) -> None:
+    attrs.update(_GROUP_FF_ATTRS, datapath=datapath(dpid), command=command, group_id=ffid,
+                 buckets=_ff_buckets(bucket_specs))
+
+
 def ff_group(dpid: int, ffid: int, bucket_specs: tuple, command: int = ofp.OFPGC_ADD) -> Msg:
     """An OFPGT_FF group from (watch_port, actions) buckets: the first live one forwards."""
-    m = _new(_GROUP_CLS)
-    m.__dict__.update(_GROUP_FF_ATTRS, datapath=datapath(dpid), command=command, group_id=ffid,
-                      buckets=_ff_buckets(bucket_specs))
-    return m
+    return _defer(_LAZY_GROUP, _fill_ff_group, dpid, ffid, bucket_specs, command)
 
 
 def _detour_match(in_port: int, tag: str, source: str | None, group: str | None) -> parser.OFPMatch:
@@ -211,11 +260,14 @@ def detour_flow(dpid: int, cookie_value: int, in_port: int, tag: str, acts: tupl
                 source: str | None = None, group: str | None = None) -> Msg:
     """A transit flow (``source`` None: shared, cookie ``COOKIE_DETOUR``) or a group's
     rejoin flow (cookie of the group) for copies tagged ``tag`` arriving on ``in_port``."""
-    m = _new(_FLOW_CLS)
-    m.__dict__.update(_FLOW_ADD_ATTRS, datapath=datapath(dpid), cookie=cookie_value,
-                      priority=PRIO_DETOUR, match=_detour_match(in_port, tag, source, group),
-                      instructions=_apply(acts))
-    return m
+    return _defer(_LAZY_FLOW, _fill_detour_flow, dpid, cookie_value, in_port, tag, acts, source, group)
+
+
+def _fill_detour_flow(attrs: dict, dpid: int, cookie_value: int, in_port: int, tag: str,
+                      acts: tuple, source: str | None, group: str | None) -> None:
+    attrs.update(_FLOW_ADD_ATTRS, datapath=datapath(dpid), cookie=cookie_value,
+                 priority=PRIO_DETOUR, match=_detour_match(in_port, tag, source, group),
+                 instructions=_apply(acts))
 
 
 def detour_flow_delete(dpid: int, cookie_value: int, in_port: int, tag: str,
