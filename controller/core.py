@@ -355,14 +355,28 @@ class MulticastCore:
         return self._after_down(self.link_users[(min(a, b), max(a, b))])
 
     def port_down(self, dpid: int, port: int) -> Plan:
-        if not self.view.port_down(dpid, port):
-            return Plan()
-        link = self.view.port_link.get((dpid, port))
-        if link is not None:
-            return self._after_down(self.link_users[(link.a, link.b) if link.a < link.b else (link.b, link.a)])
-        hosts = set(self.view.hosts_at(dpid, port))
-        return self._after_down({g.gid for g in self.groups.values()
-                                 if g.source in hosts or hosts & g.receivers})
+        return self.ports_down(dpid, [port])
+
+    def ports_down(self, dpid: int, ports: Iterable[int]) -> Plan:
+        """Ports of one switch went down together (a reconnecting switch reports them all
+        at once): one reroute for all of them. One per port would be wrong in a single
+        plan: plans run phase by phase together, so a tree moved by the first port and
+        moved back by the next would have phase 2 delete the flows it is back on."""
+        affected: set[int] = set()
+        hosts: set[str] = set()
+        went = False
+        for port in ports:
+            if not self.view.port_down(dpid, port):
+                continue
+            went = True
+            link = self.view.port_link.get((dpid, port))
+            if link is not None:
+                affected |= self.link_users[(link.a, link.b) if link.a < link.b else (link.b, link.a)]
+            else:
+                hosts.update(self.view.hosts_at(dpid, port))
+        if hosts:
+            affected |= {g.gid for g in self.groups.values() if g.source in hosts or hosts & g.receivers}
+        return self._after_down(affected) if went else Plan()
 
     def port_up(self, dpid: int, port: int) -> Plan:
         return self._after_up() if self.view.port_up(dpid, port) else Plan()
