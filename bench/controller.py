@@ -6,9 +6,7 @@ Prints one JSON object. Absolute times do not carry between machines (single-thr
 Python speed differs 3-5x between machines of the same kind), so every time is also given
 as a ratio to a reference timed in the same run on the same graph: plain
 ``networkx.single_source_shortest_path`` trees from the same sources over the topology's
-graph (switches and hosts). ``trees_vs_reference`` = ``trees_total_s`` / 1000 such trees
-(the core's messages build their Ryu objects when first used, at send time: that cost is
-``ryu_objects_s``, and ``trees_and_objects_vs_reference`` counts both);
+graph (switches and hosts). ``trees_vs_reference`` = ``trees_total_s`` / 1000 such trees;
 ``reroute_vs_reference_p99`` = p99 over failures of (reroute time / the reference trees of
 that failure's affected groups, on the graph without the failed link). The machine (CPU
 model, cores, load average at the start) is named in the output. ``max_link_load_ratio`` compares links that are alternatives to
@@ -36,7 +34,6 @@ import networkx as nx
 
 from bench.machine import machine
 from controller.core import MulticastCore, tune_gc
-from controller.ofmsgs import materialise
 from controller.topoview import TopologyView
 from topologies import Topology, TopologyError, parse
 
@@ -84,29 +81,18 @@ def reference_s(graph: nx.Graph, sources: list[str]) -> float:
 
 
 def build(topo: Topology, groups: int, receivers: int, seed: int, algorithm: str,
-          balance: bool, protection: bool = True, objects: list[float] | None = None
-          ) -> tuple[MulticastCore, float, int]:
-    """Create every group; (core, seconds the creates took, messages). With ``objects``,
-    each plan's messages are then made into Ryu objects, as the shell does before sending
-    them, timed apart into ``objects[0]``, and dropped (as sent plans are)."""
+          balance: bool, protection: bool = True) -> tuple[MulticastCore, float, int]:
     core = MulticastCore(TopologyView.from_topology(topo), algorithm=algorithm, balance=balance,
                          protection=protection)
     for dpid in topo.switches:
         core.installed[dpid] = {}
     work = workload(topo, groups, receivers, seed)
-    messages, total, clock = 0, 0.0, time.perf_counter
+    start = time.perf_counter()
+    messages = 0
     for model, src, rcv in work:
-        start = clock()
         _, plan = core.create_group(model, src, rcv)
-        total += clock() - start
         messages += len(plan)
-        if objects is not None:
-            start = clock()
-            for _, msg in plan:
-                materialise(msg)
-            objects[0] += clock() - start
-        del plan
-    return core, total, messages
+    return core, time.perf_counter() - start, messages
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -117,11 +103,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     # the reference right before and right after the build, averaged: on a shared machine
     # the CPU available changes from second to second, and the ratio must not
     ref_before = reference_s(graph, sources)
-    objects = [0.0]
     core, total_s, messages = build(topo, args.groups, args.receivers, args.seed, args.algorithm, True,
-                                    not args.no_protection, objects)
+                                    not args.no_protection)
     ref_s = (ref_before + reference_s(graph, sources)) / 2
-    obj_s = objects[0]
     ratio, ratio_global = load_ratios(core, topo)
     per_switch = [len(entries) for entries in core.installed.values()]
     kinds: dict[str, list[int]] = defaultdict(list)
@@ -164,9 +148,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "trees_total_s": round(total_s, 3), "messages_total": messages,
         "reference_trees_s": round(ref_s, 4),
         "trees_vs_reference": round(total_s / ref_s, 2),
-        # the same messages made into Ryu objects (what the shell does before sending)
-        "ryu_objects_s": round(obj_s, 3),
-        "trees_and_objects_vs_reference": round((total_s + obj_s) / ref_s, 2),
         "link_failures": len(times),
         "link_failure_ms_p50": _pct(times, 0.5, 2),
         "link_failure_ms_p99": _pct(times, 0.99, 2),

@@ -62,50 +62,13 @@ def _template(msg: Any) -> tuple[type, dict[str, Any]]:
     object holding a template's attributes is the same object for serialisation, at a
     fraction of the cost — which matters when one request installs a tree on a hundred
     switches, or a failure rebuilds thousands of entries. The builders below inline the
-    stamping (``object.__new__`` + one ``__dict__.update``) because they run ~10^5 times."""
+    stamping (``object.__new__``, a copy of the template's attributes with the changed ones
+    set, assigned as ``__dict__``) because they run ~10^5 times."""
     return type(msg), dict(msg.__dict__)
 
 
 _new = object.__new__
 _MATCH_CLS, _MATCH_ATTRS = _template(parser.OFPMatch())
-
-
-class _Deferred:
-    """A Ryu message that holds only its builder and arguments until first used.
-
-    The core decides ~300 messages per group (a tree, its protection); turning each into
-    a Ryu object (an ``OFPMatch``, instructions, ~20 attributes) is most of the cost of
-    a create at scale, and it is only needed when the message is sent, inspected, or
-    applied to a fake switch. So the builders below return an instance of the message's
-    own class (``isinstance`` and the class name are Ryu's) that fills in its
-    attributes from the builder on the first attribute it lacks: sending, serialising,
-    ``str()`` and every attribute read see exactly the message the builder makes, which
-    ``tests/test_controller_ofmsgs.py`` checks byte for byte."""
-
-    def __getattr__(self, name: str) -> Any:
-        if "_deferred" not in self.__dict__:
-            raise AttributeError(name)
-        return getattr(materialise(self), name)
-
-
-def _deferred_class(base: type) -> type:
-    return type(base.__name__, (_Deferred, base), {"__module__": base.__module__,
-                                                   "__qualname__": base.__qualname__})
-
-
-def _defer(cls: type, fill: Any, *args: Any) -> Msg:
-    m = _new(cls)
-    m._deferred = (fill, args)
-    return m
-
-
-def materialise(msg: Msg) -> Msg:
-    """``msg`` with every attribute filled in (a no-op for an ordinary message)."""
-    attrs = msg.__dict__
-    spec = attrs.pop("_deferred", None)
-    if spec is not None:
-        spec[0](attrs, *spec[1])
-    return msg
 
 
 def sg_match(in_port: int, source: str, group: str) -> parser.OFPMatch:
@@ -114,8 +77,10 @@ def sg_match(in_port: int, source: str, group: str) -> parser.OFPMatch:
     Built like ryu's own parser does (``_fields2`` in OXM order, user-format values). The
     legacy-API helpers shared with the template are never mutated (we never use that API)."""
     m = _new(_MATCH_CLS)
-    m.__dict__.update(_MATCH_ATTRS, _fields2=[("in_port", in_port), ("eth_type", ETH_IPV4),
-                                              ("ipv4_src", source), ("ipv4_dst", group)])
+    attrs = _MATCH_ATTRS.copy()  # (copy + assign: cheaper than update with keywords)
+    attrs["_fields2"] = [("in_port", in_port), ("eth_type", ETH_IPV4), ("ipv4_src", source),
+                         ("ipv4_dst", group)]
+    m.__dict__ = attrs
     return m
 
 
@@ -160,41 +125,37 @@ _GROUP_CLS, _GROUP_ATTRS = _template(parser.OFPGroupMod(datapath(0), ofp.OFPGC_A
 _FLOW_CLS, _FLOW_ADD_ATTRS = _template(parser.OFPFlowMod(
     datapath(0), cookie=COOKIE_TAG, table_id=TABLE, command=ofp.OFPFC_ADD, priority=PRIO_SG,
     flags=ofp.OFPFF_SEND_FLOW_REM))
-_LAZY_GROUP, _LAZY_FLOW = _deferred_class(_GROUP_CLS), _deferred_class(_FLOW_CLS)
 
 
-def _fill_group_mod(attrs: dict, dpid: int, command: int, gid: int, in_port: int,
-                    out_ports: Iterable[int], ff: Iterable[int]) -> None:
-    attrs.update(_GROUP_ATTRS, datapath=datapath(dpid), command=command, group_id=gid,
-                 buckets=_group_buckets(in_port, out_ports, ff))
+def _group_mod(dpid: int, command: int, gid: int, bucket_list: list,
+               template: dict[str, Any] = _GROUP_ATTRS) -> Msg:
+    m = _new(_GROUP_CLS)
+    attrs = template.copy()
+    attrs["datapath"], attrs["command"], attrs["group_id"], attrs["buckets"] = \
+        datapath(dpid), command, gid, bucket_list
+    m.__dict__ = attrs
+    return m
 
 
 def group_add(dpid: int, gid: int, in_port: int, out_ports: Iterable[int], ff: Iterable[int] = ()) -> Msg:
-    return _group_mod(dpid, ofp.OFPGC_ADD, gid, in_port, out_ports, ff)
+    return _group_mod(dpid, ofp.OFPGC_ADD, gid, _group_buckets(in_port, out_ports, ff))
 
 
 def group_modify(dpid: int, gid: int, in_port: int, out_ports: Iterable[int], ff: Iterable[int] = ()) -> Msg:
-    return _group_mod(dpid, ofp.OFPGC_MODIFY, gid, in_port, out_ports, ff)
-
-
-def _group_mod(dpid: int, command: int, gid: int, in_port: int, out_ports: Iterable[int],
-               ff: Iterable[int]) -> Msg:
-    if type(out_ports) is not tuple or type(ff) is not tuple:  # (held until first use)
-        out_ports, ff = tuple(out_ports), tuple(ff)
-    return _defer(_LAZY_GROUP, _fill_group_mod, dpid, command, gid, in_port, out_ports, ff)
+    return _group_mod(dpid, ofp.OFPGC_MODIFY, gid, _group_buckets(in_port, out_ports, ff))
 
 
 def group_delete(dpid: int, gid: int) -> Msg:
-    return _defer(_LAZY_GROUP, _fill_group_mod, dpid, ofp.OFPGC_DELETE, gid, 0, (), ())
-
-
-def _fill_flow_add(attrs: dict, dpid: int, gid: int, in_port: int, source: str, group: str) -> None:
-    attrs.update(_FLOW_ADD_ATTRS, datapath=datapath(dpid), cookie=COOKIE_TAG | gid,
-                 match=sg_match(in_port, source, group), instructions=_to_group(gid))
+    return _group_mod(dpid, ofp.OFPGC_DELETE, gid, [])
 
 
 def flow_add(dpid: int, gid: int, in_port: int, source: str, group: str) -> Msg:
-    return _defer(_LAZY_FLOW, _fill_flow_add, dpid, gid, in_port, source, group)
+    m = _new(_FLOW_CLS)
+    attrs = _FLOW_ADD_ATTRS.copy()
+    attrs["datapath"], attrs["cookie"], attrs["match"], attrs["instructions"] = \
+        datapath(dpid), COOKIE_TAG | gid, sg_match(in_port, source, group), _to_group(gid)
+    m.__dict__ = attrs
+    return m
 
 
 def flow_delete(dpid: int, gid: int, in_port: int, source: str, group: str) -> Msg:
@@ -229,14 +190,9 @@ def _ff_buckets(bucket_specs: tuple) -> list:
     return [parser.OFPBucket(watch_port=w, actions=actions(acts)) for w, acts in bucket_specs]
 
 
-def _fill_ff_group(attrs: dict, dpid: int, ffid: int, bucket_specs: tuple, command: int) -> None:
-    attrs.update(_GROUP_FF_ATTRS, datapath=datapath(dpid), command=command, group_id=ffid,
-                 buckets=_ff_buckets(bucket_specs))
-
-
 def ff_group(dpid: int, ffid: int, bucket_specs: tuple, command: int = ofp.OFPGC_ADD) -> Msg:
     """An OFPGT_FF group from (watch_port, actions) buckets: the first live one forwards."""
-    return _defer(_LAZY_GROUP, _fill_ff_group, dpid, ffid, bucket_specs, command)
+    return _group_mod(dpid, command, ffid, _ff_buckets(bucket_specs), _GROUP_FF_ATTRS)
 
 
 def _detour_match(in_port: int, tag: str, source: str | None, group: str | None) -> parser.OFPMatch:
@@ -247,7 +203,9 @@ def _detour_match(in_port: int, tag: str, source: str | None, group: str | None)
     else:
         fields = [("in_port", in_port), ("eth_dst", tag), ("eth_type", ETH_IPV4),
                   ("ipv4_src", source), ("ipv4_dst", group)]
-    m.__dict__.update(_MATCH_ATTRS, _fields2=fields)
+    attrs = _MATCH_ATTRS.copy()
+    attrs["_fields2"] = fields
+    m.__dict__ = attrs
     return m
 
 
@@ -260,14 +218,12 @@ def detour_flow(dpid: int, cookie_value: int, in_port: int, tag: str, acts: tupl
                 source: str | None = None, group: str | None = None) -> Msg:
     """A transit flow (``source`` None: shared, cookie ``COOKIE_DETOUR``) or a group's
     rejoin flow (cookie of the group) for copies tagged ``tag`` arriving on ``in_port``."""
-    return _defer(_LAZY_FLOW, _fill_detour_flow, dpid, cookie_value, in_port, tag, acts, source, group)
-
-
-def _fill_detour_flow(attrs: dict, dpid: int, cookie_value: int, in_port: int, tag: str,
-                      acts: tuple, source: str | None, group: str | None) -> None:
-    attrs.update(_FLOW_ADD_ATTRS, datapath=datapath(dpid), cookie=cookie_value,
-                 priority=PRIO_DETOUR, match=_detour_match(in_port, tag, source, group),
-                 instructions=_apply(acts))
+    m = _new(_FLOW_CLS)
+    attrs = _FLOW_ADD_ATTRS.copy()
+    attrs["datapath"], attrs["cookie"], attrs["priority"] = datapath(dpid), cookie_value, PRIO_DETOUR
+    attrs["match"], attrs["instructions"] = _detour_match(in_port, tag, source, group), _apply(acts)
+    m.__dict__ = attrs
+    return m
 
 
 def detour_flow_delete(dpid: int, cookie_value: int, in_port: int, tag: str,
