@@ -1,5 +1,5 @@
-"""The core's fast paths (cached BFS layers, inlined least-loaded search, stamped and
-deferred OpenFlow messages) against a straightforward version written here from the
+"""The core's fast paths (cached BFS layers, the inlined least-loaded search and entry
+building, OpenFlow messages stamped from templates) against a straightforward version written here from the
 definitions: on generated topologies, every created group gets the tree a plain
 networkx least-loaded shortest-path search gives, and its plan holds, byte for byte,
 the messages Ryu's own constructors build for that tree and its protection."""
