@@ -7,8 +7,8 @@ Python speed differs 3-5x between machines of the same kind), so every time is a
 as a ratio to a reference timed in the same run on the same graph: plain
 ``networkx.single_source_shortest_path`` trees from the same sources over the topology's
 graph (switches and hosts). ``trees_vs_reference`` = ``trees_total_s`` / 1000 such trees
-(``trees_vs_reference_cpu``: the same in this process's CPU time, which other work on a
-shared machine disturbs far less than wall-clock time);
+(``trees_vs_reference_cpu``, ``reroute_vs_reference_cpu_*``: the same in this process's
+CPU time, which other work on a shared machine disturbs far less than wall-clock time);
 ``reroute_vs_reference_p99`` = p99 over failures of (reroute time / the reference trees of
 that failure's affected groups, on the graph without the failed link). The machine (CPU
 model, cores, load average at the start) is named in the output. ``max_link_load_ratio`` compares links that are alternatives to
@@ -127,13 +127,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     upper = [k for k in core.view.links
              if {_tier(names[k.a]), _tier(names[k.b])} == {"c", "a"}] or sorted(core.view.links)
     rng.shuffle(upper)
-    times, affected, msgs, ratios, with_gc = [], [], [], [], 0
+    times, affected, msgs, ratios, cpu_ratios, with_gc = [], [], [], [], [], 0
     for k in upper[: args.failures]:
         before = {g.gid: g.tree for g in core.groups.values()}
         collections = _gc_collections()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         plan = core.link_remove(k.a, k.a_port, k.b, k.b_port)
         times.append((time.perf_counter() - t0) * 1000)
+        cpu_ms = (time.process_time() - c0) * 1000
         with_gc += _gc_collections() != collections
         moved = [g.source for g in core.groups.values() if g.tree is not before[g.gid]]
         affected.append(len(moved))
@@ -141,6 +142,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if moved:
             graph.remove_edge(k.a, k.b)
             ratios.append(times[-1] / (reference_s(graph, moved) * 1000))
+            cpu_ratios.append(cpu_ms / (reference_s(graph, moved, time.process_time) * 1000))
             graph.add_edge(k.a, k.b, ports={k.a: k.a_port, k.b: k.b_port})
         unreach = sum(len(g.tree.unreachable) for g in core.groups.values() if g.tree)
         if unreach:
@@ -160,6 +162,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "link_failure_ms_p99": _pct(times, 0.99, 2),
         "reroute_vs_reference_p50": _pct(ratios, 0.5, 2),
         "reroute_vs_reference_p99": _pct(ratios, 0.99, 2),
+        "reroute_vs_reference_cpu_p50": _pct(cpu_ratios, 0.5, 2),
+        "reroute_vs_reference_cpu_p99": _pct(cpu_ratios, 0.99, 2),
         "reroutes_with_gc_pause": with_gc,
         # table use: each entry is one OFPGT_ALL group plus one (S,G) flow on that switch
         "switch_entries_max": max(per_switch), "switch_entries_mean": round(statistics.mean(per_switch), 1),
