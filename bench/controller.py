@@ -6,7 +6,9 @@ Prints one JSON object. Absolute times do not carry between machines (single-thr
 Python speed differs 3-5x between machines of the same kind), so every time is also given
 as a ratio to a reference timed in the same run on the same graph: plain
 ``networkx.single_source_shortest_path`` trees from the same sources over the topology's
-graph (switches and hosts). ``trees_vs_reference`` = ``trees_total_s`` / 1000 such trees;
+graph (switches and hosts). ``trees_vs_reference`` = ``trees_total_s`` / 1000 such trees
+(``trees_vs_reference_cpu``, ``reroute_vs_reference_cpu_*``: the same in this process's
+CPU time, which other work on a shared machine disturbs far less than wall-clock time);
 ``reroute_vs_reference_p99`` = p99 over failures of (reroute time / the reference trees of
 that failure's affected groups, on the graph without the failed link). The machine (CPU
 model, cores, load average at the start) is named in the output. ``max_link_load_ratio`` compares links that are alternatives to
@@ -72,27 +74,28 @@ def workload(topo: Topology, groups: int, receivers: int, seed: int) -> list[tup
     return work
 
 
-def reference_s(graph: nx.Graph, sources: list[str]) -> float:
+def reference_s(graph: nx.Graph, sources: list[str], clock=time.perf_counter) -> float:
     """The yardstick: one plain networkx shortest-path tree per source."""
-    start = time.perf_counter()
+    start = clock()
     for src in sources:
         nx.single_source_shortest_path(graph, src)
-    return time.perf_counter() - start
+    return clock() - start
 
 
 def build(topo: Topology, groups: int, receivers: int, seed: int, algorithm: str,
-          balance: bool, protection: bool = True) -> tuple[MulticastCore, float, int]:
+          balance: bool, protection: bool = True) -> tuple[MulticastCore, float, float, int]:
+    """Create every group: (core, wall-clock s, CPU s, messages)."""
     core = MulticastCore(TopologyView.from_topology(topo), algorithm=algorithm, balance=balance,
                          protection=protection)
     for dpid in topo.switches:
         core.installed[dpid] = {}
     work = workload(topo, groups, receivers, seed)
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     messages = 0
     for model, src, rcv in work:
         _, plan = core.create_group(model, src, rcv)
         messages += len(plan)
-    return core, time.perf_counter() - start, messages
+    return core, time.perf_counter() - start, time.process_time() - cpu, messages
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -103,9 +106,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     # the reference right before and right after the build, averaged: on a shared machine
     # the CPU available changes from second to second, and the ratio must not
     ref_before = reference_s(graph, sources)
-    core, total_s, messages = build(topo, args.groups, args.receivers, args.seed, args.algorithm, True,
+    ref_cpu_before = reference_s(graph, sources, time.process_time)
+    core, total_s, cpu_s, messages = build(topo, args.groups, args.receivers, args.seed, args.algorithm, True,
                                     not args.no_protection)
     ref_s = (ref_before + reference_s(graph, sources)) / 2
+    ref_cpu_s = (ref_cpu_before + reference_s(graph, sources, time.process_time)) / 2
     ratio, ratio_global = load_ratios(core, topo)
     per_switch = [len(entries) for entries in core.installed.values()]
     kinds: dict[str, list[int]] = defaultdict(list)
@@ -113,7 +118,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for kind, n in core.entries_at(dpid).items():
             kinds[kind].append(n)
         kinds["all"].append(sum(core.entries_at(dpid).values()))
-    blind, _, _ = build(topo, args.groups, args.receivers, args.seed, args.algorithm, False, False)
+    blind, _, _, _ = build(topo, args.groups, args.receivers, args.seed, args.algorithm, False, False)
     blind_ratio, _ = load_ratios(blind, topo)
 
     # Fail links that carry trees, one at a time: core/aggregation links first.
@@ -122,13 +127,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     upper = [k for k in core.view.links
              if {_tier(names[k.a]), _tier(names[k.b])} == {"c", "a"}] or sorted(core.view.links)
     rng.shuffle(upper)
-    times, affected, msgs, ratios, with_gc = [], [], [], [], 0
+    times, affected, msgs, ratios, cpu_ratios, with_gc = [], [], [], [], [], 0
     for k in upper[: args.failures]:
         before = {g.gid: g.tree for g in core.groups.values()}
         collections = _gc_collections()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         plan = core.link_remove(k.a, k.a_port, k.b, k.b_port)
         times.append((time.perf_counter() - t0) * 1000)
+        cpu_ms = (time.process_time() - c0) * 1000
         with_gc += _gc_collections() != collections
         moved = [g.source for g in core.groups.values() if g.tree is not before[g.gid]]
         affected.append(len(moved))
@@ -136,6 +142,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if moved:
             graph.remove_edge(k.a, k.b)
             ratios.append(times[-1] / (reference_s(graph, moved) * 1000))
+            cpu_ratios.append(cpu_ms / (reference_s(graph, moved, time.process_time) * 1000))
             graph.add_edge(k.a, k.b, ports={k.a: k.a_port, k.b: k.b_port})
         unreach = sum(len(g.tree.unreachable) for g in core.groups.values() if g.tree)
         if unreach:
@@ -148,11 +155,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "trees_total_s": round(total_s, 3), "messages_total": messages,
         "reference_trees_s": round(ref_s, 4),
         "trees_vs_reference": round(total_s / ref_s, 2),
+        # the same in CPU time of this process: steadier when other work shares the cores
+        "trees_vs_reference_cpu": round(cpu_s / ref_cpu_s, 2),
         "link_failures": len(times),
         "link_failure_ms_p50": _pct(times, 0.5, 2),
         "link_failure_ms_p99": _pct(times, 0.99, 2),
         "reroute_vs_reference_p50": _pct(ratios, 0.5, 2),
         "reroute_vs_reference_p99": _pct(ratios, 0.99, 2),
+        "reroute_vs_reference_cpu_p50": _pct(cpu_ratios, 0.5, 2),
+        "reroute_vs_reference_cpu_p99": _pct(cpu_ratios, 0.99, 2),
         "reroutes_with_gc_pause": with_gc,
         # table use: each entry is one OFPGT_ALL group plus one (S,G) flow on that switch
         "switch_entries_max": max(per_switch), "switch_entries_mean": round(statistics.mean(per_switch), 1),

@@ -355,14 +355,28 @@ class MulticastCore:
         return self._after_down(self.link_users[(min(a, b), max(a, b))])
 
     def port_down(self, dpid: int, port: int) -> Plan:
-        if not self.view.port_down(dpid, port):
-            return Plan()
-        link = self.view.port_link.get((dpid, port))
-        if link is not None:
-            return self._after_down(self.link_users[(link.a, link.b) if link.a < link.b else (link.b, link.a)])
-        hosts = set(self.view.hosts_at(dpid, port))
-        return self._after_down({g.gid for g in self.groups.values()
-                                 if g.source in hosts or hosts & g.receivers})
+        return self.ports_down(dpid, [port])
+
+    def ports_down(self, dpid: int, ports: Iterable[int]) -> Plan:
+        """Ports of one switch went down together (a reconnecting switch reports them all
+        at once): one reroute for all of them. One per port would be wrong in a single
+        plan: plans run phase by phase together, so a tree moved by the first port and
+        moved back by the next would have phase 2 delete the flows it is back on."""
+        affected: set[int] = set()
+        hosts: set[str] = set()
+        went = False
+        for port in ports:
+            if not self.view.port_down(dpid, port):
+                continue
+            went = True
+            link = self.view.port_link.get((dpid, port))
+            if link is not None:
+                affected |= self.link_users[(link.a, link.b) if link.a < link.b else (link.b, link.a)]
+            else:
+                hosts.update(self.view.hosts_at(dpid, port))
+        if hosts:
+            affected |= {g.gid for g in self.groups.values() if g.source in hosts or hosts & g.receivers}
+        return self._after_down(affected) if went else Plan()
 
     def port_up(self, dpid: int, port: int) -> Plan:
         return self._after_up() if self.view.port_up(dpid, port) else Plan()
@@ -520,38 +534,50 @@ class MulticastCore:
         its parent and their detours: where ``old`` (the group's previous tree) has the
         same and no detour of them is ``stale``, its protected entry is kept."""
         port_link, detours, entries, parent = self.view.port_link, self.detours, tree.entries, tree.parent
-        nbr = self.view.nbr_ports
-        gmac = None
+        nbr, known = self.view.nbr_ports, detours.known
+        gmac = ofmsgs.multicast_mac(g.address)
+        to_group = (("set_field", "eth_dst", gmac), ("group", g.gid))  # the usual rejoin actions
         was, was_parent = (old.entries, old.parent) if old is not None else ({}, {})
+        entry = tuple.__new__  # SwitchEntry(...) without its Python-level __new__
         for n in entries if nodes is None else nodes:
             e = entries[n]
+            in_port, out_ports = e[0], e[1]
+            par = parent[n]
             o = was.get(n)
-            if o is not None and o[0] == e[0] and o[1] == e[1] and was_parent.get(n, _ABSENT) == parent[n] \
-                    and not (stale and self._touches(n, parent[n], e.out_ports, stale)):
+            if o is not None and o[0] == in_port and o[1] == out_ports and was_parent.get(n, _ABSENT) == par \
+                    and not (stale and self._touches(n, par, out_ports, stale)):
                 entries[n] = o
                 continue
-            guards = {}
-            for q in e.out_ports:
-                if (n, q) in port_link:
-                    d = detours.get(n, q)
+            guards = None
+            for q in out_ports:
+                key = (n, q)
+                if key in port_link:
+                    d = known.get(key, _ABSENT)
+                    if d is _ABSENT:
+                        d = detours.get(n, q)
                     if d is not None:
+                        if guards is None:
+                            guards = {}
                         guards[q] = d
-            ff = tuple(ff_id(q, d.first == e.in_port) for q, d in guards.items()) if guards else ()
+            ff = tuple([ff_id(q, d.first == in_port) for q, d in guards.items()]) if guards else ()
             rejoin: tuple = ()
-            par = parent[n]
-            d = detours.get(par, nbr[par][n]) if par is not None else None
-            if d is not None:
-                arr = d.arrival
-                if arr in e.out_ports:  # it comes in over one of our own outputs here
-                    outs = tuple(("output", ofmsgs.ofp.OFPP_IN_PORT) if q == arr
-                                 else ("group", ff_id(q, guards[q].first == arr)) if q in guards
-                                 else ("output", q) for q in e.out_ports)
-                else:
-                    outs = (("group", g.gid),)
-                gmac = gmac or ofmsgs.multicast_mac(g.address)
-                rejoin = (arr, tag(par, nbr[par][n]), (("set_field", "eth_dst", gmac),) + outs)
-            if ff != e.ff or rejoin != e.rejoin:
-                entries[n] = SwitchEntry(e.in_port, e.out_ports, ff, rejoin)
+            if par is not None:
+                up = nbr[par][n]
+                d = known.get((par, up), _ABSENT)
+                if d is _ABSENT:
+                    d = detours.get(par, up)
+                if d is not None:
+                    arr = d.arrival
+                    if arr in out_ports:  # it comes in over one of our own outputs here
+                        outs = tuple(("output", ofmsgs.ofp.OFPP_IN_PORT) if q == arr
+                                     else ("group", ff_id(q, guards[q].first == arr)) if guards and q in guards
+                                     else ("output", q) for q in out_ports)
+                        acts = (to_group[0],) + outs
+                    else:
+                        acts = to_group
+                    rejoin = (arr, tag(par, up), acts)
+            if ff != e[2] or rejoin != e[3]:
+                entries[n] = entry(SwitchEntry, (in_port, out_ports, ff, rejoin))
 
     def _touches(self, n: int, par: int | None, outs: tuple[int, ...], stale: set[tuple[int, int]]) -> bool:
         return (par is not None and (par, self.view.nbr_ports[par].get(n)) in stale) or \
@@ -561,9 +587,9 @@ class MulticastCore:
         """Keep the users of each FF group and protected link in step with the trees."""
         appear = 1 if step > 0 else 0
         for dpid, e in entries.items():
-            ffs = e.ff
-            if e.rejoin:
-                ffs = ffs + tuple(a[1] for a in e.rejoin[2] if a[0] == "group" and is_ff(a[1]))
+            ffs, rejoin = e[2], e[3]
+            if rejoin and len(rejoin[2]) > 2:  # a rejoin listing outputs may go through FF groups
+                ffs = ffs + tuple(a[1] for a in rejoin[2] if a[0] == "group" and is_ff(a[1]))
             if not ffs:
                 continue
             refs = self.ff_refs[dpid]
@@ -673,12 +699,14 @@ class MulticastCore:
         plan = Plan()
         build, switch, remove = plan.phases
         cut: list[tuple[int, Any]] = []  # phase 1, after ``switch``
-        live = self.view.switches & self.installed.keys()
+        installed, changes, add = self.installed, self.changes, build.append
+        live = self.view.switches & installed.keys()
+        group_add, flow_add, detour_flow = ofmsgs.group_add, ofmsgs.flow_add, ofmsgs.detour_flow
         for gid in gids:
             g = self.groups[gid]
             want = g.tree.entries if g.tree is not None else {}
-            have = {dpid: self.installed[dpid][gid] for dpid in (
-                self.placed[gid] if only is None else self.placed[gid] & only)}
+            placed = self.placed[gid]
+            have = {dpid: installed[dpid][gid] for dpid in (placed if only is None else placed & only)}
             dpids = (want.keys() | have.keys()) & live
             if only is not None:
                 dpids &= only
@@ -690,15 +718,21 @@ class MulticastCore:
                 depth = g.tree.depths() if len(changed) > 16 else {
                     d: g.tree.depth(d) for d in changed if d in want}
                 changed.sort(key=lambda d: -depth.get(d, 0))
+            source, address, ck = g.source, g.address, ofmsgs.cookie(gid)
             for dpid in changed:
-                self.changes[dpid] += 1
+                changes[dpid] += 1
                 old, new = have.get(dpid), want.get(dpid)
-                if old is None:
-                    build.append((dpid, ofmsgs.group_add(dpid, gid, new.in_port, new.out_ports, new.ff)))
-                    build.append((dpid, ofmsgs.flow_add(dpid, gid, new.in_port, g.source, g.address)))
-                    if new.rejoin:
-                        build.append((dpid, self._rejoin(dpid, g, new.rejoin)))
-                elif new is None:  # deleting the group deletes the flows that point to it
+                if old is None:  # (the common case, inlined: every switch of a new tree)
+                    in_port = new[0]
+                    add((dpid, group_add(dpid, gid, in_port, new[1], new[2])))
+                    add((dpid, flow_add(dpid, gid, in_port, source, address)))
+                    if new[3]:
+                        arrival, link_tag, acts = new[3]
+                        add((dpid, detour_flow(dpid, ck, arrival, link_tag, acts, source, address)))
+                    installed[dpid][gid] = new
+                    placed.add(dpid)
+                    continue
+                if new is None:  # deleting the group deletes the flows that point to it
                     if old.rejoin:  # (a rejoin listing its outputs itself may not)
                         remove.append((dpid, self._rejoin(dpid, g, old.rejoin, delete=True)))
                     remove.append((dpid, ofmsgs.group_delete(dpid, gid)))
@@ -720,11 +754,11 @@ class MulticastCore:
                         if old.rejoin and moved:
                             remove.append((dpid, self._rejoin(dpid, g, old.rejoin, delete=True)))
                 if new is None:
-                    self.installed[dpid].pop(gid, None)
-                    self.placed[gid].discard(dpid)
+                    installed[dpid].pop(gid, None)
+                    placed.discard(dpid)
                 else:
-                    self.installed.setdefault(dpid, {})[gid] = new
-                    self.placed[gid].add(dpid)
+                    installed[dpid][gid] = new
+                    placed.add(dpid)
         switch.extend(cut)
         if shared and self._dirty:
             ready = {d: self._dirty.pop(d) for d in list(self._dirty)

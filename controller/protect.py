@@ -99,6 +99,7 @@ class Detours:
     def __init__(self, view: TopologyView) -> None:
         self.view = view
         self._paths: dict[tuple[int, int], Detour | None] = {}
+        self.known = self._paths  # read-only to callers: ``get`` without the call, when cached
         self._by_edge: dict[frozenset[int], set[tuple[int, int]]] = {}
         self._none: set[tuple[int, int]] = set()  # links without a detour (bridges)
         self._edges = view.edge_count

@@ -222,8 +222,7 @@ class Reconnect:
                     if m.cookie == ofmsgs.COOKIE_TAG or m.priority == ofmsgs.PRIO_LINK_PORT]
         plan.phases[0] += [(dpid, m) for m in expected
                            if _base_key(m.table_id, m.priority, m.match) not in st.base]
-        for desc in ports:
-            if desc.port_no < ofp.OFPP_MAX and port_is_down(desc):
-                plan.extend(self.core.port_down(dpid, desc.port_no))
+        plan.extend(self.core.ports_down(dpid, [desc.port_no for desc in ports
+                                                if desc.port_no < ofp.OFPP_MAX and port_is_down(desc)]))
         plan.extend(self.core.switch_enter(dpid, present))
         return Reconciled(dpid, present, plan, audit=audit)
