@@ -72,6 +72,9 @@ def receivers_for(fabric: Fabric, sender: str, n: int) -> list[str]:
     return order[:n]
 
 
+SENDER_KEYS = ("stream_s", "rate_decreases", "lowest_rate_mbit", "final_rate_mbit", "loss_verdicts")
+
+
 def run_modelcast(fabric: Fabric, model: Any, sender: str, rcv: list[str], rate: float,
                   name: str, work: Path) -> B.RunResult:
     lab = fabric.live_lab()
@@ -95,6 +98,9 @@ def run_modelcast(fabric: Fabric, model: Any, sender: str, rcv: list[str], rate:
                        s.get("repair_bytes"), s.get("cpu_s"), rx_cpu,
                        {"wall_s": report.wall, "errors": report.errors[:5],
                         "nacks": s.get("nacks"),
+                        # the sender's congestion response: how often and how far it cut its
+                        # rate, and how it read each loss report (a slow run's first question)
+                        "sender": {k: s.get(k) for k in SENDER_KEYS},
                         # per receiver: its own time, NACKs sent and repairs received
                         "receivers": {r.host: [(r.summary or {}).get(k) for k in
                                                ("seconds", "nacks", "repairs_received", "cpu_s")]

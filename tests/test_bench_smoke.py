@@ -30,6 +30,10 @@ def test_benchmark_smoke(tmp_path):
     size = runs["tcp"]["file_bytes"]
     assert runs["tcp"]["sender_link_bytes"] > 1.9 * size  # two unicast copies
     assert runs["modelcast"]["sender_link_bytes"] < 1.2 * size  # one multicast copy
+    # the sender's congestion response is kept with each run, to explain a slow one
+    sender = runs["modelcast"]["detail"]["sender"]
+    assert 0 < sender["stream_s"] <= runs["modelcast"]["seconds"], sender
+    assert sender["rate_decreases"] >= 0 and {"none", "local", "group", "link"} <= set(sender["loss_verdicts"])
     assert set(runs["bittorrent"]["detail"]["aria2_complete"]) == set(runs["bittorrent"]["detail"]["verified"])
     fab = {m: r["fabric"] for m, r in runs.items()}
     for m, f in fab.items():
