@@ -29,7 +29,11 @@ def test_benchmark_smoke(tmp_path):
         assert list(runs[m]["detail"]["verified"].values()) == [True, True], m
     size = runs["tcp"]["file_bytes"]
     assert runs["tcp"]["sender_link_bytes"] > 1.9 * size  # two unicast copies
-    assert runs["modelcast"]["sender_link_bytes"] < 1.2 * size  # one multicast copy
+    # one multicast copy, plus what it repaired: on a loaded 2-core host userspace OVS drops
+    # on the tree's first hops (docs/bench/slow-runs-2026-12-01) and the repairs are real
+    mc = runs["modelcast"]
+    assert mc["sender_link_bytes"] - (mc["repair_bytes"] or 0) < 1.2 * size, mc
+    assert mc["sender_link_bytes"] < runs["tcp"]["sender_link_bytes"], mc
     # the sender's congestion response is kept with each run, to explain a slow one
     sender = runs["modelcast"]["detail"]["sender"]
     assert 0 < sender["stream_s"] <= runs["modelcast"]["seconds"], sender
