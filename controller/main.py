@@ -66,26 +66,16 @@ def parse(argv: list[str]) -> tuple[settings.Settings, list[str]]:
     conf = settings.Settings()
     if ours.token is not None:
         conf.token = ours.token or None
-    if ours.state_file is not None:
-        conf.state_file = ours.state_file
-    if ours.algorithm is not None:
-        conf.algorithm = ours.algorithm
-    if ours.udp_port is not None:
-        conf.udp_port = ours.udp_port
-    if ours.host_timeout is not None:
-        conf.host_timeout_s = ours.host_timeout
-    if ours.audit_interval is not None:
-        conf.audit_interval_s = ours.audit_interval
-    if ours.no_protection:
-        conf.protection = False
     if ours.store is not None:
         conf.store_url = ours.store or None
-    if ours.store_prefix is not None:
-        conf.store_prefix = ours.store_prefix
-    if ours.lease_ttl is not None:
-        conf.lease_ttl_s = ours.lease_ttl
-    if ours.advertise_url is not None:
-        conf.advertise_url = ours.advertise_url
+    for option, field in (("state_file", "state_file"), ("algorithm", "algorithm"), ("udp_port", "udp_port"),
+                          ("host_timeout", "host_timeout_s"), ("audit_interval", "audit_interval_s"),
+                          ("store_prefix", "store_prefix"), ("lease_ttl", "lease_ttl_s"),
+                          ("advertise_url", "advertise_url")):
+        if getattr(ours, option) is not None:  # given on the command line: overrides the env
+            setattr(conf, field, getattr(ours, option))
+    if ours.no_protection:
+        conf.protection = False
     if conf.store_url is not None:
         try:
             parse_store_url(conf.store_url, conf.store_prefix)

@@ -50,16 +50,7 @@ def wire(msg) -> bytes:
     return bytes(msg.buf)
 
 
-def ryu_actions(acts: tuple) -> list:
-    out = []
-    for a in acts:
-        if a[0] == "output":
-            out.append(parser.OFPActionOutput(a[1], 0))
-        elif a[0] == "group":
-            out.append(parser.OFPActionGroup(a[1]))
-        else:
-            out.append(parser.OFPActionSetField(**{a[1]: a[2]}))
-    return out
+ryu_actions = ofmsgs.actions  # plain Ryu constructors, one object per action
 
 
 def plain_messages(core: MulticastCore, gid: int) -> list[bytes]:
