@@ -68,7 +68,13 @@ def test_agent_benchmark_smoke(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     data = json.loads((tmp_path / "agent.json").read_text())
     runs = data["runs"]
-    assert all(r["ok"] for r in runs), [r for r in runs if not r["ok"]]
+    # ours must deliver every copy everywhere; a baseline only where no loss is injected
+    # (UFTP may leave out a receiver under 5% loss: a result about UFTP, kept in the table)
+    must = [r for r in runs if r["method"].startswith("modelcast") or not r["scenario"].endswith("lossy")]
+    assert all(r["ok"] for r in must), [r for r in must if not r["ok"]]
+    for r in runs:
+        if not r["ok"]:
+            assert False in r["detail"]["verified"].values(), r  # says whose copy is missing
     speed = {(r["method"], r["receivers"]) for r in runs if r["scenario"] == "speed"}
     assert speed == {(m, n) for m in ("modelcast", "tcp", "uftp") for n in (1, 2)}
     for r in runs:
