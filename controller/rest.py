@@ -246,6 +246,17 @@ FORWARDED = "X-Modelcast-Forwarded"  # set on a mutation a follower passed to th
 _PASSED = ("Authorization", "Content-Type")
 
 
+def _model_source(req: Any) -> tuple[str | None, str | None]:
+    """The ``model`` and ``source`` filters of a list request (groups, offers); any other
+    query parameter is a 400, not silently ignored."""
+    unknown = sorted(set(req.GET) - {"model", "source"})
+    if unknown:
+        raise ApiError(400, f"unknown query parameter {unknown[0]!r}; use model and source",
+                       {"unknown": unknown})
+    source = req.GET.get("source")
+    return req.GET.get("model"), parse_ip(source, "source") if source is not None else None
+
+
 def forward_to(req: Any, leader_url: str | None, timeout: float) -> Response:
     """Send a mutation on to the leader and answer with its response (status, body,
     Location) as is, so a client configured with any instance is served. A 503 with
@@ -323,13 +334,7 @@ class RestApi(ControllerBase):
     @route("modelcast_groups_list", "/v1/groups", methods=["GET"])
     @endpoint()
     def list_groups(self, req: Any, who: Principal | None, **_: Any) -> Response:
-        unknown = sorted(set(req.GET) - {"model", "source"})
-        if unknown:
-            raise ApiError(400, f"unknown query parameter {unknown[0]!r}; use model and source",
-                           {"unknown": unknown})
-        source = req.GET.get("source")
-        return json_response(200, self.service.list_groups(
-            req.GET.get("model"), parse_ip(source, "source") if source is not None else None, who))
+        return json_response(200, self.service.list_groups(*_model_source(req), who))
 
     @route("modelcast_groups_create", "/v1/groups", methods=["POST"])
     @endpoint(mutating=True)
@@ -376,13 +381,7 @@ class RestApi(ControllerBase):
     @route("modelcast_offers_list", "/v1/offers", methods=["GET"])
     @endpoint()
     def list_offers(self, req: Any, **_: Any) -> Response:
-        unknown = sorted(set(req.GET) - {"model", "source"})
-        if unknown:
-            raise ApiError(400, f"unknown query parameter {unknown[0]!r}; use model and source",
-                           {"unknown": unknown})
-        source = req.GET.get("source")
-        return json_response(200, self.service.list_offers(
-            req.GET.get("model"), parse_ip(source, "source") if source is not None else None))
+        return json_response(200, self.service.list_offers(*_model_source(req)))
 
     @route("modelcast_offers_create", "/v1/offers", methods=["POST"])
     @endpoint(mutating=True)
