@@ -107,6 +107,15 @@ def _summary(out: Path) -> dict[str, Any]:
         return {}
 
 
+def _tail(out: Path) -> str:
+    """The last line an agent printed on stderr (where it says why it failed)."""
+    try:
+        lines = out.with_suffix(".log").read_text().strip().splitlines()
+    except OSError:
+        return ""
+    return lines[-1][-300:] if lines else ""
+
+
 def run_modelcast(lab: BridgeLab, model: ModelFile, receivers: list[int], rate: float,
                   work: Path, timeout: float, extra: tuple[str, ...] = (), rx_extra: tuple[str, ...] = ()) -> Run:
     """The real CLI: receivers first (they wait for the stream), then the sender
@@ -141,11 +150,15 @@ def run_modelcast(lab: BridgeLab, model: ModelFile, receivers: list[int], rate: 
     ok = sender.returncode == 0 and len(done) == len(procs)
     cpu_rx = sync_s = 0.0
     records = 0
+    errors = []
     for h, (out, p) in procs.items():
         if p.poll() is None:
             p.kill()
         s = _summary(work / f"recv-{h}")
-        ok = ok and p.returncode == 0 and file_digest(out) == model.digest
+        got = p.returncode == 0 and file_digest(out) == model.digest
+        if not got:
+            errors.append(f"h{h}: {s.get('error') or _tail(work / f'recv-{h}') or f'exit {p.returncode}'}")
+        ok = ok and got
         cpu_rx += s.get("cpu_s") or 0.0
         records += s.get("resume_records") or 0
         sync_s += s.get("record_sync_s") or 0.0
@@ -155,7 +168,7 @@ def run_modelcast(lab: BridgeLab, model: ModelFile, receivers: list[int], rate: 
                0.0, model.size, s.get("cpu_s"), cpu_rx, {f"h{h}": t for h, t in sorted(done.items())},
                {"repair_pct": 100 * (s.get("repair_bytes") or 0) / max(1, model.size),
                 "rate_decreases": s.get("rate_decreases"), "goodput_mbit": s.get("goodput_mbit"),
-                "error": s.get("error") if not ok else None,
+                "error": "; ".join(([f"sender: {s['error']}"] if s.get("error") else []) + errors) or None,
                 "resume_records": records, "record_sync_s": round(sync_s, 3)})
 
 

@@ -34,8 +34,8 @@ from urllib.parse import urlsplit
 from .common import Stats
 from .control import ControllerClient, ControllerError, group_endpoint, local_ip_towards, session_key
 from .events import (
-    Failed, FileComplete, ReceiverCompleted, ReceiverEvent, ReceiverFailed, SenderEvent, StreamFinished,
-    TransferFinished,
+    Failed, FileComplete, ManifestReceived, ReceiverCompleted, ReceiverEvent, ReceiverFailed, SenderEvent,
+    StreamFinished, TransferFinished,
 )
 from . import tree
 from .dirs import DirSource, PathSink
@@ -797,9 +797,13 @@ def _listen(out: str, opts: ReceiveOptions, receiver: Receiver, sink: PathSink |
     throttle = _Throttle()
 
     def on_event(event: object) -> None:
-        if isinstance(event, (FileComplete, Failed)):
+        if isinstance(event, ManifestReceived):  # the file's first datagram, this loop turn
+            marks.setdefault("first", time.monotonic())
+        elif isinstance(event, (FileComplete, Failed)):
             marks["end"] = event
             marks.setdefault("end_at", time.monotonic())
+            if isinstance(event, FileComplete):  # (verified within the manifest's loop turn)
+                marks.setdefault("first", marks["end_at"])
         emit(event)  # type: ignore[arg-type]
 
     def done() -> bool:

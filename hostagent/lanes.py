@@ -157,7 +157,7 @@ def merge_receive(by_lane: dict[int, Any], error: Optional[str], count: int, siz
     return dataclasses.replace(
         results[0], ok=error is None, digest_ok=error is None, bytes=size, error=error, group=group,
         file_digest=results[0].file_digest if error is None else None, seconds=round(elapsed, 3),
-        goodput_mbit=round(size * 8 / max(verify) / 1e6, 1) if error is None and verify else 0.0,
+        goodput_mbit=round(size * 8 / max(verify) / 1e6, 1) if error is None and verify and max(verify) > 0 else 0.0,
         verify_s=max(verify) if error is None and verify else None, gro=all(r.gro for r in results),
         dropped=_counted(r.dropped for r in results), peak_rss_mb=max(r.peak_rss_mb for r in results),
         cpu_s=round(sum(r.cpu_s for r in results) + cpu_s, 3), lanes=count,

@@ -85,8 +85,7 @@ def mutate(rng: random.Random, seed: bytes, pool: list[bytes]) -> bytes:
     else:  # the type or flags byte (magic and version stay: those fail too early)
         b[3 + bits(1)] = bits(8)
     b[4] |= wire.FLAG_MAC
-    b += blake3.blake3(b, key=KEY).digest(length=wire.MAC_LEN)
-    return bytes(b)
+    return wire.seal(KEY, bytes(b))
 
 
 def check_decoders(raw: bytes) -> None:

@@ -9,6 +9,7 @@ checked without a network.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import random
@@ -22,6 +23,7 @@ import msgpack
 import pytest
 
 from hostagent import lanes
+from hostagent.api import ReceiveResult
 from hostagent.wire import CHUNK_DIGEST_LEN
 from lab.bridge import BridgeLab
 from lab.models import make_key_file
@@ -63,6 +65,25 @@ def lab3(tmp_path: Path):
     with bridge_lab(3, mtu=9000) as lab:
         lab.key_file = str(make_key_file(tmp_path / "session.key"))  # type: ignore[attr-defined]
         yield lab
+
+
+def _receive_result(**values: object) -> ReceiveResult:
+    """A lane's ``ReceiveResult``: zeros, empties and None, then ``values``."""
+    blank = {"int": 0, "float": 0.0, "bool": True, "str": "", "dict": {}}
+    base = {f.name: blank.get(str(f.type).split("[")[0], None) for f in dataclasses.fields(ReceiveResult)
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING}
+    return ReceiveResult(**{**base, "peak_rss_mb": 1.0, "cpu_s": 0.1, "dropped": {}, **values})  # type: ignore[arg-type]
+
+
+def test_a_lane_verified_within_one_loop_turn_still_merges() -> None:
+    """A small lane can arrive whole in one read of the loop: verified "in 0 s". The
+    merged summary answers (it divided by that and raised once, failing the transfer)."""
+    merged = lanes.merge_receive({0: _receive_result(verify_s=0.0), 1: _receive_result(verify_s=0.0)},
+                                 None, 2, 10, "232.1.1.1:5000", 0.01, 0.0)
+    assert merged.ok and merged.verify_s == 0.0 and merged.goodput_mbit == 0.0
+    merged = lanes.merge_receive({0: _receive_result(verify_s=0.5), 1: _receive_result(verify_s=0.0)},
+                                 None, 2, 10**6, "232.1.1.1:5000", 0.6, 0.0)
+    assert merged.goodput_mbit == 16.0  # the slowest lane's time
 
 
 def _agent(lab: BridgeLab, host: int, *args: str) -> subprocess.Popen:

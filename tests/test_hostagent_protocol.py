@@ -8,6 +8,7 @@ within stated bounds. No wall-clock timing is asserted anywhere.
 from __future__ import annotations
 
 import random
+import struct
 
 import pytest
 
@@ -128,6 +129,36 @@ def test_independent_one_percent_loss() -> None:
     assert stats.repair_bytes / n < 0.05 * len(data)
     # NACKs batch gaps: fewer NACK datagrams than lost datagrams.
     assert 0 < stats.nacks_received <= lost[0]
+
+
+def test_no_data_nonce_repeats_under_loss_repair_and_fec() -> None:
+    """AES-GMAC's one rule (``hostagent.wire``): under one session key a nonce is used
+    once. DATA's nonce is its seq, so the sender must send each seq as DATA at most once
+    per session whatever repair does: 5% loss at every receiver, unicast and multicast
+    repair, FEC parity, a late joiner; every other datagram is BLAKE3-tagged."""
+    data = payload(512 * KIB)
+    lossy = random.Random(12)
+    sent: dict[tuple[int, int], bytes] = {}
+    repeats = []
+
+    def loss(now, src, dst, datagram) -> bool:
+        if src == SENDER_ADDR and datagram[3] == wire.T_DATA:
+            session, seq = struct.unpack_from("!6xQQ", datagram)
+            if (session, seq) in sent and sent[(session, seq)] != datagram:
+                repeats.append(seq)
+            sent.setdefault((session, seq), datagram)
+        return lossy.random() < 0.05
+
+    sim = Sim(data, sender_config(expected_receivers=4, key=wire.derive_key(b"k"), fec_k=8), loss=loss)
+    for _ in range(3):
+        sim.add_receiver()
+    sim.run(until=1.0)
+    sim.add_receiver()  # joins mid-stream: its gaps are repaired, never re-streamed
+    sim.run(until=90)
+    assert_all_verified(sim, data)
+    stats = sim.sender.stats
+    assert stats.repairs_multicast + stats.repairs_unicast + stats.repairs_parity > 0
+    assert not repeats and len(sent) == sim.sender.layout.total_seq
 
 
 def test_burst_loss_slows_the_sender_but_never_above_cap() -> None:

@@ -4,8 +4,10 @@ everything else with a WireError (never another exception)."""
 import dataclasses
 import struct
 
+import blake3
 import msgpack
 import pytest
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from hypothesis import example, given, settings, strategies as st
 
 from hostagent import wire
@@ -173,6 +175,51 @@ def test_specific_refusals_name_their_reason() -> None:
     with pytest.raises(WireError) as info:
         decode(forged, KEY)
     assert info.value.reason == "bad_mac"
+
+
+def test_data_is_tagged_with_a_per_session_gmac_everything_else_with_blake3() -> None:
+    """Version 2: a first-transmission DATA carries AES-256-GMAC under a key of its
+    session (nonce: its seq), a REPAIR of the same bytes and every other type a keyed
+    BLAKE3 MAC. A version-1 datagram (BLAKE3 on DATA) is refused as bad_version, not
+    taken for a forgery."""
+    payload = bytes(range(256)) * 4
+    data = encode(Data(7, 3, 0, 0, payload), KEY)
+    body = data[: -wire.MAC_LEN]
+    blake = blake3.blake3(body, key=KEY).digest(length=wire.MAC_LEN)
+    assert data[-wire.MAC_LEN:] != blake
+    gmac_key = blake3.blake3(KEY + (7).to_bytes(8, "big"), derive_key_context=wire._GMAC_CONTEXT).digest()
+    assert data[-wire.MAC_LEN:] == AESGCM(gmac_key).encrypt((3).to_bytes(12, "big"), b"", body)
+    assert decode(data, KEY).payload == payload
+    repair = encode(Data(7, 3, 0, 0, payload, repair=True), KEY)
+    assert repair[-wire.MAC_LEN:] == blake3.blake3(repair[: -wire.MAC_LEN], key=KEY).digest(length=wire.MAC_LEN)
+    end = encode(End(7, 10), KEY)
+    assert end[-wire.MAC_LEN:] == blake3.blake3(end[: -wire.MAC_LEN], key=KEY).digest(length=wire.MAC_LEN)
+    # The same DATA under another session, or as another seq, is another tag: no tag moves.
+    moved = bytearray(body)
+    struct.pack_into("!Q", moved, 6, 8)
+    assert wire.seal(KEY, bytes(moved))[-wire.MAC_LEN:] != data[-wire.MAC_LEN:]
+    assert encode(Data(7, 4, 0, 0, payload), KEY)[-wire.MAC_LEN:] != data[-wire.MAC_LEN:]
+    v1 = bytearray(body)
+    v1[2] = 1
+    with pytest.raises(WireError) as info:
+        decode(bytes(v1) + blake3.blake3(bytes(v1), key=KEY).digest(length=wire.MAC_LEN), KEY)
+    assert info.value.reason == "bad_version"
+
+
+def test_a_flood_of_invented_sessions_does_not_evict_the_real_one() -> None:
+    """A receiver keeps the GMAC key of a session only once one of its datagrams
+    verified: forged DATA for 10,000 invented sessions is refused and leaves the real
+    session's key where it was (no re-derivation per genuine datagram under attack)."""
+    real = encode(Data(42, 0, 0, 0, b"x" * 100), KEY)
+    assert wire.parse_data(real, KEY) is not None
+    assert (KEY, 42) in wire._gmacs
+    cached = dict(wire._gmacs)
+    for session in range(1000, 11000):
+        forged = bytearray(encode(Data(session, 0, 0, 0, b"x" * 100)))
+        forged[4] |= wire.FLAG_MAC
+        assert wire.parse_data(bytes(forged) + bytes(wire.MAC_LEN), KEY) is None
+    assert wire._gmacs == cached
+    assert wire.parse_data(encode(Data(42, 1, 0, 100, b"y" * 100), KEY), KEY) is not None
 
 
 def test_data_is_a_fixed_header_plus_raw_payload() -> None:
