@@ -124,6 +124,30 @@ def test_linear3_standalone_ping_ports_and_cleanup(lab_env: None) -> None:
     assert not Path(labmod.STATE_DIR / f"{base}.json").exists()
 
 
+def _vswitchd_port_buffers() -> list[int]:
+    """Receive buffers (bytes) of ovs-vswitchd's packet sockets, from ``ss -0 -m -p``."""
+    out = _sh("ss", "-0", "-m", "-p")
+    return [int(line.split("skmem:(")[1].split(",rb")[1].split(",")[0])
+            for line in out.splitlines() if "ovs-vswitchd" in line and "skmem:(" in line]
+
+
+@pytest.mark.lab
+def test_switch_ports_buffer_a_busy_cpu_and_nothing_else_changes(lab_env: None) -> None:
+    """Every port the lab adds is a packet socket in ovs-vswitchd: it gets PORT_RCVBUF
+    (not the kernel's 208 KB default, ~16 ms of 100 Mbit/s, which the loaded lab's
+    vswitchd overran on the tree's first hops), and the machine's default is back as
+    it was once the bridges exist."""
+    before = labmod.RMEM_DEFAULT.read_text()
+    had = _vswitchd_port_buffers()
+    topo = linear(3)
+    with Lab(topo, controller=None, fail_mode="standalone"):
+        assert labmod.RMEM_DEFAULT.read_text() == before
+        ports = len(topo.hosts) + 2 * len(topo.links)
+        big = [rb for rb in _vswitchd_port_buffers() if rb >= labmod.PORT_RCVBUF]
+        assert len(big) >= ports + sum(rb >= labmod.PORT_RCVBUF for rb in had), (ports, big)
+    assert labmod.RMEM_DEFAULT.read_text() == before
+
+
 @pytest.mark.lab
 def test_controller_mode_bridge_config_and_popen_cleanup(lab_env: None) -> None:
     # Nothing listens on this port: we only check the configuration OVS was given.
