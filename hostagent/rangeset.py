@@ -33,6 +33,14 @@ class RangeSet:
         if end <= start:
             return 0
         starts, ends = self._starts, self._ends
+        if ends and start >= ends[-1]:  # an in-order stream: at or past the last run's end
+            if start == ends[-1]:
+                ends[-1] = end
+            else:
+                starts.append(start)
+                ends.append(end)
+            self._count += end - start
+            return end - start
         # Runs that overlap or touch [start, end): first with end >= start, last with
         # start <= end.
         i = bisect_left(ends, start)
@@ -102,6 +110,8 @@ class RangeSet:
         if end <= start:
             return 0
         starts, ends = self._starts, self._ends
+        if not ends or start >= ends[-1]:  # beyond everything held: fresh data, in order
+            return 0
         i = bisect_right(ends, start)
         j = bisect_left(starts, end)
         return sum(min(ends[k], end) - max(starts[k], start) for k in range(i, j))

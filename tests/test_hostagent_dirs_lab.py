@@ -84,9 +84,9 @@ def test_a_40_file_directory_in_one_session_with_a_killed_receiver_resuming_and_
     sender = _send(lab4, group, src, key, receivers=2, rate="40")
     tmp2 = outs[1].parent / ".model.modelcast-tmp"
     deadline = time.monotonic() + 30
-    while _held(tmp2) < 0.5 * total:
+    while _held(tmp2) < 0.6 * total:  # (records lag the data by up to a save interval and a verify)
         assert killed.poll() is None, killed.communicate()[1]
-        assert time.monotonic() < deadline, "receiver 2 never got half the model"
+        assert time.monotonic() < deadline, "receiver 2 never got 60% of the model"
         time.sleep(0.005)
     assert not outs[1].exists(), "a half-written model is never at OUT"
     killed.kill()

@@ -371,14 +371,16 @@ _write = st.tuples(st.integers(0, 2), st.integers(0, 2), st.lists(st.integers(1,
 @given(st.lists(_write, max_size=25), st.integers(0, 255))
 @example([(0, 0, [4], False, -1), (0, 2, [4], False, -1), (0, 1, [4], False, 0)], 0)  # out of order
 @example([(0, 0, [4, 4], False, -1), (0, 0, [4], True, -1), (0, 2, [4], False, 0)], 0)  # FEC rewrote a streamed part
-def test_stream_digest_is_the_digest_of_what_was_written(writes, fill) -> None:
+@pytest.mark.parametrize("join", [wire.StreamDigest.JOIN, 3, 1])
+def test_stream_digest_is_the_digest_of_what_was_written(join, writes, fill) -> None:
     """``StreamDigest`` against a model of three 12-byte chunks written in any order, in
     pieces, some rebuilt by FEC (``forget``), asked for a chunk's digest at any time:
     whenever it names one, that is ``chunk_digest`` of what the chunk holds; and a chunk
-    written front to back in one go always gets one."""
+    written front to back in one go always gets one. ``join``: small pieces are joined
+    before they are hashed (then pieces of 1-4 bytes are small or not, both ways)."""
     length = 12
     chunks = [bytearray(length) for _ in range(3)]
-    stream = wire.StreamDigest()
+    stream = wire.StreamDigest(join)
     for n, (chunk, unit, sizes, fec, ask) in enumerate(writes):
         offset = min(unit * 4, length - 1)
         parts, pos = [], offset
