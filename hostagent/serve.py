@@ -95,6 +95,7 @@ class Rounds:
         self.stream_since: Optional[float] = None  # when the running round's stream began
         self.late: dict[str, float] = {}  # this round's admitted late joiners -> share of the stream they missed
         self.deferred: set[str] = set()  # arrived during this round, left for the next
+        self.asked: dict[str, float] = {}  # host -> when it was first seen asking (until served or gone)
 
     @property
     def running(self) -> bool:
@@ -113,10 +114,13 @@ class Rounds:
             del self._done[host]  # verified long ago and still there: it asks again
         for host in [h for h in self.waiting if h not in asking]:
             del self.waiting[host]  # gave up
+        for host in [h for h in self.asked if h not in asking and h not in self._admitted]:
+            del self.asked[host]  # (the running round's hosts leave as they verify: kept to its end)
         admitted = []
         for host in sorted(asking):
             if host in self._done or host in self.waiting or host in self._admitted:
                 continue
+            self.asked.setdefault(host, now)
             if self.running_since is not None:
                 # (before the stream begins -- the round's REST calls -- nothing is missed)
                 missed = max(0.0, now - (self.stream_since or now)) / self.transfer_s
@@ -164,6 +168,7 @@ class Rounds:
         for host in self._admitted:
             if host in verified:
                 self._done[host] = now
+                self.asked.pop(host, None)
             else:
                 self.waiting[host] = self.running_since
         for host in self.deferred:
@@ -212,6 +217,9 @@ class RoundDone:
     stream_s: Optional[float]
     error: Optional[str]
     started_at: float = 0.0  # time.monotonic() (system-wide: a lab on the same machine places it)
+    stream_at: Optional[float] = None  # time.monotonic() its stream began (set-up done, key announced)
+    asked_at: dict[str, float] = field(default_factory=dict)  # its hosts -> when first seen asking (monotonic)
+    verified_at: dict[str, float] = field(default_factory=dict)  # host -> when it reported verified (monotonic)
 
 
 @dataclass
@@ -370,7 +378,7 @@ def _round(m: Model, number: int, hosts: frozenset[str], send_opts: SendOptions,
         with lock:
             return group & policy.admitted()
 
-    served: set[str] = set()
+    served: dict[str, float] = {}  # host -> when it verified
     finished = threading.Event()  # every host the round serves verified: the rest of the stream helps nobody
 
     def on_event(event: object) -> None:
@@ -378,9 +386,9 @@ def _round(m: Model, number: int, hosts: frozenset[str], send_opts: SendOptions,
             with lock:
                 policy.streaming(time.monotonic())
         elif isinstance(event, ReceiverCompleted) and isinstance(event.addr, tuple):
-            served.add(event.addr[0])
+            served.setdefault(event.addr[0], time.monotonic())
             with lock:
-                if policy.admitted() <= served:
+                if policy.admitted() <= served.keys():
                     finished.set()
 
     result: Optional[SendResult] = None
@@ -394,7 +402,8 @@ def _round(m: Model, number: int, hosts: frozenset[str], send_opts: SendOptions,
         error = f"round failed: {type(exc).__name__}: {exc}"
     verified = frozenset(r.addr for r in result.receivers if r.ok) if result is not None else frozenset()
     with lock:
-        late, deferred = dict(policy.late), tuple(sorted(policy.deferred))
+        late, deferred, stream_at = dict(policy.late), tuple(sorted(policy.deferred)), policy.stream_since
+        asked = {h: round(t, 3) for h, t in policy.asked.items() if h in hosts or h in late or h in deferred}
         policy.ended(verified, time.monotonic(), result.stream_s if result is not None else None)
         m.stats.rounds += 1
         m.stats.receivers += len(verified)
@@ -404,7 +413,8 @@ def _round(m: Model, number: int, hosts: frozenset[str], send_opts: SendOptions,
         error = result.error
     emit(RoundDone(m.content_id, number, tuple(sorted(hosts)), tuple(sorted(verified)), late, deferred,
                    result.bytes_sent if result is not None else 0, round(time.monotonic() - started, 3),
-                   result.stream_s if result is not None else None, error, started))
+                   result.stream_s if result is not None else None, error, started, stream_at, asked,
+                   {h: round(t, 3) for h, t in served.items()}))
 
 
 def _quietly(call: Callable[[], Any]) -> None:
