@@ -52,12 +52,14 @@ class Arrival:
     repairs: int = 0  # repair datagrams it received (its last attempt)
     cpu_s: float = 0.0  # its process's CPU time (its last attempt's process: the whole fetch)
     cpu: dict[str, float] = field(default_factory=dict)  # cores in use from its start to its exit (CpuSampler.share)
+    cpu_at_seen: Optional[float] = None  # CPU-seconds its process had used when the server saw it asking
 
     def timeline(self) -> str:
         marks = [("seen", self.seen), ("round", self.round_start), ("stream", self.stream_start),
                  ("first data", self.first_data), ("verified", self.verified_at)]
-        return ", ".join(f"{name} +{t:.2f}" for name, t in marks if t is not None) + \
-            f"; {self.repairs} repairs, {self.cpu_s:.2f} CPU-s; " + cpu_line(self.cpu)
+        start = "" if self.cpu_at_seen is None else f" (having used {self.cpu_at_seen:.2f} CPU-s)"
+        return ", ".join(f"{name} +{t:.2f}" + (start if name == "seen" else "") for name, t in marks
+                         if t is not None) + f"; {self.repairs} repairs, {self.cpu_s:.2f} CPU-s; " + cpu_line(self.cpu)
 
 
 def cpu_line(cpu: dict[str, float]) -> str:
@@ -65,9 +67,10 @@ def cpu_line(cpu: dict[str, float]) -> str:
     if not cpu:
         return "CPU not sampled"
     fleet = sum(v for k, v in cpu.items() if k.startswith("fetch:"))
-    known = fleet + cpu.get("ovs", 0.0) + cpu.get("server", 0.0)
+    known = fleet + sum(cpu.get(k, 0.0) for k in ("ovs", "server", "controller"))
     return (f"cores busy {cpu['machine']:.2f} (receivers {fleet:.2f}, OVS {cpu.get('ovs', 0.0):.2f}, "
-            f"server {cpu.get('server', 0.0):.2f}, rest {max(0.0, cpu['machine'] - known):.2f})")
+            f"server {cpu.get('server', 0.0):.2f}, controller {cpu.get('controller', 0.0):.2f}, "
+            f"rest {max(0.0, cpu['machine'] - known):.2f})")
 
 
 class CpuSampler:
@@ -114,6 +117,14 @@ class CpuSampler:
             except (OSError, IndexError, ValueError):
                 pass  # (gone: its last sample stands)
         self.samples.append((time.monotonic(), busy, procs))
+
+    def used(self, label: str, at: float) -> Optional[float]:
+        """``label``'s CPU-seconds by ``at`` (None: not sampled by then)."""
+        seen = [s[2][label] for s in self.samples if s[0] <= at and label in s[2]]
+        return seen[-1] if seen else None
+
+    def save(self, path: Path) -> None:
+        path.write_text(json.dumps({"cores": self.cores, "samples": self.samples}))
 
     def share(self, a: float, b: float) -> dict[str, float]:
         """Cores in use between ``a`` and ``b``: "machine" and each label (a process
@@ -218,7 +229,8 @@ class Autoscale:
 
     def __init__(self, fabric: Fabric, model: Path, server: str, receivers: list[str], rate: float,
                  workdir: Path, spread: float = 2.0, seed: int = 16, chunk_size: int = 256 * 1024,
-                 reference_host: Optional[str] = None, say: Optional[Say] = None) -> None:
+                 reference_host: Optional[str] = None, say: Optional[Say] = None,
+                 serve_args: tuple[str, ...] = ()) -> None:
         self.fabric = fabric
         self.model = Path(model)
         self.server = fabric.name(server)
@@ -230,6 +242,7 @@ class Autoscale:
         self.spread = spread
         self.rng = random.Random(seed)
         self.chunk_size = chunk_size
+        self.serve_args = serve_args  # more ``modelcast serve`` options (e.g. the round policy's)
         self.say = say or fabric.say
         self.runs: list[AgentRun] = []
         self._started: dict[str, tuple[float, dict]] = {}  # fleet ip -> (its process start, its summary)
@@ -266,7 +279,8 @@ class Autoscale:
     def run(self) -> AutoscaleReport:
         want = tree_of(self.model) if self.model.is_dir() else None
         server = self._start(self.server, "serve", [
-            "serve", str(self.model), "--rate", str(self.rate), "--chunk-size", str(self.chunk_size)])
+            "serve", str(self.model), "--rate", str(self.rate), "--chunk-size", str(self.chunk_size),
+            *self.serve_args])
         served = self._served(server)
         model_id, size = served["model"], served["size"]
         self.say(f"{self.server} serves {served['name']} as {model_id[:23]}... ({size / 1e6:.1f} MB)")
@@ -276,13 +290,19 @@ class Autoscale:
         def pids() -> dict[str, int]:
             out = {f"fetch:{h}": r.proc.pid for h, r in list(fleet.items())}
             out.update(server=server.proc.pid, **({"ovs": ovs} if ovs else {}))
+            ctl = self.fabric.controller.proc
+            if ctl is not None:
+                out["controller"] = ctl.pid
             return out
 
         with CpuSampler(pids) as cpu:
             report = self._fleet(server, model_id, size, want, fleet)
+        cpu.save(self.workdir / "cpu-samples.json")
         for a in report.arrivals:
             run = fleet[a.host]
             a.cpu = cpu.share(run.started, run.started + (a.seconds or 0.0))
+            if a.seen is not None:
+                a.cpu_at_seen = cpu.used(f"fetch:{a.host}", run.started + a.seen)
         report.reference_cpu, report.cores = cpu.share(*self._reference_window), cpu.cores
         return report
 
