@@ -17,15 +17,13 @@ When a round starts, and who it serves, is ``Rounds`` -- a pure policy (arrivals
   after the first: a lone request waits ``quiet_s``, a burst keeps the window open while
   it lasts, bounded so the first in the burst never waits long.
 * **Arrivals during a round** are on the tree at once (their join installs it) and take
-  the rest of the stream. One that missed at most ``admit_s`` (and at most
-  ``admit_share``) of the stream is *admitted*: the round's sender repairs what it
-  missed (after the stream at up to half the rate: the sender's per-receiver repair
-  rate), and the round waits for it. A later one is not admitted: it keeps the tail
-  (its resume record holds it), its attempt ends with the round, and it takes the
-  beginning from the next round, which starts as soon as this one ends. ``admit_s`` is
-  what that costs it (the fetch's next attempt and the round's set-up, 0.1-0.3 s
-  measured): repairing more than that at half the rate is slower for it, and keeps
-  everyone waiting for the next round waiting longer (README, tests/test_serve_rounds.py).
+  the rest of the stream. One that arrives while at most ``admit_share`` of the stream
+  is out is *admitted*: the round's sender repairs what it missed (within its repair
+  share while the stream runs, after it at up to half the rate: the sender's
+  per-receiver repair rate), and the round waits for it. A later one is not admitted:
+  it keeps the tail (its resume record holds it), its attempt ends with the round, and
+  it takes the beginning from the next round, which starts as soon as this one ends
+  (measured: README).
 * **After a round** every host still asking (not verified) is in the next round, which
   opens at once (their window is long past). A waiting host that leaves and asks again
   within ``return_s`` -- a fetch between attempts -- keeps its place: no new window.
@@ -73,16 +71,15 @@ class RoundSettings:
     quiet_s: float = 0.5  # a join window closes this long after its latest arrival...
     max_wait_s: float = 3.0  # ...and at most this long after its first,
     window_share: float = 0.25  # ...or this share of one transfer's time, if shorter
-    admit_share: float = 0.5  # arrivals while at most this share of the stream is out are repaired in the round,
-    admit_s: float = 0.5  # ...and only while they missed at most this long of it (else: the next round's start)
+    admit_share: float = 0.5  # arrivals while at most this share of the stream is out are repaired in the round
     done_grace_s: float = 10.0  # a verified host still in the group this long is asking again
     return_s: float = 5.0  # a waiting host that left and asks again within this keeps its place (a fetch's retry)
 
     def validate(self) -> None:
         if self.quiet_s <= 0 or self.max_wait_s < 0 or not 0 <= self.window_share <= 1:
             raise ValueError("quiet_s must be > 0, max_wait_s >= 0 and window_share in [0, 1]")
-        if not 0 <= self.admit_share <= 1 or self.admit_s < 0 or self.done_grace_s <= 0 or self.return_s < 0:
-            raise ValueError("admit_share must be in [0, 1], admit_s >= 0, done_grace_s > 0 and return_s >= 0")
+        if not 0 <= self.admit_share <= 1 or self.done_grace_s <= 0 or self.return_s < 0:
+            raise ValueError("admit_share must be in [0, 1], done_grace_s > 0 and return_s >= 0")
 
 
 class Rounds:
@@ -140,9 +137,8 @@ class Rounds:
                     continue
             if self.running_since is not None:
                 # (before the stream begins -- the round's REST calls -- nothing is missed)
-                missed_s = max(0.0, now - (self.stream_since or now))
-                missed = missed_s / self.transfer_s
-                if missed <= self.settings.admit_share and missed_s <= self.settings.admit_s:
+                missed = max(0.0, now - (self.stream_since or now)) / self.transfer_s
+                if missed <= self.settings.admit_share:
                     self._admitted.add(host)
                     self.late[host] = round(min(missed, 1.0), 3)
                     admitted.append(host)

@@ -23,7 +23,7 @@ from tests.support.agents import LOOPBACK, FakeController, loopback_group
 
 A, B, C, D = "10.0.0.2", "10.0.0.3", "10.0.0.4", "10.0.0.5"
 T = 8.0  # one transfer, seconds
-SETTINGS = RoundSettings(quiet_s=0.5, max_wait_s=3.0, window_share=0.25, admit_share=0.5, admit_s=4.0)
+SETTINGS = RoundSettings(quiet_s=0.5, max_wait_s=3.0, window_share=0.25, admit_share=0.5)
 
 
 def policy() -> Rounds:
@@ -192,7 +192,7 @@ def test_a_late_arrival_is_repaired_in_the_round_and_a_later_one_takes_the_tail_
     events: list = []
     done: dict[str, tuple] = {}  # ip -> (result, its Fetched events)
     with FakeController(port, pending_polls=0, address=group) as ctl:
-        with serving(ctl, str(model.path), 50, events, admit_share=0.2, admit_s=2.0) as model_id:
+        with serving(ctl, str(model.path), 50, events, admit_share=0.2) as model_id:
             transfer = model.size * 8 / 50e6  # one stream at the cap (the sender starts at 70%: longer)
 
             def one(ip: str) -> threading.Thread:
