@@ -18,14 +18,17 @@ When a round starts, and who it serves, is ``Rounds`` -- a pure policy (arrivals
   it lasts, bounded so the first in the burst never waits long.
 * **Arrivals during a round** are on the tree at once (their join installs it) and take
   the rest of the stream. One that arrives while at most ``admit_share`` of the stream
-  is out is *admitted*: the round's sender repairs what it missed (after the stream, at
-  up to half the rate: the sender's per-receiver repair rate). A later one is not
-  admitted: it keeps the tail (its resume record holds it) and catches up on the
-  beginning of the next round, which starts as soon as this one ends -- the shorter
-  wait, and one multicast instead of a unicast copy of most of the file (measured:
-  README).
+  is out is *admitted*: the round's sender repairs what it missed (within its repair
+  share while the stream runs, after it at up to half the rate: the sender's
+  per-receiver repair rate), and the round waits for it. A later one is not admitted:
+  it keeps the tail (its resume record holds it), its attempt ends with the round, and
+  it takes the beginning from the next round, which starts as soon as this one ends
+  (measured: README).
 * **After a round** every host still asking (not verified) is in the next round, which
-  opens at once (their window is long past).
+  opens at once (their window is long past). A waiting host that leaves and asks again
+  within ``return_s`` -- a fetch between attempts -- keeps its place: no new window.
+* **While a round runs**, its sender's looks at the group are the policy's (the server's
+  own loop pauses): a late joiner is admitted, and counted by the sender, in one step.
 
 Rounds of different models run concurrently, each model in its own thread. SIGTERM
 (``stop``) withdraws the offers at once, lets running rounds finish, then deletes the
@@ -70,12 +73,13 @@ class RoundSettings:
     window_share: float = 0.25  # ...or this share of one transfer's time, if shorter
     admit_share: float = 0.5  # arrivals while at most this share of the stream is out are repaired in the round
     done_grace_s: float = 10.0  # a verified host still in the group this long is asking again
+    return_s: float = 5.0  # a waiting host that left and asks again within this keeps its place (a fetch's retry)
 
     def validate(self) -> None:
         if self.quiet_s <= 0 or self.max_wait_s < 0 or not 0 <= self.window_share <= 1:
             raise ValueError("quiet_s must be > 0, max_wait_s >= 0 and window_share in [0, 1]")
-        if not 0 <= self.admit_share <= 1 or self.done_grace_s <= 0:
-            raise ValueError("admit_share must be in [0, 1] and done_grace_s > 0")
+        if not 0 <= self.admit_share <= 1 or self.done_grace_s <= 0 or self.return_s < 0:
+            raise ValueError("admit_share must be in [0, 1], done_grace_s > 0 and return_s >= 0")
 
 
 class Rounds:
@@ -95,6 +99,8 @@ class Rounds:
         self.stream_since: Optional[float] = None  # when the running round's stream began
         self.late: dict[str, float] = {}  # this round's admitted late joiners -> share of the stream they missed
         self.deferred: set[str] = set()  # arrived during this round, left for the next
+        self.asked: dict[str, float] = {}  # host -> when it was first seen asking (until served or gone)
+        self._left: dict[str, tuple[float, float]] = {}  # waiting hosts that left -> (their place, when they left)
 
     @property
     def running(self) -> bool:
@@ -112,11 +118,23 @@ class Rounds:
         for host in [h for h in self._done if now - self._done[h] >= self.settings.done_grace_s]:
             del self._done[host]  # verified long ago and still there: it asks again
         for host in [h for h in self.waiting if h not in asking]:
-            del self.waiting[host]  # gave up
+            # Gone -- given up, or a fetch between attempts (the round it was in closed
+            # under it): one back within return_s keeps its place, no new window.
+            self._left[host] = (self.waiting.pop(host), now)
+        for host in [h for h in self._left if now - self._left[h][1] > self.settings.return_s]:
+            del self._left[host]
+        for host in [h for h in self.asked if h not in asking and h not in self._admitted and h not in self._left]:
+            del self.asked[host]  # (the running round's hosts leave as they verify: kept to its end)
         admitted = []
         for host in sorted(asking):
             if host in self._done or host in self.waiting or host in self._admitted:
                 continue
+            self.asked.setdefault(host, now)
+            if host in self._left:
+                place = self._left.pop(host)[0]
+                if self.running_since is None or place >= self.running_since:
+                    self.waiting[host] = place  # back before the round it waits for: its place
+                    continue
             if self.running_since is not None:
                 # (before the stream begins -- the round's REST calls -- nothing is missed)
                 missed = max(0.0, now - (self.stream_since or now)) / self.transfer_s
@@ -164,6 +182,7 @@ class Rounds:
         for host in self._admitted:
             if host in verified:
                 self._done[host] = now
+                self.asked.pop(host, None)
             else:
                 self.waiting[host] = self.running_since
         for host in self.deferred:
@@ -212,6 +231,9 @@ class RoundDone:
     stream_s: Optional[float]
     error: Optional[str]
     started_at: float = 0.0  # time.monotonic() (system-wide: a lab on the same machine places it)
+    stream_at: Optional[float] = None  # time.monotonic() its stream began (set-up done, key announced)
+    asked_at: dict[str, float] = field(default_factory=dict)  # its hosts -> when first seen asking (monotonic)
+    verified_at: dict[str, float] = field(default_factory=dict)  # host -> when it reported verified (monotonic)
 
 
 @dataclass
@@ -294,7 +316,8 @@ def serve(paths: list[str], options: ServeOptions, stop: threading.Event, *,
     send_opts = dataclasses.replace(options.send, controller=options.controller, token=options.token, group=None)
     client = _client(send_opts)
     my_ip = _ipv4(options.ip or local_ip_towards(_url_host(options.controller)))
-    send_opts = dataclasses.replace(send_opts, ip=my_ip, metrics_port=None)
+    # Each round's sender looks at its group (late joiners) as often as the policy does.
+    send_opts = dataclasses.replace(send_opts, ip=my_ip, metrics_port=None, poll=min(send_opts.poll, options.poll))
     models: list[Model] = []
     metrics = None
     threads = []
@@ -341,6 +364,9 @@ def _model_loop(m: Model, send_opts: SendOptions, options: ServeOptions, stop: t
     round_thread: Optional[threading.Thread] = None
     number = 0
     while not stop.wait(options.poll):
+        with lock:
+            if policy.running:
+                continue  # the round's sender looks at the group: its look is the policy's (one view, no lag)
         try:
             asking = frozenset((client.get_group(m.group_id).get("receivers") or {}))
         except ControllerError:
@@ -367,10 +393,13 @@ def _round(m: Model, number: int, hosts: frozenset[str], send_opts: SendOptions,
     started = time.monotonic()
 
     def admit(group: frozenset[str]) -> frozenset[str]:
+        # While a round runs, its sender's looks at the group are the policy's only ones:
+        # a late joiner is admitted and counted by the sender in the same step.
         with lock:
+            policy.observe(group, time.monotonic())
             return group & policy.admitted()
 
-    served: set[str] = set()
+    served: dict[str, float] = {}  # host -> when it verified
     finished = threading.Event()  # every host the round serves verified: the rest of the stream helps nobody
 
     def on_event(event: object) -> None:
@@ -378,9 +407,9 @@ def _round(m: Model, number: int, hosts: frozenset[str], send_opts: SendOptions,
             with lock:
                 policy.streaming(time.monotonic())
         elif isinstance(event, ReceiverCompleted) and isinstance(event.addr, tuple):
-            served.add(event.addr[0])
+            served.setdefault(event.addr[0], time.monotonic())
             with lock:
-                if policy.admitted() <= served:
+                if policy.admitted() <= served.keys():
                     finished.set()
 
     result: Optional[SendResult] = None
@@ -394,7 +423,8 @@ def _round(m: Model, number: int, hosts: frozenset[str], send_opts: SendOptions,
         error = f"round failed: {type(exc).__name__}: {exc}"
     verified = frozenset(r.addr for r in result.receivers if r.ok) if result is not None else frozenset()
     with lock:
-        late, deferred = dict(policy.late), tuple(sorted(policy.deferred))
+        late, deferred, stream_at = dict(policy.late), tuple(sorted(policy.deferred)), policy.stream_since
+        asked = {h: round(t, 3) for h, t in policy.asked.items() if h in hosts or h in late or h in deferred}
         policy.ended(verified, time.monotonic(), result.stream_s if result is not None else None)
         m.stats.rounds += 1
         m.stats.receivers += len(verified)
@@ -404,7 +434,8 @@ def _round(m: Model, number: int, hosts: frozenset[str], send_opts: SendOptions,
         error = result.error
     emit(RoundDone(m.content_id, number, tuple(sorted(hosts)), tuple(sorted(verified)), late, deferred,
                    result.bytes_sent if result is not None else 0, round(time.monotonic() - started, 3),
-                   result.stream_s if result is not None else None, error, started))
+                   result.stream_s if result is not None else None, error, started, stream_at, asked,
+                   {h: round(t, 3) for h, t in served.items()}))
 
 
 def _quietly(call: Callable[[], Any]) -> None:

@@ -11,12 +11,14 @@ counters) next to N x the model's size, what unicast would send. The OVS lab tes
 from __future__ import annotations
 
 import json
+import os
 import random
 import signal
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 from lab.controller import Say
 from lab.fabric import Fabric
@@ -37,6 +39,113 @@ class Arrival:
     verified: bool
     attempts: int
     how: str = ""  # "round N", "round N, joined late (missed X%)", "rounds N-M (tail, then the start)"
+    # Where its time went, seconds after its start (the server's clock is the same
+    # system-wide monotonic one): the server first saw it asking (process start, offer
+    # look-up, join, the server's poll); the round that verified it started, and its
+    # stream began; it had the manifest (its first datagram: verified minus the receive
+    # time its goodput covers); the server heard it verified. None: not known.
+    seen: Optional[float] = None
+    round_start: Optional[float] = None
+    stream_start: Optional[float] = None
+    first_data: Optional[float] = None
+    verified_at: Optional[float] = None
+    repairs: int = 0  # repair datagrams it received (its last attempt)
+    cpu_s: float = 0.0  # its process's CPU time (its last attempt's process: the whole fetch)
+    cpu: dict[str, float] = field(default_factory=dict)  # cores in use from its start to its exit (CpuSampler.share)
+    cpu_at_seen: Optional[float] = None  # CPU-seconds its process had used when the server saw it asking
+
+    def timeline(self) -> str:
+        marks = [("seen", self.seen), ("round", self.round_start), ("stream", self.stream_start),
+                 ("first data", self.first_data), ("verified", self.verified_at)]
+        start = "" if self.cpu_at_seen is None else f" (having used {self.cpu_at_seen:.2f} CPU-s)"
+        return ", ".join(f"{name} +{t:.2f}" + (start if name == "seen" else "") for name, t in marks
+                         if t is not None) + f"; {self.repairs} repairs, {self.cpu_s:.2f} CPU-s; " + cpu_line(self.cpu)
+
+
+def cpu_line(cpu: dict[str, float]) -> str:
+    """Cores in use over a window, split by whose (``Autoscale``'s labels)."""
+    if not cpu:
+        return "CPU not sampled"
+    fleet = sum(v for k, v in cpu.items() if k.startswith("fetch:"))
+    known = fleet + sum(cpu.get(k, 0.0) for k in ("ovs", "server", "controller"))
+    return (f"cores busy {cpu['machine']:.2f} (receivers {fleet:.2f}, OVS {cpu.get('ovs', 0.0):.2f}, "
+            f"server {cpu.get('server', 0.0):.2f}, controller {cpu.get('controller', 0.0):.2f}, "
+            f"rest {max(0.0, cpu['machine'] - known):.2f})")
+
+
+class CpuSampler:
+    """Where the machine's CPU goes while the fleet runs: every ``period`` the busy
+    CPU-seconds of the whole machine (/proc/stat) and of named processes (utime + stime
+    from /proc/PID/stat; ``pids`` says which, asked at each sample). ``share(a, b)`` is
+    each one's cores in use between two ``time.monotonic()`` moments -- whether a slow
+    receiver's window was CPU-bound, and whose CPU it was."""
+
+    TICK = os.sysconf("SC_CLK_TCK")
+
+    def __init__(self, pids: Callable[[], dict[str, int]], period: float = 0.1) -> None:
+        self.pids = pids
+        self.period = period
+        self.cores = os.cpu_count() or 1
+        self.samples: list[tuple[float, float, dict[str, float]]] = []  # (monotonic, machine busy s, label -> s)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="cpu-sampler", daemon=True)
+
+    def __enter__(self) -> "CpuSampler":
+        self._sample()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._sample()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.period):
+            self._sample()
+
+    def _sample(self) -> None:
+        with open("/proc/stat") as f:
+            ticks = [int(x) for x in f.readline().split()[1:]]
+        busy = (sum(ticks[:8]) - ticks[3] - ticks[4]) / self.TICK  # all but idle and iowait (guest is in user)
+        procs = {}
+        for label, pid in self.pids().items():
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                procs[label] = (int(fields[11]) + int(fields[12])) / self.TICK
+            except (OSError, IndexError, ValueError):
+                pass  # (gone: its last sample stands)
+        self.samples.append((time.monotonic(), busy, procs))
+
+    def used(self, label: str, at: float) -> Optional[float]:
+        """``label``'s CPU-seconds by ``at`` (None: not sampled by then)."""
+        seen = [s[2][label] for s in self.samples if s[0] <= at and label in s[2]]
+        return seen[-1] if seen else None
+
+    def save(self, path: Path) -> None:
+        path.write_text(json.dumps({"cores": self.cores, "samples": self.samples}))
+
+    def share(self, a: float, b: float) -> dict[str, float]:
+        """Cores in use between ``a`` and ``b``: "machine" and each label (a process
+        seen only in part of it counts what it used there)."""
+        inside = [s for s in self.samples if a <= s[0] <= b] or [min(self.samples, key=lambda s: abs(s[0] - a))]
+        first, last = inside[0], inside[-1]
+        span = max(last[0] - first[0], self.period)
+        out = {"machine": (last[1] - first[1]) / span}
+        for label in {k for s in inside for k in s[2]}:
+            seen = [s[2][label] for s in inside if label in s[2]]
+            out[label] = (seen[-1] - seen[0]) / span
+        return out
+
+
+def ovs_vswitchd_pid() -> Optional[int]:
+    """The switch's PID (its pidfile; the lab's OVS is the one ``ovs-vsctl`` reaches)."""
+    rundir = os.environ.get("OVS_RUNDIR", "/var/run/openvswitch")
+    try:
+        return int(Path(rundir, "ovs-vswitchd.pid").read_text().strip())
+    except (OSError, ValueError):
+        return None
 
 
 @dataclass
@@ -50,6 +159,8 @@ class AutoscaleReport:
     seconds: float  # first start -> last verified
     server_exit: Optional[int] = None
     offers_after_stop: list[dict] = field(default_factory=list)
+    reference_cpu: dict[str, float] = field(default_factory=dict)  # cores in use during the reference fetch
+    cores: int = 0
 
     @property
     def ok(self) -> bool:
@@ -90,7 +201,9 @@ class AutoscaleReport:
     def format(self) -> str:
         lines = [f"model {self.model_id[:23]}... ({self.size / 1e6:.1f} MB); one transfer alone "
                  f"(same run): {self.reference_s:.2f} s; {len(self.arrivals)} receivers started over "
-                 f"{max(a.start_s for a in self.arrivals):.1f} s (the server's earlier rounds: the reference)"]
+                 f"{max(a.start_s for a in self.arrivals):.1f} s (the server's earlier rounds: the reference)",
+                 f"  (times: + seconds after that receiver started; CPU of {self.cores} cores; the reference "
+                 f"fetch's window: {cpu_line(self.reference_cpu)})"]
         for r in self.rounds:
             late = ", ".join(f"{h} (missed {p:.0%})" for h, p in sorted(r["late"].items())) or "none"
             lines.append(f"  round {r['round']} at {r['started_s']:.1f} s: started with "
@@ -101,6 +214,7 @@ class AutoscaleReport:
             took = f"{a.seconds:.2f} s = {a.seconds / self.reference_s:.2f} x one transfer" if a.seconds else "FAILED"
             lines.append(f"  {a.host} started at {a.start_s:5.1f} s: verified after {took}, "
                          f"{a.attempts} attempt(s), {a.how}")
+            lines.append(f"      {a.timeline()}")
         lines.append(f"server link: {self.sender_link_bytes / 1e6:.1f} MB = {self.sender_ratio:.2f} x N x size "
                      f"(unicast: {self.unicast_bytes / 1e6:.1f} MB = 1 x) in {len(self.rounds)} rounds")
         for host, done, would in self.mid_round_check():
@@ -115,7 +229,8 @@ class Autoscale:
 
     def __init__(self, fabric: Fabric, model: Path, server: str, receivers: list[str], rate: float,
                  workdir: Path, spread: float = 2.0, seed: int = 16, chunk_size: int = 256 * 1024,
-                 reference_host: Optional[str] = None, say: Optional[Say] = None) -> None:
+                 reference_host: Optional[str] = None, say: Optional[Say] = None,
+                 serve_args: tuple[str, ...] = ()) -> None:
         self.fabric = fabric
         self.model = Path(model)
         self.server = fabric.name(server)
@@ -127,8 +242,11 @@ class Autoscale:
         self.spread = spread
         self.rng = random.Random(seed)
         self.chunk_size = chunk_size
+        self.serve_args = serve_args  # more ``modelcast serve`` options (e.g. the round policy's)
         self.say = say or fabric.say
         self.runs: list[AgentRun] = []
+        self._started: dict[str, tuple[float, dict]] = {}  # fleet ip -> (its process start, its summary)
+        self._reference_window = (0.0, 0.0)  # the reference fetch's start and end (monotonic)
 
     def __enter__(self) -> "Autoscale":
         return self
@@ -161,14 +279,43 @@ class Autoscale:
     def run(self) -> AutoscaleReport:
         want = tree_of(self.model) if self.model.is_dir() else None
         server = self._start(self.server, "serve", [
-            "serve", str(self.model), "--rate", str(self.rate), "--chunk-size", str(self.chunk_size)])
+            "serve", str(self.model), "--rate", str(self.rate), "--chunk-size", str(self.chunk_size),
+            *self.serve_args])
         served = self._served(server)
         model_id, size = served["model"], served["size"]
         self.say(f"{self.server} serves {served['name']} as {model_id[:23]}... ({size / 1e6:.1f} MB)")
+        fleet: dict[str, AgentRun] = {}
+        ovs = ovs_vswitchd_pid()
+
+        def pids() -> dict[str, int]:
+            out = {f"fetch:{h}": r.proc.pid for h, r in list(fleet.items())}
+            out.update(server=server.proc.pid, **({"ovs": ovs} if ovs else {}))
+            ctl = self.fabric.controller.proc
+            if ctl is not None:
+                out["controller"] = ctl.pid
+            return out
+
+        with CpuSampler(pids) as cpu:
+            report = self._fleet(server, model_id, size, want, fleet)
+        cpu.save(self.workdir / "cpu-samples.json")
+        for a in report.arrivals:
+            run = fleet[a.host]
+            a.cpu = cpu.share(run.started, run.started + (a.seconds or 0.0))
+            if a.seen is not None:
+                a.cpu_at_seen = cpu.used(f"fetch:{a.host}", run.started + a.seen)
+        report.reference_cpu, report.cores = cpu.share(*self._reference_window), cpu.cores
+        return report
+
+    def _fleet(self, server: AgentRun, model_id: str, size: int, want: Optional[dict],
+               fleet: dict[str, AgentRun]) -> AutoscaleReport:
+        """The reference fetch, then the fleet (``fleet`` fills as receivers start)."""
         ref = self._fetch(self.reference_host, model_id, "reference")
+        fleet["reference"] = ref  # (sampled as the fleet's receivers are)
         if ref.wait(180) is None or ref.returncode != 0:
             raise LabError(f"the reference fetch failed: {ref.stderr_tail()}")
         reference_s = time.monotonic() - ref.started
+        self._reference_window = (ref.started, ref.started + reference_s)
+        del fleet["reference"]
         self._check(self.workdir / "reference-model", want)
         self.say(f"one fetch alone took {reference_s:.2f} s; now {len(self.receivers)} receivers start at random "
                  f"moments over {self.spread:g} x that")
@@ -178,7 +325,6 @@ class Autoscale:
         self.rng.shuffle(hosts)
         before = self.fabric.port_counters(self.server)
         t0 = time.monotonic()
-        fleet: dict[str, AgentRun] = {}
         ended: dict[str, float] = {}
         pending = list(zip(starts, hosts))
         deadline = t0 + self.spread * reference_s + 240
@@ -211,7 +357,10 @@ class Autoscale:
             if ok:
                 self._check(self.workdir / f"fetch-{host}-model", want)
             arrivals.append(Arrival(host, self.fabric.ip(host), round(run.started - t0, 3), round(ended[host] - run.started, 3) if ok else None,
-                                    ok, int((summary or {}).get("attempts", 0))))
+                                    ok, int((summary or {}).get("attempts", 0)),
+                                    repairs=int((summary or {}).get("repairs_received", 0)),
+                                    cpu_s=float((summary or {}).get("cpu_s", 0.0))))
+            self._started[self.fabric.ip(host)] = (run.started, summary or {})
         self._rounds_of(arrivals, rounds, t0)
         return AutoscaleReport(model_id, size, reference_s, arrivals, rounds, link, seconds,
                                server.returncode, offers)
@@ -223,10 +372,22 @@ class Autoscale:
             r["started_s"] = round(r["started_at"] - t0, 2)
         by_ip = {a.ip: a for a in arrivals}
         for r in rounds:
+            for ip, at in r["asked_at"].items():
+                if ip in by_ip and ip in self._started:
+                    seen = round(at - self._started[ip][0], 3)
+                    a = by_ip[ip]
+                    a.seen = seen if a.seen is None else min(a.seen, seen)
             for ip in r["verified"]:
                 a = by_ip.get(ip)
                 if a is None:
                     continue
+                began, summary = self._started[ip]
+                a.round_start = round(r["started_at"] - began, 3)
+                a.stream_start = None if r["stream_at"] is None else round(r["stream_at"] - began, 3)
+                if ip in r["verified_at"]:
+                    a.verified_at = round(r["verified_at"][ip] - began, 3)
+                    if summary.get("goodput_mbit"):
+                        a.first_data = round(a.verified_at - summary["bytes"] * 8 / (summary["goodput_mbit"] * 1e6), 3)
                 if ip in r["late"]:
                     a.how = f"round {r['round']}, joined late (missed {r['late'][ip]:.0%})"
                 elif a.attempts > 1:

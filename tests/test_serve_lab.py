@@ -38,5 +38,15 @@ def test_a_fleet_arriving_over_time_is_served_in_few_rounds(tmp_path) -> None:
     # is a round to one receiver; on 2 busy cores a round to six takes 2-3 x as long (their CPU),
     # so the bound is 5 x: it still fails a receiver that waits a round more than it should.
     assert report.worst_time_ratio() <= 5.0, report.format()
+    # A host admitted late is served and counted by the round that admitted it.
+    for r in report.rounds:
+        assert set(r["late"]) <= set(r["verified"]), (r, report.format())
+    # Every receiver's time is accounted for from the server's own JSON: seen asking, its
+    # round, that round's stream, verified -- in that order -- and the CPU over its window.
+    for a in report.arrivals:
+        assert None not in (a.seen, a.round_start, a.stream_start, a.verified_at), (a, report.format())
+        assert a.round_start <= a.stream_start <= a.verified_at <= a.seconds + 0.5, (a, report.format())
+        assert a.seen <= a.verified_at and 0 < a.cpu["machine"] <= report.cores + 0.2, (a, report.format())
+        assert 0 < a.cpu_at_seen <= a.cpu_s + 0.05, (a, report.format())
     for host, done, would in report.mid_round_check():
         assert done <= would + 0.5 * report.reference_s, (host, report.format())
