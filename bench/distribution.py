@@ -72,7 +72,8 @@ def receivers_for(fabric: Fabric, sender: str, n: int) -> list[str]:
     return order[:n]
 
 
-SENDER_KEYS = ("stream_s", "rate_decreases", "lowest_rate_mbit", "final_rate_mbit", "loss_verdicts")
+SENDER_KEYS = ("stream_s", "rate_decreases", "lowest_rate_mbit", "final_rate_mbit", "loss_verdicts", "repairs_parity",
+               "repairs_unicast", "repairs_multicast", "repair_bytes_unicast", "repair_bytes_multicast", "nacks")
 
 
 def run_modelcast(fabric: Fabric, model: Any, sender: str, rcv: list[str], rate: float,
