@@ -118,13 +118,22 @@ class _Ready:
             return dp
         if name.startswith("_") or "_decoded" in d:
             raise AttributeError(name)
-        d["_decoded"] = True
-        for key, value in _decode(d["_wire"], self.datapath).__dict__.items():
-            if key not in d and key != "xid":
-                d[key] = value
+        self._load()
         if name not in d:
             raise AttributeError(name)
         return d[name]
+
+    def _load(self) -> None:
+        d = self.__dict__
+        if "_decoded" not in d:
+            d["_decoded"] = True
+            for key, value in _decode(d["_wire"], self.datapath).__dict__.items():
+                if key not in d and key != "xid":
+                    d[key] = value
+
+    def __repr__(self) -> str:  # (Ryu's lists the attributes it finds)
+        self._load()
+        return super().__repr__()
 
 
 class ReadyFlowMod(_Ready, parser.OFPFlowMod):
