@@ -82,7 +82,6 @@ def actions(acts: Iterable[tuple]) -> list:
 # own classes (once per distinct value); tests compare every builder with Ryu's
 # constructors byte for byte.
 
-_HEADER = struct.Struct(ofp.OFP_HEADER_PACK_STR)
 _FLOW_FIXED = struct.Struct(ofp.OFP_HEADER_PACK_STR + ofp.OFP_FLOW_MOD_PACK_STR0[1:])
 _GROUP_FIXED = struct.Struct(ofp.OFP_HEADER_PACK_STR + ofp.OFP_GROUP_MOD_PACK_STR[1:])
 _MATCH_IN_PORT = struct.Struct("!HHII")  # ofp_match type + length, then the in_port OXM
