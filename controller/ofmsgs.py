@@ -9,6 +9,8 @@ them that someone else deletes, and the controller audits that switch at once.
 
 from __future__ import annotations
 
+import ipaddress
+import struct
 import types
 from functools import lru_cache
 from typing import Any, Iterable
@@ -54,124 +56,6 @@ def cookie(gid: int) -> int:
     return COOKIE_TAG | gid
 
 
-def _template(msg: Any) -> tuple[type, dict[str, Any]]:
-    """A message's class and attributes, to stamp out copies of it with a few changed.
-
-    ``__init__`` of ryu's message classes costs several microseconds (keyword handling,
-    base-attribute bookkeeping, an ``OFPMatch`` that converts every address string); a new
-    object holding a template's attributes is the same object for serialisation, at a
-    fraction of the cost — which matters when one request installs a tree on a hundred
-    switches, or a failure rebuilds thousands of entries. The builders below inline the
-    stamping (``object.__new__``, a copy of the template's attributes with the changed ones
-    set, assigned as ``__dict__``) because they run ~10^5 times."""
-    return type(msg), dict(msg.__dict__)
-
-
-_new = object.__new__
-_MATCH_CLS, _MATCH_ATTRS = _template(parser.OFPMatch())
-
-
-def sg_match(in_port: int, source: str, group: str) -> parser.OFPMatch:
-    """The (S,G) match on the tree's ingress port.
-
-    Built like ryu's own parser does (``_fields2`` in OXM order, user-format values). The
-    legacy-API helpers shared with the template are never mutated (we never use that API)."""
-    m = _new(_MATCH_CLS)
-    attrs = _MATCH_ATTRS.copy()  # (copy + assign: cheaper than update with keywords)
-    attrs["_fields2"] = [("in_port", in_port), ("eth_type", ETH_IPV4), ("ipv4_src", source),
-                         ("ipv4_dst", group)]
-    m.__dict__ = attrs
-    return m
-
-
-@lru_cache(maxsize=4096)
-def _bucket(port: int) -> parser.OFPBucket:
-    return parser.OFPBucket(actions=[parser.OFPActionOutput(port, 0)])
-
-
-@lru_cache(maxsize=65536)
-def _to_group(gid: int) -> list:
-    return [parser.OFPInstructionActions(ofp.OFPIT_APPLY_ACTIONS, [parser.OFPActionGroup(gid)])]
-
-
-@lru_cache(maxsize=4096)
-def _ff_bucket(ffid: int) -> parser.OFPBucket:
-    return parser.OFPBucket(actions=[parser.OFPActionGroup(ffid)])
-
-
-def buckets(in_port: int, out_ports: Iterable[int], ff: Iterable[int] = ()) -> list[parser.OFPBucket]:
-    """One bucket per output port; a receiver behind the ingress port itself needs
-    OFPP_IN_PORT, because a switch never sends a packet back out where it came in. A port
-    protected by a fast-failover group ``ff`` (ids carry their port) goes through it."""
-    via = {ff_port(f): f for f in ff}
-    return [_ff_bucket(via[p]) if p in via else _bucket(ofp.OFPP_IN_PORT if p == in_port else p)
-            for p in sorted(out_ports)]
-
-
-@lru_cache(maxsize=65536)
-def _shared_buckets(in_port: int, out_ports: tuple[int, ...], ff: tuple[int, ...]) -> list[parser.OFPBucket]:
-    """``buckets`` for a tree entry: the same few port sets recur on every switch, and
-    nothing mutates a message's bucket list, so messages share it."""
-    return buckets(in_port, out_ports, ff)
-
-
-def _group_buckets(in_port: int, out_ports: Iterable[int], ff: Iterable[int] = ()) -> list[parser.OFPBucket]:
-    if type(out_ports) is tuple and type(ff) is tuple:
-        return _shared_buckets(in_port, out_ports, ff)
-    return buckets(in_port, out_ports, ff)
-
-
-_GROUP_CLS, _GROUP_ATTRS = _template(parser.OFPGroupMod(datapath(0), ofp.OFPGC_ADD, ofp.OFPGT_ALL, 0, []))
-_FLOW_CLS, _FLOW_ADD_ATTRS = _template(parser.OFPFlowMod(
-    datapath(0), cookie=COOKIE_TAG, table_id=TABLE, command=ofp.OFPFC_ADD, priority=PRIO_SG,
-    flags=ofp.OFPFF_SEND_FLOW_REM))
-
-
-def _group_mod(dpid: int, command: int, gid: int, bucket_list: list,
-               template: dict[str, Any] = _GROUP_ATTRS) -> Msg:
-    m = _new(_GROUP_CLS)
-    attrs = template.copy()
-    attrs["datapath"], attrs["command"], attrs["group_id"], attrs["buckets"] = \
-        datapath(dpid), command, gid, bucket_list
-    m.__dict__ = attrs
-    return m
-
-
-def group_add(dpid: int, gid: int, in_port: int, out_ports: Iterable[int], ff: Iterable[int] = ()) -> Msg:
-    return _group_mod(dpid, ofp.OFPGC_ADD, gid, _group_buckets(in_port, out_ports, ff))
-
-
-def group_modify(dpid: int, gid: int, in_port: int, out_ports: Iterable[int], ff: Iterable[int] = ()) -> Msg:
-    return _group_mod(dpid, ofp.OFPGC_MODIFY, gid, _group_buckets(in_port, out_ports, ff))
-
-
-def group_delete(dpid: int, gid: int) -> Msg:
-    return _group_mod(dpid, ofp.OFPGC_DELETE, gid, [])
-
-
-def flow_add(dpid: int, gid: int, in_port: int, source: str, group: str) -> Msg:
-    m = _new(_FLOW_CLS)
-    attrs = _FLOW_ADD_ATTRS.copy()
-    attrs["datapath"], attrs["cookie"], attrs["match"], attrs["instructions"] = \
-        datapath(dpid), COOKIE_TAG | gid, sg_match(in_port, source, group), _to_group(gid)
-    m.__dict__ = attrs
-    return m
-
-
-def flow_delete(dpid: int, gid: int, in_port: int, source: str, group: str) -> Msg:
-    return parser.OFPFlowMod(datapath(dpid), cookie=cookie(gid), cookie_mask=FULL_MASK,
-                             table_id=TABLE, command=ofp.OFPFC_DELETE_STRICT,
-                             priority=PRIO_SG, out_port=ofp.OFPP_ANY, out_group=ofp.OFPG_ANY,
-                             match=sg_match(in_port, source, group))
-
-
-# -- fast-failover protection (controller.protect decides; these only build) ----------
-# Actions are given in one normalised form, ("output", port) | ("group", id) |
-# ("set_field", field, value): the core compares what it wants with what a switch reports
-# in that form, and ``lab.fakeof`` uses the same one.
-_GROUP_FF_ATTRS = dict(_GROUP_ATTRS, type=ofp.OFPGT_FF)
-
-
 def actions(acts: Iterable[tuple]) -> list:
     """Ryu action objects for normalised actions."""
     out: list = []
@@ -185,53 +69,320 @@ def actions(acts: Iterable[tuple]) -> list:
     return out
 
 
+# -- the messages of trees and their protection, packed as OpenFlow 1.3 bytes ---------
+# A tree's entries and their protection are ~300,000 messages for 1000 groups on
+# fat-tree:16. Ryu's constructors cost several microseconds each and its ``serialize``
+# ~70 us at send time; these builders pack the wire bytes once instead (from cached
+# pieces: a group's OXM fields, a port's bucket, an action list), into an object that IS
+# a Ryu ``OFPFlowMod`` / ``OFPGroupMod`` for everything downstream:
+# ``Datapath.send_msg`` sets its xid and sends the bytes; any other attribute
+# (``match``, ``buckets``, ``command``...) is decoded from the bytes with Ryu's own parsers
+# on first use (the simulated fabric, tests), so what they read is what the switch gets.
+# The layouts are Ryu's pack strings; the OXM fields and actions are serialised by Ryu's
+# own classes (once per distinct value); tests compare every builder with Ryu's
+# constructors byte for byte.
+
+_FLOW_FIXED = struct.Struct(ofp.OFP_HEADER_PACK_STR + ofp.OFP_FLOW_MOD_PACK_STR0[1:])
+_GROUP_FIXED = struct.Struct(ofp.OFP_HEADER_PACK_STR + ofp.OFP_GROUP_MOD_PACK_STR[1:])
+_MATCH_IN_PORT = struct.Struct("!HHII")  # ofp_match type + length, then the in_port OXM
+_INSTRUCTION = struct.Struct(ofp.OFP_INSTRUCTION_ACTIONS_PACK_STR)
+_BUCKET = struct.Struct(ofp.OFP_BUCKET_PACK_STR)
+_XID = struct.Struct("!I")
+_MATCH_AT = ofp.OFP_FLOW_MOD_SIZE - ofp.OFP_MATCH_SIZE  # where a flow-mod's match starts
+
+
+def _pad8(n: int) -> int:
+    return (n + 7) // 8 * 8
+
+
+class _Ready:
+    """A message whose wire bytes (``_wire``, xid 0) were packed by the builders below.
+
+    ``serialize`` (what ``Datapath.send_msg`` calls after giving it an xid) copies them
+    with the xid set; every other message attribute is decoded from them on first read."""
+
+    xid = None  # until sent (``send_msg`` asks, then sets it)
+
+    def serialize(self) -> None:
+        d = self.__dict__
+        buf = bytearray(d["_wire"])
+        xid = d.get("xid") or 0
+        _XID.pack_into(buf, 4, xid)
+        d["version"], d["msg_type"], d["msg_len"], d["xid"], d["buf"] = buf[0], buf[1], len(buf), xid, buf
+
+    def __getattr__(self, name: str) -> Any:
+        d = self.__dict__
+        if name == "datapath":
+            dp = d["datapath"] = datapath(d["_dpid"])
+            return dp
+        if name.startswith("_") or "_decoded" in d:
+            raise AttributeError(name)
+        self._load()
+        if name not in d:
+            raise AttributeError(name)
+        return d[name]
+
+    def _load(self) -> None:
+        d = self.__dict__
+        if "_decoded" not in d:
+            d["_decoded"] = True
+            for key, value in _decode(d["_wire"], self.datapath).__dict__.items():
+                if key not in d and key != "xid":
+                    d[key] = value
+
+    def __repr__(self) -> str:  # (Ryu's lists the attributes it finds)
+        self._load()
+        return super().__repr__()
+
+
+class ReadyFlowMod(_Ready, parser.OFPFlowMod):
+    """An ``OFPFlowMod`` built as bytes (see ``_Ready``)."""
+
+
+class ReadyGroupMod(_Ready, parser.OFPGroupMod):
+    """An ``OFPGroupMod`` built as bytes (see ``_Ready``)."""
+
+
+_new = object.__new__
+
+
+def _decode(wire: bytes, dp: Any) -> Msg:
+    """The Ryu message that serialises to ``wire`` (header fields other than the type are
+    the caller's: version, length, xid)."""
+    buf = bytearray(wire)
+    if wire[1] == ofp.OFPT_FLOW_MOD:
+        return parser.OFPFlowMod.parser(dp, ofp.OFP_VERSION, ofp.OFPT_FLOW_MOD, len(buf), 0, buf)
+    command, gtype, gid = struct.unpack_from(ofp.OFP_GROUP_MOD_PACK_STR, buf, ofp.OFP_HEADER_SIZE)
+    bucket_list, offset = [], ofp.OFP_GROUP_MOD_SIZE
+    while offset < len(buf):
+        b = parser.OFPBucket.parser(buf, offset)
+        bucket_list.append(b)
+        offset += b.len
+    return parser.OFPGroupMod(dp, command, gtype, gid, bucket_list)
+
+
+def _oxm(*fields: tuple[str, Any]) -> bytes:
+    """OXM TLVs of ``fields`` ((name, user value), in OXM order), as Ryu's OFPMatch
+    serialises them (no ofp_match header, no padding)."""
+    m = parser.OFPMatch(**dict(fields))
+    buf = bytearray()
+    m.serialize(buf, 0)
+    return bytes(buf[4:m.length])
+
+
+def _oxm_header(name: str, sample: Any) -> bytes:
+    """The TLV header Ryu writes for field ``name`` (unmasked): the hot fields' values are
+    packed after it here, since Ryu's own conversion of an address costs ~30 us."""
+    return _oxm((name, sample))[:4]
+
+
+_OXM_IN_PORT = struct.unpack("!I", _oxm_header("in_port", 0))[0]
+_OXM_ETH_DST = _oxm_header("eth_dst", "00:00:00:00:00:00")
+_OXM_IPV4_SRC, _OXM_IPV4_DST = _oxm_header("ipv4_src", "0.0.0.0"), _oxm_header("ipv4_dst", "0.0.0.0")
+_OXM_ETH_TYPE_IPV4 = _oxm(("eth_type", ETH_IPV4))
+_PAD = [bytes(n) for n in range(8)]
+
+
 @lru_cache(maxsize=65536)
-def _ff_buckets(bucket_specs: tuple) -> list:
-    return [parser.OFPBucket(watch_port=w, actions=actions(acts)) for w, acts in bucket_specs]
+def _sg_oxm(source: str, group: str) -> bytes:
+    """eth_type IPv4, ipv4_src ``source``, ipv4_dst ``group``."""
+    return (_OXM_ETH_TYPE_IPV4 + _OXM_IPV4_SRC + ipaddress.IPv4Address(source).packed
+            + _OXM_IPV4_DST + ipaddress.IPv4Address(group).packed)
+
+
+@lru_cache(maxsize=65536)
+def _tag_oxm(mac: str) -> bytes:
+    """eth_dst ``mac`` (aa:bb:cc:dd:ee:ff)."""
+    value = bytes.fromhex(mac.replace(":", ""))
+    if len(value) != 6 or len(mac) != 17:
+        raise ValueError(f"not a MAC address: {mac!r}")
+    return _OXM_ETH_DST + value
+
+
+_TRANSIT_OXM = _oxm(("eth_type", ETH_IPV4), ("ipv4_dst", SSM_NET))
+
+
+def _match_in_port(in_port: int, rest: bytes) -> bytes:
+    """An ofp_match of in_port and then the TLVs ``rest``, padded: the in_port varies per
+    switch, the rest per group."""
+    length = ofp.OFP_MATCH_SIZE - 4 + 8 + len(rest)
+    return _MATCH_IN_PORT.pack(ofp.OFPMT_OXM, length, _OXM_IN_PORT, in_port) + rest + _PAD[-length % 8]
+
+
+_OUTPUT = struct.Struct(ofp.OFP_ACTION_OUTPUT_PACK_STR)
+_GROUP = struct.Struct(ofp.OFP_ACTION_GROUP_PACK_STR)
+_SET_FIELD = struct.Struct("!HH")  # (type, length), then the TLV and padding to 8 bytes
+
+
+def _action(a: tuple) -> bytes:
+    """One normalised action (see ``actions``) as Ryu serialises it (max_len 0, as ours)."""
+    if a[0] == "output":
+        return _OUTPUT.pack(ofp.OFPAT_OUTPUT, ofp.OFP_ACTION_OUTPUT_SIZE, a[1], 0)
+    if a[0] == "group":
+        return _GROUP.pack(ofp.OFPAT_GROUP, ofp.OFP_ACTION_GROUP_SIZE, a[1])
+    tlv = _tag_oxm(a[2]) if a[1] == "eth_dst" else _oxm((a[1], a[2]))
+    length = _pad8(4 + len(tlv))
+    return _SET_FIELD.pack(ofp.OFPAT_SET_FIELD, length) + tlv + _PAD[length - 4 - len(tlv)]
+
+
+@lru_cache(maxsize=65536)
+def _actions(acts: tuple) -> bytes:
+    return b"".join([_action(a) for a in acts])
+
+
+@lru_cache(maxsize=65536)
+def _apply(acts: tuple) -> bytes:
+    """One OFPIT_APPLY_ACTIONS instruction."""
+    body = _actions(acts)
+    return _INSTRUCTION.pack(ofp.OFPIT_APPLY_ACTIONS, ofp.OFP_INSTRUCTION_ACTIONS_SIZE + len(body)) + body
+
+
+@lru_cache(maxsize=65536)
+def _to_group(gid: int) -> bytes:
+    return _apply((("group", gid),))
+
+
+@lru_cache(maxsize=1024)
+def _add_layout(tag_len: int, rest_len: int, instructions_len: int) -> tuple[struct.Struct, int]:
+    """The whole of a table-0 flow add as one pack: the fixed part, a match of in_port
+    then two runs of TLVs (a tag's, a group's), its padding, the instructions; and the
+    match's length."""
+    match_len = ofp.OFP_MATCH_SIZE - 4 + 8 + tag_len + rest_len
+    return struct.Struct(f"{_FLOW_FIXED.format}HHII{tag_len}s{rest_len}s{-match_len % 8}x"
+                         f"{instructions_len}s"), match_len
+
+
+def _flow_add(dpid: int, cookie_value: int, priority: int, in_port: int, tag_oxm: bytes,
+              rest_oxm: bytes, instructions: bytes) -> Msg:
+    """A table-0 flow add on ``in_port`` + the TLVs (out_port/out_group 0: Ryu's
+    defaults), its removal reported."""
+    layout, match_len = _add_layout(len(tag_oxm), len(rest_oxm), len(instructions))
+    m = _new(ReadyFlowMod)
+    m._dpid = dpid
+    m._wire = layout.pack(ofp.OFP_VERSION, ofp.OFPT_FLOW_MOD, layout.size, 0, cookie_value, 0, TABLE,
+                          ofp.OFPFC_ADD, 0, 0, priority, ofp.OFP_NO_BUFFER, 0, 0, ofp.OFPFF_SEND_FLOW_REM,
+                          ofp.OFPMT_OXM, match_len, _OXM_IN_PORT, in_port, tag_oxm, rest_oxm, instructions)
+    return m
+
+
+def _flow_delete(dpid: int, cookie_value: int, priority: int, match: bytes) -> Msg:
+    """The table-0 flow of exactly this cookie, priority and match."""
+    m = _new(ReadyFlowMod)
+    m._dpid = dpid
+    m._wire = _FLOW_FIXED.pack(ofp.OFP_VERSION, ofp.OFPT_FLOW_MOD, _MATCH_AT + len(match), 0, cookie_value,
+                               FULL_MASK, TABLE, ofp.OFPFC_DELETE_STRICT, 0, 0, priority, ofp.OFP_NO_BUFFER,
+                               ofp.OFPP_ANY, ofp.OFPG_ANY, 0) + match
+    return m
+
+
+def _bucket(watch_port: int, acts: tuple) -> bytes:
+    body = _actions(acts)
+    return _BUCKET.pack(ofp.OFP_BUCKET_SIZE + len(body), 0, watch_port, ofp.OFPG_ANY) + body
+
+
+def buckets(in_port: int, out_ports: Iterable[int], ff: Iterable[int] = ()) -> bytes:
+    """An ALL group's buckets: one per output port; a receiver behind the ingress port
+    itself needs OFPP_IN_PORT, because a switch never sends a packet back out where it came
+    in. A port protected by a fast-failover group ``ff`` (ids carry their port) goes
+    through it."""
+    via = {ff_port(f): f for f in ff}
+    return b"".join(_bucket(ofp.OFPP_ANY, (("group", via[p]),) if p in via else
+                            (("output", ofp.OFPP_IN_PORT if p == in_port else p),))
+                    for p in sorted(out_ports))
+
+
+@lru_cache(maxsize=65536)
+def _shared_buckets(in_port: int, out_ports: tuple[int, ...], ff: tuple[int, ...]) -> bytes:
+    """``buckets`` for a tree entry: the same few port sets recur on every switch."""
+    return buckets(in_port, out_ports, ff)
+
+
+def _group_buckets(in_port: int, out_ports: Iterable[int], ff: Iterable[int] = ()) -> bytes:
+    if type(out_ports) is tuple and type(ff) is tuple:
+        return _shared_buckets(in_port, out_ports, ff)
+    return buckets(in_port, out_ports, ff)
+
+
+def _group_mod(dpid: int, command: int, gid: int, body: bytes, gtype: int = ofp.OFPGT_ALL) -> Msg:
+    m = _new(ReadyGroupMod)
+    m._dpid = dpid
+    m._wire = _GROUP_FIXED.pack(ofp.OFP_VERSION, ofp.OFPT_GROUP_MOD, ofp.OFP_GROUP_MOD_SIZE + len(body),
+                                0, command, gtype, gid) + body
+    return m
+
+
+def group_add(dpid: int, gid: int, in_port: int, out_ports: Iterable[int], ff: Iterable[int] = ()) -> Msg:
+    return _group_mod(dpid, ofp.OFPGC_ADD, gid, _group_buckets(in_port, out_ports, ff))
+
+
+def group_modify(dpid: int, gid: int, in_port: int, out_ports: Iterable[int], ff: Iterable[int] = ()) -> Msg:
+    return _group_mod(dpid, ofp.OFPGC_MODIFY, gid, _group_buckets(in_port, out_ports, ff))
+
+
+def group_delete(dpid: int, gid: int) -> Msg:
+    return _group_mod(dpid, ofp.OFPGC_DELETE, gid, b"")
+
+
+_IN_PORT_AT = _MATCH_AT + 8  # a flow add's in_port value (after the match and TLV headers)
+
+
+@lru_cache(maxsize=65536)
+def _sg_flow(gid: int, source: str, group: str) -> tuple[bytes, bytes]:
+    """Group ``gid``'s (S,G) flow add, before and after its in_port: the same on every
+    switch of its tree."""
+    wire = _flow_add(0, COOKIE_TAG | gid, PRIO_SG, 0, b"", _sg_oxm(source, group), _to_group(gid))._wire
+    return wire[:_IN_PORT_AT], wire[_IN_PORT_AT + 4:]
+
+
+_SG_FLOW = struct.Struct(f"!{_IN_PORT_AT}sI{len(_sg_flow.__wrapped__(1, '0.0.0.0', '232.0.0.0')[1])}s")
+
+
+def flow_add(dpid: int, gid: int, in_port: int, source: str, group: str) -> Msg:
+    """The (S,G) flow on the tree's ingress port, to the group's ALL group."""
+    head, tail = _sg_flow(gid, source, group)
+    m = _new(ReadyFlowMod)
+    m._dpid = dpid
+    m._wire = _SG_FLOW.pack(head, in_port, tail)
+    return m
+
+
+def flow_delete(dpid: int, gid: int, in_port: int, source: str, group: str) -> Msg:
+    return _flow_delete(dpid, cookie(gid), PRIO_SG, _match_in_port(in_port, _sg_oxm(source, group)))
+
+
+# -- fast-failover protection (controller.protect decides; these only build) ----------
+# Actions are given in one normalised form, ("output", port) | ("group", id) |
+# ("set_field", field, value): the core compares what it wants with what a switch reports
+# in that form, and ``lab.fakeof`` uses the same one.
+
+
+@lru_cache(maxsize=65536)
+def _ff_buckets(bucket_specs: tuple) -> bytes:
+    return b"".join(_bucket(w, acts) for w, acts in bucket_specs)
 
 
 def ff_group(dpid: int, ffid: int, bucket_specs: tuple, command: int = ofp.OFPGC_ADD) -> Msg:
     """An OFPGT_FF group from (watch_port, actions) buckets: the first live one forwards."""
-    return _group_mod(dpid, command, ffid, _ff_buckets(bucket_specs), _GROUP_FF_ATTRS)
+    return _group_mod(dpid, command, ffid, _ff_buckets(bucket_specs), ofp.OFPGT_FF)
 
 
-def _detour_match(in_port: int, tag: str, source: str | None, group: str | None) -> parser.OFPMatch:
-    """Stamped like ``sg_match`` (OXM order: in_port, eth_dst, eth_type, ipv4_src/dst)."""
-    m = _new(_MATCH_CLS)
-    if source is None:  # transit: any SSM group's copy carrying the tag
-        fields = [("in_port", in_port), ("eth_dst", tag), ("eth_type", ETH_IPV4), ("ipv4_dst", SSM_NET)]
-    else:
-        fields = [("in_port", in_port), ("eth_dst", tag), ("eth_type", ETH_IPV4),
-                  ("ipv4_src", source), ("ipv4_dst", group)]
-    attrs = _MATCH_ATTRS.copy()
-    attrs["_fields2"] = fields
-    m.__dict__ = attrs
-    return m
-
-
-@lru_cache(maxsize=65536)
-def _apply(acts: tuple) -> list:
-    return [parser.OFPInstructionActions(ofp.OFPIT_APPLY_ACTIONS, actions(acts))]
+def _detour_match(in_port: int, tag: str, source: str | None, group: str | None) -> bytes:
+    """OXM order: in_port, eth_dst, eth_type, ipv4_src/dst; transit (``source`` None):
+    any SSM group's copy carrying the tag."""
+    return _match_in_port(in_port, _tag_oxm(tag) + (_TRANSIT_OXM if source is None else _sg_oxm(source, group)))
 
 
 def detour_flow(dpid: int, cookie_value: int, in_port: int, tag: str, acts: tuple,
                 source: str | None = None, group: str | None = None) -> Msg:
     """A transit flow (``source`` None: shared, cookie ``COOKIE_DETOUR``) or a group's
     rejoin flow (cookie of the group) for copies tagged ``tag`` arriving on ``in_port``."""
-    m = _new(_FLOW_CLS)
-    attrs = _FLOW_ADD_ATTRS.copy()
-    attrs["datapath"], attrs["cookie"], attrs["priority"] = datapath(dpid), cookie_value, PRIO_DETOUR
-    attrs["match"], attrs["instructions"] = _detour_match(in_port, tag, source, group), _apply(acts)
-    m.__dict__ = attrs
-    return m
+    return _flow_add(dpid, cookie_value, PRIO_DETOUR, in_port, _tag_oxm(tag),
+                     _TRANSIT_OXM if source is None else _sg_oxm(source, group), _apply(acts))
 
 
 def detour_flow_delete(dpid: int, cookie_value: int, in_port: int, tag: str,
                        source: str | None = None, group: str | None = None) -> Msg:
-    return parser.OFPFlowMod(datapath(dpid), cookie=cookie_value, cookie_mask=FULL_MASK,
-                             table_id=TABLE, command=ofp.OFPFC_DELETE_STRICT,
-                             priority=PRIO_DETOUR, out_port=ofp.OFPP_ANY, out_group=ofp.OFPG_ANY,
-                             match=_detour_match(in_port, tag, source, group))
+    return _flow_delete(dpid, cookie_value, PRIO_DETOUR, _detour_match(in_port, tag, source, group))
 
 
 def cookie_delete(dpid: int, gid: int) -> Msg:

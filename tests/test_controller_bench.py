@@ -14,6 +14,7 @@ def test_small_run_reports_ratios_against_the_reference_and_the_machine() -> Non
     assert out["messages_total"] > 0 and out["link_failures"] == 3
     assert out["reference_trees_s"] > 0
     assert out["trees_vs_reference"] > 0 and out["trees_vs_reference_cpu"] > 0
+    assert out["send_serialise_cpu_s"] > 0 and out["send_serialise_vs_reference_cpu"] > 0
     assert 0 < out["reroute_vs_reference_cpu_p50"] <= out["reroute_vs_reference_cpu_p99"]
     assert out["reroute_vs_reference_p50"] > 0 and out["reroute_vs_reference_p99"] >= out["reroute_vs_reference_p50"]
     assert 0 <= out["reroutes_with_gc_pause"] <= 3
