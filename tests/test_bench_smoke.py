@@ -52,7 +52,9 @@ def test_benchmark_smoke(tmp_path):
     assert fab["chain"]["host_up"] > size and fab["chain"]["core"] >= 4 * size
     assert fab["modelcast"]["total"] < fab["chain"]["total"]
     assert fab["modelcast"]["total"] < fab["bittorrent"]["total"]
-    assert fab["tcp"]["sender_link"] > 1.9 * size and fab["tcp"]["peak_link"] == "h1>leaf1"
+    # unicast: both copies leave on the sender's link, which is the busiest one (a core link
+    # that both copies cross carries as much, give or take retransmissions before it)
+    assert fab["tcp"]["sender_link"] > 1.9 * size and fab["tcp"]["peak"] <= 1.02 * fab["tcp"]["sender_link"]
     md = (tmp_path / "results.md").read_text()
     assert "| modelcast |" in md and "| bittorrent |" in md and "| chain |" in md
     assert (tmp_path / "results.png").stat().st_size > 10_000
