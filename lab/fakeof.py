@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, NamedTuple
 from ryu.ofproto import ofproto_v1_3 as ofp
 from ryu.ofproto import ofproto_v1_3_parser as parser
 
+from controller import ofmsgs
 from topologies.spec import Host, Topology
 
 if TYPE_CHECKING:  # the controller's reconnect state machine, driven by ``FakeFabric.connect``
@@ -246,26 +247,13 @@ def _actions_of(instructions: Iterable[Instruction]) -> Iterable[Action]:
             yield from payload
 
 
-def _parser_actions(actions: Iterable[Action]) -> list[Any]:
-    """Normalised actions back as Ryu objects, as a switch describes them in stats."""
-    out: list[Any] = []
-    for act in actions:
-        if act[0] == "output":
-            out.append(parser.OFPActionOutput(act[1], 0))
-        elif act[0] == "group":
-            out.append(parser.OFPActionGroup(act[1]))
-        else:
-            out.append(parser.OFPActionSetField(**{act[1]: act[2]}))
-    return out
-
-
 _INSTRUCTION_TYPE = {"apply": ofp.OFPIT_APPLY_ACTIONS, "write": ofp.OFPIT_WRITE_ACTIONS,
                      "clear": ofp.OFPIT_CLEAR_ACTIONS}
 
 
 def _parser_instructions(instructions: Iterable[Instruction]) -> list[Any]:
     return [parser.OFPInstructionGotoTable(payload) if kind == "goto"
-            else parser.OFPInstructionActions(_INSTRUCTION_TYPE[kind], _parser_actions(payload))
+            else parser.OFPInstructionActions(_INSTRUCTION_TYPE[kind], ofmsgs.actions(payload))
             for kind, payload in instructions]
 
 
@@ -474,7 +462,7 @@ class FakeSwitch:
         elif isinstance(msg, parser.OFPGroupDescStatsRequest):
             reply = parser.OFPGroupDescStatsReply
             body = [parser.OFPGroupDescStats(g.type, gid, [
-                parser.OFPBucket(b.weight, b.watch_port, b.watch_group, _parser_actions(b.actions))
+                parser.OFPBucket(b.weight, b.watch_port, b.watch_group, ofmsgs.actions(b.actions))
                 for b in g.buckets]) for gid, g in sorted(self.groups.items())]
         else:
             raise TypeError(f"fake switch does not answer {type(msg).__name__}")
