@@ -62,17 +62,21 @@ def _port_buffers(size: int = PORT_RCVBUF) -> Any:
     after it: a socket takes its receive buffer from it when it is created, so the
     ports ovs-vswitchd opens meanwhile keep the larger one and nothing else on the
     machine notices. Labs building at the same time (other processes) take turns on a
-    lock file, so none of them restores the value while another is still opening ports."""
+    lock file, so none of them restores the value while another is still opening ports;
+    the value it had is kept in the state directory meanwhile, so the next lab puts it
+    back if one was killed before it could."""
     STATE_DIR.mkdir(parents=True, exist_ok=True)
+    saved = STATE_DIR / "rmem_default.orig"  # there only while raised: a lab killed meanwhile
     with open(STATE_DIR / "rmem.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
-            old = int(RMEM_DEFAULT.read_text())
+            old = int(saved.read_text() if saved.exists() else RMEM_DEFAULT.read_text())
         except (OSError, ValueError):
             old = size
         raised = old < size
         if raised:
             try:
+                saved.write_text(str(old))
                 RMEM_DEFAULT.write_text(str(size))
                 log.info("lab: ovs-vswitchd's new ports get %d MiB receive buffers (net.core.rmem_default "
                          "raised while they open, %d again after)", size >> 20, old)
@@ -85,6 +89,7 @@ def _port_buffers(size: int = PORT_RCVBUF) -> Any:
         finally:
             if raised:
                 RMEM_DEFAULT.write_text(str(old))
+                saved.unlink(missing_ok=True)
 
 
 def has_loop(topology: Topology) -> bool:

@@ -146,6 +146,24 @@ def test_switch_ports_buffer_a_busy_cpu_and_nothing_else_changes(lab_env: None) 
         big = [rb for rb in _vswitchd_port_buffers() if rb >= labmod.PORT_RCVBUF]
         assert len(big) >= ports + sum(rb >= labmod.PORT_RCVBUF for rb in had), (ports, big)
     assert labmod.RMEM_DEFAULT.read_text() == before
+    assert not (labmod.STATE_DIR / "rmem_default.orig").exists()
+
+
+@pytest.mark.lab
+def test_a_lab_killed_while_its_ports_opened_is_undone_by_the_next(lab_env: None) -> None:
+    """A lab SIGKILLed inside ``_port_buffers`` leaves the raised default and the value it
+    replaced; the next lab's build puts that value back."""
+    before = labmod.RMEM_DEFAULT.read_text().strip()
+    saved = labmod.STATE_DIR / "rmem_default.orig"
+    saved.write_text(before)  # what the killed lab left
+    labmod.RMEM_DEFAULT.write_text(str(labmod.PORT_RCVBUF))
+    try:
+        with labmod._port_buffers():
+            assert int(labmod.RMEM_DEFAULT.read_text()) == labmod.PORT_RCVBUF
+        assert labmod.RMEM_DEFAULT.read_text().strip() == before and not saved.exists()
+    finally:
+        labmod.RMEM_DEFAULT.write_text(before)
+        saved.unlink(missing_ok=True)
 
 
 @pytest.mark.lab
