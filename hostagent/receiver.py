@@ -287,6 +287,10 @@ class Receiver:
         if self.failed:
             stats.drops["after_failure"] += 1
             return
+        claimed = wire.data_session(data)
+        if claimed is not None and claimed != self.session:  # (before its tag: see data_session)
+            stats.drops["no_manifest" if self.session is None else "wrong_session"] += 1
+            return
         fields = wire.parse_data(data, self._key)
         if fields is not None:  # the hot path: no message object, no payload copy
             session, seq, chunk, offset, payload, repair, _ = fields
@@ -354,7 +358,8 @@ class Receiver:
             self.receive_datagram(data, addr, now)
             return
         key = self._key
-        if self.layout is not None and not (self.failed or self.complete or self._parity):
+        if (self.layout is not None and not (self.failed or self.complete or self._parity)
+                and wire.data_session(data) == self.session):
             run = wire.parse_data_run(data, seg, key)  # the clean stream: one run per read
             if run is not None and self._fresh_run(run):
                 _, first, chunk, offset, payloads = run

@@ -338,6 +338,9 @@ class Sender:
         """Process one datagram from a receiver; garbage is counted and dropped."""
         self.stats.datagrams_in += 1
         self.stats.bytes_in += len(data)
+        if wire.data_session(data) is not None:  # data is never for a sender: not worth its tag
+            self.stats.drops["unexpected_type"] += 1
+            return
         try:
             msg = wire.decode(data, self._key)
         except wire.WireError as exc:

@@ -524,6 +524,15 @@ def peek_type(data: bytes) -> int | None:
     return data[3]
 
 
+def data_session(data: bytes | bytearray | memoryview) -> int | None:
+    """The session a DATA or REPAIR datagram claims, unauthenticated (None for other
+    types or a short datagram): a receiver drops another session's data before paying for
+    its tag -- a DATA tag under an unknown session costs a key derivation."""
+    if len(data) < HEADER_LEN or (data[3] != T_DATA and data[3] != T_REPAIR):
+        return None
+    return _SESSION_SEQ.unpack_from(data)[0] if len(data) >= DATA_HEADER_LEN else _SESSION.unpack_from(data, 6)[0]
+
+
 DataFields = tuple[int, int, int, int, memoryview, bool, bool]
 
 

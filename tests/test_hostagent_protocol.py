@@ -319,9 +319,9 @@ def test_forged_and_malformed_datagrams_are_counted_and_dropped() -> None:
         "bad_version": [b"MC\x07" + bytes(40)],
         "bad_magic": [b"\x00" * 60],
     }
-    for i, (_, datagrams) in enumerate(bad.items()):
-        for j, d in enumerate(datagrams):
-            sim.inject(0.001 * (i + 1) + 1e-5 * j, victim, d)
+    for i, (_, datagrams) in enumerate(bad.items()):  # (after the victim heard a manifest:
+        for j, d in enumerate(datagrams):              # before it, data is "no_manifest" unchecked)
+            sim.inject(0.01 + 0.001 * (i + 1) + 1e-5 * j, victim, d)
     forged_nack = wire.encode(wire.Nack(session, 1000, ((0, 100),)), forged_key)
     sim.inject_to_sender(0.01, forged_nack, victim.addr)
     sim.inject_to_sender(0.011, b"garbage", victim.addr)
