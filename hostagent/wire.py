@@ -340,6 +340,8 @@ def _gmac(key: bytes, session: int) -> AESGCM:
 
 
 def _remember(key: bytes, session: int, gmac: AESGCM) -> None:
+    if (key, session) in _gmacs:
+        return
     if len(_gmacs) >= _GMAC_CACHE:
         _gmacs.clear()
     _gmacs[(key, session)] = gmac
@@ -356,24 +358,21 @@ def _tag(key: bytes, data: bytes | memoryview) -> bytes:
 
 def _data_tag(key: bytes, session: int, seq: int, data: bytes | memoryview) -> bytes:
     """``_tag`` of a DATA datagram whose session and seq the caller already unpacked."""
-    gmac = _gmacs.get((key, session))
-    if gmac is None:
-        gmac = _gmac(key, session)
-        _remember(key, session, gmac)
+    gmac = _gmac(key, session)
+    _remember(key, session, gmac)
     return gmac.encrypt(_NONCE.pack(seq), b"", data)
 
 
 def _verify(key: bytes, data: bytes | memoryview, tag: bytes | memoryview) -> bool:
     """Whether ``tag`` is ``data``'s; a DATA datagram that verifies keeps its session's key."""
-    if data[3] == T_DATA and len(data) >= DATA_HEADER_LEN:
-        session, seq = _SESSION_SEQ.unpack_from(data)
-        gmac = _gmac(key, session)
-        if not hmac.compare_digest(gmac.encrypt(_NONCE.pack(seq), b"", data), tag):
-            return False
-        if (key, session) not in _gmacs:
-            _remember(key, session, gmac)
-        return True
-    return hmac.compare_digest(blake3.blake3(data, key=key).digest(length=MAC_LEN), tag)
+    if data[3] != T_DATA or len(data) < DATA_HEADER_LEN:
+        return hmac.compare_digest(blake3.blake3(data, key=key).digest(length=MAC_LEN), tag)
+    session, seq = _SESSION_SEQ.unpack_from(data)
+    gmac = _gmac(key, session)
+    if not hmac.compare_digest(gmac.encrypt(_NONCE.pack(seq), b"", data), tag):
+        return False
+    _remember(key, session, gmac)
+    return True
 
 
 def seal(key: bytes, data: bytes) -> bytes:
@@ -530,7 +529,7 @@ def data_session(data: bytes | bytearray | memoryview) -> int | None:
     its tag -- a DATA tag under an unknown session costs a key derivation."""
     if len(data) < HEADER_LEN or (data[3] != T_DATA and data[3] != T_REPAIR):
         return None
-    return _SESSION_SEQ.unpack_from(data)[0] if len(data) >= DATA_HEADER_LEN else _SESSION.unpack_from(data, 6)[0]
+    return _SESSION.unpack_from(data, 6)[0]
 
 
 DataFields = tuple[int, int, int, int, memoryview, bool, bool]
@@ -607,7 +606,7 @@ def parse_data_run(data: bytes | bytearray | memoryview, seg: int, key: bytes | 
         payloads.append(view[off + DATA_HEADER_LEN : end])
         seq += 1
         pos += plen
-    if tail and (key, session) not in _gmacs:
+    if tail:
         _remember(key, session, gmac)  # type: ignore[arg-type]
     return session, first, chunk, start, payloads
 
