@@ -324,6 +324,7 @@ class ReceiveResult:
     nack_seqs: int
     gro: bool
     gro_batches: int
+    coalesced: int  # runs of datagrams read one by one that took the run path as one (no GRO)
     dropped: dict[str, int]
     peak_rss_mb: float  # of this process
     cpu_s: float  # of this process
@@ -845,7 +846,7 @@ def _listen(out: str, opts: ReceiveOptions, receiver: Receiver, sink: PathSink |
         verify_s=round(marks["end_at"] - first, 3) if "end_at" in marks else None,
         nacks_suppressed=stats.nacks_suppressed, parity_received=stats.parity_received,
         fec_recovered=stats.fec_recovered, nack_seqs=stats.nack_seqs_requested, gro=loop.gro,
-        gro_batches=loop.gro_batches, dropped=dict(stats.drops), peak_rss_mb=_peak_rss_mb(), cpu_s=_cpu_s(),
+        gro_batches=loop.gro_batches, coalesced=loop.coalesced, dropped=dict(stats.drops), peak_rss_mb=_peak_rss_mb(), cpu_s=_cpu_s(),
         on_complete=hook,
         content_id=receiver.content_id(),
         files=_files(receiver.manifest) if receiver.manifest else 0,

@@ -358,6 +358,7 @@ def receiver_sockets(group: str, port: int, source: str, interface: str = "0.0.0
 SOL_UDP = 17
 UDP_SEGMENT = 103  # linux/udp.h: per-send segment size (GSO)
 UDP_GRO = 104  # linux/udp.h: coalesce on receive, segment size in a cmsg
+_MAX_READ = 65535  # the largest UDP datagram, and GRO super-packet, one read returns
 GSO_MAX_SEGMENTS = 64  # kernel limit is 64 (older) or 128; stay at the lower
 _GRO_CMSG = struct.Struct("=i")
 _GSO_CMSG = struct.Struct("=H")
@@ -383,6 +384,7 @@ class LoopStats:
     send_drops: int = 0  # kernel send buffer full
     gro: bool = False
     gro_batches: int = 0  # reads that returned more than one datagram
+    coalesced: int = 0  # runs of datagrams read one by one, handed on as one (DatagramReader)
     reads: int = 0
 
 
@@ -455,14 +457,23 @@ class DatagramReader:
     """Drain a non-blocking socket into one reused buffer; with GRO, one read returns a
     super-packet of several datagrams, split here by the segment size from the control
     message. Each datagram reaches the endpoint as a view into the buffer (no bytes
-    object per datagram), delivered before the next read overwrites it."""
+    object per datagram), delivered before the next read overwrites it.
 
-    def __init__(self, sock: socket.socket, gro: bool, stats: LoopStats) -> None:
+    With ``coalesce`` (the receiver), datagrams read one by one -- no GRO, as behind
+    userspace Open vSwitch, which segments every GSO batch -- are put back to back in the
+    buffer while they come from one source with the first one's size (a shorter one
+    ends the run) and handed on as one super-packet, exactly as the kernel's GRO would
+    have: the receiver's run path (one tag loop, one vectored write, one range insert)
+    then serves a stream that arrives datagram by datagram too. Only datagrams already
+    queued are joined (a read that would block ends the run), so nothing waits."""
+
+    def __init__(self, sock: socket.socket, gro: bool, stats: LoopStats, coalesce: bool = False) -> None:
         self.sock = sock
         self.gro = gro and enable_gro(sock)
         stats.gro = stats.gro or self.gro
         self._stats = stats
-        self._buf = bytearray(65535)
+        self._coalesce = coalesce
+        self._buf = bytearray(2 * _MAX_READ if coalesce else _MAX_READ)
         self._view = memoryview(self._buf)
         self._anc = socket.CMSG_SPACE(_GRO_CMSG.size)
 
@@ -471,14 +482,23 @@ class DatagramReader:
         """Up to ``limit`` reads, each handed to ``deliver(view, seg, addr, now)``: a
         super-packet of ``seg``-byte datagrams, or one datagram (``seg`` 0); returns
         the number of reads (0: nothing was waiting)."""
-        sock, buf, view, stats = self.sock, self._buf, self._view, self._stats
+        sock, view, stats, coalesce = self.sock, self._view, self._stats, self._coalesce
         reads = 0
+        # The run being joined: view[start:end], datagrams of ``size`` bytes from ``src``
+        # (``count`` of them), closed once a shorter one ended it.
+        start = end = size = count = 0
+        src: object = None
+        now = 0.0
         while reads < limit:
+            if end + _MAX_READ > len(view):  # (coalescing only) no room for one more read
+                if count:
+                    self._flush(view, start, end, size, count, src, now, deliver)
+                start = end = count = 0
             try:
                 if self.gro:
-                    nbytes, anc, _flags, addr = sock.recvmsg_into([buf], self._anc)
+                    nbytes, anc, _flags, addr = sock.recvmsg_into([view[end:]], self._anc)
                 else:
-                    nbytes, addr = sock.recvfrom_into(buf)
+                    nbytes, addr = sock.recvfrom_into(view[end:])
                     anc = ()
             except (BlockingIOError, InterruptedError):
                 break
@@ -493,8 +513,35 @@ class DatagramReader:
                 seg = 0
             else:
                 stats.gro_batches += 1
-            deliver(view[:nbytes], seg, addr, now)
+            if not coalesce:
+                deliver(view[:nbytes], seg, addr, now)
+                continue
+            if seg == 0 and count and addr == src and nbytes <= size and end + nbytes - start <= _MAX_READ:
+                end += nbytes
+                count += 1
+                if nbytes < size:  # a shorter datagram ends the run, as in GRO
+                    self._flush(view, start, end, size, count, src, now, deliver)
+                    start = end
+                    count = 0
+                continue
+            if count:  # this one does not extend the run: the run first, in arrival order
+                self._flush(view, start, end, size, count, src, now, deliver)
+            if seg:
+                deliver(view[end : end + nbytes], seg, addr, now)
+                start = end = end + nbytes
+                count = 0
+            else:
+                start, size, count, src = end, nbytes, 1, addr
+                end += nbytes
+        if count:
+            self._flush(view, start, end, size, count, src, now, deliver)
         return reads
+
+    def _flush(self, view: memoryview, start: int, end: int, size: int, count: int, src: object, now: float,
+               deliver: Callable[[memoryview, int, object, float], None]) -> None:
+        if count > 1:
+            self._stats.coalesced += 1
+        deliver(view[start:end], size if count > 1 else 0, src, now)
 
 
 # ----------------------------------------------------------------------------- loop
@@ -567,7 +614,8 @@ def run(
     writer = DatagramWriter(send_sock, group, gso, stats)
     selector = selectors.DefaultSelector()
     for sock in recv_socks:
-        selector.register(sock, selectors.EVENT_READ, DatagramReader(sock, gro, stats))
+        selector.register(sock, selectors.EVENT_READ,
+                          DatagramReader(sock, gro, stats, coalesce=isinstance(endpoint, Receiver)))
     # The receiver takes a GRO super-packet whole (its batch path); the sender gets the
     # few datagrams receivers send it one by one.
     deliver = endpoint.receive_batch if isinstance(endpoint, Receiver) else _per_datagram(endpoint.receive_datagram)

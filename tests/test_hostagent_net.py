@@ -11,6 +11,8 @@ import time
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from hostagent.cli import main
 import socket
@@ -228,6 +230,80 @@ def test_gso_writer_and_gro_reader_move_datagrams_intact_over_loopback() -> None
     finally:
         rx.close()
         tx.close()
+
+
+def _read_all(reader: DatagramReader, want: int) -> list[tuple[list[bytes], int, object]]:
+    """Every delivery until ``want`` datagrams came: (its datagrams, its seg, its source)."""
+    got: list[tuple[list[bytes], int, object]] = []
+
+    def deliver(view: memoryview, seg: int, addr: object, now: float) -> None:
+        step = seg or len(view)
+        got.append(([bytes(view[i : i + step]) for i in range(0, len(view), step)], seg, addr))
+
+    deadline = time.monotonic() + 5
+    while sum(len(d) for d, _, _ in got) < want and time.monotonic() < deadline:
+        reader.read(64, deliver, lambda: 0.0)
+    return got
+
+
+def _udp(bound: bool = True) -> socket.socket:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.bind((LOOPBACK, 0))
+    if bound:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+        sock.setblocking(False)
+    return sock
+
+
+def test_the_reader_joins_queued_datagrams_of_one_source_into_runs_as_gro_would() -> None:
+    """Without GRO, a receiver's reader hands on what is queued as GRO super-packets:
+    equal-sized datagrams of one source back to back, a shorter one ending the run; a
+    bigger one or another source starts a new delivery; nothing is lost, reordered or
+    merged across sources."""
+    rx, a, b = _udp(), _udp(False), _udp(False)
+    try:
+        dest = rx.getsockname()
+        sent = ([(a, bytes([i]) * 1200) for i in range(5)] + [(a, b"s" * 700)] + [(a, b"t" * 1200)] * 3
+                + [(a, b"B" * 1300)] + [(b, b"o" * 1200)] * 2 + [(a, b"x" * 1200)])
+        for sock, data in sent:
+            sock.sendto(data, dest)
+        stats = LoopStats()
+        got = _read_all(DatagramReader(rx, False, stats, coalesce=True), len(sent))
+        assert [d for ds, _, _ in got for d in ds] == [d for _, d in sent]
+        assert [(len(ds), seg) for ds, seg, _ in got] == [(6, 1200), (3, 1200), (1, 0), (2, 1200), (1, 0)]
+        assert [src for _, _, src in got] == [a.getsockname()] * 3 + [b.getsockname(), a.getsockname()]
+        assert stats.coalesced == 3 and stats.reads == len(sent)
+    finally:
+        for sock in (rx, a, b):
+            sock.close()
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(st.booleans(), st.sampled_from([1, 700, 1200, 1200, 1200, 8952, 9000])),
+                min_size=1, max_size=60))
+def test_coalesced_deliveries_are_gro_shaped_and_lose_nothing(datagrams: list[tuple[bool, int]]) -> None:
+    """Any mix of sizes and two sources: every delivery is one source's datagrams, all
+    of the first's size but a shorter last one, within one read's 64 KiB, and together
+    they are exactly what was sent, in order."""
+    rx, a, b = _udp(), _udp(False), _udp(False)
+    try:
+        sent = [(a if first else b, bytes([i % 251]) * size) for i, (first, size) in enumerate(datagrams)]
+        for sock, data in sent:
+            sock.sendto(data, rx.getsockname())
+        got = _read_all(DatagramReader(rx, False, LoopStats(), coalesce=True), len(sent))
+        assert [d for ds, _, _ in got for d in ds] == [d for _, d in sent]
+        i = 0
+        for ds, seg, src in got:
+            assert [s.getsockname() for s, _ in sent[i : i + len(ds)]] == [src] * len(ds)
+            assert sum(map(len, ds)) <= 65535
+            if len(ds) > 1:
+                assert seg == len(ds[0]) and all(len(d) == seg for d in ds[:-1]) and len(ds[-1]) <= seg
+            else:
+                assert seg == 0
+            i += len(ds)
+    finally:
+        for sock in (rx, a, b):
+            sock.close()
 
 
 class _FullQueue:
