@@ -260,7 +260,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     options = ServeOptions(
         controller=args.controller, token=args.token, ip=args.ip, send=send, metrics_port=args.metrics_port,
         metrics_addr=args.metrics_addr,
-        rounds=RoundSettings(quiet_s=args.window_quiet, max_wait_s=args.window_max, admit_share=args.admit_share))
+        rounds=RoundSettings(quiet_s=args.window_quiet, max_wait_s=args.window_max, admit_share=args.admit_share,
+                             hold_share=args.window_hold))
     stop = threading.Event()
 
     def on_signal(signum: int, frame: Any) -> None:
@@ -493,6 +494,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="a join window closes this long after its latest request (default %(default)s)")
     srv.add_argument("--window-max", type=float, default=RoundSettings.max_wait_s, metavar="SECONDS",
                      help="and at most this long (or a quarter of one transfer) after its first (default %(default)s)")
+    srv.add_argument("--window-hold", type=float, default=RoundSettings.hold_share, metavar="FRACTION",
+                     help="while the server is busy (a round runs or ended less than one transfer ago) a request "
+                          "waits this share of one transfer (within --window-max) for others: fewer, fuller rounds "
+                          "(default %(default)s)")
     srv.add_argument("--admit-share", type=float, default=RoundSettings.admit_share, metavar="FRACTION",
                      help="a request while at most this share of a round's stream is out joins it and is repaired; "
                           "a later one takes the rest and the next round's start (default %(default)s)")

@@ -16,16 +16,21 @@ When a round starts, and who it serves, is ``Rounds`` -- a pure policy (arrivals
   latest arrival, and at most ``min(max_wait_s, window_share x one transfer's time)``
   after the first: a lone request waits ``quiet_s``, a burst keeps the window open while
   it lasts, bounded so the first in the burst never waits long.
+* **Hold while busy.** Requests that come while a round runs, or less than one
+  transfer's time after one ended -- a fleet arriving over time -- wait instead up to
+  ``min(max_wait_s, hold_share x one transfer's time)`` after the first of them for
+  others, so the fleet is served in fewer, fuller rounds (the server's bytes: on the
+  model and the lab, README); a lone request at an idle server is not held.
 * **Arrivals during a round** are on the tree at once (their join installs it) and take
   the rest of the stream. One that arrives while at most ``admit_share`` of the stream
   is out is *admitted*: the round's sender repairs what it missed (within its repair
   share while the stream runs, after it at up to half the rate: the sender's
   per-receiver repair rate), and the round waits for it. A later one is not admitted:
   it keeps the tail (its resume record holds it), its attempt ends with the round, and
-  it takes the beginning from the next round, which starts as soon as this one ends
-  (measured: README).
-* **After a round** every host still asking (not verified) is in the next round, which
-  opens at once (their window is long past). A waiting host that leaves and asks again
+  it takes the beginning from the next round, which starts once its hold (from when it
+  asked) is over, at once if that has passed (measured: README).
+* **After a round** every admitted host still asking (not verified) is in the next
+  round, which opens at once (their window is long past). A waiting host that leaves and asks again
   within ``return_s`` -- a fetch between attempts -- keeps its place: no new window.
 * **While a round runs**, its sender's looks at the group are the policy's (the server's
   own loop pauses): a late joiner is admitted, and counted by the sender, in one step.
@@ -71,13 +76,20 @@ class RoundSettings:
     quiet_s: float = 0.5  # a join window closes this long after its latest arrival...
     max_wait_s: float = 3.0  # ...and at most this long after its first,
     window_share: float = 0.25  # ...or this share of one transfer's time, if shorter
-    admit_share: float = 0.5  # arrivals while at most this share of the stream is out are repaired in the round
+    admit_share: float = 0.25  # arrivals while at most this share of the stream is out are repaired in the round
     done_grace_s: float = 10.0  # a verified host still in the group this long is asking again
     return_s: float = 5.0  # a waiting host that left and asks again within this keeps its place (a fetch's retry)
+    # While the server is busy (a round runs, or one ended less than one transfer ago) a
+    # request waits up to this share of one transfer's time (within max_wait_s) for
+    # others, not just quiet_s: a fleet arriving over time is served in fewer, fuller
+    # rounds. A lone request at an idle server still waits only its window.
+    hold_share: float = 1.0
 
     def validate(self) -> None:
         if self.quiet_s <= 0 or self.max_wait_s < 0 or not 0 <= self.window_share <= 1:
             raise ValueError("quiet_s must be > 0, max_wait_s >= 0 and window_share in [0, 1]")
+        if not 0 <= self.hold_share <= 2:
+            raise ValueError("hold_share must be in [0, 2]")
         if not 0 <= self.admit_share <= 1 or self.done_grace_s <= 0 or self.return_s < 0:
             raise ValueError("admit_share must be in [0, 1], done_grace_s > 0 and return_s >= 0")
 
@@ -101,6 +113,8 @@ class Rounds:
         self.deferred: set[str] = set()  # arrived during this round, left for the next
         self.asked: dict[str, float] = {}  # host -> when it was first seen asking (until served or gone)
         self._left: dict[str, tuple[float, float]] = {}  # waiting hosts that left -> (their place, when they left)
+        self._warm_until = -1.0  # busy until then: the last round's end + one transfer
+        self._held = False  # the waiting hosts came while the server was busy: they wait up to the hold
 
     @property
     def running(self) -> bool:
@@ -144,6 +158,8 @@ class Rounds:
                     admitted.append(host)
                     continue
                 self.deferred.add(host)
+            if not self.waiting:
+                self._held = self.running_since is not None or now <= self._warm_until
             self.waiting[host] = now
         return admitted
 
@@ -153,6 +169,8 @@ class Rounds:
             return None
         s = self.settings
         first, last = min(self.waiting.values()), max(self.waiting.values())
+        if self._held and s.hold_share > 0:
+            return first + min(s.max_wait_s, s.hold_share * self.transfer_s)
         return min(first + min(s.max_wait_s, s.window_share * self.transfer_s), last + s.quiet_s)
 
     def due(self, now: float) -> Optional[frozenset[str]]:
@@ -185,11 +203,14 @@ class Rounds:
                 self.asked.pop(host, None)
             else:
                 self.waiting[host] = self.running_since
+        held = self.settings.hold_share > 0
         for host in self.deferred:
-            if host in self.waiting:
-                self.waiting[host] = min(self.waiting[host], self.running_since)
+            if host in self.waiting:  # (held: its hold runs from when it asked, else its window is past)
+                self.waiting[host] = min(self.waiting[host], self.asked.get(host, now) if held else self.running_since)
         if stream_s:
             self.transfer_s = stream_s
+        self._warm_until = now + self.transfer_s
+        self._held = bool(self.waiting) and held
         self.running_since = self.stream_since = None
         self._admitted = set()
 

@@ -4,6 +4,7 @@ controller. The OVS lab run with a fleet arriving over time is tests/test_serve_
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 import urllib.request
@@ -107,8 +108,32 @@ def test_a_host_that_leaves_is_forgotten_and_a_verified_one_may_ask_again():
     assert q.due(9.5 + SETTINGS.done_grace_s) == {A}
 
 
+def test_while_busy_a_request_is_held_for_others_but_not_at_an_idle_server():
+    """With a hold, a request that comes while a round runs (or within one transfer after
+    one) waits the hold for others; one at an idle server waits only its window."""
+    p = Rounds(dataclasses.replace(SETTINGS, hold_share=0.5), T)  # hold: 0.5 x 8 s = 4 s (max_wait_s 3)
+    p.observe(frozenset({A}), 0.0)
+    assert p.window_closes() == 0.5  # idle: the usual window
+    p.started(p.due(0.5), 0.5)
+    p.streaming(0.6)
+    p.observe(frozenset({A, B}), 6.0)  # 67% of the stream out: deferred, held from when it asked
+    assert B in p.deferred
+    p.ended(frozenset({A}), 8.7, stream_s=8.1)
+    assert p.due(8.7) is None and p.window_closes() == 6.0 + 3.0
+    p.observe(frozenset({A, B, C}), 8.8)  # C comes in the hold: in the same round
+    assert p.due(9.0) == {B, C}
+    p.started(frozenset({B, C}), 9.0)
+    p.ended(frozenset({B, C}), 17.0)
+    p.observe(frozenset({D}), 17.5)  # within one transfer of the end: busy, held
+    assert p.window_closes() == 17.5 + 3.0
+    p.started(p.due(20.5), 20.5)
+    p.ended(frozenset({D}), 28.0, stream_s=8.0)
+    p.observe(frozenset({A}), 40.0)  # idle again
+    assert p.window_closes() == 40.5
+
+
 @pytest.mark.parametrize("bad", [dict(quiet_s=0), dict(window_share=2), dict(admit_share=-0.1),
-                                 dict(done_grace_s=0)])
+                                 dict(done_grace_s=0), dict(hold_share=-1)])
 def test_settings_are_checked(bad):
     with pytest.raises(ValueError):
         Rounds(RoundSettings(**bad), T)

@@ -32,12 +32,13 @@ def test_a_fleet_arriving_over_time_is_served_in_few_rounds(tmp_path) -> None:
     assert report.server_exit == 0 and report.offers_after_stop == []
     assert sum(len(r["verified"]) for r in report.rounds) == len(fleet)
     assert 1 < len(report.rounds) < len(fleet), "arrivals over 2 transfers: batched, not one round each"
-    # Target <= 0.5 x N x size; the bound leaves room for repairs on a loaded 2-core machine.
-    assert report.sender_ratio <= 0.6, report.format()
-    # Target: every receiver within 2 x one transfer (README: 0.87-3.92 x measured). The reference
-    # is a round to one receiver; on 2 busy cores a round to six takes 2-3 x as long (their CPU),
-    # so the bound is 5 x: it still fails a receiver that waits a round more than it should.
-    assert report.worst_time_ratio() <= 5.0, report.format()
+    # Target <= 0.5 x N x size (measured 0.29-0.43 with the hold over 11 arrival draws, README).
+    assert report.sender_ratio <= 0.5, report.format()
+    # Target: every receiver within 2 x one transfer (README: 1.43-1.78 x over 11 draws with one
+    # other work stream on the machine; 0.87-3.92 x when three shared it). The reference is a
+    # round to one receiver; on 2 busy cores a round to six takes longer (their CPU), so the
+    # bound is 3 x: it still fails a receiver that waits a round more than it should.
+    assert report.worst_time_ratio() <= 3.0, report.format()
     # A host admitted late is served and counted by the round that admitted it.
     for r in report.rounds:
         assert set(r["late"]) <= set(r["verified"]), (r, report.format())
