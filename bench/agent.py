@@ -149,7 +149,7 @@ def run_modelcast(lab: BridgeLab, model: ModelFile, receivers: list[int], rate: 
         sender.kill()
     ok = sender.returncode == 0 and len(done) == len(procs)
     cpu_rx = sync_s = 0.0
-    records = 0
+    records = gro_batches = coalesced = 0
     errors = []
     for h, (out, p) in procs.items():
         if p.poll() is None:
@@ -161,6 +161,8 @@ def run_modelcast(lab: BridgeLab, model: ModelFile, receivers: list[int], rate: 
         ok = ok and got
         cpu_rx += s.get("cpu_s") or 0.0
         records += s.get("resume_records") or 0
+        gro_batches += s.get("gro_batches") or 0
+        coalesced += s.get("coalesced") or 0
         sync_s += s.get("record_sync_s") or 0.0
         out.unlink(missing_ok=True)
     s = _summary(work / "send")
@@ -169,7 +171,8 @@ def run_modelcast(lab: BridgeLab, model: ModelFile, receivers: list[int], rate: 
                {"repair_pct": 100 * (s.get("repair_bytes") or 0) / max(1, model.size),
                 "rate_decreases": s.get("rate_decreases"), "goodput_mbit": s.get("goodput_mbit"),
                 "error": "; ".join(([f"sender: {s['error']}"] if s.get("error") else []) + errors) or None,
-                "resume_records": records, "record_sync_s": round(sync_s, 3)})
+                "resume_records": records, "record_sync_s": round(sync_s, 3),
+                "gro_batches": gro_batches, "coalesced_runs": coalesced})
 
 
 def _from_baseline(res: B.RunResult) -> Run:
