@@ -20,8 +20,8 @@ import socket
 from hostagent.cli import build_parser
 from hostagent.common import MemorySink, MemorySource
 from hostagent.net import (
-    GSO_BATCH_BYTES, GSO_BURST_BYTES, DatagramReader, DatagramWriter, FileSink, FileSource, LoopStats,
-    batch_interval, parse_group,
+    GSO_BATCH_BYTES, GSO_BURST_BYTES, GSO_MAX_WAIT, RX_HOLD, DatagramReader, DatagramWriter, FileSink,
+    FileSource, LoopStats, batch_interval, gso_burst_bytes, parse_group, rx_hold,
 )
 from hostagent.receiver import Receiver, ReceiverConfig
 from hostagent.sender import Sender, SenderConfig
@@ -196,9 +196,31 @@ def test_gso_sender_waits_for_a_batch_of_tokens() -> None:
     assert GSO_BATCH_BYTES + 9000 <= GSO_BURST_BYTES
     assert batch_interval(fast, gso=False) == 0.0
     slow = Sender(MemorySource(bytes(10_000)), SenderConfig(rate_bps=10e6), 0.0)
-    assert batch_interval(slow, gso=True) == 0.002
+    assert batch_interval(slow, gso=True) == GSO_MAX_WAIT
     rx = Receiver(MemorySink(), ReceiverConfig(), 0.0)
     assert batch_interval(rx, gso=True) == 0.0
+
+
+@pytest.mark.parametrize("mbit", [10, 50, 100, 200, 480, 1000, 10_000])
+def test_a_gso_senders_bucket_holds_two_of_its_batches_within_the_burst_bound(mbit: float) -> None:
+    """Whatever the cap, the token bucket holds what a wake-up waits for twice over (a
+    wake-up a little late loses no tokens, so the rate holds), and never more than
+    GSO_BURST_BYTES (what a switch with small queues forwards at once)."""
+    cap = mbit * 1e6
+    sender = Sender(MemorySource(bytes(10_000)), SenderConfig(rate_bps=cap), 0.0)
+    assert sender.rate <= cap
+    waited_for = batch_interval(sender, gso=True) * sender.rate / 8  # tokens gathered per wake-up
+    at_cap = min(GSO_MAX_WAIT, GSO_BATCH_BYTES * 8 / cap) * cap / 8  # the same, once ramped up to the cap
+    assert 2 * max(waited_for, at_cap) <= gso_burst_bytes(cap) + 1 <= GSO_BURST_BYTES + 1
+    assert gso_burst_bytes(cap) >= 64 * 1024
+
+
+def test_a_receivers_hold_fills_at_most_an_eighth_of_its_buffer() -> None:
+    buf = 16 << 20  # what an 8 MiB SO_RCVBUF reports
+    assert rx_hold(100e6 / 8, buf) == RX_HOLD  # 100 Mbit/s: 250 KB in the longest hold
+    assert rx_hold(10e9 / 8, buf) * 10e9 / 8 == pytest.approx(buf / 8)  # 10 Gbit/s: bounded by the buffer
+    assert rx_hold(1e9 / 8, 425_984) * 1e9 / 8 <= 425_984 / 8  # a non-root socket's default buffer
+    assert rx_hold(0.0, buf) == 0.0
 
 
 def test_gso_writer_and_gro_reader_move_datagrams_intact_over_loopback() -> None:
