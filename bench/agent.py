@@ -1,7 +1,7 @@
 """The host agent at line rate, beside TCP fan-out and UFTP in the same run (root):
 
     python -m bench.agent [--size-mb 256] [--rate-cap 1000] [--mtu 9000] [--receivers 1,4]
-                          [--runs 3] [--methods modelcast,tcp,uftp] [--out docs/bench]
+                          [--runs 3] [--methods modelcast,tcp,uftp,uftp-gcm] [--out docs/bench]
                           [--no-asymmetry] [--no-stall] [--no-lanes] [--lanes-cap 0] [--smoke]
                           [--work DIR]
 
@@ -56,7 +56,7 @@ from lab.controller import stamp_printer
 from lab.models import ModelFile, file_digest, make_key_file, make_model
 from lab.sh import LabError
 
-METHODS = ("modelcast", "tcp", "uftp", "modelcast-norecord")
+METHODS = ("modelcast", "tcp", "uftp", "uftp-gcm", "modelcast-norecord")
 NO_RECORD = ("--resume-interval", "1e9")
 GB = 1e9
 LANES_RATE = 10_000.0  # Mbit/s: the sender's --rate in the lanes scenario when the NIC is uncapped
@@ -191,8 +191,10 @@ def one(method: str, lab: BridgeLab, model: ModelFile, receivers: list[int], rat
     if method == "tcp":
         return _from_baseline(B.tcp_fanout(lab, 0, receivers, model.path, work, timeout=timeout))
     group = f"232.201.{index // 250}.{index % 250 + 1}"
-    return _from_baseline(B.uftp(lab, 0, receivers, model.path, work, group, rate, timeout=timeout,
-                                 mtu=mtu))
+    res = _from_baseline(B.uftp(lab, 0, receivers, model.path, work, group, rate, timeout=timeout,
+                                mtu=mtu, cipher=B.UFTP_GCM if method == "uftp-gcm" else ("-Y", "none")))
+    res.method = method
+    return res
 
 
 def speed(args: argparse.Namespace, work: Path, say: Any) -> list[Run]:
@@ -348,7 +350,7 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any], runs: list[Run]) 
     out.append("")
     if t1 and t4:
         out.append(f"- modelcast T(4)/T(1) = {t4 / t1:.2f}")
-    for m in ("tcp", "uftp"):
+    for m in ("tcp", "uftp", "uftp-gcm"):
         other = by.get(("speed", m, 4))
         if t4 and other:
             out.append(f"- modelcast T(4) / {m} T(4) = {t4 / other:.2f}")
@@ -429,7 +431,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--mtu", type=int, default=9000)
     ap.add_argument("--receivers", default="1,4")
     ap.add_argument("--runs", type=int, default=3)
-    ap.add_argument("--methods", default=",".join(METHODS[:3]))
+    ap.add_argument("--methods", default=",".join(METHODS[:4]))
     ap.add_argument("--work", default=None, help="directory for the files (default /dev/shm)")
     ap.add_argument("--timeout", type=float, default=120, help="per transfer, seconds")
     ap.add_argument("--asymmetry", action=argparse.BooleanOptionalAction, default=True,

@@ -221,7 +221,8 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     out = [f"Distribution of a {meta['size_mb']:g} MB file from one sender to N receivers on "
            f"{meta['topology']} (Open vSwitch userspace datapath, MTU {meta['mtu']}); every "
            f"host's NIC capped at {meta['rate_cap']:g} Mbit/s (`tc tbf`, so receivers upload "
-           f"no faster than the sender); median of {meta['runs']} runs, {meta['date']}, "
+           f"no faster than the sender), modelcast and UFTP paced at {meta.get('rate_share', 0.95):g} x "
+           f"that; median of {meta['runs']} runs, {meta['date']}, "
            f"{describe(meta['machine'])} at the start; 1-minute load during the runs "
            f"{meta.get('load_runs', '-')} (min/median/max, the benchmark's own processes "
            f"included).", "",
@@ -324,13 +325,13 @@ def run(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     base_dir = Path("/dev/shm") if Path("/dev/shm").is_dir() else None
     work = Path(tempfile.mkdtemp(prefix="modelcast-bench-", dir=base_dir))
-    meta = {"size_mb": args.size_mb, "rate_cap": args.rate_cap, "topology": topo.name,
+    meta = {"size_mb": args.size_mb, "rate_cap": args.rate_cap, "rate_share": args.rate_share, "topology": topo.name,
             "mtu": args.mtu, "runs": args.runs, "receivers": ns, "loss_pct": losses,
             "methods": methods, "date": time.strftime("%Y-%m-%d"), "cpus": os.cpu_count(),
             "machine": machine(), "kernel": platform.release(), "caps": "every host"}
     say(f"benchmark: {meta}")
     results: list[dict[str, Any]] = []
-    rate = args.rate_cap * 0.95  # agents pace just under the NIC cap
+    rate = args.rate_cap * args.rate_share  # the rate-paced agents (modelcast, UFTP) just under the NIC cap
     with Fabric(topo, work, say=say, mtu=args.mtu) as fabric:
         sender = fabric.topology.hosts[0].name
         model = make_model(work / "model.bin", int(args.size_mb * 1024 * 1024))
@@ -393,6 +394,8 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"default {TOPOLOGY} ({SMOKE_TOPOLOGY} with --smoke)")
     ap.add_argument("--size-mb", type=float, default=32)
     ap.add_argument("--rate-cap", type=float, default=100, help="every host's NIC cap, Mbit/s")
+    ap.add_argument("--rate-share", type=float, default=0.99,
+                    help="modelcast's and UFTP's --rate as a share of the cap (TCP takes what it gets)")
     ap.add_argument("--receivers", default="1,2,4,8,16")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--loss", default="0,1", help="percent random loss on receiver links")
