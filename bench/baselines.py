@@ -145,6 +145,7 @@ def tcp_fanout(lab: NetnsHosts, sender: str, receivers: list[str], path: Path, w
 # UFTP with authenticated datagrams, as modelcast's are: AES-256-GCM on every packet, an
 # ephemeral ECDH key exchange signed with a fresh ECDSA key (nothing to provision).
 UFTP_GCM = ("-Y", "aes256-gcm", "-h", "sha256", "-e", "ecdh_ecdsa", "-K", "prime256v1")
+UFTPD_GCM = ("-K", "ec:prime256v1")  # the client's own ECDSA key, which that key exchange needs
 
 
 def uftp(lab: NetnsHosts, sender: str, receivers: list[str], path: Path, work: Path, group: str,
@@ -164,13 +165,16 @@ def uftp(lab: NetnsHosts, sender: str, receivers: list[str], path: Path, work: P
         (d / "tmp").mkdir(parents=True, exist_ok=True)
         daemons.append((r, d, wrapped(lab, r, work / f"uftpd-{r}.json", "uftpd", "-d", "-D", str(d),
                                       "-T", str(d / "tmp"), "-L", str(d / "log"), "-M", group,
-                                      "-I", lab.host_iface(r), stdout=subprocess.DEVNULL,
+                                      "-I", lab.host_iface(r), *(UFTPD_GCM if cipher == UFTP_GCM else ()),
+                                      stdout=subprocess.DEVNULL,
                                       stderr=subprocess.DEVNULL)))
     time.sleep(1.0)  # uftpd binds and joins
     before = tx_bytes(lab, sender)
     stats = work / "uftp.json"
     t0 = time.monotonic()
     block = max(512, min(mtu - 200, 8800))  # its manual: ~100-200 below the MTU; 8800 max
+    if cipher != ("-Y", "none"):
+        block = min(block, 8700)  # UFTP 4.10.2 with aes256-gcm aborts ("double free") at -b 8800
     proc = wrapped(lab, sender, stats, "uftp", "-R", str(int(rate_mbit * 1000)), "-I",
                    lab.host_iface(sender), "-M", group, "-P", group, *cipher,
                    "-b", str(block), *extra,
