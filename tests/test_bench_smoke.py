@@ -78,7 +78,7 @@ def test_agent_benchmark_smoke(tmp_path):
         if not r["ok"]:
             assert False in r["detail"]["verified"].values(), r  # says whose copy is missing
     speed = {(r["method"], r["receivers"]) for r in runs if r["scenario"] == "speed"}
-    assert speed == {(m, n) for m in ("modelcast", "tcp", "uftp") for n in (1, 2)}
+    assert speed == {(m, n) for m in ("modelcast", "tcp", "uftp", "uftp-gcm") for n in (1, 2)}
     for r in runs:
         assert r["seconds"] > 0 and r["line_rate_s"] > 0 and r["vs_line_rate"] > 1 - 1e-9
         assert r["cpu_sender_per_gb"] is not None and r["cpu_receiver_per_gb"] is not None
