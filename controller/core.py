@@ -441,14 +441,14 @@ class MulticastCore:
     def _set_tree(self, g: Group, tree: Tree | None) -> None:
         """Swap a group's tree, keeping link load and the usage indexes in step."""
         if g.tree is not None:
-            self._add_load(g.tree, -1)
+            self.load.add_tree(g.tree, -1)
         self._swap(g, tree)
 
     def _swap(self, g: Group, tree: Tree | None) -> None:
         """Install ``tree`` as the group's, its old tree's load already taken off: the usage
         indexes change only where the trees differ (a reroute keeps most of a tree)."""
         if tree is not None:
-            self._add_load(tree, 1)
+            self.load.add_tree(tree, 1)
         if self.protection:  # only the entries that differ (a reroute keeps most)
             was = g.tree.entries if g.tree is not None else {}
             now = tree.entries if tree is not None else {}
@@ -466,15 +466,6 @@ class MulticastCore:
                         users(link_users[(p, c) if p < c else (c, p)], gid)
         g.tree = tree
 
-    def _add_load(self, tree: Tree, step: int) -> None:
-        into = self.load.into
-        for c, p in tree.parent.items():
-            if p is not None:  # LinkLoad.bump, inlined: ~10^5 calls per 1000 groups
-                loads = into.get(c)
-                if loads is None:
-                    loads = into[c] = {}
-                loads[p] = loads.get(p, 0) + step
-
     def _sync(self, gids: Iterable[int]) -> Plan:
         gids = list(gids)
         reguard = self._restale() if self.protection else set()
@@ -485,7 +476,7 @@ class MulticastCore:
                 continue
             keep = g.tree.parent if g.tree is not None else self._saved_trees.pop(gid, None)
             if g.tree is not None:  # its own old tree must not bias it away from itself
-                self._add_load(g.tree, -1)
+                self.load.add_tree(g.tree, -1)
             load = self.load if self.balance else LinkLoad()
             try:
                 tree = compute_tree(self.view, g.source, g.receivers, g.algorithm, load,
