@@ -42,6 +42,8 @@ from ryu.ofproto import ofproto_v1_3 as ofp
 
 from controller.topoview import TopologyView
 
+_ABSENT = object()
+
 FF_BASE = 0xFFFF0000  # FF group ids: FF_BASE | (via ingress << 15) | port
 IN_PORT_BIT = 1 << 15
 MAX_PORT = IN_PORT_BIT - 1  # link ports above this are not protected
@@ -102,6 +104,8 @@ class Detours:
         self.known = self._paths  # read-only to callers: ``get`` without the call, when cached
         self._by_edge: dict[frozenset[int], set[tuple[int, int]]] = {}
         self._none: set[tuple[int, int]] = set()  # links without a detour (bridges)
+        self._around: dict[tuple[int, int], list[int] | None] = {}  # (lo, hi) -> path lo..hi
+        self._pair: dict[tuple[int, int], tuple[int, int]] = {}  # (dpid, port) -> its (lo, hi)
         self._edges = view.edge_count
         self._removals = view.removals
 
@@ -123,6 +127,7 @@ class Detours:
                     dropped |= self._by_edge.get(frozenset((a, b)), set())
         for key in dropped:
             d = self._paths.pop(key)
+            self._around.pop(self._pair.pop(key, None), None)
             if d is None:
                 self._none.discard(key)
                 continue
@@ -146,7 +151,15 @@ class Detours:
         d = None
         if link is not None and protectable(dpid, port):
             far = link.b if (link.a, link.a_port) == key else link.a
-            d = _shortest_around(self.view.nbr_ports, dpid, far)
+            # one search per link, from its lower dpid: the other direction's detour is
+            # the same path backwards
+            pair = self._pair[key] = (dpid, far) if dpid < far else (far, dpid)
+            nbr = self.view.nbr_ports
+            path = self._around.get(pair, _ABSENT)
+            if path is _ABSENT:
+                path = self._around[pair] = _path_around(nbr, *pair)
+            if path is not None:
+                d = _detour(nbr, path if path[0] == dpid else path[::-1])
         self._paths[key] = d
         if d is None:
             self._none.add(key)
@@ -161,7 +174,7 @@ def _edges_of(start: int, d: Detour) -> list[frozenset[int]]:
     return [frozenset(e) for e in zip(nodes, nodes[1:])]
 
 
-def _shortest_around(nbr: dict[int, dict[int, int]], src: int, dst: int) -> Detour | None:
+def _path_around(nbr: dict[int, dict[int, int]], src: int, dst: int) -> list[int] | None:
     """A shortest path from ``src`` to ``dst`` without the edge between them: breadth-first
     from both ends (a whole level at a time, the smaller frontier first, meetings found by
     set intersection before the level is expanded), the meeting with the shortest total,
@@ -186,7 +199,13 @@ def _shortest_around(nbr: dict[int, dict[int, int]], src: int, dst: int) -> Deto
                     meet = cand
         if meet is not None:
             mine[meet[1]] = meet[2]
-            return _detour(nbr, sides, meet[1], src)
+            head = [meet[1]]
+            while sides[0][head[-1]] is not None:
+                head.append(sides[0][head[-1]])
+            path = head[::-1]
+            while sides[1][path[-1]] is not None:
+                path.append(sides[1][path[-1]])
+            return path
         nxt = []
         for u in fronts[side]:
             for v in sorted(nbr[u]):
@@ -198,13 +217,8 @@ def _shortest_around(nbr: dict[int, dict[int, int]], src: int, dst: int) -> Deto
     return None
 
 
-def _detour(nbr: dict[int, dict[int, int]], sides: tuple[dict, dict], mid: int, src: int) -> Detour:
-    head = [mid]
-    while sides[0][head[-1]] is not None:
-        head.append(sides[0][head[-1]])
-    path = head[::-1]
-    while sides[1][path[-1]] is not None:
-        path.append(sides[1][path[-1]])
+def _detour(nbr: dict[int, dict[int, int]], path: list[int]) -> Detour:
+    """The detour along ``path`` (its first node to its last, the link's two ends)."""
     hops = tuple((path[i], nbr[path[i]][path[i - 1]], nbr[path[i]][path[i + 1]])
                  for i in range(1, len(path) - 1))
-    return Detour(nbr[src][path[1]], hops, path[-1], nbr[path[-1]][path[-2]])
+    return Detour(nbr[path[0]][path[1]], hops, path[-1], nbr[path[-1]][path[-2]])
