@@ -50,6 +50,9 @@ class Tree:
     entries: dict[int, SwitchEntry] = field(default_factory=dict)
     reached: frozenset[str] = frozenset()
     unreachable: frozenset[str] = frozenset()
+    # (a PathCache's link numbering, the numbers of this tree's links) when the search
+    # had them: the load vector adds and removes the tree without looking its links up
+    numbered: tuple[dict, list[int]] | None = field(default=None, repr=False, compare=False)
 
     def links(self) -> set[DirectedLink]:
         """Directed inter-switch links (parent, child) the group's packets cross."""
@@ -133,7 +136,11 @@ class LinkLoad:
         elif self.pending:
             get, link_id = ids.get, cache.link_id
             for tree, step in self.pending:
-                idx = [get((p, c)) or link_id(p, c) for c, p in tree.parent.items() if p is not None]
+                num = tree.numbered
+                if num is not None and num[0] is ids:
+                    idx = num[1]
+                else:
+                    idx = [get((p, c)) or link_id(p, c) for c, p in tree.parent.items() if p is not None]
                 vec = _grown(vec, len(ids))
                 vec[idx] += step  # a tree crosses each link once
             self.pending.clear()
@@ -180,6 +187,7 @@ class PathCache:
         self.node_ids: dict[int, int] = {}
         self.dpids: list[int] = [0]  # node number -> dpid
         self.link_ids: dict[DirectedLink, int] = {}
+        self._grid: tuple[np.ndarray, np.ndarray] | None = None
 
     def node_id(self, dpid: int) -> int:
         i = self.node_ids.get(dpid)
@@ -194,44 +202,57 @@ class PathCache:
             i = self.link_ids[(p, c)] = len(self.link_ids) + 1
         return i
 
-    def layers(self, root: int) -> list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
-        """The root's DAG as arrays, one tuple per hop count >= 1: (node numbers, their
-        predecessors' node numbers and the links from them, each row padded with 0 to
-        the layer's widest, row numbers). Predecessors stay in dpid order, so the first
-        least cost of a row is the lowest dpid, as in ``_spt``."""
-        dist, preds = self.dag(root)  # (catches up first: stale layers are gone)
-        hit = self._layers.get(root)
-        if hit is None:
-            nid, lid, link_id = self.node_ids, self.link_ids.get, self.link_id
-            by_hop: dict[int, list[int]] = {}
-            for n, d in dist.items():
+    def _neighbours(self) -> tuple[np.ndarray, np.ndarray]:
+        """The live graph as two node-number x widest-degree arrays: each switch's
+        neighbours in dpid order and the links from them to it (0-padded); rebuilt after
+        a topology change, when the first new tree asks."""
+        if self._grid is None:
+            nbr, nid, link_id = self.view.nbr_ports, self.node_ids, self.link_id
+            for n in sorted(nbr):
                 if n not in nid:
                     self.node_id(n)
-                if d:
-                    by_hop.setdefault(d, []).append(n)
+            width = max([len(ps) for ps in nbr.values()], default=0) or 1
+            around = np.zeros((len(self.dpids), width), dtype=np.intp)
+            links = np.zeros((len(self.dpids), width), dtype=np.intp)
+            for n, ps in nbr.items():
+                i, row = nid[n], sorted(ps)
+                around[i, :len(row)] = [nid[p] for p in row]
+                links[i, :len(row)] = [link_id(p, n) for p in row]
+            self._grid = (around, links)
+        return self._grid
+
+    def layers(self, root: int) -> list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
+        """The root's DAG as arrays, one tuple per hop count >= 1: (node numbers, their
+        predecessors' node numbers and the links from them, taken from the neighbour
+        arrays, 0-padded to the layer's most, row numbers). Predecessors stay in dpid
+        order, so the first least cost of a row is the lowest dpid, as in ``_spt``."""
+        dist, _preds = self.dag(root)  # (catches up first: stale layers are gone)
+        hit = self._layers.get(root)
+        if hit is None:
+            around, links = self._neighbours()
+            nid = self.node_ids
+            nodes = np.fromiter([nid[n] for n in dist], dtype=np.intp, count=len(dist))
+            hops = np.fromiter(dist.values(), dtype=np.intp, count=len(dist))  # (BFS order)
+            at = np.full(len(self.dpids), -2, dtype=np.intp)
+            at[nodes] = hops
+            nb = around[nodes]
+            pred = at[nb] == (hops - 1)[:, None]
+            first = np.argsort(~pred, axis=1, kind="stable")  # predecessors first, in order
+            p_ids = np.take_along_axis(np.where(pred, nb, 0), first, 1)
+            l_ids = np.take_along_axis(np.where(pred, links[nodes], 0), first, 1)
+            count = pred.sum(1)
+            cuts = np.searchsorted(hops, np.arange(1, int(hops[-1]) + 2))
             hit = []
-            for d in sorted(by_hop):
-                nodes = by_hop[d]
-                width = max([len(preds[n]) for n in nodes])
-                rows: list[int] = []
-                links: list[int] = []
-                for n in nodes:
-                    ps = preds[n]
-                    pad = [0] * (width - len(ps))
-                    rows += [nid[p] for p in ps]
-                    rows += pad
-                    links += [lid((p, n)) or link_id(p, n) for p in ps]
-                    links += pad
-                shape = (len(nodes), width)
-                hit.append((np.array([nid[n] for n in nodes], dtype=np.intp),
-                            np.array(rows, dtype=np.intp).reshape(shape),
-                            np.array(links, dtype=np.intp).reshape(shape), np.arange(len(nodes))))
+            for lo, hi in zip(cuts.tolist(), cuts[1:].tolist()):
+                width = int(count[lo:hi].max())
+                hit.append((nodes[lo:hi], p_ids[lo:hi, :width], l_ids[lo:hi, :width], np.arange(hi - lo)))
             self._layers[root] = hit
         return hit
 
     def _catch_up(self) -> None:
         view = self.view
         self._layers.clear()  # (rebuilt from the patched DAGs when next asked)
+        self._grid = None
         changes = view.edge_changes(self._edges)
         if view.removals != self._removals or changes is None:
             self._dags.clear()
@@ -327,7 +348,8 @@ def compute_tree(view: TopologyView, source: str, receivers: Iterable[str],
                 tree.parent = _spt(tree.root, tset, preds, dist, load, keep)
             else:
                 cache = cache or PathCache(view)
-                tree.parent = _spt_vector(tree.root, tset, cache, load)
+                tree.parent, links = _spt_vector(tree.root, tset, cache, load)
+                tree.numbered = (cache.link_ids, links)
         else:
             comp = nx.node_connected_component(view.graph, tree.root)
             targets = {r: loc for r, loc in locs.items()
@@ -401,15 +423,17 @@ def _spt(root: int, targets: set[int], preds: dict[int, list[int]], dist: dict[i
 _FAR = 1 << 60  # the cost of "no predecessor" (padding): never the least
 
 
-def _spt_vector(root: int, targets: set[int], cache: PathCache, link_load: LinkLoad) -> dict[int, int | None]:
+def _spt_vector(root: int, targets: set[int], cache: PathCache, link_load: LinkLoad
+                ) -> tuple[dict[int, int | None], list[int]]:
     """``_spt`` without a kept tree, a layer of the DAG at a time as array operations:
     every switch's least-loaded path cost and choice, then each target walks back. The
-    same choices as ``_spt`` (ties to the lowest dpid), ~10x cheaper: the per-node loop
-    in Python was the search's cost."""
+    same choices as ``_spt`` (ties to the lowest dpid), ~5x cheaper: the per-node loop
+    in Python was the search's cost. Also returns the tree's links' numbers."""
     layers = cache.layers(root)
     load = link_load.vector(cache)  # (after the layers: they may number new links)
     cost = np.full(len(cache.dpids), _FAR, dtype=np.int64)
     choice = np.zeros(len(cache.dpids), dtype=np.intp)
+    uplink = np.zeros(len(cache.dpids), dtype=np.intp)
     cost[cache.node_ids[root]] = 0
     for nodes, preds, links, rows in layers:
         c = cost[preds]
@@ -417,15 +441,19 @@ def _spt_vector(root: int, targets: set[int], cache: PathCache, link_load: LinkL
         best = c.argmin(1)
         cost[nodes] = c[rows, best]
         choice[nodes] = preds[rows, best]
-    up, ids, dpids = choice.tolist(), cache.node_ids, cache.dpids
+        uplink[nodes] = links[rows, best]
+    up, via, ids, dpids = choice.tolist(), uplink.tolist(), cache.node_ids, cache.dpids
     parent: dict[int, int | None] = {root: None}
+    used = []
     for t in sorted(targets):
         n = t
         while n not in parent:
-            p = dpids[up[ids[n]]]
+            i = ids[n]
+            p = dpids[up[i]]
             parent[n] = p
+            used.append(via[i])
             n = p
-    return parent
+    return parent, used
 
 
 def _steiner(graph: nx.Graph, root: int, targets: set[int],

@@ -71,9 +71,11 @@ def test_vectorised_search_picks_the_per_node_searchs_tree_as_loads_and_links_ch
         if root in view.switches:
             dist, preds = cache.dag(root)
             targets = set(rng.sample(sorted(dist), min(len(dist), rng.randint(1, 6))))
-            got = _spt_vector(root, targets, cache, load)
+            got, links = _spt_vector(root, targets, cache, load)
             assert got == _spt(root, targets, preds, dist, load)
-            tree = Tree(source="10.0.0.1", root=root, parent=got)
+            assert sorted(links) == sorted(cache.link_ids[(p, c)] for c, p in got.items() if p is not None)
+            tree = Tree(source="10.0.0.1", root=root, parent=got,
+                        numbered=(cache.link_ids, links) if rng.random() < 0.5 else None)
             load.add_tree(tree, 1)
             if rng.random() < 0.2:
                 load.add_tree(tree, -1)
