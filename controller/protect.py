@@ -178,8 +178,9 @@ def _path_around(nbr: dict[int, dict[int, int]], src: int, dst: int) -> list[int
     """A shortest path from ``src`` to ``dst`` without the edge between them: breadth-first
     from both ends (a whole level at a time, the smaller frontier first, meetings found by
     set intersection before the level is expanded), the meeting with the shortest total,
-    then the lowest dpids: the same graph always gives the same detour, and a failure
-    costs two shallow searches, not one deep one."""
+    then a mix of the link and the meeting (``_spread``): the same graph always gives
+    the same detour, equally short ones are spread over the fabric, and a failure costs
+    two shallow searches, not one deep one."""
     if src not in nbr or dst not in nbr:
         return None
     sides = ({src: None}, {dst: None})  # node -> its parent on that side
@@ -194,12 +195,16 @@ def _path_around(nbr: dict[int, dict[int, int]], src: int, dst: int) -> list[int
             for v in nbr[u].keys() & other.keys():
                 if (u == src and v == dst) or (u == dst and v == src) or v in mine:
                     continue
-                cand = (level + far[v], v, u)
+                # among equally short detours a mix of the link and the meeting, not the
+                # lowest dpids: those put every detour of a fabric tier through the
+                # same few links (254 of 800 on fat-tree:16), and a failure of one of
+                # them re-protected every tree entry that relied on them
+                cand = (level + far[v], _spread(src, dst, v, u), v, u)
                 if meet is None or cand < meet:
                     meet = cand
         if meet is not None:
-            mine[meet[1]] = meet[2]
-            head = [meet[1]]
+            mine[meet[2]] = meet[3]
+            head = [meet[2]]
             while sides[0][head[-1]] is not None:
                 head.append(sides[0][head[-1]])
             path = head[::-1]
@@ -215,6 +220,15 @@ def _path_around(nbr: dict[int, dict[int, int]], src: int, dst: int) -> list[int
                     nxt.append(v)
         fronts[side] = nxt
     return None
+
+
+def _spread(src: int, dst: int, v: int, u: int) -> int:
+    """A deterministic, well-mixed tie-break (32 bits) for the meeting edge (u, v) of the
+    search around link (src, dst)."""
+    x = (src * 0x9E3779B1 ^ dst * 0x85EBCA77 ^ v * 0xC2B2AE3D ^ u * 0x27D4EB2F) & 0xFFFFFFFF
+    x ^= x >> 15
+    x = (x * 0x2C1B3C6D) & 0xFFFFFFFF
+    return x ^ (x >> 12)
 
 
 def _detour(nbr: dict[int, dict[int, int]], path: list[int]) -> Detour:
