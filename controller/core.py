@@ -183,7 +183,6 @@ class MulticastCore:
         # dpid -> shared protection entries the switch holds (FF groups, transit flows)
         self.shared: dict[int, dict[tuple, Any]] = {}
         self.ff_refs: defaultdict[int, dict[int, int]] = defaultdict(dict)  # dpid -> FF id -> users
-        self.guard_refs: dict[tuple[int, int], int] = {}  # protected (dpid, port) -> users
         self.guards: dict[tuple[int, int], Any] = {}  # protected (dpid, port) in use -> its Detour
         self.through: defaultdict[int, set[tuple[int, int]]] = defaultdict(set)  # dpid -> guards crossing it
         self.shared_want: defaultdict[int, dict[tuple, Any]] = defaultdict(dict)  # ... they must hold
@@ -592,14 +591,10 @@ class MulticastCore:
                     del refs[f]
                 if n == appear:
                     self._want_ff(dpid, f)
-                key = (dpid, ff_port(f))
-                n = self.guard_refs.get(key, 0) + step
-                if n:
-                    self.guard_refs[key] = n
-                else:
-                    del self.guard_refs[key]
-                if n == appear:
-                    self._guard(key, step > 0)
+                    # the protected link's users: both FF groups of its port (the sibling
+                    # id differs in IN_PORT_BIT only)
+                    if f ^ IN_PORT_BIT not in refs:
+                        self._guard((dpid, ff_port(f)), step > 0)
 
     def _want(self, dpid: int, key: tuple, spec: Any) -> None:
         """Set (None: drop) one shared entry ``dpid`` must hold, noting the change."""
