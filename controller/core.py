@@ -180,6 +180,8 @@ class MulticastCore:
         # are handled by the controller's reroute alone
         self.protection = protection
         self.detours = Detours(self.view)
+        self._pieces: dict[tuple[int, int], tuple] = {}  # (dpid, port) -> _piece, this topology's
+        self._pieces_of: tuple[int, int] | None = None
         # dpid -> shared protection entries the switch holds (FF groups, transit flows)
         self.shared: dict[int, dict[tuple, Any]] = {}
         self.ff_refs: defaultdict[int, dict[int, int]] = defaultdict(dict)  # dpid -> FF id -> users
@@ -523,8 +525,9 @@ class MulticastCore:
         where the switch's own parent link has one. Each entry needs only its own ports,
         its parent and their detours: where ``old`` (the group's previous tree) has the
         same and no detour of them is ``stale``, its protected entry is kept."""
-        port_link, detours, entries, parent = self.view.port_link, self.detours, tree.entries, tree.parent
-        nbr, known = self.view.nbr_ports, detours.known
+        entries, parent, nbr = tree.entries, tree.parent, self.view.nbr_ports
+        pieces = self._pieces_now()
+        piece = self._piece
         gmac = ofmsgs.multicast_mac(g.address)
         to_group = (("set_field", "eth_dst", gmac), ("group", g.gid))  # the usual rejoin actions
         was, was_parent = (old.entries, old.parent) if old is not None else ({}, {})
@@ -540,34 +543,54 @@ class MulticastCore:
                 continue
             guards = None
             for q in out_ports:
-                key = (n, q)
-                if key in port_link:
-                    d = known.get(key, _ABSENT)
-                    if d is _ABSENT:
-                        d = detours.get(n, q)
-                    if d is not None:
-                        if guards is None:
-                            guards = {}
-                        guards[q] = d
-            ff = tuple([ff_id(q, d.first == in_port) for q, d in guards.items()]) if guards else ()
+                pc = pieces.get((n, q))
+                if pc is None:
+                    pc = piece(n, q)
+                if pc:
+                    if guards is None:
+                        guards = {}
+                    guards[q] = pc
+            ff = tuple([pc[2] if pc[0] == in_port else pc[1] for pc in guards.values()]) if guards else ()
             rejoin: tuple = ()
             if par is not None:
                 up = nbr[par][n]
-                d = known.get((par, up), _ABSENT)
-                if d is _ABSENT:
-                    d = detours.get(par, up)
-                if d is not None:
-                    arr = d.arrival
+                pc = pieces.get((par, up))
+                if pc is None:
+                    pc = piece(par, up)
+                if pc:
+                    arr = pc[3]
                     if arr in out_ports:  # it comes in over one of our own outputs here
                         outs = tuple(("output", ofmsgs.ofp.OFPP_IN_PORT) if q == arr
-                                     else ("group", ff_id(q, guards[q].first == arr)) if guards and q in guards
-                                     else ("output", q) for q in out_ports)
+                                     else ("group", guards[q][2] if guards[q][0] == arr else guards[q][1])
+                                     if guards and q in guards else ("output", q) for q in out_ports)
                         acts = (to_group[0],) + outs
                     else:
                         acts = to_group
-                    rejoin = (arr, tag(par, up), acts)
+                    rejoin = (arr, pc[4], acts)
             if ff != e[2] or rejoin != e[3]:
                 entries[n] = entry(SwitchEntry, (in_port, out_ports, ff, rejoin))
+
+    def _pieces_now(self) -> dict[tuple[int, int], tuple]:
+        """The per-port protection pieces (``_piece``) of the current topology."""
+        version = (self.view.edge_count, self.view.removals)
+        if self._pieces_of != version:
+            self._pieces.clear()
+            self._pieces_of = version
+        return self._pieces
+
+    def _piece(self, dpid: int, port: int) -> tuple:
+        """What protecting port ``dpid:port`` puts into the entries of every tree using
+        it, computed once per topology: () when it is no link or has no detour, else
+        (the detour's first port, the FF group id, the id when the detour leaves by the
+        ingress port, the arrival port at the far end, the link's tag). The caller has
+        run ``_restale`` (or ``_pieces_now``) for this topology."""
+        pc: tuple = ()
+        if (dpid, port) in self.view.port_link:
+            d = self.detours.get(dpid, port)
+            if d is not None:
+                pc = (d.first, ff_id(port, False), ff_id(port, True), d.arrival, tag(dpid, port))
+        self._pieces[(dpid, port)] = pc
+        return pc
 
     def _touches(self, n: int, par: int | None, outs: tuple[int, ...], stale: set[tuple[int, int]]) -> bool:
         return (par is not None and (par, self.view.nbr_ports[par].get(n)) in stale) or \

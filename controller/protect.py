@@ -178,12 +178,13 @@ def _path_around(nbr: dict[int, dict[int, int]], src: int, dst: int) -> list[int
     """A shortest path from ``src`` to ``dst`` without the edge between them: breadth-first
     from both ends (a whole level at a time, the smaller frontier first, meetings found by
     set intersection before the level is expanded), the meeting with the shortest total,
-    then a mix of the link and the meeting (``_spread``): the same graph always gives
+    then a hash of the link and the meeting: the same graph always gives
     the same detour, equally short ones are spread over the fabric, and a failure costs
     two shallow searches, not one deep one."""
     if src not in nbr or dst not in nbr:
         return None
     sides = ({src: None}, {dst: None})  # node -> its parent on that side
+    salt = src * 0x9E3779B1 ^ dst * 0x85EBCA77
     depth = ({src: 0}, {dst: 0})
     fronts = [[src], [dst]]
     while fronts[0] and fronts[1]:
@@ -195,11 +196,12 @@ def _path_around(nbr: dict[int, dict[int, int]], src: int, dst: int) -> list[int
             for v in nbr[u].keys() & other.keys():
                 if (u == src and v == dst) or (u == dst and v == src) or v in mine:
                     continue
-                # among equally short detours a mix of the link and the meeting, not the
+                # among equally short detours a hash of the link and the meeting, not the
                 # lowest dpids: those put every detour of a fabric tier through the
                 # same few links (254 of 800 on fat-tree:16), and a failure of one of
                 # them re-protected every tree entry that relied on them
-                cand = (level + far[v], _spread(src, dst, v, u), v, u)
+                cand = (level + far[v], ((v * 0xC2B2AE3D ^ u * 0x27D4EB2F ^ salt) * 0x2C1B3C6D
+                                         & 0xFFFFFFFF) >> 8, v, u)
                 if meet is None or cand < meet:
                     meet = cand
         if meet is not None:
@@ -220,15 +222,6 @@ def _path_around(nbr: dict[int, dict[int, int]], src: int, dst: int) -> list[int
                     nxt.append(v)
         fronts[side] = nxt
     return None
-
-
-def _spread(src: int, dst: int, v: int, u: int) -> int:
-    """A deterministic, well-mixed tie-break (32 bits) for the meeting edge (u, v) of the
-    search around link (src, dst)."""
-    x = (src * 0x9E3779B1 ^ dst * 0x85EBCA77 ^ v * 0xC2B2AE3D ^ u * 0x27D4EB2F) & 0xFFFFFFFF
-    x ^= x >> 15
-    x = (x * 0x2C1B3C6D) & 0xFFFFFFFF
-    return x ^ (x >> 12)
 
 
 def _detour(nbr: dict[int, dict[int, int]], path: list[int]) -> Detour:
