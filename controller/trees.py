@@ -489,15 +489,15 @@ def _steiner(graph: nx.Graph, root: int, targets: set[int],
 
 
 def _fill_entries(view: TopologyView, tree: Tree, source_port: int, receivers: Iterable) -> None:
-    nbr = view.nbr_ports
-    outs: dict[int, set[int]] = {n: set() for n in tree.parent}
-    for child, par in tree.parent.items():
+    nbr, parent = view.nbr_ports, tree.parent
+    outs: dict[int, list[int]] = {n: [] for n in parent}
+    for child, par in parent.items():
         if par is not None:
-            outs[par].add(nbr[par][child])
-    for loc in receivers:
-        outs[loc.dpid].add(loc.port)
+            outs[par].append(nbr[par][child])  # (one port per child)
+    for dpid, port in {(loc.dpid, loc.port) for loc in receivers}:  # (hosts may share a port)
+        outs[dpid].append(port)
     entry, entries = tuple.__new__, tree.entries  # SwitchEntry(...) without its Python __new__
     for n, ports in outs.items():
-        par = tree.parent[n]
-        entries[n] = entry(SwitchEntry, (source_port if par is None else nbr[n][par],
-                                         tuple(sorted(ports)), (), ()))
+        par = parent[n]
+        ports.sort()
+        entries[n] = entry(SwitchEntry, (source_port if par is None else nbr[n][par], tuple(ports), (), ()))
