@@ -531,6 +531,7 @@ class MulticastCore:
         gmac = ofmsgs.multicast_mac(g.address)
         to_group = (("set_field", "eth_dst", gmac), ("group", g.gid))  # the usual rejoin actions
         was, was_parent = (old.entries, old.parent) if old is not None else ({}, {})
+        at = {d for d, _ in stale}  # (a stale detour's link starts at one of these)
         entry = tuple.__new__  # SwitchEntry(...) without its Python-level __new__
         for n in entries if nodes is None else nodes:
             e = entries[n]
@@ -538,7 +539,7 @@ class MulticastCore:
             par = parent[n]
             o = was.get(n)
             if o is not None and o[0] == in_port and o[1] == out_ports and was_parent.get(n, _ABSENT) == par \
-                    and not (stale and self._touches(n, par, out_ports, stale)):
+                    and not ((n in at or par in at) and self._touches(n, par, out_ports, stale)):
                 entries[n] = o
                 continue
             guards = None
