@@ -12,10 +12,11 @@ Two algorithms:
 from __future__ import annotations
 
 from bisect import insort
+from heapq import heapify, heappop, heappush
 from collections import Counter
 from dataclasses import dataclass, field
 from itertools import repeat
-from operator import add
+from operator import add, itemgetter
 from typing import Iterable, Iterator, NamedTuple
 
 import networkx as nx
@@ -257,9 +258,11 @@ class PathCache:
         if view.removals != self._removals or changes is None:
             self._dags.clear()
         else:
-            for a, b, added in changes:
+            for i, (a, b, added) in enumerate(changes):
+                # (the view's graph is the DAG's only after the last change)
+                adj = view.nbr_ports if i == len(changes) - 1 else None
                 for root, (dist, preds) in list(self._dags.items()):
-                    if not _patch(dist, preds, a, b, added):
+                    if not _patch(dist, preds, a, b, added, adj):
                         del self._dags[root]
         self._removals, self._edges = view.removals, view.edge_count
 
@@ -292,8 +295,11 @@ class PathCache:
         return hit
 
 
-def _patch(dist: dict[int, int], preds: dict[int, list[int]], a: int, b: int, added: bool) -> bool:
-    """Apply one edge change to a BFS DAG in place; False when distances may change."""
+def _patch(dist: dict[int, int], preds: dict[int, list[int]], a: int, b: int, added: bool,
+           adj: dict[int, dict[int, int]] | None = None) -> bool:
+    """Apply one edge change to a BFS DAG in place; False when distances may change (and
+    the DAG is to be recomputed). With ``adj``, the graph after the change, a removal
+    that takes a node's only predecessor is repaired too (``_regrow``)."""
     da, db = dist.get(a), dist.get(b)
     if da is None and db is None:
         return True  # both outside the root's component, and they stay so together
@@ -308,7 +314,55 @@ def _patch(dist: dict[int, int], preds: dict[int, list[int]], a: int, b: int, ad
         insort(preds[far], near)
         return True
     preds[far].remove(near)
-    return bool(preds[far])  # its only predecessor went: distances grow
+    if preds[far]:
+        return True
+    if adj is None:
+        return False  # its only predecessor went: distances grow
+    _regrow(dist, preds, adj, far)
+    return True
+
+
+def _regrow(dist: dict[int, int], preds: dict[int, list[int]], adj: dict[int, dict[int, int]],
+            far: int) -> None:
+    """``far`` lost its only shortest-path predecessor: the nodes all of whose shortest
+    paths ran through it get new distances from their neighbours that keep theirs
+    (breadth-first in distance order), instead of one new search from the root (a
+    failure next to a source's switch would otherwise cost a whole search per source)."""
+    gone, frontier = {far}, [far]
+    while frontier:  # a node is gone when all its predecessors are (layer by layer)
+        nxt = []
+        for u in frontier:
+            du = dist[u] + 1
+            for v in adj.get(u, ()):
+                if v not in gone and dist.get(v) == du and all(p in gone for p in preds[v]):
+                    gone.add(v)
+                    nxt.append(v)
+        frontier = nxt
+    for x in gone:
+        del dist[x]
+        del preds[x]
+    queue = []
+    for x in gone:
+        ds = [dist[y] for y in adj.get(x, ()) if y in dist]
+        if ds:
+            queue.append((min(ds) + 1, x))
+    heapify(queue)
+    while queue:
+        d, x = heappop(queue)
+        if x in dist:
+            continue
+        dist[x] = d
+        for y in adj[x]:
+            if y in gone and y not in dist:
+                heappush(queue, (d + 1, y))
+    touched = {y for x in gone for y in adj.get(x, ())} | gone
+    for v in touched:
+        dv = dist.get(v)
+        if dv is not None and dv > 0:
+            preds[v] = sorted(y for y in adj[v] if dist.get(y) == dv - 1)
+    order = sorted(dist.items(), key=itemgetter(1))  # (BFS order: the layers rely on it)
+    dist.clear()
+    dist.update(order)
 
 
 def compute_tree(view: TopologyView, source: str, receivers: Iterable[str],
