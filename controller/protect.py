@@ -106,6 +106,8 @@ class Detours:
         self._none: set[tuple[int, int]] = set()  # links without a detour (bridges)
         self._around: dict[tuple[int, int], list[int] | None] = {}  # (lo, hi) -> path lo..hi
         self._pair: dict[tuple[int, int], tuple[int, int]] = {}  # (dpid, port) -> its (lo, hi)
+        # (dpid, port) -> the dropped detour's node after dpid and node before the far end
+        self._hint: dict[tuple[int, int], tuple[int, int]] = {}
         self._edges = view.edge_count
         self._removals = view.removals
 
@@ -131,6 +133,8 @@ class Detours:
             if d is None:
                 self._none.discard(key)
                 continue
+            self._hint[key] = (d.transit[0][0] if d.transit else d.rejoin,
+                               d.transit[-1][0] if d.transit else key[0])
             for e in _edges_of(key[0], d):
                 users = self._by_edge[e]
                 users.discard(key)
@@ -153,11 +157,15 @@ class Detours:
             far = link.b if (link.a, link.a_port) == key else link.a
             # one search per link, from its lower dpid: the other direction's detour is
             # the same path backwards
-            pair = self._pair[key] = (dpid, far) if dpid < far else (far, dpid)
             nbr = self.view.nbr_ports
-            path = self._around.get(pair, _ABSENT)
-            if path is _ABSENT:
-                path = self._around[pair] = _path_around(nbr, *pair)
+            hint = self._hint.pop(key, None)
+            if hint is not None:  # a replacement: as close to the old one as it can be
+                path = _path_around(nbr, dpid, far, hint)
+            else:
+                pair = self._pair[key] = (dpid, far) if dpid < far else (far, dpid)
+                path = self._around.get(pair, _ABSENT)
+                if path is _ABSENT:
+                    path = self._around[pair] = _path_around(nbr, *pair)
             if path is not None:
                 d = _detour(nbr, path if path[0] == dpid else path[::-1])
         self._paths[key] = d
@@ -174,16 +182,21 @@ def _edges_of(start: int, d: Detour) -> list[frozenset[int]]:
     return [frozenset(e) for e in zip(nodes, nodes[1:])]
 
 
-def _path_around(nbr: dict[int, dict[int, int]], src: int, dst: int) -> list[int] | None:
+def _path_around(nbr: dict[int, dict[int, int]], src: int, dst: int,
+                 hint: tuple[int, int] | None = None) -> list[int] | None:
     """A shortest path from ``src`` to ``dst`` without the edge between them: breadth-first
     from both ends (a whole level at a time, the smaller frontier first, meetings found by
     set intersection before the level is expanded), the meeting with the shortest total,
     then a hash of the link and the meeting: the same graph always gives
     the same detour, equally short ones are spread over the fabric, and a failure costs
-    two shallow searches, not one deep one."""
+    two shallow searches, not one deep one. ``hint`` (the replaced detour's node after
+    ``src`` and node before ``dst``) is kept where an equally short detour allows: a new
+    node before ``dst`` changes every group's rejoin flow there, a new first node the
+    FF group ids of the groups entering ``src`` by either."""
     if src not in nbr or dst not in nbr:
         return None
     sides = ({src: None}, {dst: None})  # node -> its parent on that side
+    hop: tuple[dict, dict] = ({src: None}, {dst: None})  # node -> its side's first hop to it
     salt = src * 0x9E3779B1 ^ dst * 0x85EBCA77
     depth = ({src: 0}, {dst: 0})
     fronts = [[src], [dst]]
@@ -200,13 +213,17 @@ def _path_around(nbr: dict[int, dict[int, int]], src: int, dst: int) -> list[int
                 # lowest dpids: those put every detour of a fabric tier through the
                 # same few links (254 of 800 on fat-tree:16), and a failure of one of
                 # them re-protected every tree entry that relied on them
-                cand = (level + far[v], ((v * 0xC2B2AE3D ^ u * 0x27D4EB2F ^ salt) * 0x2C1B3C6D
-                                         & 0xFFFFFFFF) >> 8, v, u)
+                miss = 0
+                if hint is not None:
+                    a, b = (u, v) if side == 0 else (v, u)  # a on src's side, b on dst's
+                    miss = 2 * ((hop[1][b] or a) != hint[1]) + ((hop[0][a] or b) != hint[0])
+                cand = (level + far[v], miss, ((v * 0xC2B2AE3D ^ u * 0x27D4EB2F ^ salt) * 0x2C1B3C6D
+                                               & 0xFFFFFFFF) >> 8, v, u)
                 if meet is None or cand < meet:
                     meet = cand
         if meet is not None:
-            mine[meet[2]] = meet[3]
-            head = [meet[2]]
+            mine[meet[3]] = meet[4]
+            head = [meet[3]]
             while sides[0][head[-1]] is not None:
                 head.append(sides[0][head[-1]])
             path = head[::-1]
@@ -218,6 +235,7 @@ def _path_around(nbr: dict[int, dict[int, int]], src: int, dst: int) -> list[int
             for v in sorted(nbr[u]):
                 if v not in mine and not ((u == src and v == dst) or (u == dst and v == src)):
                     mine[v] = u
+                    hop[side][v] = v if mine[u] is None else hop[side][u]
                     depth[side][v] = level
                     nxt.append(v)
         fronts[side] = nxt
