@@ -209,7 +209,7 @@ class PathCache:
         a topology change, when the first new tree asks."""
         if self._grid is None:
             nbr, nid, link_id = self.view.nbr_ports, self.node_ids, self.link_id
-            for n in sorted(nbr):
+            for n in sorted(nbr.keys() | self.view.switches):
                 if n not in nid:
                     self.node_id(n)
             width = max([len(ps) for ps in nbr.values()], default=0) or 1
@@ -230,8 +230,10 @@ class PathCache:
         dist, _preds = self.dag(root)  # (catches up first: stale layers are gone)
         hit = self._layers.get(root)
         if hit is None:
-            around, links = self._neighbours()
             nid = self.node_ids
+            if any(n not in nid for n in dist):  # (a switch that came without links)
+                self._grid = None
+            around, links = self._neighbours()
             nodes = np.fromiter([nid[n] for n in dist], dtype=np.intp, count=len(dist))
             hops = np.fromiter(dist.values(), dtype=np.intp, count=len(dist))  # (BFS order)
             at = np.full(len(self.dpids), -2, dtype=np.intp)
