@@ -353,7 +353,9 @@ class MulticastCore:
     def link_remove(self, a: int, a_port: int, b: int, b_port: int) -> Plan:
         if not self.view.remove_link(a, a_port, b, b_port):
             return Plan()
-        return self._after_down(self.link_users[(min(a, b), max(a, b))])
+        # every tree crossing the link crosses something no longer live: no scan
+        return self._sync(sorted(gid for gid in self.link_users[(min(a, b), max(a, b))]
+                                 if self.groups[gid].tree is not None))
 
     def port_down(self, dpid: int, port: int) -> Plan:
         return self.ports_down(dpid, [port])

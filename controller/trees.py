@@ -387,7 +387,10 @@ def compute_tree(view: TopologyView, source: str, receivers: Iterable[str],
     if algorithm not in ALGORITHMS:
         raise ValueError(f"unknown tree algorithm {algorithm!r}; use one of {ALGORITHMS}")
     src = view.host(source)
-    locs = {r: view.host(r) for r in sorted(rset)}
+    hosts, locs = view.hosts, {}
+    for r in sorted(rset):
+        loc = hosts.get(r)  # (checked above: ``view.host`` would check each again)
+        locs[r] = loc if loc is not None else view.host(r)  # (raises UnknownHost)
     if not isinstance(load, LinkLoad):
         load = LinkLoad(load)  # a plain Counter from a caller
     tree = Tree(source=source, root=src.dpid if view.host_attached(src) else None)
