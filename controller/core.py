@@ -29,6 +29,7 @@ DEFAULT_PORT = 5500
 MAX_GID = 0xFFFEFFFF  # below the fast-failover ids (controller.protect.FF_BASE)
 UNKNOWN_PORT = -1  # in a believed entry: "whatever is there is wrong", never sent
 _ABSENT = object()
+_NOTHING: dict = {}  # (never written)
 
 
 def tune_gc() -> None:
@@ -455,8 +456,9 @@ class MulticastCore:
         if self.protection:  # only the entries that differ (a reroute keeps most)
             was = g.tree.entries if g.tree is not None else {}
             now = tree.entries if tree is not None else {}
-            self._count({n: e for n, e in was.items() if now.get(n) != e}, -1)
-            self._count({n: e for n, e in now.items() if was.get(n) != e}, 1)
+            if was:
+                self._count({n: e for n, e in was.items() if now.get(n) != e}, -1)
+            self._count({n: e for n, e in now.items() if was.get(n) != e} if was else now, 1)
         old = g.tree.parent if g.tree is not None else {}
         new = tree.parent if tree is not None else {}
         gid, link_users, switch_users = g.gid, self.link_users, self.switch_users
@@ -718,11 +720,15 @@ class MulticastCore:
             g = self.groups[gid]
             want = g.tree.entries if g.tree is not None else {}
             placed = self.placed[gid]
-            have = {dpid: installed[dpid][gid] for dpid in (placed if only is None else placed & only)}
-            dpids = (want.keys() | have.keys()) & live
-            if only is not None:
-                dpids &= only
-            changed = [d for d in dpids if have.get(d) != want.get(d)]
+            if placed:
+                have = {dpid: installed[dpid][gid] for dpid in (placed if only is None else placed & only)}
+                dpids = (want.keys() | have.keys()) & live
+                if only is not None:
+                    dpids &= only
+                changed = [d for d in dpids if have.get(d) != want.get(d)]
+            else:  # a new tree (or one whose switches all came back empty): all of it
+                have = _NOTHING
+                changed = [d for d in want if d in live and (only is None or d in only)]
             if not changed:
                 continue
             plan.groups.add(gid)
