@@ -306,12 +306,20 @@ def _patch(dist: dict[int, int], preds: dict[int, list[int]], a: int, b: int, ad
     if da is None and db is None:
         return True  # both outside the root's component, and they stay so together
     if da is None or db is None:
-        return not added  # an edge from outside the component cannot be in it
+        if not added:
+            return True  # an edge from outside the component cannot be in it
+        if adj is None:
+            return False  # another component joins
+        _shrink(dist, preds, adj, b if da is not None else a, (da if da is not None else db) + 1)
+        return True
     if da == db:
         return True  # same layer: on no shortest path
     near, far = (a, b) if da < db else (b, a)
     if abs(da - db) > 1:
-        return False  # a shortcut: distances shrink
+        if adj is None:
+            return False  # a shortcut: distances shrink
+        _shrink(dist, preds, adj, far, dist[near] + 1)
+        return True
     if added:
         insort(preds[far], near)
         return True
@@ -357,12 +365,39 @@ def _regrow(dist: dict[int, int], preds: dict[int, list[int]], adj: dict[int, di
         for y in adj[x]:
             if y in gone and y not in dist:
                 heappush(queue, (d + 1, y))
-    touched = {y for x in gone for y in adj.get(x, ())} | gone
-    for v in touched:
+    _repred(dist, preds, adj, gone)
+
+
+def _shrink(dist: dict[int, int], preds: dict[int, list[int]], adj: dict[int, dict[int, int]],
+            far: int, d: int) -> None:
+    """A new edge brings ``far`` to distance ``d``, closer than before (or into the
+    component): breadth-first from it over the nodes that come closer too (a link coming
+    back next to a source's switch would otherwise cost a whole search per source)."""
+    dist[far] = d
+    closer, frontier = {far}, [far]
+    while frontier:
+        nxt = []
+        for x in frontier:
+            dx = dist[x] + 1
+            for y in adj.get(x, ()):
+                dy = dist.get(y)
+                if dy is None or dy > dx:
+                    dist[y] = dx
+                    closer.add(y)
+                    nxt.append(y)
+        frontier = nxt
+    _repred(dist, preds, adj, closer)
+
+
+def _repred(dist: dict[int, int], preds: dict[int, list[int]], adj: dict[int, dict[int, int]],
+            moved: set[int]) -> None:
+    """Predecessors again for the nodes whose distance changed and their neighbours, and
+    the distances back in BFS order (the layers rely on it)."""
+    for v in {y for x in moved for y in adj.get(x, ())} | moved:
         dv = dist.get(v)
         if dv is not None and dv > 0:
             preds[v] = sorted(y for y in adj[v] if dist.get(y) == dv - 1)
-    order = sorted(dist.items(), key=itemgetter(1))  # (BFS order: the layers rely on it)
+    order = sorted(dist.items(), key=itemgetter(1))
     dist.clear()
     dist.update(order)
 
