@@ -439,6 +439,7 @@ class MulticastCore:
 
     def _after_up(self) -> Plan:
         """Something came back: retry groups that have unreachable receivers."""
+        self.cache.refresh()
         return self._sync([g.gid for g in self.groups.values()
                            if g.receivers and (g.tree is None or g.tree.unreachable)])
 

@@ -268,10 +268,16 @@ class PathCache:
                         del self._dags[root]
         self._removals, self._edges = view.removals, view.edge_count
 
-    def dag(self, root: int) -> tuple[dict[int, int], dict[int, list[int]]]:
-        """(distance, predecessors on some shortest path) for every switch reachable from root."""
+    def refresh(self) -> None:
+        """Patch the cached DAGs to the view now: a change is patched (not dropped) when
+        it is the last one since the previous catch-up, so the core calls this on every
+        link that comes up (the following failure would otherwise find two changes)."""
         if self._removals != self.view.removals or self._edges != self.view.edge_count:
             self._catch_up()
+
+    def dag(self, root: int) -> tuple[dict[int, int], dict[int, list[int]]]:
+        """(distance, predecessors on some shortest path) for every switch reachable from root."""
+        self.refresh()
         hit = self._dags.get(root)
         if hit is None:
             adj = self.view.nbr_ports
