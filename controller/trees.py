@@ -12,9 +12,9 @@ Two algorithms:
 from __future__ import annotations
 
 from bisect import insort
-from heapq import heapify, heappop, heappush
 from collections import Counter
 from dataclasses import dataclass, field
+from heapq import heapify, heappop, heappush
 from itertools import repeat
 from operator import add, itemgetter
 from typing import Iterable, Iterator, NamedTuple
@@ -174,8 +174,11 @@ class PathCache:
     share few source switches. A link change patches the cached layers instead of
     clearing them (a failure must not pay one BFS per source switch of every affected
     group): removing a link that leaves its far end another shortest-path predecessor, or
-    adding one between adjacent layers, only edits a predecessor list; anything else drops
-    that source's entry. A switch leaving drops everything."""
+    adding one between adjacent layers, only edits a predecessor list; the last change
+    since the previous catch-up is also repaired when distances move (``_regrow``,
+    ``_shrink``: the view's graph is the one after it); an earlier one that moves
+    distances drops that source's entry. A switch leaving drops everything. New trees'
+    search reads the DAGs as arrays (``layers``)."""
 
     def __init__(self, view: TopologyView) -> None:
         self.view = view
