@@ -29,6 +29,7 @@ DEFAULT_PORT = 5500
 MAX_GID = 0xFFFEFFFF  # below the fast-failover ids (controller.protect.FF_BASE)
 UNKNOWN_PORT = -1  # in a believed entry: "whatever is there is wrong", never sent
 _ABSENT = object()
+_NOTHING: dict = {}  # (never written)
 
 
 def tune_gc() -> None:
@@ -180,10 +181,11 @@ class MulticastCore:
         # are handled by the controller's reroute alone
         self.protection = protection
         self.detours = Detours(self.view)
+        self._pieces: dict[tuple[int, int], tuple] = {}  # (dpid, port) -> _piece, this topology's
+        self._pieces_of: tuple[int, int] | None = None
         # dpid -> shared protection entries the switch holds (FF groups, transit flows)
         self.shared: dict[int, dict[tuple, Any]] = {}
         self.ff_refs: defaultdict[int, dict[int, int]] = defaultdict(dict)  # dpid -> FF id -> users
-        self.guard_refs: dict[tuple[int, int], int] = {}  # protected (dpid, port) -> users
         self.guards: dict[tuple[int, int], Any] = {}  # protected (dpid, port) in use -> its Detour
         self.through: defaultdict[int, set[tuple[int, int]]] = defaultdict(set)  # dpid -> guards crossing it
         self.shared_want: defaultdict[int, dict[tuple, Any]] = defaultdict(dict)  # ... they must hold
@@ -352,7 +354,9 @@ class MulticastCore:
     def link_remove(self, a: int, a_port: int, b: int, b_port: int) -> Plan:
         if not self.view.remove_link(a, a_port, b, b_port):
             return Plan()
-        return self._after_down(self.link_users[(min(a, b), max(a, b))])
+        # every tree crossing the link crosses something no longer live: no scan
+        return self._sync(sorted(gid for gid in self.link_users[(min(a, b), max(a, b))]
+                                 if self.groups[gid].tree is not None))
 
     def port_down(self, dpid: int, port: int) -> Plan:
         return self.ports_down(dpid, [port])
@@ -435,25 +439,27 @@ class MulticastCore:
 
     def _after_up(self) -> Plan:
         """Something came back: retry groups that have unreachable receivers."""
+        self.cache.refresh()
         return self._sync([g.gid for g in self.groups.values()
                            if g.receivers and (g.tree is None or g.tree.unreachable)])
 
     def _set_tree(self, g: Group, tree: Tree | None) -> None:
         """Swap a group's tree, keeping link load and the usage indexes in step."""
         if g.tree is not None:
-            self._add_load(g.tree, -1)
+            self.load.add_tree(g.tree, -1)
         self._swap(g, tree)
 
     def _swap(self, g: Group, tree: Tree | None) -> None:
         """Install ``tree`` as the group's, its old tree's load already taken off: the usage
         indexes change only where the trees differ (a reroute keeps most of a tree)."""
         if tree is not None:
-            self._add_load(tree, 1)
+            self.load.add_tree(tree, 1)
         if self.protection:  # only the entries that differ (a reroute keeps most)
             was = g.tree.entries if g.tree is not None else {}
             now = tree.entries if tree is not None else {}
-            self._count({n: e for n, e in was.items() if now.get(n) != e}, -1)
-            self._count({n: e for n, e in now.items() if was.get(n) != e}, 1)
+            if was:
+                self._count({n: e for n, e in was.items() if now.get(n) != e}, -1)
+            self._count({n: e for n, e in now.items() if was.get(n) != e} if was else now, 1)
         old = g.tree.parent if g.tree is not None else {}
         new = tree.parent if tree is not None else {}
         gid, link_users, switch_users = g.gid, self.link_users, self.switch_users
@@ -466,15 +472,6 @@ class MulticastCore:
                         users(link_users[(p, c) if p < c else (c, p)], gid)
         g.tree = tree
 
-    def _add_load(self, tree: Tree, step: int) -> None:
-        into = self.load.into
-        for c, p in tree.parent.items():
-            if p is not None:  # LinkLoad.bump, inlined: ~10^5 calls per 1000 groups
-                loads = into.get(c)
-                if loads is None:
-                    loads = into[c] = {}
-                loads[p] = loads.get(p, 0) + step
-
     def _sync(self, gids: Iterable[int]) -> Plan:
         gids = list(gids)
         reguard = self._restale() if self.protection else set()
@@ -485,7 +482,7 @@ class MulticastCore:
                 continue
             keep = g.tree.parent if g.tree is not None else self._saved_trees.pop(gid, None)
             if g.tree is not None:  # its own old tree must not bias it away from itself
-                self._add_load(g.tree, -1)
+                self.load.add_tree(g.tree, -1)
             load = self.load if self.balance else LinkLoad()
             try:
                 tree = compute_tree(self.view, g.source, g.receivers, g.algorithm, load,
@@ -533,11 +530,13 @@ class MulticastCore:
         where the switch's own parent link has one. Each entry needs only its own ports,
         its parent and their detours: where ``old`` (the group's previous tree) has the
         same and no detour of them is ``stale``, its protected entry is kept."""
-        port_link, detours, entries, parent = self.view.port_link, self.detours, tree.entries, tree.parent
-        nbr, known = self.view.nbr_ports, detours.known
+        entries, parent, nbr = tree.entries, tree.parent, self.view.nbr_ports
+        pieces = self._pieces_now()
+        piece = self._piece
         gmac = ofmsgs.multicast_mac(g.address)
         to_group = (("set_field", "eth_dst", gmac), ("group", g.gid))  # the usual rejoin actions
         was, was_parent = (old.entries, old.parent) if old is not None else ({}, {})
+        at = {d for d, _ in stale}  # (a stale detour's link starts at one of these)
         entry = tuple.__new__  # SwitchEntry(...) without its Python-level __new__
         for n in entries if nodes is None else nodes:
             e = entries[n]
@@ -545,39 +544,59 @@ class MulticastCore:
             par = parent[n]
             o = was.get(n)
             if o is not None and o[0] == in_port and o[1] == out_ports and was_parent.get(n, _ABSENT) == par \
-                    and not (stale and self._touches(n, par, out_ports, stale)):
+                    and not ((n in at or par in at) and self._touches(n, par, out_ports, stale)):
                 entries[n] = o
                 continue
             guards = None
             for q in out_ports:
-                key = (n, q)
-                if key in port_link:
-                    d = known.get(key, _ABSENT)
-                    if d is _ABSENT:
-                        d = detours.get(n, q)
-                    if d is not None:
-                        if guards is None:
-                            guards = {}
-                        guards[q] = d
-            ff = tuple([ff_id(q, d.first == in_port) for q, d in guards.items()]) if guards else ()
+                pc = pieces.get((n, q))
+                if pc is None:
+                    pc = piece(n, q)
+                if pc:
+                    if guards is None:
+                        guards = {}
+                    guards[q] = pc
+            ff = tuple([pc[2] if pc[0] == in_port else pc[1] for pc in guards.values()]) if guards else ()
             rejoin: tuple = ()
             if par is not None:
                 up = nbr[par][n]
-                d = known.get((par, up), _ABSENT)
-                if d is _ABSENT:
-                    d = detours.get(par, up)
-                if d is not None:
-                    arr = d.arrival
+                pc = pieces.get((par, up))
+                if pc is None:
+                    pc = piece(par, up)
+                if pc:
+                    arr = pc[3]
                     if arr in out_ports:  # it comes in over one of our own outputs here
                         outs = tuple(("output", ofmsgs.ofp.OFPP_IN_PORT) if q == arr
-                                     else ("group", ff_id(q, guards[q].first == arr)) if guards and q in guards
-                                     else ("output", q) for q in out_ports)
+                                     else ("group", guards[q][2] if guards[q][0] == arr else guards[q][1])
+                                     if guards and q in guards else ("output", q) for q in out_ports)
                         acts = (to_group[0],) + outs
                     else:
                         acts = to_group
-                    rejoin = (arr, tag(par, up), acts)
+                    rejoin = (arr, pc[4], acts)
             if ff != e[2] or rejoin != e[3]:
                 entries[n] = entry(SwitchEntry, (in_port, out_ports, ff, rejoin))
+
+    def _pieces_now(self) -> dict[tuple[int, int], tuple]:
+        """The per-port protection pieces (``_piece``) of the current topology."""
+        version = (self.view.edge_count, self.view.removals)
+        if self._pieces_of != version:
+            self._pieces.clear()
+            self._pieces_of = version
+        return self._pieces
+
+    def _piece(self, dpid: int, port: int) -> tuple:
+        """What protecting port ``dpid:port`` puts into the entries of every tree using
+        it, computed once per topology: () when it is no link or has no detour, else
+        (the detour's first port, the FF group id, the id when the detour leaves by the
+        ingress port, the arrival port at the far end, the link's tag). The caller has
+        run ``_restale`` (or ``_pieces_now``) for this topology."""
+        pc: tuple = ()
+        if (dpid, port) in self.view.port_link:
+            d = self.detours.get(dpid, port)
+            if d is not None:
+                pc = (d.first, ff_id(port, False), ff_id(port, True), d.arrival, tag(dpid, port))
+        self._pieces[(dpid, port)] = pc
+        return pc
 
     def _touches(self, n: int, par: int | None, outs: tuple[int, ...], stale: set[tuple[int, int]]) -> bool:
         return (par is not None and (par, self.view.nbr_ports[par].get(n)) in stale) or \
@@ -601,14 +620,10 @@ class MulticastCore:
                     del refs[f]
                 if n == appear:
                     self._want_ff(dpid, f)
-                key = (dpid, ff_port(f))
-                n = self.guard_refs.get(key, 0) + step
-                if n:
-                    self.guard_refs[key] = n
-                else:
-                    del self.guard_refs[key]
-                if n == appear:
-                    self._guard(key, step > 0)
+                    # the protected link's users: both FF groups of its port (the sibling
+                    # id differs in IN_PORT_BIT only)
+                    if f ^ IN_PORT_BIT not in refs:
+                        self._guard((dpid, ff_port(f)), step > 0)
 
     def _want(self, dpid: int, key: tuple, spec: Any) -> None:
         """Set (None: drop) one shared entry ``dpid`` must hold, noting the change."""
@@ -706,11 +721,15 @@ class MulticastCore:
             g = self.groups[gid]
             want = g.tree.entries if g.tree is not None else {}
             placed = self.placed[gid]
-            have = {dpid: installed[dpid][gid] for dpid in (placed if only is None else placed & only)}
-            dpids = (want.keys() | have.keys()) & live
-            if only is not None:
-                dpids &= only
-            changed = [d for d in dpids if have.get(d) != want.get(d)]
+            if placed:
+                have = {dpid: installed[dpid][gid] for dpid in (placed if only is None else placed & only)}
+                dpids = (want.keys() | have.keys()) & live
+                if only is not None:
+                    dpids &= only
+                changed = [d for d in dpids if have.get(d) != want.get(d)]
+            else:  # a new tree (or one whose switches all came back empty): all of it
+                have = _NOTHING
+                changed = [d for d in want if d in live and (only is None or d in only)]
             if not changed:
                 continue
             plan.groups.add(gid)

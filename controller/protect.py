@@ -42,6 +42,8 @@ from ryu.ofproto import ofproto_v1_3 as ofp
 
 from controller.topoview import TopologyView
 
+_ABSENT = object()
+
 FF_BASE = 0xFFFF0000  # FF group ids: FF_BASE | (via ingress << 15) | port
 IN_PORT_BIT = 1 << 15
 MAX_PORT = IN_PORT_BIT - 1  # link ports above this are not protected
@@ -102,6 +104,10 @@ class Detours:
         self.known = self._paths  # read-only to callers: ``get`` without the call, when cached
         self._by_edge: dict[frozenset[int], set[tuple[int, int]]] = {}
         self._none: set[tuple[int, int]] = set()  # links without a detour (bridges)
+        self._around: dict[tuple[int, int], list[int] | None] = {}  # (lo, hi) -> path lo..hi
+        self._pair: dict[tuple[int, int], tuple[int, int]] = {}  # (dpid, port) -> its (lo, hi)
+        # (dpid, port) -> the dropped detour's node after dpid and node before the far end
+        self._hint: dict[tuple[int, int], tuple[int, int]] = {}
         self._edges = view.edge_count
         self._removals = view.removals
 
@@ -123,9 +129,12 @@ class Detours:
                     dropped |= self._by_edge.get(frozenset((a, b)), set())
         for key in dropped:
             d = self._paths.pop(key)
+            self._around.pop(self._pair.pop(key, None), None)
             if d is None:
                 self._none.discard(key)
                 continue
+            self._hint[key] = (d.transit[0][0] if d.transit else d.rejoin,
+                               d.transit[-1][0] if d.transit else key[0])
             for e in _edges_of(key[0], d):
                 users = self._by_edge[e]
                 users.discard(key)
@@ -146,7 +155,19 @@ class Detours:
         d = None
         if link is not None and protectable(dpid, port):
             far = link.b if (link.a, link.a_port) == key else link.a
-            d = _shortest_around(self.view.nbr_ports, dpid, far)
+            # one search per link, from its lower dpid: the other direction's detour is
+            # the same path backwards
+            nbr = self.view.nbr_ports
+            hint = self._hint.pop(key, None)
+            if hint is not None:  # a replacement: as close to the old one as it can be
+                path = _path_around(nbr, dpid, far, hint)
+            else:
+                pair = self._pair[key] = (dpid, far) if dpid < far else (far, dpid)
+                path = self._around.get(pair, _ABSENT)
+                if path is _ABSENT:
+                    path = self._around[pair] = _path_around(nbr, *pair)
+            if path is not None:
+                d = _detour(nbr, path if path[0] == dpid else path[::-1])
         self._paths[key] = d
         if d is None:
             self._none.add(key)
@@ -161,15 +182,22 @@ def _edges_of(start: int, d: Detour) -> list[frozenset[int]]:
     return [frozenset(e) for e in zip(nodes, nodes[1:])]
 
 
-def _shortest_around(nbr: dict[int, dict[int, int]], src: int, dst: int) -> Detour | None:
+def _path_around(nbr: dict[int, dict[int, int]], src: int, dst: int,
+                 hint: tuple[int, int] | None = None) -> list[int] | None:
     """A shortest path from ``src`` to ``dst`` without the edge between them: breadth-first
     from both ends (a whole level at a time, the smaller frontier first, meetings found by
     set intersection before the level is expanded), the meeting with the shortest total,
-    then the lowest dpids: the same graph always gives the same detour, and a failure
-    costs two shallow searches, not one deep one."""
+    then a hash of the link and the meeting: the same graph always gives
+    the same detour, equally short ones are spread over the fabric, and a failure costs
+    two shallow searches, not one deep one. ``hint`` (the replaced detour's node after
+    ``src`` and node before ``dst``) is kept where an equally short detour allows: a new
+    node before ``dst`` changes every group's rejoin flow there, a new first node the
+    FF group ids of the groups entering ``src`` by either."""
     if src not in nbr or dst not in nbr:
         return None
     sides = ({src: None}, {dst: None})  # node -> its parent on that side
+    hop: tuple[dict, dict] = ({src: None}, {dst: None})  # node -> its side's first hop to it
+    salt = src * 0x9E3779B1 ^ dst * 0x85EBCA77
     depth = ({src: 0}, {dst: 0})
     fronts = [[src], [dst]]
     while fronts[0] and fronts[1]:
@@ -181,30 +209,41 @@ def _shortest_around(nbr: dict[int, dict[int, int]], src: int, dst: int) -> Deto
             for v in nbr[u].keys() & other.keys():
                 if (u == src and v == dst) or (u == dst and v == src) or v in mine:
                     continue
-                cand = (level + far[v], v, u)
+                # among equally short detours a hash of the link and the meeting, not the
+                # lowest dpids: those put every detour of a fabric tier through the
+                # same few links (254 of 800 on fat-tree:16), and a failure of one of
+                # them re-protected every tree entry that relied on them
+                miss = 0
+                if hint is not None:
+                    a, b = (u, v) if side == 0 else (v, u)  # a on src's side, b on dst's
+                    miss = 2 * ((hop[1][b] or a) != hint[1]) + ((hop[0][a] or b) != hint[0])
+                cand = (level + far[v], miss, ((v * 0xC2B2AE3D ^ u * 0x27D4EB2F ^ salt) * 0x2C1B3C6D
+                                               & 0xFFFFFFFF) >> 8, v, u)
                 if meet is None or cand < meet:
                     meet = cand
         if meet is not None:
-            mine[meet[1]] = meet[2]
-            return _detour(nbr, sides, meet[1], src)
+            mine[meet[3]] = meet[4]
+            head = [meet[3]]
+            while sides[0][head[-1]] is not None:
+                head.append(sides[0][head[-1]])
+            path = head[::-1]
+            while sides[1][path[-1]] is not None:
+                path.append(sides[1][path[-1]])
+            return path
         nxt = []
         for u in fronts[side]:
             for v in sorted(nbr[u]):
                 if v not in mine and not ((u == src and v == dst) or (u == dst and v == src)):
                     mine[v] = u
+                    hop[side][v] = v if mine[u] is None else hop[side][u]
                     depth[side][v] = level
                     nxt.append(v)
         fronts[side] = nxt
     return None
 
 
-def _detour(nbr: dict[int, dict[int, int]], sides: tuple[dict, dict], mid: int, src: int) -> Detour:
-    head = [mid]
-    while sides[0][head[-1]] is not None:
-        head.append(sides[0][head[-1]])
-    path = head[::-1]
-    while sides[1][path[-1]] is not None:
-        path.append(sides[1][path[-1]])
+def _detour(nbr: dict[int, dict[int, int]], path: list[int]) -> Detour:
+    """The detour along ``path`` (its first node to its last, the link's two ends)."""
     hops = tuple((path[i], nbr[path[i]][path[i - 1]], nbr[path[i]][path[i + 1]])
                  for i in range(1, len(path) - 1))
-    return Detour(nbr[src][path[1]], hops, path[-1], nbr[path[-1]][path[-2]])
+    return Detour(nbr[path[0]][path[1]], hops, path[-1], nbr[path[-1]][path[-2]])

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 import topologies as T
 from controller.topoview import TopologyView
-from controller.trees import PathCache
+from controller.trees import LinkLoad, PathCache, Tree, _spt, _spt_vector
 
 
 def fresh(view: TopologyView, root: int) -> tuple[dict[int, int], dict[int, list[int]]]:
@@ -51,3 +51,40 @@ def test_patched_layers_equal_a_fresh_search_after_link_and_switch_changes(seed,
                 want_dist, want_preds = fresh(view, root)
                 assert dist == want_dist and preds == want_preds
                 assert list(dist.values()) == sorted(dist.values())  # BFS order kept
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**32), steps=st.integers(1, 25),
+       family=st.sampled_from(["fat-tree:4", "leaf-spine:3,4,1", "ring:7", "linear:5"]))
+def test_vectorised_search_picks_the_per_node_searchs_tree_as_loads_and_links_change(seed, steps, family):
+    """The array search (new trees) and the per-node one (trees kept across a change) must
+    choose the same least-loaded paths, with loads added tree by tree between searches and
+    the cached arrays renumbered or rebuilt after link changes."""
+    rng = random.Random(seed)
+    topo = T.parse(family)
+    view = TopologyView.from_topology(topo)
+    cache = PathCache(view)
+    load = LinkLoad()
+    roots = sorted(topo.switches)
+    for _ in range(steps):
+        root = rng.choice(roots)
+        if root in view.switches:
+            dist, preds = cache.dag(root)
+            targets = set(rng.sample(sorted(dist), min(len(dist), rng.randint(1, 6))))
+            got, links = _spt_vector(root, targets, cache, load)
+            assert got == _spt(root, targets, preds, dist, load)
+            assert sorted(links) == sorted(cache.link_ids[(p, c)] for c, p in got.items() if p is not None)
+            tree = Tree(source="10.0.0.1", root=root, parent=got,
+                        numbered=(cache.link_ids, links) if rng.random() < 0.5 else None)
+            load.add_tree(tree, 1)
+            if rng.random() < 0.2:
+                load.add_tree(tree, -1)
+        link = rng.choice(topo.links)
+        kind = rng.random()
+        if kind < 0.3:
+            view.remove_link(link.a, link.a_port, link.b, link.b_port)
+        elif kind < 0.6:
+            view.add_link(link.a, link.a_port, link.b, link.b_port)
+        elif kind < 0.65:
+            load.bump(link.a, link.b, rng.randint(1, 3))  # a load not from a tree
+    assert all(n >= 0 for n in load.values())
