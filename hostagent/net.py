@@ -586,16 +586,19 @@ def gso_burst_bytes(cap_bps: float, floor: int = 64 * 1024) -> int:
 # runs: on a VM each wake-up costs ~0.3 ms of CPU, and a receiver behind a link that
 # paces the stream (100 Mbit/s) woke every ~3 datagrams -- 32 MB cost it 0.60-0.68
 # CPU-s, 0.41-0.44 with the hold, in the same time. The hold is bounded so that what
-# arrives meanwhile fills at most an eighth of the socket's receive buffer at the rate
-# seen (a non-root receiver, whose buffer is small, barely holds).
+# arrives meanwhile fills at most 1/64 of the socket's receive buffer at the rate seen:
+# at 1 Gbit/s, where reads batch by themselves, 2 ms (with an eighth, 16 ms, four
+# receivers on 2 cores overflowed their queues once in three runs: a 17 s transfer with
+# 65% repairs); a non-root receiver, whose buffer is small, barely holds.
 RX_HOLD = 0.02
+RX_HOLD_BUFFER_SHARE = 1 / 64
 
 
 def rx_hold(rate_bytes_s: float, rcvbuf: int) -> float:
     """How long a receiver may let its socket queue fill at ``rate_bytes_s``."""
     if rate_bytes_s <= 0:
         return 0.0
-    return min(RX_HOLD, rcvbuf / 8 / rate_bytes_s)
+    return min(RX_HOLD, rcvbuf * RX_HOLD_BUFFER_SHARE / rate_bytes_s)
 
 
 def batch_interval(endpoint: Endpoint, gso: bool) -> float:
