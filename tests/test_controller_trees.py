@@ -15,6 +15,18 @@ from controller.topoview import TopologyView
 from controller.trees import LinkLoad, PathCache, Tree, _spt, _spt_vector
 
 
+def _flip_link(view: TopologyView, link, kind: float, remove_below: float, add_below: float) -> bool:
+    """One random link change of a generative test: the link goes down when ``kind`` is
+    below ``remove_below``, comes (back) up below ``add_below``; False: neither."""
+    if kind < remove_below:
+        view.remove_link(link.a, link.a_port, link.b, link.b_port)
+    elif kind < add_below:
+        view.add_link(link.a, link.a_port, link.b, link.b_port)
+    else:
+        return False
+    return True
+
+
 def fresh(view: TopologyView, root: int) -> tuple[dict[int, int], dict[int, list[int]]]:
     dist = nx.single_source_shortest_path_length(view.graph, root)
     preds = {n: sorted(p for p in view.graph.adj[n] if dist.get(p) == d - 1)
@@ -37,10 +49,8 @@ def test_patched_layers_equal_a_fresh_search_after_link_and_switch_changes(seed,
                 cache.dag(root)
         link = rng.choice(topo.links)
         kind = rng.random()
-        if kind < 0.45:
-            view.remove_link(link.a, link.a_port, link.b, link.b_port)
-        elif kind < 0.9:
-            view.add_link(link.a, link.a_port, link.b, link.b_port)
+        if _flip_link(view, link, kind, 0.45, 0.9):
+            pass
         elif kind < 0.95:
             view.port_down(link.a, link.a_port)
         elif view.switches - {link.a}:
@@ -81,10 +91,6 @@ def test_vectorised_search_picks_the_per_node_searchs_tree_as_loads_and_links_ch
                 load.add_tree(tree, -1)
         link = rng.choice(topo.links)
         kind = rng.random()
-        if kind < 0.3:
-            view.remove_link(link.a, link.a_port, link.b, link.b_port)
-        elif kind < 0.6:
-            view.add_link(link.a, link.a_port, link.b, link.b_port)
-        elif kind < 0.65:
+        if not _flip_link(view, link, kind, 0.3, 0.6) and kind < 0.65:
             load.bump(link.a, link.b, rng.randint(1, 3))  # a load not from a tree
     assert all(n >= 0 for n in load.values())
