@@ -128,7 +128,8 @@ def floors(stream: list[bytes], data: bytes, key: bytes, size: int) -> tuple[flo
 def run(args: argparse.Namespace) -> dict[str, Any]:
     size = int(args.size_mb * (1 << 20))
     key = None if args.no_key else wire.derive_key(b"bench.hotpath")
-    data = random.Random(3).randbytes(size)
+    rng, piece = random.Random(3), 64 << 20  # (randbytes takes at most 2^31 bits at once)
+    data = b"".join(rng.randbytes(min(piece, size - at)) for at in range(0, size, piece))
     work = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
     src = tempfile.mktemp(prefix="modelcast-hotpath-src-", dir=work)
     with open(src, "wb") as f:
