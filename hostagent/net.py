@@ -642,9 +642,9 @@ def run(
     stats = LoopStats()
     writer = DatagramWriter(send_sock, group, gso, stats)
     selector = selectors.DefaultSelector()
+    holds = isinstance(endpoint, Receiver)  # (a receiver coalesces its reads and holds between them)
     for sock in recv_socks:
-        selector.register(sock, selectors.EVENT_READ,
-                          DatagramReader(sock, gro, stats, coalesce=isinstance(endpoint, Receiver)))
+        selector.register(sock, selectors.EVENT_READ, DatagramReader(sock, gro, stats, coalesce=holds))
     # The receiver takes a GRO super-packet whole (its batch path); the sender gets the
     # few datagrams receivers send it one by one.
     deliver = endpoint.receive_batch if isinstance(endpoint, Receiver) else _per_datagram(endpoint.receive_datagram)
@@ -652,8 +652,7 @@ def run(
     # A receiver's hold (RX_HOLD) runs from its last read with data, at the arrival rate
     # seen -- a decaying maximum, so that a pause in the stream does not lengthen the
     # hold the moment it resumes; unknown at first: assumed fast, the hold short.
-    holds = isinstance(endpoint, Receiver)
-    rcvbuf = min((s.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) for s in recv_socks), default=0)
+    rcvbuf = min((s.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) for s in recv_socks), default=0) if holds else 0
     read_at, read_bytes, arrival, hold = -1e18, 0, 10e9 / 8, 0.0
     try:
         while True:

@@ -159,7 +159,7 @@ class Rounds:
                     continue
                 self.deferred.add(host)
             if not self.waiting:
-                self._held = self.running_since is not None or now <= self._warm_until
+                self._held = self.settings.hold_share > 0 and (self.running_since is not None or now <= self._warm_until)
             self.waiting[host] = now
         return admitted
 
@@ -169,7 +169,7 @@ class Rounds:
             return None
         s = self.settings
         first, last = min(self.waiting.values()), max(self.waiting.values())
-        if self._held and s.hold_share > 0:
+        if self._held:
             return first + min(s.max_wait_s, s.hold_share * self.transfer_s)
         return min(first + min(s.max_wait_s, s.window_share * self.transfer_s), last + s.quiet_s)
 
