@@ -28,6 +28,10 @@ the transfer (``--resume-interval`` beyond its length): next to ``modelcast`` in
 run it prices the records (fdatasync, then the record). The files go to ``--work``
 (default ``/dev/shm``, where a sync costs nothing: give a disk directory to see its cost).
 
+Every method writes into memory equally warm (``bench.memory``: on a VM whose freed
+pages go back to the host, a first write costs several times a rewrite, and the method that
+ran first at a new N paid it); the methods take turns at going first, run by run.
+
 Writes ``agent.json`` (every run) and ``agent.md`` (medians) to ``--out``.
 """
 
@@ -49,6 +53,7 @@ from typing import Any, Optional
 
 import hostagent
 from bench import baselines as B
+from bench.memory import first_touch, steady_memory
 from bench.machine import describe, machine
 from lab import loss as impair
 from lab.bridge import BridgeLab
@@ -205,9 +210,11 @@ def speed(args: argparse.Namespace, work: Path, say: Any) -> list[Run]:
         model = make_model(work / "model.bin", int(args.size_mb * 1024 * 1024), seed=3)
         line = model.size * 8 / (args.rate_cap * 1e6)
         index = 0
+        order = args.methods.split(",")
         for n in ns:
             for r in range(args.runs):
-                for method in args.methods.split(","):
+                # each run starts with another method: none always follows the same one
+                for method in order[r % len(order):] + order[: r % len(order)]:
                     index += 1
                     res = one(method, lab, model, list(range(1, n + 1)), args.rate_cap,
                               work / f"speed-{method}-{n}-{r}", index, args.mtu, args.timeout)
@@ -387,13 +394,22 @@ def run(args: argparse.Namespace) -> int:
     # an editable install would otherwise add ~50 ms of CPU to every run).
     compileall.compile_dir(str(Path(hostagent.__file__).parent), quiet=1)
     try:
-        runs = speed(args, work, say)
-        if args.lanes:
-            runs += lanes(args, work, say)
-        if args.asymmetry:
-            runs += asymmetry(args, work, say)
-        if args.stall:
-            runs += stall(args, work, say)
+        meta["memory"] = first_touch(work)
+        say(f"memory: a first write costs {meta['memory']['first_write_s_per_gb']} CPU-s/GB, "
+            f"a rewrite of just-freed pages {meta['memory']['rewrite_s_per_gb']}")
+        # the model and every receiver's copy, twice over: what the largest transfer writes
+        footprint = 2 * int(args.size_mb * (1 << 20)) * (1 + max(int(x) for x in args.receivers.split(",")))
+        with steady_memory(work, footprint) as steady:
+            meta["memory"].update(steady)
+            say(f"memory: {footprint >> 20} MB touched up front in {steady['warm_wall_s']} s, "
+                f"free page reporting {'off' if steady['reporting_was'] is not None else 'not found'}")
+            runs = speed(args, work, say)
+            if args.lanes:
+                runs += lanes(args, work, say)
+            if args.asymmetry:
+                runs += asymmetry(args, work, say)
+            if args.stall:
+                runs += stall(args, work, say)
     finally:
         subprocess.run(["rm", "-rf", str(work)], check=False)
     rows = medians(runs)
