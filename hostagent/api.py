@@ -37,7 +37,7 @@ from .events import (
     Failed, FileComplete, ManifestReceived, ReceiverCompleted, ReceiverEvent, ReceiverFailed, SenderEvent,
     StreamFinished, TransferFinished,
 )
-from . import tree
+from . import fastrun, tree
 from .dirs import DirSource, PathSink
 from .manifest import cache_dir, cached_digests
 from .net import (
@@ -332,6 +332,7 @@ class ReceiveResult:
     lanes: int = 1  # sessions the file was striped over (hostagent.lanes)
     content_id: Optional[str] = None  # blake3:<hex> of the manifest received
     files: int = 0  # files written (1 for a single file)
+    native_rx: bool = fastrun.NATIVE  # the clean-stream path ran in C (hostagent.fastrun)
 
     def summary(self) -> dict:
         """The JSON summary object."""
@@ -794,6 +795,7 @@ def _listen(out: str, opts: ReceiveOptions, receiver: Receiver, sink: PathSink |
     """Run the receiver's loop until it verified the file (and the sender acknowledged)
     or gave up; run the on_complete command; summarise. ``each_turn`` runs every loop
     turn (in the loop's thread)."""
+    fastrun.warn_if_pure()
     marks: dict[str, Any] = {}
     throttle = _Throttle()
 

@@ -59,6 +59,7 @@ from typing import Optional
 
 import msgpack
 
+import hostagent.fastrun as fastrun
 import hostagent.fec as fec
 import hostagent.tree as tree
 import hostagent.wire as wire
@@ -360,10 +361,15 @@ class Receiver:
         key = self._key
         if (self.layout is not None and not (self.failed or self.complete or self._parity)
                 and wire.data_session(data) == self.session):
-            run = wire.parse_data_run(data, seg, key)  # the clean stream: one run per read
+            run = fastrun.verify_run(data, seg, key)  # the clean stream: one run per read
             if run is not None and self._fresh_run(run):
-                _, first, chunk, offset, payloads = run
-                self._on_data_run(first, first + len(payloads) - 1, chunk, offset, payloads, n, addr, now)
+                _, first, chunk, offset, count, _, _ = run
+                tail = wire.MAC_LEN if key is not None else 0
+                if data.readonly:  # (a caller's bytes: the payloads where they are)
+                    payloads = [data[off + wire.DATA_HEADER_LEN : min(off + seg, n) - tail] for off in range(0, n, seg)]
+                else:  # (the reader's buffer: one piece to write and hash)
+                    payloads = [data[: fastrun.compact_run(data, seg, tail)]]
+                self._on_data_run(first, first + count - 1, chunk, offset, payloads, n, addr, now)
                 return
         parsed = [wire.parse_data(data[off : off + seg], key) for off in range(0, n, seg)]
         i, count = 0, len(parsed)
@@ -379,22 +385,21 @@ class Receiver:
                 self.receive_datagram(data[i * seg : min(n, j * seg)], addr, now)
             i = j
 
-    def _fresh_run(self, run: wire.DataRun) -> bool:
-        """``parse_data_run``'s run is what ``_data_run`` would take whole: this session,
+    def _fresh_run(self, run: fastrun.RunHead) -> bool:
+        """``verify_run``'s run is what ``_data_run`` would take whole: this session,
         where the layout puts it, and none of it held yet. (Consecutive seqs with
         contiguous payloads, all but the last as long as the first, lie where the
         layout says once the first is a full fragment and the last is in place.)"""
         layout = self.layout
         assert layout is not None
-        session, first, chunk, offset, payloads = run
-        last = first + len(payloads) - 1
-        size = len(payloads[0])
+        session, first, chunk, offset, count, size, last_size = run
+        last = first + count - 1
         if session != self.session or last >= layout.total_seq or size != layout.payload_size:
             return False
         locate = layout.locate
         if locate(first) != (chunk, offset, size):
             return False
-        if locate(last) != (chunk, offset + (last - first) * size, len(payloads[-1])):
+        if locate(last) != (chunk, offset + (last - first) * size, last_size):
             return False
         return not self.have.count_in(first, last + 1)
 

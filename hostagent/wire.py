@@ -332,10 +332,15 @@ _gmacs: dict[tuple[bytes, int], AESGCM] = {}
 _GMAC_CACHE = 64
 
 
+def gmac_key(key: bytes, session: int) -> bytes:
+    """The AES-256-GMAC key of ``session``'s DATA under the session key ``key``."""
+    return blake3.blake3(key + _SESSION.pack(session), derive_key_context=_GMAC_CONTEXT).digest()
+
+
 def _gmac(key: bytes, session: int) -> AESGCM:
     gmac = _gmacs.get((key, session))
     if gmac is None:
-        gmac = AESGCM(blake3.blake3(key + _SESSION.pack(session), derive_key_context=_GMAC_CONTEXT).digest())
+        gmac = AESGCM(gmac_key(key, session))
     return gmac
 
 
