@@ -25,7 +25,9 @@ what is measured), the sender's NIC capped with ``tc tbf`` at ``--rate-cap``:
 
 Method ``modelcast-norecord`` is modelcast with the receivers' resume records off during
 the transfer (``--resume-interval`` beyond its length): next to ``modelcast`` in the same
-run it prices the records (fdatasync, then the record). The files go to ``--work``
+run it prices the records (fdatasync, then the record). Method ``modelcast-purepy`` is
+modelcast with the receivers' clean-stream path in Python (``hostagent.fastrun``'s
+fallback) instead of C: it prices the C path. The files go to ``--work``
 (default ``/dev/shm``, where a sync costs nothing: give a disk directory to see its cost).
 
 Every method writes into memory equally warm (``bench.memory``: on a VM whose freed
@@ -61,8 +63,9 @@ from lab.controller import stamp_printer
 from lab.models import ModelFile, file_digest, make_key_file, make_model
 from lab.sh import LabError
 
-METHODS = ("modelcast", "tcp", "uftp", "uftp-gcm", "modelcast-norecord")
+METHODS = ("modelcast", "tcp", "uftp", "uftp-gcm", "modelcast-norecord", "modelcast-purepy")
 NO_RECORD = ("--resume-interval", "1e9")
+PURE_PYTHON = {"MODELCAST_PURE_PYTHON": "1"}  # the receivers' clean-stream path in Python, not C
 GB = 1e9
 LANES_RATE = 10_000.0  # Mbit/s: the sender's --rate in the lanes scenario when the NIC is uncapped
 
@@ -98,10 +101,11 @@ class Run:
                 "vs_line_rate": self.seconds / self.line_rate_s}
 
 
-def _agent(lab: BridgeLab, host: int, out: Path, *args: str) -> subprocess.Popen:
+def _agent(lab: BridgeLab, host: int, out: Path, *args: str, env: Optional[dict[str, str]] = None) -> subprocess.Popen:
     """``modelcast ARGS`` in a host; its --json line goes to OUT.json, its log to OUT.log."""
     with open(out.with_suffix(".json"), "w") as stdout, open(out.with_suffix(".log"), "w") as stderr:
-        return lab.popen(host, sys.executable, "-m", "hostagent.cli", *args, stdout=stdout, stderr=stderr)
+        return lab.popen(host, sys.executable, "-m", "hostagent.cli", *args, stdout=stdout, stderr=stderr,
+                         env=None if env is None else {**os.environ, **env})
 
 
 def _summary(out: Path) -> dict[str, Any]:
@@ -122,9 +126,11 @@ def _tail(out: Path) -> str:
 
 
 def run_modelcast(lab: BridgeLab, model: ModelFile, receivers: list[int], rate: float,
-                  work: Path, timeout: float, extra: tuple[str, ...] = (), rx_extra: tuple[str, ...] = ()) -> Run:
+                  work: Path, timeout: float, extra: tuple[str, ...] = (), rx_extra: tuple[str, ...] = (),
+                  rx_env: Optional[dict[str, str]] = None) -> Run:
     """The real CLI: receivers first (they wait for the stream), then the sender
-    (``extra``: more sender options, ``rx_extra``: more receiver options)."""
+    (``extra``: more sender options, ``rx_extra``: more receiver options, ``rx_env``:
+    more of the receivers' environment)."""
     work.mkdir(parents=True, exist_ok=True)
     group = f"232.{random.randint(1, 254)}.{random.randint(1, 254)}.{random.randint(1, 254)}"
     port = random.randint(20000, 60000)
@@ -135,7 +141,7 @@ def run_modelcast(lab: BridgeLab, model: ModelFile, receivers: list[int], rate: 
         out = work / f"rx{h}.bin"
         procs[h] = (out, _agent(lab, h, work / f"recv-{h}", "recv", "--group", addr, "--source", src,
                                 "--out", str(out), "--json", "--timeout", str(timeout), "--key-file", key,
-                                *rx_extra))
+                                *rx_extra, env=rx_env))
     time.sleep(0.5)  # joined before the stream starts
     t0 = time.monotonic()
     sender = _agent(lab, 0, work / "send", "send", str(model.path), "--group", addr, "--interface",
@@ -190,7 +196,8 @@ def one(method: str, lab: BridgeLab, model: ModelFile, receivers: list[int], rat
         work: Path, index: int, mtu: int, timeout: float) -> Run:
     if method.startswith("modelcast"):
         res = run_modelcast(lab, model, receivers, rate, work, timeout,
-                            rx_extra=NO_RECORD if method == "modelcast-norecord" else ())
+                            rx_extra=NO_RECORD if method == "modelcast-norecord" else (),
+                            rx_env=PURE_PYTHON if method == "modelcast-purepy" else None)
         res.method = method
         return res
     if method == "tcp":
