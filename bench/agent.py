@@ -161,6 +161,7 @@ def run_modelcast(lab: BridgeLab, model: ModelFile, receivers: list[int], rate: 
     ok = sender.returncode == 0 and len(done) == len(procs)
     cpu_rx = sync_s = 0.0
     records = gro_batches = coalesced = 0
+    native: set[Optional[bool]] = set()
     errors = []
     for h, (out, p) in procs.items():
         if p.poll() is None:
@@ -174,6 +175,7 @@ def run_modelcast(lab: BridgeLab, model: ModelFile, receivers: list[int], rate: 
         records += s.get("resume_records") or 0
         gro_batches += s.get("gro_batches") or 0
         coalesced += s.get("coalesced") or 0
+        native.add(s.get("native_rx"))
         sync_s += s.get("record_sync_s") or 0.0
         out.unlink(missing_ok=True)
     s = _summary(work / "send")
@@ -183,7 +185,8 @@ def run_modelcast(lab: BridgeLab, model: ModelFile, receivers: list[int], rate: 
                 "rate_decreases": s.get("rate_decreases"), "goodput_mbit": s.get("goodput_mbit"),
                 "error": "; ".join(([f"sender: {s['error']}"] if s.get("error") else []) + errors) or None,
                 "resume_records": records, "record_sync_s": round(sync_s, 3),
-                "gro_batches": gro_batches, "coalesced_runs": coalesced})
+                "gro_batches": gro_batches, "coalesced_runs": coalesced,
+                "native_rx": native == {True}})  # every receiver's clean-stream path ran in C
 
 
 def _from_baseline(res: B.RunResult) -> Run:

@@ -92,6 +92,9 @@ def test_agent_benchmark_smoke(tmp_path):
     stalled = [r for r in runs if r["scenario"] == "stall-1pct-stalled"]
     assert stalled and all(r["detail"]["stall_dropped"] > 0 for r in stalled)
     assert "- stall: with a shared stall" in (tmp_path / "agent.md").read_text()
+    # every method wrote into memory made equally warm up front, and the receivers ran the C path
+    assert data["meta"]["memory"]["warmed_bytes"] > 0 and data["meta"]["memory"]["rewrite_s_per_gb"] >= 0
+    assert all(r["detail"]["native_rx"] for r in runs if r["method"] == "modelcast"), "hostagent._fastrun not built"
 
 
 def test_directory_benchmark_smoke():
