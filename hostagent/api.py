@@ -41,7 +41,7 @@ from . import fastrun, tree
 from .dirs import DirSource, PathSink
 from .manifest import cache_dir, cached_digests
 from .net import (
-    FileSink, FileSource, gso_burst_bytes, parse_group, parse_ipv4, path_mtu, receiver_sockets, run,
+    FileSink, FileSource, gso_burst_bytes, gso_segments, parse_group, parse_ipv4, path_mtu, receiver_sockets, run,
     sender_socket,
 )
 from .receiver import Receiver, ReceiverConfig
@@ -417,6 +417,7 @@ def _send(path: str, opts: SendOptions, source: FileSource | DirSource, interfac
         congestion_quorum=opts.congestion_quorum, repair_share=opts.repair_share,
         session_id=random.SystemRandom().getrandbits(64),
         burst_bytes=gso_burst_bytes(opts.rate_mbit * 1e6) if opts.gso else SenderConfig.burst_bytes,
+        send_quantum=gso_segments(max_datagram) if opts.gso else 1,
     )
     try:
         config.validate()

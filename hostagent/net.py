@@ -572,6 +572,11 @@ GSO_BURST_SECONDS = 0.002
 GSO_MAX_WAIT = 0.005
 
 
+def gso_segments(max_datagram: int) -> int:
+    """Datagrams of ``max_datagram`` bytes one GSO send carries (``DatagramWriter``)."""
+    return max(1, min(GSO_MAX_SEGMENTS, MAX_DATAGRAM // max_datagram))
+
+
 def gso_burst_bytes(cap_bps: float, floor: int = 64 * 1024) -> int:
     """Token bucket depth for a GSO sender capped at ``cap_bps``: ``GSO_BURST_SECONDS``
     of sending and two of the batches it waits for (``batch_interval``: a wake-up a little

@@ -358,6 +358,13 @@ class Receiver:
         if seg <= 0 or seg >= n:
             self.receive_datagram(data, addr, now)
             return
+        last = (n - 1) // seg * seg
+        if last and data[last + 3] != wire.T_DATA:
+            # A sender's GSO send may end with a shorter datagram of another kind (a
+            # manifest page, END): the DATA before it is still one run.
+            self.receive_batch(data[:last], seg, addr, now)
+            self.receive_datagram(data[last:], addr, now)
+            return
         key = self._key
         if (self.layout is not None and not (self.failed or self.complete or self._parity)
                 and wire.data_session(data) == self.session):

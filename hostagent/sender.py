@@ -88,6 +88,12 @@ class SenderConfig:
     # same constant): after a cut, the next waits until receivers took in this many more.
     loss_horizon: int = LOSS_HORIZON
     burst_bytes: int = 64 * 1024  # token bucket depth
+    # Paced datagrams leave in groups of this many once the bucket allows the first (the
+    # rest overdraw it, and the debt delays the next group: the same average rate). With
+    # GSO it is how many datagrams one send carries, so every send is a full one: a
+    # release of 8 would otherwise go out as a send of 7 and a lone datagram, which a
+    # receiver's GRO hands over alone -- the slow path per datagram.
+    send_quantum: int = 1
     nack_window: float = 0.075  # at nack_group_scale receivers or more; shorter below
     # Group size at which the NACK aggregation window (and the receivers' NACK backoff,
     # which scales the same way from the manifest's receivers hint) reach their full
@@ -157,6 +163,8 @@ class SenderConfig:
             raise ValueError("payload_size does not fit max_datagram")
         if self.rate_bps <= 0:
             raise ValueError("rate must be positive")
+        if not 1 <= self.send_quantum <= 64:
+            raise ValueError("send_quantum must be 1..64")
         if not 0 < self.initial_rate_fraction <= 1 or not 0 < self.min_rate_fraction <= 1:
             raise ValueError("rate fractions must be in (0, 1]")
         if self.min_rate_bps is not None and not 0 < self.min_rate_bps <= self.rate_bps:
@@ -370,12 +378,20 @@ class Sender:
         if self._stream_done_at is not None and now >= self._last_end + self.config.end_interval:
             out.append((self._end(False), GROUP))
             self._last_end = now
-        while pacer.may_send:
-            item = self._next_paced(now)
-            if item is None:
-                break
-            pacer.spend(len(item[0]))
-            out.append(item)
+        quantum, more = self.config.send_quantum, True
+        while more and pacer.may_send:
+            group: list[tuple[bytes, Dest]] = []
+            while len(group) < quantum:
+                item = self._next_paced(now)
+                if item is None:
+                    more = False
+                    break
+                pacer.spend(len(item[0]))
+                if quantum > 1 and item[0][3] != wire.T_DATA and item[0][3] != wire.T_REPAIR:
+                    out.append(item)  # (a manifest page goes ahead, not into the middle of a send)
+                else:
+                    group.append(item)
+            out.extend(group)
         if (self._next_seq >= self.layout.total_seq and self._stream_done_at is None
                 and not self._repair.proactive_queued):
             self._stream_done_at = now

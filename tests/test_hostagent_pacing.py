@@ -180,3 +180,34 @@ def test_repairs_get_their_share_of_the_sends_and_no_saved_up_burst() -> None:
         burst += 1
     assert burst == 3  # only `depth` datagrams' worth was kept
     assert not RepairBudget(0.0, depth=2.0).allows
+
+
+@pytest.mark.parametrize("quantum", [1, 7])
+def test_data_leaves_in_whole_gso_sends_at_the_same_average_rate(quantum: int) -> None:
+    """With ``send_quantum`` (what one GSO send carries) every release of data is whole
+    groups of that many -- no lone datagram a receiver's GRO would hand over alone --
+    while the stream still takes its rate's time."""
+    import random
+
+    from hostagent import wire
+    from hostagent.common import MemorySource
+    from hostagent.sender import Sender
+    from tests.support.agents import KIB, payload, sender_config
+
+    size = 400 * KIB
+    config = sender_config(chunk_size=64 * KIB, payload_size=1000, rate_bps=80e6, initial_rate_fraction=1.0,
+                           send_quantum=quantum)
+    sender = Sender(MemorySource(payload(size, seed=1)), config, 0.0, rng=random.Random(1))
+    now, releases = 0.0, []
+    while sender.stream_position < sender.layout.total_seq:
+        now += random.Random(int(now * 1e6)).uniform(0.0001, 0.003)  # uneven wake-ups
+        datas = [raw for raw, _ in sender.datagrams_to_send(now) if wire.peek_type(raw) == wire.T_DATA]
+        if datas:
+            releases.append(len(datas))
+    wire_bytes = sender.layout.total_seq * (1000 + wire.DATA_HEADER_LEN)
+    assert now == pytest.approx(wire_bytes * 8 / 80e6, rel=0.1)
+    assert all(n % quantum == 0 for n in releases[:-1])
+    if quantum > 1:
+        assert max(releases) > quantum
+    with pytest.raises(ValueError):
+        sender_config(send_quantum=0).validate()

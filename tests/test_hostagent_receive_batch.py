@@ -210,3 +210,27 @@ def test_damaged_fragment_in_a_streamed_chunk_is_caught(monkeypatch) -> None:
     while (event := rx.next_event()) is not None:
         events.append(event)
     assert any(type(e).__name__ == "ChunkCorrupt" and e.chunk == 0 for e in events)
+
+
+@pytest.mark.parametrize("key", [None, KEY])
+def test_a_send_ending_in_a_manifest_page_keeps_its_data_on_the_run_path(monkeypatch, key) -> None:
+    """A sender's GSO send may end with a shorter datagram of another kind (a manifest
+    page): the DATA before it still takes the run path, and the page is still read."""
+    data = payload(100 * KIB, seed=8)
+    stream = _stream(data, key)
+    pages = [raw for raw in stream if wire.peek_type(raw) == wire.T_MANIFEST]
+    datas = [raw for raw in stream if wire.peek_type(raw) == wire.T_DATA]
+    rx, one = _receiver(key), _receiver(key)
+    for page in pages:
+        rx.receive_datagram(page, SENDER, 0.0)
+        one.receive_datagram(page, SENDER, 0.0)
+    per_datagram = []
+    original = wire.parse_data
+    monkeypatch.setattr(wire, "parse_data", lambda raw, key=None: per_datagram.append(1) or original(raw, key))
+    batch = datas[:6] + [pages[0]]
+    assert len(pages[0]) < len(datas[0])
+    rx.receive_batch(memoryview(bytearray(b"".join(batch))), len(datas[0]), SENDER, 0.001)
+    assert rx.stats.data_received == 6 and len(per_datagram) <= 1  # (the page: at most a look)
+    for raw in batch:
+        one.receive_datagram(raw, SENDER, 0.001)
+    assert _state(rx, 0.001) == _state(one, 0.001)
