@@ -82,6 +82,10 @@ static PyObject *Gmac_tag(GmacObject *self, PyObject *args) {
     unsigned long long seq;
     Py_buffer data;
     unsigned char tag[MAC_LEN];
+    if (self->ctx == NULL) {
+        PyErr_SetString(PyExc_ValueError, "Gmac was not initialised with a key");
+        return NULL;
+    }
     if (!PyArg_ParseTuple(args, "Ky*", &seq, &data)) return NULL;
     int ok = data.len <= INT_MAX && gmac_tag(self->ctx, seq, data.buf, (int)data.len, tag);
     PyBuffer_Release(&data);
@@ -124,6 +128,11 @@ static PyObject *verify_run(PyObject *module, PyObject *args) {
             return NULL;
         }
         ctx = ((GmacObject *)gmac_obj)->ctx;
+        if (ctx == NULL) {
+            PyBuffer_Release(&buf);
+            PyErr_SetString(PyExc_ValueError, "Gmac was not initialised with a key");
+            return NULL;
+        }
     }
     const unsigned char *p = buf.buf;
     Py_ssize_t n = buf.len;

@@ -77,6 +77,11 @@ def test_native_tag_is_the_wire_tag() -> None:
     assert gmac.tag(12345, raw[: -wire.MAC_LEN]) == raw[-wire.MAC_LEN:]
     with pytest.raises(ValueError):
         fastrun._native.Gmac(b"short")
+    bare = fastrun._native.Gmac.__new__(fastrun._native.Gmac)  # never given a key
+    with pytest.raises(ValueError):
+        bare.tag(1, raw)
+    with pytest.raises(ValueError):
+        fastrun._native.verify_run(raw + raw, len(raw), bare)
 
 
 def test_only_verified_sessions_keep_a_native_context() -> None:
