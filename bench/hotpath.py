@@ -6,7 +6,9 @@ A clean jumbo stream (8904-byte payloads, 1 MiB chunks, MAC'd as a controller ru
 recorded once from a real ``Sender`` and fed to a real ``Receiver`` writing a file in
 /dev/shm, in GRO super-packets of 7 datagrams through one reused buffer, as
 ``hostagent.net`` hands them over; the sender side is one pass of ``datagrams_to_send``
-over a file (no manifest pass). CPU is the process's user+system time per GB of file,
+over a file (no manifest pass). ``receiver`` runs the clean-stream path in C where it is
+built, ``receiver_python`` the same receiver with it in Python (``hostagent.fastrun``),
+alternating. CPU is the process's user+system time per GB of file,
 medians of ``--runs``. The kernel's share of a real transfer (socket copies, softirq) is
 not in it; ``python -m bench.agent`` measures that, noisily, beside UFTP.
 
@@ -27,12 +29,14 @@ import statistics
 import sys
 import tempfile
 import time
+from pathlib import Path
 from typing import Any, Callable, Optional
 
 import blake3
 
 from bench.machine import describe, machine
-from hostagent import wire
+from bench.memory import steady_memory
+from hostagent import fastrun, wire
 from hostagent.common import MemorySource
 from hostagent.net import FileSink, FileSource
 from hostagent.receiver import Receiver, ReceiverConfig
@@ -78,12 +82,17 @@ def _cpu(fn: Callable[[], None]) -> float:
     return time.process_time() - started
 
 
-def receive_cpu(packets: list[tuple[bytes, int]], key: Optional[bytes], size: int, work: str) -> float:
-    """CPU seconds per GB for a receiver to take the stream into a file and verify it."""
+def receive_cpu(packets: list[tuple[bytes, int]], key: Optional[bytes], size: int, work: str,
+                pure: bool = False) -> float:
+    """CPU seconds per GB for a receiver to take the stream into a file and verify it;
+    ``pure``: with its clean-stream path in Python, not C (``hostagent.fastrun``)."""
     path = tempfile.mktemp(prefix="modelcast-hotpath-", dir=work)
     sink = FileSink(path)
     rx = Receiver(sink, ReceiverConfig(receiver_id=1, key=key), 0.0, rng=random.Random(2))
     buf = bytearray(65535)
+    saved = fastrun.verify_run, fastrun.compact_run
+    if pure:
+        fastrun.verify_run, fastrun.compact_run = fastrun.verify_run_py, fastrun.compact_run_py
 
     def feed() -> None:
         for i, (blob, seg) in enumerate(packets):
@@ -95,6 +104,7 @@ def receive_cpu(packets: list[tuple[bytes, int]], key: Optional[bytes], size: in
         if not rx.complete:
             raise RuntimeError("the receiver did not complete the clean stream")
     finally:
+        fastrun.verify_run, fastrun.compact_run = saved
         sink.close()
         for p in (path, sink.state_path):
             if os.path.exists(p):
@@ -137,19 +147,22 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     try:
         stream = record_stream(data, key)
         packets = super_packets(stream)
-        rows: dict[str, list[float]] = {"receiver": [], "sender": [], "mac_floor": [], "digest_floor": [],
-                                        "blake3_mac_floor": []}
-        for _ in range(args.runs):
-            rows["receiver"].append(receive_cpu(packets, key, size, work))
-            rows["sender"].append(send_cpu(src, key, size))
-            if key is not None:
-                mac, digest, blake = floors(stream, data, key, size)
-                rows["mac_floor"].append(mac)
-                rows["digest_floor"].append(digest)
-                rows["blake3_mac_floor"].append(blake)
+        rows: dict[str, list[float]] = {"receiver": [], "receiver_python": [], "sender": [], "mac_floor": [],
+                                        "digest_floor": [], "blake3_mac_floor": []}
+        with steady_memory(Path(work), 4 * size):  # every run's copy into equally warm memory (bench.memory)
+            for _ in range(args.runs):
+                rows["receiver"].append(receive_cpu(packets, key, size, work))
+                rows["receiver_python"].append(receive_cpu(packets, key, size, work, pure=True))
+                rows["sender"].append(send_cpu(src, key, size))
+                if key is not None:
+                    mac, digest, blake = floors(stream, data, key, size)
+                    rows["mac_floor"].append(mac)
+                    rows["digest_floor"].append(digest)
+                    rows["blake3_mac_floor"].append(blake)
     finally:
         os.unlink(src)
     return {"machine": machine(), "size_mb": args.size_mb, "runs": args.runs, "keyed": key is not None,
+            "native": fastrun.NATIVE,
             "datagrams": len(stream), "super_packets": len(packets),
             "cpu_s_per_gb": {k: round(statistics.median(v), 3) for k, v in rows.items() if v},
             "raw": {k: [round(x, 3) for x in v] for k, v in rows.items() if v}}

@@ -62,19 +62,21 @@ def steady_memory(directory: Path, nbytes: int) -> Iterator[dict[str, Any]]:
     """Free page reporting off (where the kernel has it) and ``nbytes`` of memory touched
     through ``directory`` inside the block; yields what was done, for the report."""
     info: dict[str, Any] = {"reporting_was": None, "warmed_bytes": nbytes}
+    if os.geteuid() != 0 or not REPORTING_ORDER.exists():  # (not root, or no such kernel feature)
+        info["warm_cpu_s"] = round(_write(directory, nbytes), 2)
+        yield info
+        return
     STATE_DIR.mkdir(parents=True, exist_ok=True)
     saved = STATE_DIR / "page_reporting_order.orig"  # there only while changed
     old: Optional[str] = None
     with open(STATE_DIR / "page_reporting.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
-            if REPORTING_ORDER.exists():
-                old = saved.read_text().strip() if saved.exists() else REPORTING_ORDER.read_text().strip()
-                saved.write_text(old)
-                REPORTING_ORDER.write_text(str(NO_REPORTING))
-                info["reporting_was"] = int(old)
-                log.info("bench: free page reporting off (page_reporting_order %s -> %d) while it runs",
-                         old, NO_REPORTING)
+            old = saved.read_text().strip() if saved.exists() else REPORTING_ORDER.read_text().strip()
+            saved.write_text(old)
+            REPORTING_ORDER.write_text(str(NO_REPORTING))
+            info["reporting_was"] = int(old)
+            log.info("bench: free page reporting off (page_reporting_order %s -> %d) while it runs", old, NO_REPORTING)
         except (OSError, ValueError) as exc:
             log.warning("bench: cannot stop free page reporting (%s): fresh memory may cost a "
                         "method more than the one before it", exc)

@@ -11,6 +11,7 @@ from bench import memory
 
 @pytest.fixture
 def fake_sys(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setattr(memory.os, "geteuid", lambda: 0)
     setting = tmp_path / "page_reporting_order"
     setting.write_text("9\n")
     monkeypatch.setattr(memory, "REPORTING_ORDER", setting)
