@@ -37,7 +37,8 @@ from .events import (
     Failed, FileComplete, ManifestReceived, ReceiverCompleted, ReceiverEvent, ReceiverFailed, SenderEvent,
     StreamFinished, TransferFinished,
 )
-from . import fastrun, tree
+import hostagent.fastrun as fastrun
+from . import tree
 from .dirs import DirSource, PathSink
 from .manifest import cache_dir, cached_digests
 from .net import (

@@ -17,7 +17,7 @@ import logging
 import os
 from typing import Any, Optional
 
-from . import wire
+import hostagent.wire as wire
 
 log = logging.getLogger("modelcast.agent")
 

@@ -12,7 +12,11 @@ from hypothesis import given, settings, strategies as st
 
 from hostagent import fastrun, wire
 from hostagent.wire import Data, encode
-from tests.test_hostagent_wire import KEY, _mutate, u32, u64
+from tests.support.mutate import mutate
+
+KEY = wire.derive_key(b"fastrun test")
+u64 = st.integers(0, wire.U64_MAX)
+u32 = st.integers(0, (1 << 32) - 1)
 
 pytestmark = pytest.mark.skipif(
     fastrun._native is None and os.environ.get("CI") != "true",
@@ -52,7 +56,7 @@ def test_c_and_python_agree_on_every_run(session, seq, chunk, offset, size, coun
         pos += n
     victim = data.draw(st.integers(0, count - 1))
     intact = bytes(raws[victim])
-    raws[victim] = _mutate(raws[victim], data, ["intact", "intact", "flip", "truncate", "extend", "splice"])
+    raws[victim] = mutate(raws[victim], data, ["intact", "intact", "flip", "truncate", "extend", "splice"])
     blob = b"".join(bytes(r) for r in raws)
     natural = len(raws[0])
     seg = data.draw(st.sampled_from([natural, natural - 1, natural + 1, 33, len(blob)]))

@@ -11,6 +11,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from hypothesis import example, given, settings, strategies as st
 
 from hostagent import wire
+from tests.support.mutate import mutate
 from hostagent.wire import (
     Complete, CompleteAck, Data, End, Hello, Manifest, Nack, Parity, WireError,
     decode, encode,
@@ -116,27 +117,10 @@ def test_random_bytes_only_raise_wire_error(data) -> None:
             pass
 
 
-def _mutate(raw: bytearray, data, kinds: list[str]) -> bytearray:
-    """Damage an encoded datagram in one of the ways ``kinds`` names ("intact": not at all)."""
-    kind = data.draw(st.sampled_from(kinds))
-    if kind == "flip" and raw:
-        for _ in range(data.draw(st.integers(1, 4))):
-            i = data.draw(st.integers(0, len(raw) - 1))
-            raw[i] ^= data.draw(st.integers(1, 255))
-    elif kind == "truncate":
-        raw = raw[: data.draw(st.integers(0, len(raw)))]
-    elif kind == "extend":
-        raw += data.draw(st.binary(min_size=1, max_size=50))
-    elif kind == "splice":
-        i = data.draw(st.integers(0, len(raw)))
-        raw[i:i] = data.draw(st.binary(min_size=1, max_size=20))
-    return raw
-
-
 @settings(max_examples=500, deadline=None)
 @given(messages, st.data())
 def test_mutated_datagrams_only_raise_wire_error(msg, data) -> None:
-    raw = _mutate(bytearray(encode(msg)), data, ["flip", "truncate", "extend", "splice"])
+    raw = mutate(bytearray(encode(msg)), data, ["flip", "truncate", "extend", "splice"])
     try:
         decode(bytes(raw))
     except WireError:
@@ -310,7 +294,7 @@ def _fast(raw: bytes, key: bytes | None) -> Data | None:
 def test_fast_data_path_accepts_exactly_what_decode_accepts(msg, send_key, recv_key, data) -> None:
     """The receiver's hot path may not widen (or narrow) what gets in: on intact, mutated,
     keyed and unkeyed datagrams it returns exactly decode's Data, or None."""
-    raw = _mutate(bytearray(encode(msg, send_key)), data, ["intact", "flip", "truncate", "extend", "splice"])
+    raw = mutate(bytearray(encode(msg, send_key)), data, ["intact", "flip", "truncate", "extend", "splice"])
     assert _fast(bytes(raw), recv_key) == _as_data(bytes(raw), recv_key)
 
 
@@ -353,7 +337,7 @@ def test_gro_run_parser_agrees_with_parse_data(session, seq, chunk, offset, size
     victim = data.draw(st.integers(0, count - 1))
     field = data.draw(st.sampled_from(["bytes", "session", "seq", "chunk", "offset", "repair"]))
     if field == "bytes":
-        raws[victim] = _mutate(raws[victim], data, ["intact", "flip", "truncate", "splice"])
+        raws[victim] = mutate(raws[victim], data, ["intact", "flip", "truncate", "splice"])
     else:  # a well-formed datagram that does not belong in the run
         msg = decode(bytes(raws[victim]))
         if field == "repair":
