@@ -22,7 +22,7 @@ from controller.addressing import check_model, check_ssm, ssm_address
 from controller.errors import Conflict, CoreError, ReceiverIsSource, UnknownGroup
 from controller.protect import IN_PORT_BIT, Detours, ff_buckets, ff_id, ff_port, is_ff, tag
 from controller.topoview import TopologyView, check_unicast
-from controller.trees import ALGORITHMS, LinkLoad, PathCache, SwitchEntry, Tree, compute_tree
+from controller.trees import ALGORITHMS, LinkLoad, PathCache, SwitchEntry, Tree, compute_tree, regraft
 
 log = logging.getLogger("modelcast.core")
 DEFAULT_PORT = 5500
@@ -449,19 +449,23 @@ class MulticastCore:
             self.load.add_tree(g.tree, -1)
         self._swap(g, tree)
 
-    def _swap(self, g: Group, tree: Tree | None) -> None:
+    def _swap(self, g: Group, tree: Tree | None, changed: set[int] | None = None) -> None:
         """Install ``tree`` as the group's, its old tree's load already taken off: the usage
-        indexes change only where the trees differ (a reroute keeps most of a tree)."""
-        if tree is not None:
+        indexes change only where the trees differ (a reroute keeps most of a tree).
+        ``changed``: the only switches where the two trees may differ, and ``load``
+        counts the new tree already (``trees.regraft``)."""
+        was = g.tree.entries if g.tree is not None else {}
+        now = tree.entries if tree is not None else {}
+        old = g.tree.parent if g.tree is not None else {}
+        new = tree.parent if tree is not None else {}
+        if changed is not None:  # the same comparisons, on those switches alone
+            was, now, old, new = ({n: d[n] for n in changed if n in d} for d in (was, now, old, new))
+        elif tree is not None:
             self.load.add_tree(tree, 1)
         if self.protection:  # only the entries that differ (a reroute keeps most)
-            was = g.tree.entries if g.tree is not None else {}
-            now = tree.entries if tree is not None else {}
             if was:
                 self._count({n: e for n, e in was.items() if now.get(n) != e}, -1)
             self._count({n: e for n, e in now.items() if was.get(n) != e} if was else now, 1)
-        old = g.tree.parent if g.tree is not None else {}
-        new = tree.parent if tree is not None else {}
         gid, link_users, switch_users = g.gid, self.link_users, self.switch_users
         for was, now, users in ((old, new, set.discard), (new, old, set.add)):
             for c, p in was.items():
@@ -479,6 +483,8 @@ class MulticastCore:
             g = self.groups[gid]
             if not g.receivers:
                 self._set_tree(g, None)
+                continue
+            if g.tree is not None and g.algorithm == "spt" and self.balance and self._regraft(g, reguard):
                 continue
             keep = g.tree.parent if g.tree is not None else self._saved_trees.pop(gid, None)
             if g.tree is not None:  # its own old tree must not bias it away from itself
@@ -506,7 +512,7 @@ class MulticastCore:
             link = self.view.port_link.get((p, port))
             if link is None:
                 continue
-            c = link.b if (link.a, link.a_port) == (p, port) else link.a
+            c = link.far_end(p, port)
             for gid in self.link_users.get((p, c) if p < c else (c, p), ()):
                 t = self.groups[gid].tree
                 if gid not in done and t is not None and t.parent.get(c) == p:
@@ -521,6 +527,30 @@ class MulticastCore:
             nodes |= at
         # the shared entries with the first diff: their adds go before everything else
         return self._diff(gids).extend(self._diff(sorted(again), only=nodes, shared=False))
+
+    def _regraft(self, g: Group, stale: set[tuple[int, int]]) -> bool:
+        """Give the group the tree a new search keeping its tree would give, by changing
+        only the part that lost its shortest path (``trees.regraft``; a failure moves ~10
+        of a tree's ~100 switches, and the entries, protection and counts of the rest
+        stay as they are). False when that does not apply: the caller searches."""
+        got = regraft(self.view, g.tree, g.receivers, self.load, self.cache)
+        if got is None:
+            return False
+        tree, changed = got
+        if self.protection:
+            nodes = {n for n in changed if n in tree.entries}
+            entries, parent, port_link = tree.entries, tree.parent, self.view.port_link
+            for d, q in stale:  # kept switches whose own or parent link's detour changed
+                e = entries.get(d)
+                if e is not None and q in e[1]:
+                    nodes.add(d)
+                    link = port_link.get((d, q))
+                    if link is not None and parent.get(link.far_end(d, q)) == d:
+                        nodes.add(link.far_end(d, q))
+            self._protect(g, tree, nodes, old=g.tree, stale=stale)
+            changed |= nodes
+        self._swap(g, tree, changed)
+        return True
 
     # -- protection (controller.protect) ---------------------------------------------
     def _protect(self, g: Group, tree: Tree, nodes: Iterable[int] | None = None,
