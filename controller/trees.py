@@ -549,40 +549,41 @@ def regraft(view: TopologyView, old: Tree, receivers: set[str] | frozenset[str],
     attachment may have changed since (``view.attach``), or a receiver is cut off.
 
     Why the same tree: the search keeps exactly the switches whose kept path to the root
-    is still a shortest path (``status`` below; a parent before its child, as the
-    search's distance order does), settles the remaining targets' ancestors by the same
-    ``_settle`` (which reads the loads of links into unkept switches only: those are
-    taken off here first, as the search's caller takes off the whole old tree) and is
-    the union of the targets' paths. Here the kept switches start the tree, the unkept
-    targets walk up from their choices, and kept switches left with no target below
-    are peeled off from the cut upwards: the same union (every leaf of ``old`` is a
-    target)."""
+    is still a shortest path, i.e. those with no link on it that is no longer a
+    shortest-path link (``broken`` below: the switches below such a link), settles the
+    remaining targets' ancestors by the same ``_settle`` (which reads the loads of links
+    into unkept switches only: those are taken off here first, as the search's caller
+    takes off the whole old tree) and is the union of the targets' paths. Here the kept
+    switches start the tree, the unkept targets walk up from their choices, and kept
+    switches left with no target below are peeled off from the cut upwards: the same
+    union (every leaf of ``old`` is a target)."""
     root = old.root
     if root is None or old.unreachable or old.attach != view.attach or old.reached != receivers \
             or not old.ends:
         return None
     dist, preds = cache.dag(root)
     was = old.parent
-    status = {root: True}  # switch -> its kept path to the root is still a shortest path
-    for n in was:
-        if n in status:
-            continue
-        path, p = [n], was[n]
-        while p not in status:
-            path.append(p)
-            p = was[p]
-        ok = status[p]
-        for m in reversed(path):
-            if ok:
-                ps = preds.get(m)
-                ok = ps is not None and was[m] in ps
-            status[m] = ok
-    broken = [n for n, ok in status.items() if not ok]
+    # the switches whose kept path to the root is no longer a shortest path: those below
+    # a link that is not (or no longer live) and the switches below them
+    get, none = preds.get, ()
+    broken = [n for n, p in was.items() if p is not None and p not in get(n, none)]
     if not broken:
         return Tree(old.source, root, dict(was), dict(old.entries), old.reached, old.unreachable,
                     ends=old.ends, attach=old.attach), set()
+    kids: dict[int, list[int]] = {}
+    for c, p in was.items():
+        if p in kids:
+            kids[p].append(c)
+        else:
+            kids[p] = [c]
+    cut = set(broken)
+    for n in broken:  # grows while iterated
+        for c in kids.get(n, none):
+            if c not in cut:
+                cut.add(c)
+                broken.append(c)
     targets = {d for d, _ in old.ends}
-    lost = [t for t in targets if not status[t]]
+    lost = [t for t in targets if t in cut]
     if any(t not in dist for t in lost):
         return None  # cut off: unreachable now
     load.add_links({n: was[n] for n in broken}, -1)
@@ -600,15 +601,15 @@ def regraft(view: TopologyView, old: Tree, receivers: set[str] | frozenset[str],
             parent[n] = walked[n] = p
             n = p  # type: ignore[assignment]
     pruned: dict[int, int | None] = {}
-    cuts = {was[n] for n in broken if status[was[n]]} - targets  # kept, lost a child
+    cuts = {was[n] for n in broken if was[n] not in cut} - targets  # kept, lost a child
     cuts.discard(root)
     if cuts:
-        kids = Counter(parent.values())
+        below = Counter(parent.values())  # children in the new tree
         for m in cuts:
-            while m in parent and not kids[m] and m != root and m not in targets:
+            while m in parent and not below[m] and m != root and m not in targets:
                 p = parent.pop(m)
                 pruned[m] = p
-                kids[p] -= 1
+                below[p] -= 1
                 m = p
     load.add_links(walked, 1)
     load.add_links(pruned, -1)
@@ -618,11 +619,19 @@ def regraft(view: TopologyView, old: Tree, receivers: set[str] | frozenset[str],
     entries = dict(old.entries)
     for n in gone:
         del entries[n]
-    redo = {n: [] for n in changed if n in parent}  # switch -> its new output ports
+    adopted: dict[int, list[int]] = {}  # new parent -> its walked children
+    for c, p in walked.items():
+        if p in adopted:
+            adopted[p].append(c)
+        else:
+            adopted[p] = [c]
     nbr = view.nbr_ports
-    for c, p in parent.items():
-        if p in redo:
-            redo[p].append(nbr[p][c])
+    redo = {}  # switch -> its new output ports: its children, kept and new, and receivers
+    for n in changed:
+        if n in parent:
+            to = nbr[n]
+            redo[n] = [to[c] for c in kids.get(n, none) if c in parent and c not in walked] + \
+                [to[c] for c in adopted.get(n, none)]
     for d, port in old.ends:
         if d in redo:
             redo[d].append(port)
