@@ -482,13 +482,17 @@ class MulticastCore:
     def _sync(self, gids: Iterable[int]) -> Plan:
         gids = list(gids)
         reguard = self._restale() if self.protection else set()
+        within: dict[int, set[int]] = {}  # regrafted group -> the switches where it changed
         for gid in gids:
             g = self.groups[gid]
             if not g.receivers:
                 self._set_tree(g, None)
                 continue
-            if g.tree is not None and g.algorithm == "spt" and self.balance and self._regraft(g, reguard):
-                continue
+            if g.tree is not None and g.algorithm == "spt" and self.balance:
+                changed = self._regraft(g, reguard)
+                if changed is not None:
+                    within[gid] = changed
+                    continue
             keep = g.tree.parent if g.tree is not None else self._saved_trees.pop(gid, None)
             if g.tree is not None:  # its own old tree must not bias it away from itself
                 self.load.add_tree(g.tree, -1)
@@ -507,7 +511,7 @@ class MulticastCore:
                 self._protect(g, tree, old=g.tree, stale=reguard)
             self._swap(g, tree)
         if not reguard:
-            return self._diff(gids)
+            return self._diff(gids, within=within)
         # trees unchanged, but a detour of their links changed: only the link's two ends
         again: dict[int, set[int]] = defaultdict(set)
         done = set(gids)
@@ -529,16 +533,17 @@ class MulticastCore:
             self._count({n: g.tree.entries[n] for n in at}, 1)
             nodes |= at
         # the shared entries with the first diff: their adds go before everything else
-        return self._diff(gids).extend(self._diff(sorted(again), only=nodes, shared=False))
+        return self._diff(gids, within=within).extend(self._diff(sorted(again), only=nodes, shared=False))
 
-    def _regraft(self, g: Group, stale: set[tuple[int, int]]) -> bool:
+    def _regraft(self, g: Group, stale: set[tuple[int, int]]) -> set[int] | None:
         """Give the group the tree a new search keeping its tree would give, by changing
         only the part that lost its shortest path (``trees.regraft``; a failure moves ~10
         of a tree's ~100 switches, and the entries, protection and counts of the rest
-        stay as they are). False when that does not apply: the caller searches."""
+        stay as they are). Returns the switches where the tree may have changed; None
+        when that does not apply: the caller searches."""
         got = regraft(self.view, g.tree, g.receivers, self.load, self.cache)
         if got is None:
-            return False
+            return None
         tree, changed = got
         if self.protection:
             nodes = {n for n in changed if n in tree.entries}
@@ -553,7 +558,7 @@ class MulticastCore:
             self._protect(g, tree, nodes, old=g.tree, stale=stale)
             changed |= nodes
         self._swap(g, tree, changed)
-        return True
+        return changed
 
     # -- protection (controller.protect) ---------------------------------------------
     def _protect(self, g: Group, tree: Tree, nodes: Iterable[int] | None = None,
@@ -742,8 +747,12 @@ class MulticastCore:
         plan.phases[0][:0] = adds
         plan.phases[2].extend(removes)
 
-    def _diff(self, gids: Iterable[int], only: set[int] | None = None, shared: bool = True) -> Plan:
-        """Messages taking the switches from ``installed`` to the groups' trees."""
+    def _diff(self, gids: Iterable[int], only: set[int] | None = None, shared: bool = True,
+              within: dict[int, set[int]] | None = None) -> Plan:
+        """Messages taking the switches from ``installed`` to the groups' trees.
+        ``within``: group -> the only switches where its tree changed since the last
+        diff (elsewhere every live switch's belief is the tree's: each public method
+        leaves it so), compared alone."""
         plan = Plan()
         build, switch, remove = plan.phases
         cut: list[tuple[int, Any]] = []  # phase 1, after ``switch``
@@ -755,10 +764,15 @@ class MulticastCore:
             want = g.tree.entries if g.tree is not None else {}
             placed = self.placed[gid]
             if placed:
-                have = {dpid: installed[dpid][gid] for dpid in (placed if only is None else placed & only)}
-                dpids = (want.keys() | have.keys()) & live
-                if only is not None:
-                    dpids &= only
+                at = within.get(gid) if within else None
+                if at is not None:
+                    dpids = at & live if only is None else at & live & only
+                    have = {dpid: installed[dpid][gid] for dpid in dpids & placed}
+                else:
+                    have = {dpid: installed[dpid][gid] for dpid in (placed if only is None else placed & only)}
+                    dpids = (want.keys() | have.keys()) & live
+                    if only is not None:
+                        dpids &= only
                 changed = [d for d in dpids if have.get(d) != want.get(d)]
             else:  # a new tree (or one whose switches all came back empty): all of it
                 have = _NOTHING

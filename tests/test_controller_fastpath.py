@@ -133,8 +133,8 @@ class Searching(MulticastCore):
     """The core without its incremental reroute: every tree a change reaches is searched
     again whole (``compute_tree`` keeping the old tree), as before ``trees.regraft``."""
 
-    def _regraft(self, g, stale) -> bool:
-        return False
+    def _regraft(self, g, stale) -> None:
+        return None
 
 
 class Counting(MulticastCore):
@@ -142,10 +142,10 @@ class Counting(MulticastCore):
 
     regrafts = 0
 
-    def _regraft(self, g, stale) -> bool:
-        done = super()._regraft(g, stale)
-        Counting.regrafts += done
-        return done
+    def _regraft(self, g, stale) -> set[int] | None:
+        changed = super()._regraft(g, stale)
+        Counting.regrafts += changed is not None
+        return changed
 
 
 def by_switch(plan) -> list[dict[int, list[bytes]]]:
