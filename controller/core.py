@@ -525,15 +525,20 @@ class MulticastCore:
                 if gid not in done and t is not None and t.parent.get(c) == p:
                     again[gid] |= {p, c}
         nodes: set[int] = set()
-        for gid, at in again.items():
+        for gid, at in list(again.items()):
             g = self.groups[gid]
             old = {n: g.tree.entries[n] for n in at}
             self._protect(g, g.tree, at)
+            new = {n: g.tree.entries[n] for n in at}
+            if new == old:  # (about half: a replaced detour keeps its ends where it can)
+                del again[gid]
+                continue
             self._count(old, -1)
-            self._count({n: g.tree.entries[n] for n in at}, 1)
+            self._count(new, 1)
             nodes |= at
         # the shared entries with the first diff: their adds go before everything else
-        return self._diff(gids, within=within).extend(self._diff(sorted(again), only=nodes, shared=False))
+        return self._diff(gids, within=within).extend(self._diff(sorted(again), only=nodes, shared=False,
+                                                                 within=again))
 
     def _regraft(self, g: Group, stale: set[tuple[int, int]]) -> set[int] | None:
         """Give the group the tree a new search keeping its tree would give, by changing
