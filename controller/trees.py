@@ -570,12 +570,7 @@ def regraft(view: TopologyView, old: Tree, receivers: set[str] | frozenset[str],
     if not broken:
         return Tree(old.source, root, dict(was), dict(old.entries), old.reached, old.unreachable,
                     ends=old.ends, attach=old.attach), set()
-    kids: dict[int, list[int]] = {}
-    for c, p in was.items():
-        if p in kids:
-            kids[p].append(c)
-        else:
-            kids[p] = [c]
+    kids = _children(was)
     cut = set(broken)
     for n in broken:  # grows while iterated
         for c in kids.get(n, none):
@@ -619,12 +614,7 @@ def regraft(view: TopologyView, old: Tree, receivers: set[str] | frozenset[str],
     entries = dict(old.entries)
     for n in gone:
         del entries[n]
-    adopted: dict[int, list[int]] = {}  # new parent -> its walked children
-    for c, p in walked.items():
-        if p in adopted:
-            adopted[p].append(c)
-        else:
-            adopted[p] = [c]
+    adopted = _children(walked)  # new parent -> its walked children
     nbr = view.nbr_ports
     redo = {}  # switch -> its new output ports: its children, kept and new, and receivers
     for n in changed:
@@ -642,6 +632,17 @@ def regraft(view: TopologyView, old: Tree, receivers: set[str] | frozenset[str],
         entries[n] = entry(SwitchEntry, (old.entries[root][0] if par is None else nbr[n][par], tuple(ports), (), ()))
     return Tree(old.source, root, parent, entries, old.reached, old.unreachable,
                 ends=old.ends, attach=old.attach), changed
+
+
+def _children(links: dict[int, int | None]) -> dict[int | None, list[int]]:
+    """Parent -> children of a child -> parent map."""
+    kids: dict[int | None, list[int]] = {}
+    for c, p in links.items():
+        if p in kids:
+            kids[p].append(c)
+        else:
+            kids[p] = [c]
+    return kids
 
 
 _FAR = 1 << 60  # the cost of "no predecessor" (padding): never the least
