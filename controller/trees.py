@@ -128,8 +128,12 @@ class LinkLoad:
                 if loads is None:
                     loads = into[c] = {}
                 loads[p] = loads.get(p, 0) + step
-        if self._vec is not None:
-            self.pending.append((links, numbered, step))
+        if self._vec is not None and links:
+            if len(self.pending) >= _MAX_PENDING:  # (no new tree for a long while)
+                self._vec = None  # counted afresh from ``into`` when next asked
+                self.pending.clear()
+            else:
+                self.pending.append((links, numbered, step))
 
     def vector(self, cache: "PathCache") -> np.ndarray:
         """The loads as an array indexed by ``cache``'s link numbers (0: no link, load 0),
@@ -169,6 +173,7 @@ class LinkLoad:
 
 
 _NO_LOAD: dict[int, int] = {}
+_MAX_PENDING = 1 << 14  # link changes waiting for the vector: reroutes alone would grow it forever
 
 
 def _grown(vec: np.ndarray, top: int) -> np.ndarray:
