@@ -542,7 +542,7 @@ class MulticastCore:
 
     def _regraft(self, g: Group, stale: set[tuple[int, int]]) -> set[int] | None:
         """Give the group the tree a new search keeping its tree would give, by changing
-        only the part that lost its shortest path (``trees.regraft``; a failure moves ~10
+        only the part that lost its shortest path (``trees.regraft``; a failure changes ~7
         of a tree's ~100 switches, and the entries, protection and counts of the rest
         stay as they are). Returns the switches where the tree may have changed; None
         when that does not apply: the caller searches."""
