@@ -115,7 +115,8 @@ class LinkLoad:
 
     def add_tree(self, tree: "Tree", step: int) -> None:
         """Add (1) or take off (-1) a tree's links: ~10^5 links per 1000 groups, so the
-        nested-dict update is inlined and the vector catches up from ``pending``."""
+        nested-dict update is one plain loop (``add_links``) and the vector catches up
+        from ``pending``."""
         self.add_links(tree.parent, step, tree.numbered)
 
     def add_links(self, links: dict[int, int | None], step: int, numbered: tuple | None = None) -> None:
