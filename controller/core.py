@@ -22,7 +22,7 @@ from controller.addressing import check_model, check_ssm, ssm_address
 from controller.errors import Conflict, CoreError, ReceiverIsSource, UnknownGroup
 from controller.protect import IN_PORT_BIT, Detours, ff_buckets, ff_id, ff_port, is_ff, tag
 from controller.topoview import TopologyView, check_unicast
-from controller.trees import ALGORITHMS, LinkLoad, PathCache, SwitchEntry, Tree, compute_tree
+from controller.trees import ALGORITHMS, LinkLoad, PathCache, SwitchEntry, Tree, compute_tree, regraft
 
 log = logging.getLogger("modelcast.core")
 DEFAULT_PORT = 5500
@@ -37,12 +37,15 @@ def tune_gc() -> None:
     CPython's default thresholds the older generations, i.e. all of it, are rescanned
     every few thousand allocations, and a reroute that builds a few hundred messages then
     stalls for 100-250 ms (measured on fat-tree:16 with 1000 groups). Older generations
-    are therefore collected rarely (gen1 after 1000 young passes, gen2 after 1000 of
-    those). The young generation stays small: one pass costs ~0.45 us per young object,
-    so a 100,000-object threshold put a ~45 ms pause into 1-2 of 100 reroutes (p99 8x
-    the reference), while 10,000 spreads ~4 ms passes over them (p99 ~3.6x). Called once
-    by the controller and by the benchmark."""
-    gc.set_threshold(10_000, 1000, 1000)
+    are therefore collected rarely (gen1 after 10,000 young passes, i.e. every ~10^7
+    allocations; gen2 after 1000 of those). The young generation stays small: a pass
+    visits everything its objects point to, and on that state (fat-tree:16, 1000 groups,
+    2026-12-02) a young pass during the reroutes took ~20 ms at a 10,000-object
+    threshold (in 4 of 100 reroutes: the p99) but ~1-2 ms at 1,000, with the same total
+    collection time in the build (~0.08 s, longest pause 2-3 ms -> 0.2-0.5 ms). A
+    100,000-object threshold had put a ~45 ms pause into 1-2 of 100 reroutes. Called
+    once by the controller and by the benchmark."""
+    gc.set_threshold(1000, 10_000, 1000)
 
 
 @dataclass
@@ -449,19 +452,23 @@ class MulticastCore:
             self.load.add_tree(g.tree, -1)
         self._swap(g, tree)
 
-    def _swap(self, g: Group, tree: Tree | None) -> None:
+    def _swap(self, g: Group, tree: Tree | None, changed: set[int] | None = None) -> None:
         """Install ``tree`` as the group's, its old tree's load already taken off: the usage
-        indexes change only where the trees differ (a reroute keeps most of a tree)."""
-        if tree is not None:
+        indexes change only where the trees differ (a reroute keeps most of a tree).
+        ``changed``: the only switches where the two trees may differ, and ``load``
+        counts the new tree already (``trees.regraft``)."""
+        was = g.tree.entries if g.tree is not None else {}
+        now = tree.entries if tree is not None else {}
+        old = g.tree.parent if g.tree is not None else {}
+        new = tree.parent if tree is not None else {}
+        if changed is not None:  # the same comparisons, on those switches alone
+            was, now, old, new = ({n: d[n] for n in changed if n in d} for d in (was, now, old, new))
+        elif tree is not None:
             self.load.add_tree(tree, 1)
         if self.protection:  # only the entries that differ (a reroute keeps most)
-            was = g.tree.entries if g.tree is not None else {}
-            now = tree.entries if tree is not None else {}
             if was:
                 self._count({n: e for n, e in was.items() if now.get(n) != e}, -1)
             self._count({n: e for n, e in now.items() if was.get(n) != e} if was else now, 1)
-        old = g.tree.parent if g.tree is not None else {}
-        new = tree.parent if tree is not None else {}
         gid, link_users, switch_users = g.gid, self.link_users, self.switch_users
         for was, now, users in ((old, new, set.discard), (new, old, set.add)):
             for c, p in was.items():
@@ -475,11 +482,17 @@ class MulticastCore:
     def _sync(self, gids: Iterable[int]) -> Plan:
         gids = list(gids)
         reguard = self._restale() if self.protection else set()
+        within: dict[int, set[int]] = {}  # regrafted group -> the switches where it changed
         for gid in gids:
             g = self.groups[gid]
             if not g.receivers:
                 self._set_tree(g, None)
                 continue
+            if g.tree is not None and g.algorithm == "spt" and self.balance:
+                changed = self._regraft(g, reguard)
+                if changed is not None:
+                    within[gid] = changed
+                    continue
             keep = g.tree.parent if g.tree is not None else self._saved_trees.pop(gid, None)
             if g.tree is not None:  # its own old tree must not bias it away from itself
                 self.load.add_tree(g.tree, -1)
@@ -498,7 +511,7 @@ class MulticastCore:
                 self._protect(g, tree, old=g.tree, stale=reguard)
             self._swap(g, tree)
         if not reguard:
-            return self._diff(gids)
+            return self._diff(gids, within=within)
         # trees unchanged, but a detour of their links changed: only the link's two ends
         again: dict[int, set[int]] = defaultdict(set)
         done = set(gids)
@@ -506,21 +519,51 @@ class MulticastCore:
             link = self.view.port_link.get((p, port))
             if link is None:
                 continue
-            c = link.b if (link.a, link.a_port) == (p, port) else link.a
+            c = link.far_end(p, port)
             for gid in self.link_users.get((p, c) if p < c else (c, p), ()):
                 t = self.groups[gid].tree
                 if gid not in done and t is not None and t.parent.get(c) == p:
                     again[gid] |= {p, c}
         nodes: set[int] = set()
-        for gid, at in again.items():
+        for gid, at in list(again.items()):
             g = self.groups[gid]
             old = {n: g.tree.entries[n] for n in at}
             self._protect(g, g.tree, at)
+            new = {n: g.tree.entries[n] for n in at}
+            if new == old:  # (about half: a replaced detour keeps its ends where it can)
+                del again[gid]
+                continue
             self._count(old, -1)
-            self._count({n: g.tree.entries[n] for n in at}, 1)
+            self._count(new, 1)
             nodes |= at
         # the shared entries with the first diff: their adds go before everything else
-        return self._diff(gids).extend(self._diff(sorted(again), only=nodes, shared=False))
+        return self._diff(gids, within=within).extend(self._diff(sorted(again), only=nodes, shared=False,
+                                                                 within=again))
+
+    def _regraft(self, g: Group, stale: set[tuple[int, int]]) -> set[int] | None:
+        """Give the group the tree a new search keeping its tree would give, by changing
+        only the part that lost its shortest path (``trees.regraft``; a failure changes ~7
+        of a tree's ~100 switches, and the entries, protection and counts of the rest
+        stay as they are). Returns the switches where the tree may have changed; None
+        when that does not apply: the caller searches."""
+        got = regraft(self.view, g.tree, g.receivers, self.load, self.cache)
+        if got is None:
+            return None
+        tree, changed = got
+        if self.protection:
+            nodes = {n for n in changed if n in tree.entries}
+            entries, parent, port_link = tree.entries, tree.parent, self.view.port_link
+            for d, q in stale:  # kept switches whose own or parent link's detour changed
+                e = entries.get(d)
+                if e is not None and q in e[1]:
+                    nodes.add(d)
+                    link = port_link.get((d, q))
+                    if link is not None and parent.get(link.far_end(d, q)) == d:
+                        nodes.add(link.far_end(d, q))
+            self._protect(g, tree, nodes, old=g.tree, stale=stale)
+            changed |= nodes
+        self._swap(g, tree, changed)
+        return changed
 
     # -- protection (controller.protect) ---------------------------------------------
     def _protect(self, g: Group, tree: Tree, nodes: Iterable[int] | None = None,
@@ -709,8 +752,12 @@ class MulticastCore:
         plan.phases[0][:0] = adds
         plan.phases[2].extend(removes)
 
-    def _diff(self, gids: Iterable[int], only: set[int] | None = None, shared: bool = True) -> Plan:
-        """Messages taking the switches from ``installed`` to the groups' trees."""
+    def _diff(self, gids: Iterable[int], only: set[int] | None = None, shared: bool = True,
+              within: dict[int, set[int]] | None = None) -> Plan:
+        """Messages taking the switches from ``installed`` to the groups' trees.
+        ``within``: group -> the only switches where its tree changed since the last
+        diff (elsewhere every live switch's belief is the tree's: each public method
+        leaves it so), compared alone."""
         plan = Plan()
         build, switch, remove = plan.phases
         cut: list[tuple[int, Any]] = []  # phase 1, after ``switch``
@@ -722,10 +769,15 @@ class MulticastCore:
             want = g.tree.entries if g.tree is not None else {}
             placed = self.placed[gid]
             if placed:
-                have = {dpid: installed[dpid][gid] for dpid in (placed if only is None else placed & only)}
-                dpids = (want.keys() | have.keys()) & live
-                if only is not None:
-                    dpids &= only
+                at = within.get(gid) if within else None
+                if at is not None:
+                    dpids = at & live if only is None else at & live & only
+                    have = {dpid: installed[dpid][gid] for dpid in dpids & placed}
+                else:
+                    have = {dpid: installed[dpid][gid] for dpid in (placed if only is None else placed & only)}
+                    dpids = (want.keys() | have.keys()) & live
+                    if only is not None:
+                        dpids &= only
                 changed = [d for d in dpids if have.get(d) != want.get(d)]
             else:  # a new tree (or one whose switches all came back empty): all of it
                 have = _NOTHING

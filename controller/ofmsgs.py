@@ -407,6 +407,7 @@ def cookie_delete(dpid: int, gid: int) -> Msg:
                              out_group=ofp.OFPG_ANY, match=parser.OFPMatch())
 
 
+@lru_cache(maxsize=65536)  # (every re-protection of a group's entries asks again)
 def multicast_mac(group: str) -> str:
     """RFC 1112: 01:00:5e + the low 23 bits of the group address."""
     a = [int(x) for x in group.split(".")]

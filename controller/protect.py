@@ -154,7 +154,7 @@ class Detours:
         link = self.view.port_link.get(key)
         d = None
         if link is not None and protectable(dpid, port):
-            far = link.b if (link.a, link.a_port) == key else link.a
+            far = link.far_end(dpid, port)
             # one search per link, from its lower dpid: the other direction's detour is
             # the same path backwards
             nbr = self.view.nbr_ports

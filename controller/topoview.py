@@ -40,6 +40,10 @@ class LinkKey:
     def port_of(self, dpid: int) -> int:
         return self.a_port if dpid == self.a else self.b_port
 
+    def far_end(self, dpid: int, port: int) -> int:
+        """The switch at the other end from ``dpid``'s port ``port``."""
+        return self.b if (self.a, self.a_port) == (dpid, port) else self.a
+
 
 _OCTET = r"(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
 _DOTTED = re.compile(rf"(?:{_OCTET}\.){{3}}{_OCTET}")  # canonical: what ipaddress prints
@@ -89,6 +93,10 @@ class TopologyView:
         # code walks it thousands of times per change, and networkx's views cost a call each
         self.nbr_ports: dict[int, dict[int, int]] = {}
         self.version = 0
+        # increases whenever a host's attachment may change (hosts, switches, port
+        # states): a tree computed at the same value reaches the same receivers' ports
+        self.attach = 0
+        self._host_ports: dict[tuple[int, int], int] = {}  # (switch, port) -> hosts there
         # How ``graph`` changed, for caches that patch instead of recomputing: every edge
         # added or removed (u, v, added), the last EDGE_LOG of them, numbered from
         # ``edge_log_start``; ``removals`` counts switches leaving (no patching those).
@@ -140,6 +148,7 @@ class TopologyView:
         self.nbr_ports[dpid] = {}
         for link in self.links:
             self._refresh(link)
+        self.attach += 1
         self.version += 1
         return True
 
@@ -152,6 +161,7 @@ class TopologyView:
         for n in self.nbr_ports.pop(dpid, {}):
             self.nbr_ports[n].pop(dpid, None)
         self.ports_down = {p for p in self.ports_down if p[0] != dpid}
+        self.attach += 1
         self.version += 1
         return True
 
@@ -169,7 +179,7 @@ class TopologyView:
         # A host wrongly learned on what is now known to be a link port is forgotten.
         for ip, loc in list(self.hosts.items()):
             if (loc.dpid, loc.port) in ((a, a_port), (b, b_port)):
-                del self.hosts[ip]
+                self._unplace(self.hosts.pop(ip))
         self._refresh(key)
         self.version += 1
         return True
@@ -190,6 +200,8 @@ class TopologyView:
         self.ports_down.add((dpid, port))
         if (dpid, port) in self.port_link:
             self._refresh(self.port_link[(dpid, port)])
+        if (dpid, port) in self._host_ports:  # (no host there: no attachment changes)
+            self.attach += 1
         self.version += 1
         return True
 
@@ -199,23 +211,43 @@ class TopologyView:
         self.ports_down.discard((dpid, port))
         if (dpid, port) in self.port_link:
             self._refresh(self.port_link[(dpid, port)])
+        if (dpid, port) in self._host_ports:  # (no host there: no attachment changes)
+            self.attach += 1
         self.version += 1
         return True
 
     def add_host(self, ip: str, mac: str, dpid: int, port: int) -> bool:
         ip = check_unicast(ip)
         loc = HostLoc(ip, mac.lower(), dpid, port)
-        if self.hosts.get(ip) == loc:
+        was = self.hosts.get(ip)
+        if was == loc:
             return False
+        if was is not None:
+            self._unplace(was)
         self.hosts[ip] = loc
+        at = (dpid, port)
+        self._host_ports[at] = self._host_ports.get(at, 0) + 1
+        self.attach += 1
         self.version += 1
         return True
 
     def remove_host(self, ip: str) -> bool:
-        if self.hosts.pop(check_unicast(ip), None) is None:
+        loc = self.hosts.pop(check_unicast(ip), None)
+        if loc is None:
             return False
+        self._unplace(loc)
         self.version += 1
         return True
+
+    def _unplace(self, loc: HostLoc) -> None:
+        """A host left ``loc`` (its attachment changes)."""
+        at = (loc.dpid, loc.port)
+        n = self._host_ports[at] - 1
+        if n:
+            self._host_ports[at] = n
+        else:
+            del self._host_ports[at]
+        self.attach += 1
 
     def _refresh(self, link: LinkKey) -> None:
         live = (link in self.links and link.a in self.switches and link.b in self.switches

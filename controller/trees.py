@@ -54,6 +54,10 @@ class Tree:
     # (a PathCache's link numbering, the numbers of this tree's links) when the search
     # had them: the load vector adds and removes the tree without looking its links up
     numbered: tuple[dict, list[int]] | None = field(default=None, repr=False, compare=False)
+    # the reached receivers' (switch, port) and the view's ``attach`` when computed:
+    # ``regraft`` repairs the tree in place of a new search while both still hold
+    ends: frozenset[tuple[int, int]] = field(default=frozenset(), repr=False, compare=False)
+    attach: int = field(default=-1, repr=False, compare=False)
 
     def links(self) -> set[DirectedLink]:
         """Directed inter-switch links (parent, child) the group's packets cross."""
@@ -94,8 +98,9 @@ class LinkLoad:
 
     def __init__(self, counts: dict[DirectedLink, int] | None = None) -> None:
         self.into: dict[int, dict[int, int]] = {}
-        # trees whose links were added (step 1) or taken off (-1) since ``vector`` last ran
-        self.pending: list[tuple["Tree", int]] = []
+        # links (child -> parent, with a tree's link numbers when it has them) added
+        # (step 1) or taken off (-1) since ``vector`` last ran
+        self.pending: list[tuple[dict[int, int | None], tuple | None, int]] = []
         self._vec: np.ndarray | None = None
         self._ids: dict[DirectedLink, int] | None = None  # the link numbering _vec is in
         for (p, c), n in (counts or {}).items():
@@ -110,16 +115,26 @@ class LinkLoad:
 
     def add_tree(self, tree: "Tree", step: int) -> None:
         """Add (1) or take off (-1) a tree's links: ~10^5 links per 1000 groups, so the
-        nested-dict update is inlined and the vector catches up from ``pending``."""
+        nested-dict update is one plain loop (``add_links``) and the vector catches up
+        from ``pending``."""
+        self.add_links(tree.parent, step, tree.numbered)
+
+    def add_links(self, links: dict[int, int | None], step: int, numbered: tuple | None = None) -> None:
+        """Add (1) or take off (-1) links given as child -> parent (None: no link), each
+        once: a tree's, or the part of one that a ``regraft`` changed."""
         into = self.into
-        for c, p in tree.parent.items():
+        for c, p in links.items():
             if p is not None:
                 loads = into.get(c)
                 if loads is None:
                     loads = into[c] = {}
                 loads[p] = loads.get(p, 0) + step
-        if self._vec is not None:
-            self.pending.append((tree, step))
+        if self._vec is not None and links:
+            if len(self.pending) >= _MAX_PENDING:  # (no new tree for a long while)
+                self._vec = None  # counted afresh from ``into`` when next asked
+                self.pending.clear()
+            else:
+                self.pending.append((links, numbered, step))
 
     def vector(self, cache: "PathCache") -> np.ndarray:
         """The loads as an array indexed by ``cache``'s link numbers (0: no link, load 0),
@@ -136,14 +151,13 @@ class LinkLoad:
             self.pending.clear()  # (counted in ``into`` already)
         elif self.pending:
             get, link_id = ids.get, cache.link_id
-            for tree, step in self.pending:
-                num = tree.numbered
+            for links, num, step in self.pending:
                 if num is not None and num[0] is ids:
                     idx = num[1]
                 else:
-                    idx = [get((p, c)) or link_id(p, c) for c, p in tree.parent.items() if p is not None]
+                    idx = [get((p, c)) or link_id(p, c) for c, p in links.items() if p is not None]
                 vec = _grown(vec, len(ids))
-                vec[idx] += step  # a tree crosses each link once
+                vec[idx] += step  # (each link once)
             self.pending.clear()
         vec = self._vec = _grown(vec, len(ids))
         self._ids = ids
@@ -160,6 +174,7 @@ class LinkLoad:
 
 
 _NO_LOAD: dict[int, int] = {}
+_MAX_PENDING = 1 << 14  # link changes waiting for the vector: reroutes alone would grow it forever
 
 
 def _grown(vec: np.ndarray, top: int) -> np.ndarray:
@@ -437,7 +452,7 @@ def compute_tree(view: TopologyView, source: str, receivers: Iterable[str],
         locs[r] = loc if loc is not None else view.host(r)  # (raises UnknownHost)
     if not isinstance(load, LinkLoad):
         load = LinkLoad(load)  # a plain Counter from a caller
-    tree = Tree(source=source, root=src.dpid if view.host_attached(src) else None)
+    tree = Tree(source=source, root=src.dpid if view.host_attached(src) else None, attach=view.attach)
     if tree.root is None:
         tree.unreachable = frozenset(rset)
     else:
@@ -490,9 +505,22 @@ def _spt(root: int, targets: set[int], preds: dict[int, list[int]], dist: dict[i
             p = keep[n]
             if p is not None and p in cost and p in preds[n]:
                 cost[n], choice[n] = 0, p
-    # every ancestor of a target not yet resolved (a kept tree stops the walk), resolved
-    # nearest to the root first
-    todo = [t for t in targets if t not in cost]
+    _settle([t for t in targets if t not in cost], cost, choice, preds, dist, load)
+    parent: dict[int, int | None] = {root: None}
+    for t in sorted(targets):
+        n = t
+        while n not in parent:
+            p = choice[n]
+            parent[n] = p
+            n = p  # type: ignore[assignment]
+    return parent
+
+
+def _settle(todo: list[int], cost: dict[int, int], choice: dict[int, int | None],
+            preds: dict[int, list[int]], dist: dict[int, int], load: LinkLoad) -> None:
+    """Least-loaded path choices for the switches of ``todo`` (targets not in ``cost``)
+    and every ancestor of theirs not in ``cost`` (a kept tree stops the walk up),
+    resolved nearest to the root first: ``cost`` and ``choice`` get them."""
     seen = set(todo)
     seen.update(cost)
     for n in todo:  # grows while iterated
@@ -513,14 +541,115 @@ def _spt(root: int, targets: set[int], preds: dict[int, list[int]], dist: dict[i
         best = min(costs)  # preds are sorted: the first of equal costs is the lowest dpid
         cost[n], choice[n] = best, ps[costs.index(best)]
 
-    parent: dict[int, int | None] = {root: None}
-    for t in sorted(targets):
+
+def regraft(view: TopologyView, old: Tree, receivers: set[str] | frozenset[str], load: LinkLoad,
+            cache: PathCache) -> tuple[Tree, set[int]] | None:
+    """The tree ``compute_tree(view, old.source, receivers, "spt", load, cache,
+    keep=old.parent)`` gives, with ``old``'s links counted in ``load`` (not taken off
+    first), built by changing only the part of ``old`` that lost its shortest path (a
+    failure changes ~7 of a tree's ~100 switches on fat-tree:16). Returns it with the
+    switches whose entry may differ from ``old``'s (those gone included); ``load`` then
+    counts the new tree instead of the old one. Its other entries are ``old``'s,
+    protection included; the changed ones are unprotected. None, with ``load``
+    untouched, when it does not apply: ``old`` is not a complete spt tree to exactly
+    ``receivers``, a host's attachment may have changed since (``view.attach``), or a
+    receiver is cut off.
+
+    Why the same tree: the search keeps exactly the switches whose kept path to the root
+    is still a shortest path, i.e. those with no link on it that is no longer a
+    shortest-path link (``broken`` below: the switches below such a link), settles the
+    remaining targets' ancestors by the same ``_settle`` (which reads the loads of links
+    into unkept switches only: those are taken off here first, as the search's caller
+    takes off the whole old tree) and is the union of the targets' paths. Here the kept
+    switches start the tree, the unkept targets walk up from their choices, and kept
+    switches left with no target below are peeled off from the cut upwards: the same
+    union (every leaf of ``old`` is a target)."""
+    root = old.root
+    if root is None or old.unreachable or old.attach != view.attach or old.reached != receivers \
+            or not old.ends:
+        return None
+    dist, preds = cache.dag(root)
+    was = old.parent
+    # the switches whose kept path to the root is no longer a shortest path: those below
+    # a link that is not (or no longer live) and the switches below them
+    get, none = preds.get, ()
+    broken = [n for n, p in was.items() if p is not None and p not in get(n, none)]
+    if not broken:
+        return Tree(old.source, root, dict(was), dict(old.entries), old.reached, old.unreachable,
+                    ends=old.ends, attach=old.attach), set()
+    kids = _children(was)
+    cut = set(broken)
+    for n in broken:  # grows while iterated
+        for c in kids.get(n, none):
+            if c not in cut:
+                cut.add(c)
+                broken.append(c)
+    targets = {d for d, _ in old.ends}
+    lost = [t for t in targets if t in cut]
+    if any(t not in dist for t in lost):
+        return None  # cut off: unreachable now
+    load.add_links({n: was[n] for n in broken}, -1)
+    parent = dict(was)
+    for n in broken:
+        del parent[n]
+    cost = dict.fromkeys(parent, 0)
+    choice: dict[int, int | None] = {}
+    _settle(list(lost), cost, choice, preds, dist, load)
+    walked: dict[int, int | None] = {}
+    for t in sorted(lost):
         n = t
         while n not in parent:
             p = choice[n]
-            parent[n] = p
+            parent[n] = walked[n] = p
             n = p  # type: ignore[assignment]
-    return parent
+    pruned: dict[int, int | None] = {}
+    cuts = {was[n] for n in broken if was[n] not in cut} - targets  # kept, lost a child
+    cuts.discard(root)
+    if cuts:
+        below = Counter(parent.values())  # children in the new tree
+        for m in cuts:
+            while m in parent and not below[m] and m != root and m not in targets:
+                p = parent.pop(m)
+                pruned[m] = p
+                below[p] -= 1
+                m = p
+    load.add_links(walked, 1)
+    load.add_links(pruned, -1)
+    # what may differ: switches gone or moved, and those that lost or gained a child
+    gone = [n for n in broken if n not in walked] + list(pruned)
+    changed = set(walked).union(gone, walked.values(), (was[n] for n in broken), pruned.values())
+    entries = dict(old.entries)
+    for n in gone:
+        del entries[n]
+    adopted = _children(walked)  # new parent -> its walked children
+    nbr = view.nbr_ports
+    redo = {}  # switch -> its new output ports: its children, kept and new, and receivers
+    for n in changed:
+        if n in parent:
+            to = nbr[n]
+            redo[n] = [to[c] for c in kids.get(n, none) if c in parent and c not in walked] + \
+                [to[c] for c in adopted.get(n, none)]
+    for d, port in old.ends:
+        if d in redo:
+            redo[d].append(port)
+    entry = tuple.__new__
+    for n, ports in redo.items():
+        par = parent[n]
+        ports.sort()
+        entries[n] = entry(SwitchEntry, (old.entries[root][0] if par is None else nbr[n][par], tuple(ports), (), ()))
+    return Tree(old.source, root, parent, entries, old.reached, old.unreachable,
+                ends=old.ends, attach=old.attach), changed
+
+
+def _children(links: dict[int, int | None]) -> dict[int | None, list[int]]:
+    """Parent -> children of a child -> parent map."""
+    kids: dict[int | None, list[int]] = {}
+    for c, p in links.items():
+        if p in kids:
+            kids[p].append(c)
+        else:
+            kids[p] = [c]
+    return kids
 
 
 _FAR = 1 << 60  # the cost of "no predecessor" (padding): never the least
@@ -597,7 +726,8 @@ def _fill_entries(view: TopologyView, tree: Tree, source_port: int, receivers: I
     for child, par in parent.items():
         if par is not None:
             outs[par].append(nbr[par][child])  # (one port per child)
-    for dpid, port in {(loc.dpid, loc.port) for loc in receivers}:  # (hosts may share a port)
+    tree.ends = frozenset((loc.dpid, loc.port) for loc in receivers)  # (hosts may share a port)
+    for dpid, port in tree.ends:
         outs[dpid].append(port)
     entry, entries = tuple.__new__, tree.entries  # SwitchEntry(...) without its Python __new__
     for n, ports in outs.items():
