@@ -359,7 +359,7 @@ class Receiver:
             self.receive_datagram(data, addr, now)
             return
         last = (n - 1) // seg * seg
-        if last and data[last + 3] != wire.T_DATA:
+        if last and n - last >= wire.HEADER_LEN and data[last + 3] != wire.T_DATA:
             # A sender's GSO send may end with a shorter datagram of another kind (a
             # manifest page, END): the DATA before it is still one run.
             self.receive_batch(data[:last], seg, addr, now)

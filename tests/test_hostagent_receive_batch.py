@@ -234,3 +234,22 @@ def test_a_send_ending_in_a_manifest_page_keeps_its_data_on_the_run_path(monkeyp
     for raw in batch:
         one.receive_datagram(raw, SENDER, 0.001)
     assert _state(rx, 0.001) == _state(one, 0.001)
+
+
+@pytest.mark.parametrize("tail", [b"\x01", b"MC\x02", b"MC\x02\x01" + bytes(5)])
+def test_a_batch_ending_in_a_scrap_is_taken_like_its_datagrams(tail) -> None:
+    """A run the reader joined may end in a datagram of a few bytes (anyone can send one):
+    no crash, the same state as the datagrams one by one, the scrap counted as dropped."""
+    data = payload(40 * KIB, seed=9)
+    stream = _stream(data, KEY)
+    pages = [raw for raw in stream if wire.peek_type(raw) == wire.T_MANIFEST]
+    datas = [raw for raw in stream if wire.peek_type(raw) == wire.T_DATA]
+    rx, one = _receiver(KEY), _receiver(KEY)
+    for page in pages:
+        rx.receive_datagram(page, SENDER, 0.0)
+        one.receive_datagram(page, SENDER, 0.0)
+    batch = datas[:5] + [tail]
+    rx.receive_batch(memoryview(bytearray(b"".join(batch))), len(datas[0]), SENDER, 0.001)
+    for raw in batch:
+        one.receive_datagram(raw, SENDER, 0.001)
+    assert _state(rx, 0.001) == _state(one, 0.001) and rx.stats.data_received == 5
