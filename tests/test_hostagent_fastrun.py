@@ -12,7 +12,7 @@ from hypothesis import given, settings, strategies as st
 
 from hostagent import fastrun, wire
 from hostagent.wire import Data, encode
-from tests.support.mutate import mutate
+from tests.support.mutate import data_run, mutate
 
 KEY = wire.derive_key(b"fastrun test")
 u64 = st.integers(0, wire.U64_MAX)
@@ -50,10 +50,7 @@ def test_c_and_python_agree_on_every_run(session, seq, chunk, offset, size, coun
     accepted run the same payload bytes moved to the front -- the payloads in order."""
     seq, last_size = min(seq, wire.U64_MAX - count + 1), min(last_size, size)
     sizes = [size] * (count - 1) + [last_size]
-    raws, pos = [], offset
-    for i, n in enumerate(sizes):
-        raws.append(bytearray(encode(Data(session, seq + i, chunk, pos, bytes([i % 251]) * n), send_key)))
-        pos += n
+    raws = data_run(session, seq, chunk, offset, sizes, send_key)
     victim = data.draw(st.integers(0, count - 1))
     intact = bytes(raws[victim])
     raws[victim] = mutate(raws[victim], data, ["intact", "intact", "flip", "truncate", "extend", "splice"])

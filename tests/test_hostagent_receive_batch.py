@@ -212,18 +212,22 @@ def test_damaged_fragment_in_a_streamed_chunk_is_caught(monkeypatch) -> None:
     assert any(type(e).__name__ == "ChunkCorrupt" and e.chunk == 0 for e in events)
 
 
-@pytest.mark.parametrize("key", [None, KEY])
-def test_a_send_ending_in_a_manifest_page_keeps_its_data_on_the_run_path(monkeypatch, key) -> None:
-    """A sender's GSO send may end with a shorter datagram of another kind (a manifest
-    page): the DATA before it still takes the run path, and the page is still read."""
-    data = payload(100 * KIB, seed=8)
+def _two_with_the_manifest(data: bytes, key: bytes | None) -> tuple[Receiver, Receiver, list[bytes], list[bytes]]:
+    """Two receivers that took the whole manifest of ``data``'s stream, its pages and its DATA."""
     stream = _stream(data, key)
     pages = [raw for raw in stream if wire.peek_type(raw) == wire.T_MANIFEST]
-    datas = [raw for raw in stream if wire.peek_type(raw) == wire.T_DATA]
     rx, one = _receiver(key), _receiver(key)
     for page in pages:
         rx.receive_datagram(page, SENDER, 0.0)
         one.receive_datagram(page, SENDER, 0.0)
+    return rx, one, pages, [raw for raw in stream if wire.peek_type(raw) == wire.T_DATA]
+
+
+@pytest.mark.parametrize("key", [None, KEY])
+def test_a_send_ending_in_a_manifest_page_keeps_its_data_on_the_run_path(monkeypatch, key) -> None:
+    """A sender's GSO send may end with a shorter datagram of another kind (a manifest
+    page): the DATA before it still takes the run path, and the page is still read."""
+    rx, one, pages, datas = _two_with_the_manifest(payload(100 * KIB, seed=8), key)
     per_datagram = []
     original = wire.parse_data
     monkeypatch.setattr(wire, "parse_data", lambda raw, key=None: per_datagram.append(1) or original(raw, key))
@@ -240,14 +244,7 @@ def test_a_send_ending_in_a_manifest_page_keeps_its_data_on_the_run_path(monkeyp
 def test_a_batch_ending_in_a_scrap_is_taken_like_its_datagrams(tail) -> None:
     """A run the reader joined may end in a datagram of a few bytes (anyone can send one):
     no crash, the same state as the datagrams one by one, the scrap counted as dropped."""
-    data = payload(40 * KIB, seed=9)
-    stream = _stream(data, KEY)
-    pages = [raw for raw in stream if wire.peek_type(raw) == wire.T_MANIFEST]
-    datas = [raw for raw in stream if wire.peek_type(raw) == wire.T_DATA]
-    rx, one = _receiver(KEY), _receiver(KEY)
-    for page in pages:
-        rx.receive_datagram(page, SENDER, 0.0)
-        one.receive_datagram(page, SENDER, 0.0)
+    rx, one, _, datas = _two_with_the_manifest(payload(40 * KIB, seed=9), KEY)
     batch = datas[:5] + [tail]
     rx.receive_batch(memoryview(bytearray(b"".join(batch))), len(datas[0]), SENDER, 0.001)
     for raw in batch:

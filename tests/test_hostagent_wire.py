@@ -11,7 +11,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from hypothesis import example, given, settings, strategies as st
 
 from hostagent import wire
-from tests.support.mutate import mutate
+from tests.support.mutate import data_run, mutate
 from hostagent.wire import (
     Complete, CompleteAck, Data, End, Hello, Manifest, Nack, Parity, WireError,
     decode, encode,
@@ -330,10 +330,7 @@ def test_gro_run_parser_agrees_with_parse_data(session, seq, chunk, offset, size
     and an intact run (sent as the receiver expects it: keyed or not) always gets in."""
     seq, last_size = min(seq, wire.U64_MAX - count), min(last_size, size)
     sizes = [size] * (count - 1) + [last_size]
-    raws, pos = [], offset
-    for i, n in enumerate(sizes):
-        raws.append(bytearray(encode(Data(session, seq + i, chunk, pos, bytes([i % 251]) * n), send_key)))
-        pos += n
+    raws = data_run(session, seq, chunk, offset, sizes, send_key)
     victim = data.draw(st.integers(0, count - 1))
     field = data.draw(st.sampled_from(["bytes", "session", "seq", "chunk", "offset", "repair"]))
     if field == "bytes":

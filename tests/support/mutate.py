@@ -1,9 +1,22 @@
-"""Damage to encoded datagrams, drawn by hypothesis: shared by the wire-format and the
-receive-path tests."""
+"""Runs of DATA datagrams and damage to encoded datagrams, drawn by hypothesis: shared by
+the wire-format and the receive-path tests."""
 
 from __future__ import annotations
 
 from hypothesis import strategies as st
+
+from hostagent.wire import Data, encode
+
+
+def data_run(session: int, seq: int, chunk: int, offset: int, sizes: list[int],
+             key: bytes | None) -> list[bytearray]:
+    """Consecutive DATA datagrams of ``chunk`` (payload i is ``sizes[i]`` bytes of i % 251),
+    each payload starting where the one before ended, as a sender streams them."""
+    raws, pos = [], offset
+    for i, n in enumerate(sizes):
+        raws.append(bytearray(encode(Data(session, seq + i, chunk, pos, bytes([i % 251]) * n), key)))
+        pos += n
+    return raws
 
 
 def mutate(raw: bytearray, data: st.DataObject, kinds: list[str]) -> bytearray:
