@@ -55,7 +55,7 @@ from typing import Any, Optional
 
 import hostagent
 from bench import baselines as B
-from bench.memory import first_touch, steady_memory
+from bench.memory import in_turn, steady_memory
 from bench.machine import describe, machine
 from lab import loss as impair
 from lab.bridge import BridgeLab
@@ -220,11 +220,9 @@ def speed(args: argparse.Namespace, work: Path, say: Any) -> list[Run]:
         model = make_model(work / "model.bin", int(args.size_mb * 1024 * 1024), seed=3)
         line = model.size * 8 / (args.rate_cap * 1e6)
         index = 0
-        order = args.methods.split(",")
         for n in ns:
             for r in range(args.runs):
-                # each run starts with another method: none always follows the same one
-                for method in order[r % len(order):] + order[: r % len(order)]:
+                for method in in_turn(args.methods.split(","), r):
                     index += 1
                     res = one(method, lab, model, list(range(1, n + 1)), args.rate_cap,
                               work / f"speed-{method}-{n}-{r}", index, args.mtu, args.timeout)
@@ -408,15 +406,14 @@ def run(args: argparse.Namespace) -> int:
     # an editable install would otherwise add ~50 ms of CPU to every run).
     compileall.compile_dir(str(Path(hostagent.__file__).parent), quiet=1)
     try:
-        meta["memory"] = first_touch(work)
-        say(f"memory: a first write costs {meta['memory']['first_write_s_per_gb']} CPU-s/GB, "
-            f"a rewrite of just-freed pages {meta['memory']['rewrite_s_per_gb']}")
         # the model and every receiver's copy, twice over: what the largest transfer writes
         footprint = 2 * int(args.size_mb * (1 << 20)) * (1 + max(int(x) for x in args.receivers.split(",")))
         with steady_memory(work, footprint) as steady:
-            meta["memory"].update(steady)
-            say(f"memory: {footprint >> 20} MB touched up front in {steady['warm_wall_s']} s, "
-                f"free page reporting {'off' if steady['reporting_was'] is not None else 'not found'}")
+            meta["memory"] = steady
+            say(f"memory: a first write costs {steady['first_write_s_per_gb']} CPU-s/GB, a rewrite of "
+                f"just-freed pages {steady['rewrite_s_per_gb']}; {footprint >> 20} MB touched up front in "
+                f"{steady['warm_wall_s']} s, free page reporting "
+                f"{'off' if steady['reporting_was'] is not None else 'left as it is'}")
             runs = speed(args, work, say)
             if args.lanes:
                 runs += lanes(args, work, say)

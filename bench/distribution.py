@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import baselines as B
-from bench.memory import first_touch, steady_memory
+from bench.memory import in_turn, steady_memory
 from bench.bittorrent import bittorrent, missing_tools
 from bench.chain import chain
 from bench.machine import describe, machine
@@ -335,12 +335,11 @@ def run(args: argparse.Namespace) -> int:
     say(f"benchmark: {meta}")
     results: list[dict[str, Any]] = []
     rate = args.rate_cap * args.rate_share  # the rate-paced agents (modelcast, UFTP) just under the NIC cap
-    meta["memory"] = first_touch(work)
     # every method's copies into equally warm memory, the methods taking turns at going
     # first (bench.memory: on this VM a first write costs several times a rewrite)
     footprint = 2 * int(args.size_mb * (1 << 20)) * (1 + max(ns))
     with steady_memory(work, footprint) as steady, Fabric(topo, work, say=say, mtu=args.mtu) as fabric:
-        meta["memory"].update(steady)
+        meta["memory"] = steady
         sender = fabric.topology.hosts[0].name
         model = make_model(work / "model.bin", int(args.size_mb * 1024 * 1024))
         for h in fabric.topology.hosts:  # uploads as limited as the sender's, for everyone
@@ -354,7 +353,7 @@ def run(args: argparse.Namespace) -> int:
                     if loss:
                         fabric.add_loss(h, "random", all_ip=True)
                 for run_no in range(args.runs):
-                    for method in methods[run_no % len(methods):] + methods[: run_no % len(methods)]:
+                    for method in in_turn(methods, run_no):
                         index += 1
                         name = f"{method}-l{loss:g}-n{n}-r{run_no}"
                         links0 = fabric.link_bytes()

@@ -60,11 +60,23 @@ def first_touch(directory: Path, nbytes: int = 256 << 20) -> dict[str, float]:
 @contextlib.contextmanager
 def steady_memory(directory: Path, nbytes: int) -> Iterator[dict[str, Any]]:
     """Free page reporting off (where the kernel has it) and ``nbytes`` of memory touched
-    through ``directory`` inside the block; yields what was done, for the report."""
-    info: dict[str, Any] = {"reporting_was": None, "warmed_bytes": nbytes}
-    if os.geteuid() != 0 or not REPORTING_ORDER.exists():  # (not root, or no such kernel feature)
+    through ``directory`` inside the block; yields what was measured and done, for the
+    report (``first_touch``'s two costs first)."""
+    info: dict[str, Any] = {**first_touch(directory, min(nbytes, 256 << 20)), "warmed_bytes": nbytes}
+    with _reporting_off(info):
+        started = time.monotonic()
         info["warm_cpu_s"] = round(_write(directory, nbytes), 2)
+        info["warm_wall_s"] = round(time.monotonic() - started, 2)
         yield info
+
+
+@contextlib.contextmanager
+def _reporting_off(info: dict[str, Any]) -> Iterator[None]:
+    """Free page reporting off inside the block, its old order in ``info["reporting_was"]``
+    (None: not root, no such kernel feature, or it could not be changed)."""
+    info["reporting_was"] = None
+    if os.geteuid() != 0 or not REPORTING_ORDER.exists():
+        yield
         return
     STATE_DIR.mkdir(parents=True, exist_ok=True)
     saved = STATE_DIR / "page_reporting_order.orig"  # there only while changed
@@ -82,11 +94,15 @@ def steady_memory(directory: Path, nbytes: int) -> Iterator[dict[str, Any]]:
                         "method more than the one before it", exc)
             old = None
         try:
-            started = time.monotonic()
-            info["warm_cpu_s"] = round(_write(directory, nbytes), 2)
-            info["warm_wall_s"] = round(time.monotonic() - started, 2)
-            yield info
+            yield
         finally:
             if old is not None:
                 REPORTING_ORDER.write_text(old)
                 saved.unlink(missing_ok=True)
+
+
+def in_turn(methods: list[str], run: int) -> list[str]:
+    """``methods`` as run number ``run`` takes them: each run starts with the next one, so
+    none always goes first or always follows the same one."""
+    k = run % len(methods)
+    return methods[k:] + methods[:k]

@@ -66,15 +66,10 @@ def verify_run_c(data: memoryview, seg: int, key: Optional[bytes]) -> Optional[R
     session = wire.data_session(data)
     if session is None:
         return None
-    gmac = _natives.get((key, session))
-    fresh = gmac is None
-    if fresh:
-        gmac = _native.Gmac(wire.gmac_key(key, session))
+    gmac = _natives.get((key, session)) or _native.Gmac(wire.gmac_key(key, session))
     head = _native.verify_run(data, seg, gmac)
-    if head is not None and fresh:  # only a verified run keeps its session's context
-        if len(_natives) >= wire._GMAC_CACHE:
-            _natives.clear()
-        _natives[(key, session)] = gmac
+    if head is not None:  # only a verified run keeps its session's context
+        wire._remember(key, session, gmac, _natives)
     return head
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import hmac
 import struct
 from dataclasses import dataclass
-from typing import Union
+from typing import Any, Union
 
 import blake3
 import msgpack
@@ -344,12 +344,14 @@ def _gmac(key: bytes, session: int) -> AESGCM:
     return gmac
 
 
-def _remember(key: bytes, session: int, gmac: AESGCM) -> None:
-    if (key, session) in _gmacs:
+def _remember(key: bytes, session: int, gmac: Any, cache: dict[tuple[bytes, int], Any] = _gmacs) -> None:
+    """Keep ``session``'s verifier in ``cache`` (a session whose DATA verified; at most
+    ``_GMAC_CACHE`` of them): ``_gmacs``, or ``hostagent.fastrun``'s C contexts."""
+    if (key, session) in cache:
         return
-    if len(_gmacs) >= _GMAC_CACHE:
-        _gmacs.clear()
-    _gmacs[(key, session)] = gmac
+    if len(cache) >= _GMAC_CACHE:
+        cache.clear()
+    cache[(key, session)] = gmac
 
 
 def _tag(key: bytes, data: bytes | memoryview) -> bytes:

@@ -76,10 +76,8 @@ def _extensions() -> dict[str, Path]:
 def _graph() -> nx.DiGraph:
     files = [p for top in LAYER for p in (REPO / top).rglob("*.py")]
     modules = {_module_name(p): p for p in files}
-    g = nx.DiGraph()
-    for name in _extensions():
-        g.add_node(name)
     modules.update(_extensions())
+    g = nx.DiGraph()
     for name, path in modules.items():
         g.add_node(name)
         if path.suffix != ".py":
