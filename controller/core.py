@@ -15,6 +15,7 @@ import gc
 import logging
 from collections import defaultdict
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Iterable, Iterator
 
 from controller import ofmsgs
@@ -183,6 +184,8 @@ class MulticastCore:
         # fast-failover protection of tree links (controller.protect); False: failures
         # are handled by the controller's reroute alone
         self.protection = protection
+        # False: a first tree goes through _protect, _swap and the general diff (tests)
+        self.one_pass = True
         self.detours = Detours(self.view)
         self._pieces: dict[tuple[int, int], tuple] = {}  # (dpid, port) -> _piece, this topology's
         self._pieces_of: tuple[int, int] | None = None
@@ -497,16 +500,23 @@ class MulticastCore:
             if g.tree is not None:  # its own old tree must not bias it away from itself
                 self.load.add_tree(g.tree, -1)
             load = self.load if self.balance else LinkLoad()
+            # a group's first tree: its entries, protection and counts in one pass
+            fill = partial(self._fill, g) if g.tree is None and self.one_pass else None
             try:
                 tree = compute_tree(self.view, g.source, g.receivers, g.algorithm, load,
-                                    self.cache, keep=keep)
+                                    self.cache, keep=keep, fill=fill)
             except CoreError:  # e.g. the source or a receiver is no longer known
                 known = {r for r in g.receivers if r in self.view.hosts}
                 tree = None
                 if g.source in self.view.hosts and known:
                     tree = compute_tree(self.view, g.source, known, g.algorithm, load,
-                                        self.cache, keep=keep)
+                                        self.cache, keep=keep, fill=fill)
                     tree.unreachable = frozenset(g.receivers - tree.reached)
+            if fill is not None:  # (``_fill`` did what ``_protect`` and ``_swap`` do)
+                if tree is not None:
+                    self.load.add_tree(tree, 1)
+                g.tree = tree
+                continue
             if tree is not None and self.protection:
                 self._protect(g, tree, old=g.tree, stale=reguard)
             self._swap(g, tree)
@@ -564,6 +574,71 @@ class MulticastCore:
             changed |= nodes
         self._swap(g, tree, changed)
         return changed
+
+    def _fill(self, g: Group, tree: Tree, source_port: int, outs: dict[int, list[int]]) -> None:
+        """A group's first tree (``compute_tree``'s ``fill``): each switch's entry made
+        once, protected as ``_protect`` makes it, and counted in the usage indexes and
+        the FF groups' users as ``_swap`` counts it, in one pass over the switches. Per
+        tree entry the separate passes cost more than its three messages."""
+        entries, parent, nbr = tree.entries, tree.parent, self.view.nbr_ports
+        gid, switch_users, link_users = g.gid, self.switch_users, self.link_users
+        entry = tuple.__new__  # SwitchEntry(...) without its Python-level __new__
+        protect = self.protection
+        if protect:
+            pieces = self._pieces_now()
+            get, piece, ff_refs = pieces.get, self._piece, self.ff_refs
+            to_group = (("set_field", "eth_dst", ofmsgs.multicast_mac(g.address)), ("group", gid))
+            in_port_out = ("output", ofmsgs.ofp.OFPP_IN_PORT)
+        for n, ports in outs.items():
+            par = parent[n]
+            ports.sort()
+            out_ports = tuple(ports)
+            switch_users[n].add(gid)
+            if par is None:
+                in_port = source_port
+            else:
+                in_port = nbr[n][par]
+                link_users[(par, n) if par < n else (n, par)].add(gid)
+            if not protect:
+                entries[n] = entry(SwitchEntry, (in_port, out_ports, (), ()))
+                continue
+            guards = None
+            for q in out_ports:
+                pc = get((n, q))
+                if pc is None:
+                    pc = piece(n, q)
+                if pc:
+                    if guards is None:
+                        guards = {}
+                    guards[q] = pc
+            ff = tuple([pc[2] if pc[0] == in_port else pc[1] for pc in guards.values()]) if guards else ()
+            rejoin: tuple = ()
+            counted = ff
+            if par is not None:
+                up = nbr[par][n]
+                pc = get((par, up))
+                if pc is None:
+                    pc = piece(par, up)
+                if pc:
+                    arr = pc[3]
+                    if arr in out_ports:  # it comes in over one of our own outputs here
+                        outs_ = tuple(in_port_out if q == arr
+                                      else ("group", guards[q][2] if guards[q][0] == arr else guards[q][1])
+                                      if guards and q in guards else ("output", q) for q in out_ports)
+                        rejoin = (arr, pc[4], (to_group[0],) + outs_)
+                        counted = ff + tuple(a[1] for a in outs_ if a[0] == "group" and is_ff(a[1]))
+                    else:
+                        rejoin = (arr, pc[4], to_group)
+            entries[n] = entry(SwitchEntry, (in_port, out_ports, ff, rejoin))
+            if counted:  # (``_count``)
+                refs = ff_refs[n]
+                for f in counted:
+                    c = refs.get(f, 0) + 1
+                    refs[f] = c
+                    if c == 1:
+                        self._want_ff(n, f)
+                        if f ^ IN_PORT_BIT not in refs:
+                            self._guard((n, ff_port(f)), True)
 
     # -- protection (controller.protect) ---------------------------------------------
     def _protect(self, g: Group, tree: Tree, nodes: Iterable[int] | None = None,
@@ -781,6 +856,17 @@ class MulticastCore:
                 changed = [d for d in dpids if have.get(d) != want.get(d)]
             else:  # a new tree (or one whose switches all came back empty): all of it
                 have = _NOTHING
+                order = g.tree.leaves_first if g.tree is not None else None
+                if order is not None and only is None and self.one_pass:  # (the search's order)
+                    todo = [(d, want[d]) for d in order if d in live]
+                    if todo:
+                        plan.groups.add(gid)
+                        ofmsgs.tree_adds(gid, g.source, g.address, todo, build)
+                        for d, e in todo:
+                            changes[d] += 1
+                            installed[d][gid] = e
+                        placed.update([d for d, _ in todo])
+                    continue
                 changed = [d for d in want if d in live and (only is None or d in only)]
             if not changed:
                 continue

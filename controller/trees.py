@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from heapq import heapify, heappop, heappush
 from itertools import repeat
 from operator import add, itemgetter
-from typing import Iterable, Iterator, NamedTuple
+from typing import Callable, Iterable, Iterator, NamedTuple
 
 import networkx as nx
 import numpy as np
@@ -58,6 +58,9 @@ class Tree:
     # ``regraft`` repairs the tree in place of a new search while both still hold
     ends: frozenset[tuple[int, int]] = field(default=frozenset(), repr=False, compare=False)
     attach: int = field(default=-1, repr=False, compare=False)
+    # the switches deepest first (equal depths in ``parent``'s order), when the search
+    # knew their depths: a new tree is installed leaves first without sorting it again
+    leaves_first: list[int] | None = field(default=None, repr=False, compare=False)
 
     def links(self) -> set[DirectedLink]:
         """Directed inter-switch links (parent, child) the group's packets cross."""
@@ -429,14 +432,19 @@ def _repred(dist: dict[int, int], preds: dict[int, list[int]], adj: dict[int, di
 def compute_tree(view: TopologyView, source: str, receivers: Iterable[str],
                  algorithm: str = "spt", load: LinkLoad | Counter[DirectedLink] | None = None,
                  cache: PathCache | None = None, strict: bool = False,
-                 keep: dict[int, int | None] | None = None) -> Tree:
+                 keep: dict[int, int | None] | None = None,
+                 fill: Callable[[Tree, int, dict[int, list[int]]], None] | None = None) -> Tree:
     """Tree from ``source`` to ``receivers``. Unreachable receivers are listed in
     ``Tree.unreachable`` (or raise ``Unreachable`` when ``strict``); unknown hosts,
     the source among its receivers and an empty receiver set raise.
 
     ``keep`` is the group's current tree (switch -> parent): with ``spt`` every part of it
     that is still a live shortest path is kept, so a failure or a join changes only the
-    branches it must, and running flows are not moved."""
+    branches it must, and running flows are not moved.
+
+    ``fill`` makes the entries instead (called with the tree, the source's port and each
+    switch's output ports, unsorted, in ``parent``'s order): the core builds a new tree's
+    protected entries and its bookkeeping in that one pass."""
     source = check_unicast(source, "source")
     rset = {check_unicast(r, "receiver") for r in receivers}
     if not rset:
@@ -483,7 +491,9 @@ def compute_tree(view: TopologyView, source: str, receivers: Iterable[str],
                 tree.parent = spt
         tree.reached = frozenset(targets)
         tree.unreachable = frozenset(rset - set(targets))
-        _fill_entries(view, tree, src.port, targets.values())
+        _fill_entries(view, tree, src.port, targets.values(), fill)
+        if algorithm == "spt":  # (a shortest-path tree's depths are the DAG's distances)
+            tree.leaves_first = _deepest_first(tree.parent, dist)
     if strict and tree.unreachable:
         raise Unreachable(f"no live path from {source} to {', '.join(sorted(tree.unreachable))}",
                           tree.unreachable)
@@ -720,7 +730,20 @@ def _steiner(graph: nx.Graph, root: int, targets: set[int],
     return parent
 
 
-def _fill_entries(view: TopologyView, tree: Tree, source_port: int, receivers: Iterable) -> None:
+def _deepest_first(parent: dict[int, int | None], dist: dict[int, int]) -> list[int]:
+    """``parent``'s switches by decreasing ``dist``, ties in ``parent``'s order (what a
+    stable sort gives), bucketed: depths are a few hops."""
+    by: list[list[int]] = []
+    for n in parent:
+        d = dist[n]
+        while len(by) <= d:
+            by.append([])
+        by[d].append(n)
+    return [n for level in reversed(by) for n in level]
+
+
+def _fill_entries(view: TopologyView, tree: Tree, source_port: int, receivers: Iterable,
+                  fill: Callable[[Tree, int, dict[int, list[int]]], None] | None = None) -> None:
     nbr, parent = view.nbr_ports, tree.parent
     outs: dict[int, list[int]] = {n: [] for n in parent}
     for child, par in parent.items():
@@ -729,6 +752,9 @@ def _fill_entries(view: TopologyView, tree: Tree, source_port: int, receivers: I
     tree.ends = frozenset((loc.dpid, loc.port) for loc in receivers)  # (hosts may share a port)
     for dpid, port in tree.ends:
         outs[dpid].append(port)
+    if fill is not None:
+        fill(tree, source_port, outs)
+        return
     entry, entries = tuple.__new__, tree.entries  # SwitchEntry(...) without its Python __new__
     for n, ports in outs.items():
         par = parent[n]
