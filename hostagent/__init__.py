@@ -11,18 +11,37 @@ imports the package, round a cycle): they import ``from .x import name`` or
 ``import hostagent.x as x``.
 """
 
-from .api import (
-    ControllerError, GroupAssigned, GroupJoined, HookResult, LeaveFailed, MetricsServing, ReceiveOptions,
-    ReceiveProgress, ReceiveResult, ReceiveStarted, ReceiverReport, SendOptions, SendProgress, SendResult,
-    SendStarted, TransferError, Unauthenticated, receive, send,
-)
-from .parts import PartReport, PartsResult, describe_parts, receive_parts, send_parts
-from .serve import RoundSettings, ServeOptions, fetch  # (not serve: the name is the module hostagent.serve)
+from __future__ import annotations
 
-__all__ = [
-    "ControllerError", "GroupAssigned", "GroupJoined", "HookResult", "LeaveFailed", "MetricsServing",
-    "ReceiveOptions", "ReceiveProgress", "ReceiveResult", "ReceiveStarted", "ReceiverReport", "SendOptions",
-    "SendProgress", "SendResult", "SendStarted", "TransferError", "Unauthenticated", "receive", "send",
-    "PartReport", "PartsResult", "describe_parts", "receive_parts", "send_parts",
-    "RoundSettings", "ServeOptions", "fetch",
-]
+from typing import Any
+
+# What this package exports, by module: loaded on first use (PEP 562), so that
+# ``modelcast recv`` does not pay for the server's and the parts' modules at start-up
+# (every agent process's CPU counts against its transfer).
+_EXPORTS = {
+    "hostagent.api": (
+        "ControllerError", "GroupAssigned", "GroupJoined", "HookResult", "LeaveFailed", "MetricsServing",
+        "ReceiveOptions", "ReceiveProgress", "ReceiveResult", "ReceiveStarted", "ReceiverReport", "SendOptions",
+        "SendProgress", "SendResult", "SendStarted", "TransferError", "Unauthenticated", "receive", "send",
+    ),
+    "hostagent.parts": ("PartReport", "PartsResult", "describe_parts", "receive_parts", "send_parts"),
+    # (not serve: the name is the module hostagent.serve)
+    "hostagent.serve": ("RoundSettings", "ServeOptions", "fetch"),
+}
+_HOME = {name: module for module, names in _EXPORTS.items() for name in names}
+__all__ = list(_HOME)
+
+
+def __getattr__(name: str) -> Any:
+    module = _HOME.get(name)
+    if module is None:
+        raise AttributeError(f"module 'hostagent' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

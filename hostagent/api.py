@@ -325,7 +325,7 @@ class ReceiveResult:
     nack_seqs: int
     gro: bool
     gro_batches: int
-    coalesced: int  # runs of datagrams read one by one that took the run path as one (no GRO)
+    coalesced: int  # runs joined from more than one read (GRO super-packets or datagrams read one by one)
     dropped: dict[str, int]
     peak_rss_mb: float  # of this process
     cpu_s: float  # of this process

@@ -26,10 +26,7 @@ from .api import (
     GroupAssigned, GroupJoined, LeaveFailed, MetricsServing, ReceiveOptions, ReceiveProgress, ReceiveStarted,
     SendOptions, SendProgress, SendStarted, TransferError, Unauthenticated, receive, send,
 )
-import hostagent.catalog as catalog
-import hostagent.tree as tree
-from .parts import describe_parts, receive_parts, send_parts
-from .serve import RoundSettings
+from .rounds import RoundSettings
 from .control import ControllerError
 from .events import ChunkCorrupt, ManifestReceived, ReceiverCompleted, ReceiverFailed, ReceiverJoined
 
@@ -326,6 +323,8 @@ def cmd_fetch(args: argparse.Namespace) -> int:
 
 
 def _send_parts(args: argparse.Namespace, options: SendOptions) -> int:
+    from .parts import send_parts  # (loaded when used: a plain send or recv does not pay for it)
+
     report = Reporter(args, "send")
     try:
         result = send_parts(args.path, args.part, options, on_event=report.on_event)
@@ -335,6 +334,9 @@ def _send_parts(args: argparse.Namespace, options: SendOptions) -> int:
 
 
 def _receive_parts(args: argparse.Namespace, options: ReceiveOptions) -> int:
+    import hostagent.catalog as catalog
+    from .parts import receive_parts
+
     try:
         with open(args.catalog, "rb") as handle:
             blob = handle.read(catalog.MAX_CATALOG_BYTES + 1)
@@ -370,6 +372,10 @@ def cmd_catalog(args: argparse.Namespace) -> int:
     """Publish a model in parts (``catalog DIR --part GLOB``: write the catalog, print the
     model id and each part's id), or, on a receiver, check a catalog against the model id
     and print the parts its ``--include`` globs name (``catalog --check FILE --expect ID``)."""
+    import hostagent.catalog as catalog
+    import hostagent.tree as tree
+    from .parts import describe_parts
+
     if args.check:
         if not args.expect:
             raise CliError("--check needs --expect MODEL_ID (the catalog is trusted only through it)")

@@ -8,18 +8,15 @@ session) and the pure Python below (``wire.parse_data_run`` itself). The tests r
 receiver and generated runs against both and hold them to the same verdicts and bytes;
 the C one is used when it was built, otherwise the Python one, with a warning (the
 transfer is the same, the receiver's CPU per GB higher). ``MODELCAST_PURE_PYTHON=1``
-selects the Python one.
+selects the Python one (``hostagent.native``).
 """
 
 from __future__ import annotations
 
-import logging
-import os
 from typing import Any, Optional
 
+import hostagent.native as native
 import hostagent.wire as wire
-
-log = logging.getLogger("modelcast.agent")
 
 # (session, first seq, chunk, offset of the first payload, datagrams, first payload's
 # length, last payload's length)
@@ -47,13 +44,7 @@ def compact_run_py(data: memoryview, seg: int, tail: int) -> int:
     return out
 
 
-try:
-    import hostagent._fastrun as _native  # type: ignore[import-not-found]
-except ImportError as exc:  # not built (no compiler or no OpenSSL headers at install time)
-    _native = None
-    _why = str(exc)
-else:
-    _why = ""
+_native, _why = native.module, native.why
 
 _natives: dict[tuple[bytes, int], Any] = {}  # sessions whose runs verified, as wire._gmacs
 
@@ -73,7 +64,7 @@ def verify_run_c(data: memoryview, seg: int, key: Optional[bytes]) -> Optional[R
     return head
 
 
-NATIVE = _native is not None and os.environ.get("MODELCAST_PURE_PYTHON", "") in ("", "0")
+NATIVE = native.NATIVE
 verify_run = verify_run_c if NATIVE else verify_run_py
 compact_run = _native.compact_run if NATIVE else compact_run_py
 
@@ -83,10 +74,12 @@ def warn_if_pure() -> None:
     global _warned
     if not NATIVE and not _warned:
         _warned = True
+        import logging  # (here: a receiver with the C path never loads it)
+
         reason = "MODELCAST_PURE_PYTHON is set" if _native is not None else f"hostagent._fastrun is not built ({_why})"
-        log.warning("receiver: the pure-Python receive path is in use (%s): the same transfer, ~0.3 s more "
-                    "CPU per GB; reinstall with a C compiler and OpenSSL headers (libssl-dev) to build it",
-                    reason)
+        logging.getLogger("modelcast.agent").warning(
+            "receiver: the pure-Python receive path is in use (%s): the same transfer, ~0.3 s more CPU per GB; "
+            "reinstall with a C compiler and OpenSSL headers (libssl-dev) to build it", reason)
 
 
 _warned = False

@@ -359,6 +359,9 @@ SOL_UDP = 17
 UDP_SEGMENT = 103  # linux/udp.h: per-send segment size (GSO)
 UDP_GRO = 104  # linux/udp.h: coalesce on receive, segment size in a cmsg
 _MAX_READ = 65535  # the largest UDP datagram, and GRO super-packet, one read returns
+# The most a receiver's reader joins into one run (``DatagramReader``): a 1 MiB chunk's
+# datagrams; a run never crosses a chunk's end anyway (its last datagram is shorter).
+JOIN_BYTES = 1 << 20
 GSO_MAX_SEGMENTS = 64  # kernel limit is 64 (older) or 128; stay at the lower
 _GRO_CMSG = struct.Struct("=i")
 _GSO_CMSG = struct.Struct("=H")
@@ -384,7 +387,7 @@ class LoopStats:
     send_drops: int = 0  # kernel send buffer full
     gro: bool = False
     gro_batches: int = 0  # reads that returned more than one datagram
-    coalesced: int = 0  # runs of datagrams read one by one, handed on as one (DatagramReader)
+    coalesced: int = 0  # runs joined from more than one read, handed on as one (DatagramReader)
     reads: int = 0
     read_bytes: int = 0
 
@@ -460,13 +463,15 @@ class DatagramReader:
     message. Each datagram reaches the endpoint as a view into the buffer (no bytes
     object per datagram), delivered before the next read overwrites it.
 
-    With ``coalesce`` (the receiver), datagrams read one by one -- no GRO, as behind
-    userspace Open vSwitch, which segments every GSO batch -- are put back to back in the
-    buffer while they come from one source with the first one's size (a shorter one
-    ends the run) and handed on as one super-packet, exactly as the kernel's GRO would
-    have: the receiver's run path (one tag loop, one vectored write, one range insert)
-    then serves a stream that arrives datagram by datagram too. Only datagrams already
-    queued are joined (a read that would block ends the run), so nothing waits."""
+    With ``coalesce`` (the receiver), what is already queued is joined into runs before
+    it is handed on: reads from one source whose datagrams have the run's size --
+    datagrams read one by one (no GRO, as behind userspace Open vSwitch, which segments
+    every GSO batch) or whole GRO super-packets -- are put back to back in the buffer
+    while every datagram so far had that size (a shorter one ends the run, as in GRO)
+    and handed on as one super-packet of up to ``JOIN_BYTES``. The receiver's run path
+    (one tag loop, one vectored write, one digest update, one range insert) then costs
+    its Python once per run of a chunk instead of once per 64 KB read. Only datagrams
+    already queued are joined (a read that would block ends the run), so nothing waits."""
 
     def __init__(self, sock: socket.socket, gro: bool, stats: LoopStats, coalesce: bool = False) -> None:
         self.sock = sock
@@ -474,7 +479,7 @@ class DatagramReader:
         stats.gro = stats.gro or self.gro
         self._stats = stats
         self._coalesce = coalesce
-        self._buf = bytearray(2 * _MAX_READ if coalesce else _MAX_READ)
+        self._buf = bytearray(JOIN_BYTES + _MAX_READ if coalesce else _MAX_READ)
         self._view = memoryview(self._buf)
         self._anc = socket.CMSG_SPACE(_GRO_CMSG.size)
 
@@ -485,15 +490,15 @@ class DatagramReader:
         the number of reads (0: nothing was waiting)."""
         sock, view, stats, coalesce = self.sock, self._view, self._stats, self._coalesce
         reads = 0
-        # The run being joined: view[start:end], datagrams of ``size`` bytes from ``src``
-        # (``count`` of them), closed once a shorter one ended it.
-        start = end = size = count = 0
+        # The run being joined: view[start:end], ``count`` datagrams of ``size`` bytes
+        # (the last may be shorter, which closes it) from ``src``, taken in ``joined`` reads.
+        start = end = size = count = joined = 0
         src: object = None
         now = 0.0
         while reads < limit:
             if end + _MAX_READ > len(view):  # (coalescing only) no room for one more read
                 if count:
-                    self._flush(view, start, end, size, count, src, now, deliver)
+                    self._flush(view, start, end, size, count, joined, src, now, deliver)
                 start = end = count = 0
             try:
                 if self.gro:
@@ -518,30 +523,32 @@ class DatagramReader:
             if not coalesce:
                 deliver(view[:nbytes], seg, addr, now)
                 continue
-            if seg == 0 and count and addr == src and nbytes <= size and end + nbytes - start <= _MAX_READ:
+            # this read: datagrams of ``width`` bytes, all of them that size (``whole``) or not
+            width = seg or nbytes
+            whole = nbytes % width == 0
+            if (count and addr == src and end + nbytes - start <= JOIN_BYTES
+                    and (width == size if seg else nbytes <= size)):
                 end += nbytes
-                count += 1
-                if nbytes < size:  # a shorter datagram ends the run, as in GRO
-                    self._flush(view, start, end, size, count, src, now, deliver)
-                    start = end
-                    count = 0
+                count += -(-nbytes // width)
+                joined += 1
+                if not whole or nbytes < size:  # a shorter datagram ends the run, as in GRO
+                    self._flush(view, start, end, size, count, joined, src, now, deliver)
+                    start, count = end, 0
                 continue
             if count:  # this one does not extend the run: the run first, in arrival order
-                self._flush(view, start, end, size, count, src, now, deliver)
-            if seg:
-                deliver(view[end : end + nbytes], seg, addr, now)
-                start = end = end + nbytes
-                count = 0
-            else:
-                start, size, count, src = end, nbytes, 1, addr
-                end += nbytes
+                self._flush(view, start, end, size, count, joined, src, now, deliver)
+            start, size, count, joined, src = end, width, -(-nbytes // width), 1, addr
+            end += nbytes
+            if not whole:  # (a super-packet ending in a shorter datagram: complete already)
+                self._flush(view, start, end, size, count, joined, src, now, deliver)
+                start, count = end, 0
         if count:
-            self._flush(view, start, end, size, count, src, now, deliver)
+            self._flush(view, start, end, size, count, joined, src, now, deliver)
         return reads
 
-    def _flush(self, view: memoryview, start: int, end: int, size: int, count: int, src: object, now: float,
-               deliver: Callable[[memoryview, int, object, float], None]) -> None:
-        if count > 1:
+    def _flush(self, view: memoryview, start: int, end: int, size: int, count: int, joined: int, src: object,
+               now: float, deliver: Callable[[memoryview, int, object, float], None]) -> None:
+        if joined > 1:
             self._stats.coalesced += 1
         deliver(view[start:end], size if count > 1 else 0, src, now)
 

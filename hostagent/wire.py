@@ -26,7 +26,8 @@ from typing import Any, Union
 
 import blake3
 import msgpack
-from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+import hostagent.native as native
 
 # 2: DATA datagrams are tagged with AES-GMAC, not BLAKE3 (version 1), so a version-1 peer
 # refuses them as bad_version rather than as forged.
@@ -328,7 +329,7 @@ _NONCE = struct.Struct("!4xQ")
 # GMAC objects of sessions whose DATA verified (and the sender's own): a datagram with an
 # unknown session costs a key derivation, but a flood of invented sessions cannot push the
 # real one out, since only a verified datagram adds its session.
-_gmacs: dict[tuple[bytes, int], AESGCM] = {}
+_gmacs: dict[tuple[bytes, int], Any] = {}
 _GMAC_CACHE = 64
 
 
@@ -337,11 +338,33 @@ def gmac_key(key: bytes, session: int) -> bytes:
     return blake3.blake3(key + _SESSION.pack(session), derive_key_context=_GMAC_CONTEXT).digest()
 
 
-def _gmac(key: bytes, session: int) -> AESGCM:
+def _gmac(key: bytes, session: int) -> Any:
     gmac = _gmacs.get((key, session))
     if gmac is None:
-        gmac = AESGCM(gmac_key(key, session))
+        gmac = _new_gmac(gmac_key(key, session))
     return gmac
+
+
+def _new_gmac(key: bytes) -> Any:
+    """AES-256-GMAC under ``key``, as an object with ``tag(seq, data)``: the C one (one
+    reused OpenSSL context) where ``hostagent.native`` says the C extension is used, else
+    cryptography's AESGCM -- imported only then: it cost every agent ~10 ms of CPU at
+    start-up. ``tests/test_hostagent_wire.py`` holds the tags to cryptography's."""
+    return native.module.Gmac(key) if native.NATIVE else _AesGmac(key)
+
+
+class _AesGmac:
+    """cryptography's AES-GCM as a GMAC with the C ``Gmac``'s interface."""
+
+    __slots__ = ("_encrypt",)
+
+    def __init__(self, key: bytes) -> None:
+        from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+        self._encrypt = AESGCM(key).encrypt
+
+    def tag(self, seq: int, data: bytes | memoryview) -> bytes:
+        return self._encrypt(_NONCE.pack(seq), b"", data)
 
 
 def _remember(key: bytes, session: int, gmac: Any, cache: dict[tuple[bytes, int], Any] = _gmacs) -> None:
@@ -359,7 +382,7 @@ def _tag(key: bytes, data: bytes | memoryview) -> bytes:
     only with ``hmac.compare_digest`` (constant time), or use ``_verify``."""
     if data[3] == T_DATA and len(data) >= DATA_HEADER_LEN:
         session, seq = _SESSION_SEQ.unpack_from(data)
-        return _gmac(key, session).encrypt(_NONCE.pack(seq), b"", data)
+        return _gmac(key, session).tag(seq, data)
     return blake3.blake3(data, key=key).digest(length=MAC_LEN)
 
 
@@ -367,7 +390,7 @@ def _data_tag(key: bytes, session: int, seq: int, data: bytes | memoryview) -> b
     """``_tag`` of a DATA datagram whose session and seq the caller already unpacked."""
     gmac = _gmac(key, session)
     _remember(key, session, gmac)
-    return gmac.encrypt(_NONCE.pack(seq), b"", data)
+    return gmac.tag(seq, data)
 
 
 def _verify(key: bytes, data: bytes | memoryview, tag: bytes | memoryview) -> bool:
@@ -376,7 +399,7 @@ def _verify(key: bytes, data: bytes | memoryview, tag: bytes | memoryview) -> bo
         return hmac.compare_digest(blake3.blake3(data, key=key).digest(length=MAC_LEN), tag)
     session, seq = _SESSION_SEQ.unpack_from(data)
     gmac = _gmac(key, session)
-    if not hmac.compare_digest(gmac.encrypt(_NONCE.pack(seq), b"", data), tag):
+    if not hmac.compare_digest(gmac.tag(seq, data), tag):
         return False
     _remember(key, session, gmac)
     return True
@@ -597,7 +620,7 @@ def parse_data_run(data: bytes | bytearray | memoryview, seg: int, key: bytes | 
     payloads = []
     if tail:
         gmac = _gmac(key, session)  # type: ignore[arg-type]
-        nonce, tagged = _NONCE.pack, gmac.encrypt
+        tagged = gmac.tag
     for off in range(0, n, seg):
         end = off + seg if off + seg < n else n
         if end - off <= least:
@@ -608,7 +631,7 @@ def parse_data_run(data: bytes | bytearray | memoryview, seg: int, key: bytes | 
             return None
         if tail:
             end -= MAC_LEN
-            if not hmac.compare_digest(tagged(nonce(q), b"", view[off:end]), view[end : end + MAC_LEN]):
+            if not hmac.compare_digest(tagged(q, view[off:end]), view[end : end + MAC_LEN]):
                 return None
         payloads.append(view[off + DATA_HEADER_LEN : end])
         seq += 1

@@ -17,7 +17,9 @@ if ! "$VENV/bin/python" -c 'import ryu' 2>/dev/null; then
   $PIP install --no-build-isolation ryu==4.34
 fi
 echo "venv: installing modelcast and test dependencies"
-$PIP install -e '.[test]'
+# compat: a plain path entry in a .pth; the default finder costs every agent process
+# ~12 ms of CPU at start-up (measured: 18 ms against 6 ms for python -c pass)
+$PIP install -e '.[test]' --config-settings editable_mode=compat
 bash scripts/venv-mininet.sh
 touch "$VENV/.installed"
 echo "venv: ready ($VENV)"

@@ -20,7 +20,7 @@ import socket
 from hostagent.cli import build_parser
 from hostagent.common import MemorySink, MemorySource
 from hostagent.net import (
-    GSO_BATCH_BYTES, GSO_BURST_BYTES, GSO_MAX_WAIT, RX_HOLD, DatagramReader, DatagramWriter, FileSink,
+    GSO_BATCH_BYTES, GSO_BURST_BYTES, GSO_MAX_WAIT, JOIN_BYTES, RX_HOLD, DatagramReader, DatagramWriter, FileSink,
     FileSource, LoopStats, batch_interval, gso_burst_bytes, parse_group, rx_hold,
 )
 from hostagent.receiver import Receiver, ReceiverConfig
@@ -254,6 +254,33 @@ def test_gso_writer_and_gro_reader_move_datagrams_intact_over_loopback() -> None
         tx.close()
 
 
+def test_the_receivers_reader_joins_queued_gro_super_packets_of_a_run() -> None:
+    """A receiver's reader hands on GSO batches queued one after another as one run
+    while every datagram so far had the run's size: the datagrams arrive intact and in
+    order, each delivery is GRO-shaped (all of its size but a shorter last one), a
+    shorter datagram ends its delivery, and with GRO far fewer deliveries than reads."""
+    rx, tx = _udp(), _udp(False)
+    try:
+        stats = LoopStats()
+        reader = DatagramReader(rx, True, stats, coalesce=True)
+        writer = DatagramWriter(tx, ("232.1.1.1", 1), True, stats)
+        # runs of 40 full datagrams ended by a shorter one, as a chunk's last fragment is,
+        # sent 10 at a time (as a paced sender's GSO sends)
+        datagrams = [bytes([i % 251]) * (1200 if i % 41 != 40 else 700) for i in range(205)]
+        for i in range(0, len(datagrams), 10):
+            writer.send([(d, rx.getsockname()) for d in datagrams[i : i + 10]])
+        got = _read_all(reader, len(datagrams))
+        assert [d for ds, _, _ in got for d in ds] == datagrams
+        for ds, seg, _ in got:
+            assert all(len(d) == 1200 for d in ds[:-1]) and seg == (1200 if len(ds) > 1 else 0)
+            assert sum(map(len, ds)) <= JOIN_BYTES
+        # all was queued: one delivery per run, whether the kernel coalesced or not
+        assert [len(ds) for ds, _, _ in got] == [41] * 5 and stats.coalesced == 5
+    finally:
+        rx.close()
+        tx.close()
+
+
 def _read_all(reader: DatagramReader, want: int) -> list[tuple[list[bytes], int, object]]:
     """Every delivery until ``want`` datagrams came: (its datagrams, its seg, its source)."""
     got: list[tuple[list[bytes], int, object]] = []
@@ -305,8 +332,8 @@ def test_the_reader_joins_queued_datagrams_of_one_source_into_runs_as_gro_would(
                 min_size=1, max_size=60))
 def test_coalesced_deliveries_are_gro_shaped_and_lose_nothing(datagrams: list[tuple[bool, int]]) -> None:
     """Any mix of sizes and two sources: every delivery is one source's datagrams, all
-    of the first's size but a shorter last one, within one read's 64 KiB, and together
-    they are exactly what was sent, in order."""
+    of the first's size but a shorter last one, and together
+    they are exactly what was sent, in order; none longer than ``JOIN_BYTES``."""
     rx, a, b = _udp(), _udp(False), _udp(False)
     try:
         sent = [(a if first else b, bytes([i % 251]) * size) for i, (first, size) in enumerate(datagrams)]
@@ -317,7 +344,7 @@ def test_coalesced_deliveries_are_gro_shaped_and_lose_nothing(datagrams: list[tu
         i = 0
         for ds, seg, src in got:
             assert [s.getsockname() for s, _ in sent[i : i + len(ds)]] == [src] * len(ds)
-            assert sum(map(len, ds)) <= 65535
+            assert sum(map(len, ds)) <= JOIN_BYTES
             if len(ds) > 1:
                 assert seg == len(ds[0]) and all(len(d) == seg for d in ds[:-1]) and len(ds[-1]) <= seg
             else:

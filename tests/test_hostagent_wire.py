@@ -215,8 +215,8 @@ def test_agents_drop_other_sessions_data_before_deriving_any_key(monkeypatch) ->
     from hostagent.common import MemorySink, MemorySource
 
     made = []
-    real = wire.AESGCM
-    monkeypatch.setattr(wire, "AESGCM", lambda k: made.append(k) or real(k))
+    real = wire._new_gmac
+    monkeypatch.setattr(wire, "_new_gmac", lambda k: made.append(k) or real(k))
     receiver = Receiver(MemorySink(), ReceiverConfig(key=KEY, session_id=42), 0.0)
     sender = Sender(MemorySource(b"x" * 5000), SenderConfig(chunk_size=4096, payload_size=1024, key=KEY,
                                                              session_id=42), 0.0)
