@@ -411,21 +411,22 @@ def _add_parts(key: tuple) -> tuple[bytes, bytes]:
     return parts
 
 
-def tree_adds(gid: int, source: str, group: str, entries: Iterable[tuple[int, tuple]],
+def tree_adds(gid: int, source: str, group: str, dpids: Iterable[int], entries: dict[int, tuple],
               out: list[tuple[int, Msg]]) -> None:
     """Appends to ``out`` what switches holding nothing of group ``gid`` must be sent
-    for their entries ((dpid, ``SwitchEntry``) in order): per switch ``group_add``,
-    ``flow_add`` and, with a rejoin, ``detour_flow``, byte for byte, in one loop. A new
-    tree is ~100 switches and ~300 messages; one call per message and a cache lookup per
-    piece was most of building them."""
+    for their ``entries`` (``SwitchEntry`` per dpid; those of ``dpids``, in that order):
+    per switch ``group_add``, ``flow_add`` and, with a rejoin, ``detour_flow``, byte for
+    byte, in one loop. A new tree is ~100 switches and ~300 messages; one call per
+    message and a cache lookup per piece was most of building them."""
     sg_head, sg_tail = _sg_flow(gid, source, group)
     sg_pack, port, gid_bytes = _SG_FLOW.pack, _PORT.pack, _PORT.pack(gid)
     parts_of, tags = _ADD_PARTS.get, _TAGS.get
     ck = COOKIE_TAG | gid
-    rejoins: dict[int, tuple] = {}  # id(actions) -> (head, tail): the entries share them
+    last: tuple = ()  # the last rejoin's actions and their flow's bytes around in_port and tag
+    head = tail = b""
     new, group_cls, flow_cls, add = _new, ReadyGroupMod, ReadyFlowMod, out.append
-    for dpid, e in entries:
-        in_port, _outs, _ff, rejoin = e
+    for dpid in dpids:
+        e = entries[dpid]
         key = e[:3]
         parts = parts_of(key)
         if parts is None:
@@ -436,13 +437,14 @@ def tree_adds(gid: int, source: str, group: str, entries: Iterable[tuple[int, tu
         add((dpid, m))
         m = new(flow_cls)
         m._dpid = dpid
-        m._wire = sg_pack(sg_head, in_port, sg_tail)
+        m._wire = sg_pack(sg_head, e[0], sg_tail)
         add((dpid, m))
+        rejoin = e[3]
         if rejoin:
             arrival, link_tag, acts = rejoin
-            ht = rejoins.get(id(acts))
-            if ht is None:
-                ht = rejoins[id(acts)] = _rejoin_flow(ck, source, group, acts) + (acts,)
+            if acts is not last:  # (a group's rejoins mostly share one action list)
+                head, tail = _rejoin_flow(ck, source, group, acts)
+                last = acts
             tlv = tags(link_tag)
             if tlv is None:
                 if len(_TAGS) >= _MAX_PARTS:
@@ -450,7 +452,7 @@ def tree_adds(gid: int, source: str, group: str, entries: Iterable[tuple[int, tu
                 tlv = _TAGS[link_tag] = _tag_oxm(link_tag)
             m = new(flow_cls)
             m._dpid = dpid
-            m._wire = b"".join((ht[0], port(arrival), tlv, ht[1]))
+            m._wire = b"".join((head, port(arrival), tlv, tail))
             add((dpid, m))
 
 

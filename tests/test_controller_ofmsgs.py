@@ -214,3 +214,36 @@ def test_a_ready_message_is_sent_again_with_its_new_xid_and_reads_as_a_ryu_messa
     assert [normalise_actions(i.actions) for i in msg.instructions] == [(("group", 42),)]
     with pytest.raises(AttributeError):
         msg.no_such_attribute  # noqa: B018
+
+
+@settings(max_examples=150, deadline=None)
+@given(gid=gids, sg=st.tuples(ipv4, ssm), data=st.data(),
+       switches=st.lists(st.tuples(st.integers(1, 1 << 48), ports, st.lists(ports, max_size=4),
+                                   st.sets(ports, max_size=3),
+                                   st.one_of(st.none(), st.tuples(ports, macs, st.sampled_from(["group", "own"])))),
+                         max_size=8, unique_by=lambda s: s[0]))
+def test_a_new_trees_adds_are_the_builders_messages(gid, sg, data, switches) -> None:
+    """``tree_adds`` (one loop for a new tree) gives, switch by switch in order, the
+    messages of ``group_add``, ``flow_add`` and ``detour_flow``, byte for byte and sent
+    by Ryu's path; rejoins that share one action list and ones that list outputs."""
+    source, group = sg
+    to_group = (("set_field", "eth_dst", ofmsgs.multicast_mac(group)), ("group", gid))
+    entries, want = {}, []
+    for dpid, in_port, outs, protected, rejoin in switches:
+        outs = tuple(sorted(set(outs)))
+        ff = tuple(sorted(ff_id(p, data.draw(st.booleans())) for p in protected if p in outs and p <= MAX_PORT))
+        if rejoin is not None:
+            arrival, tag, kind = rejoin
+            rejoin = (arrival, tag, to_group if kind == "group" else (to_group[0],) + tuple(
+                ("output", p) for p in outs))
+        entries[dpid] = e = (in_port, outs, ff, rejoin or ())
+        want += [(dpid, ofmsgs.group_add(dpid, gid, in_port, outs, ff)),
+                 (dpid, ofmsgs.flow_add(dpid, gid, in_port, source, group))]
+        if rejoin:
+            want.append((dpid, ofmsgs.detour_flow(dpid, ofmsgs.cookie(gid), *rejoin, source, group)))
+    order = data.draw(st.permutations(sorted(entries)))
+    want.sort(key=lambda m: order.index(m[0]))  # (stable: each switch's own order kept)
+    got: list = []
+    ofmsgs.tree_adds(gid, source, group, order, entries, got)
+    assert [(d, type(m), _sent_by_ryu(m)) for d, m in got] == [(d, type(m), _sent_by_ryu(m)) for d, m in want]
+    assert all(m.datapath.id == d for d, m in got)
