@@ -21,9 +21,7 @@ from __future__ import annotations
 import os
 import random
 import resource
-import shlex
 import socket
-import subprocess
 import threading
 import time
 import dataclasses
@@ -867,6 +865,9 @@ def _held_bytes(receiver: Receiver) -> tuple[int, int]:
 
 def _run_hook(command: str, out: str, stdout: Optional[IO[Any]]) -> HookResult:
     """Run ``command OUT`` after a verified transfer (e.g. load the model)."""
+    import shlex  # (here: start-up of every agent process counts; few run a hook)
+    import subprocess
+
     argv = shlex.split(command) + [os.path.abspath(out)]
     started = time.monotonic()
     try:

@@ -20,7 +20,7 @@ import errno
 import json
 import os
 import sys
-from typing import Any, Optional, Sequence
+from typing import Any, NoReturn, Optional, Sequence
 
 from .api import (
     GroupAssigned, GroupJoined, LeaveFailed, MetricsServing, ReceiveOptions, ReceiveProgress, ReceiveStarted,
@@ -561,5 +561,28 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 130
 
 
+def run() -> NoReturn:
+    """The ``modelcast`` command: ``main``, then out without the interpreter's teardown.
+    By then every file is written and closed and every thread done, and tearing down
+    the modules and objects of a transfer cost another ~40-50 ms of wall time and CPU
+    per process (measured on the agent bench's lab) before a waiting script saw the exit
+    status. Where something is left to the normal exit (a thread still running, output
+    that cannot be flushed), it takes the normal exit."""
+    code = main()
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        sys.exit(code)
+    if "threading" in sys.modules:
+        import threading
+
+        if any(t.is_alive() and not t.daemon for t in threading.enumerate() if t is not threading.main_thread()):
+            sys.exit(code)
+    if "logging" in sys.modules:
+        sys.modules["logging"].shutdown()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

@@ -15,10 +15,8 @@ record) is removed first, so it holds only what the record speaks for.
 
 from __future__ import annotations
 
-import ctypes
 import os
 import resource
-import shutil
 import stat
 import threading
 from typing import Callable, Iterable, Optional
@@ -270,17 +268,26 @@ def _fsync_tree(root: str) -> None:
             os.close(fd)
 
 
+def _rmtree(path: str, ignore_errors: bool = False) -> None:
+    """``shutil.rmtree``, loaded when first needed (an agent's start-up counts)."""
+    import shutil
+
+    shutil.rmtree(path, ignore_errors=ignore_errors)
+
+
 def _replace_dir(tmp: str, out: str) -> None:
     """``tmp`` becomes ``out`` in one step: rename, or an atomic exchange with what is
     there (renameat2 RENAME_EXCHANGE), so ``out`` is always the old or the new model."""
     parent = os.path.dirname(out)
     if os.path.lexists(out):
+        import ctypes
+
         libc = ctypes.CDLL(None, use_errno=True)
         if libc.renameat2(-100, os.fsencode(tmp), -100, os.fsencode(out), _RENAME_EXCHANGE) != 0:
             err = ctypes.get_errno()
             raise OSError(err, os.strerror(err), out)
         if os.path.isdir(tmp) and not os.path.islink(tmp):
-            shutil.rmtree(tmp)
+            _rmtree(tmp)
         else:
             os.unlink(tmp)
     else:
@@ -299,7 +306,7 @@ def merge_parts(out: str, parts: list[str]) -> None:
     that no two parts name one file (``hostagent.catalog``); a clash is still refused."""
     tmp = tmp_path(out)
     if os.path.lexists(tmp):
-        shutil.rmtree(tmp)
+        _rmtree(tmp)
     os.mkdir(tmp, 0o755)
     for part in parts:
         for entry in scan(part):
@@ -311,7 +318,7 @@ def merge_parts(out: str, parts: list[str]) -> None:
     _fsync_tree(tmp)
     _replace_dir(tmp, out)
     for part in parts:
-        shutil.rmtree(part)
+        _rmtree(part)
 
 
 class PathSink:
@@ -327,7 +334,7 @@ class PathSink:
     def begin(self, manifest: Manifest) -> None:
         if manifest.entries:
             if not self._resumes(manifest):  # an earlier attempt's files of another model: start clean
-                shutil.rmtree(tmp_path(self.out), ignore_errors=True)
+                _rmtree(tmp_path(self.out), ignore_errors=True)
             inner: FileSink | DirSink = DirSink(self.out, tree.decode_entries(manifest.entries, manifest.file_size))
         else:
             inner = FileSink(self.out)
