@@ -31,7 +31,6 @@ MAX_GID = 0xFFFEFFFF  # below the fast-failover ids (controller.protect.FF_BASE)
 UNKNOWN_PORT = -1  # in a believed entry: "whatever is there is wrong", never sent
 _ABSENT = object()
 _NOTHING: dict = {}  # (never written)
-_MAX_SHAPES = 1 << 17  # entry shapes kept per topology (~55k for 1000 groups on fat-tree:16)
 
 
 def tune_gc() -> None:
@@ -190,7 +189,6 @@ class MulticastCore:
         self.detours = Detours(self.view)
         self._pieces: dict[tuple[int, int], tuple] = {}  # (dpid, port) -> _piece, this topology's
         self._pieces_of: tuple[int, int] | None = None
-        self._shapes: dict[tuple, tuple] = {}  # (dpid, parent, in_port, out_ports) -> _shape, the same's
         # dpid -> shared protection entries the switch holds (FF groups, transit flows)
         self.shared: dict[int, dict[tuple, Any]] = {}
         self.ff_refs: defaultdict[int, dict[int, int]] = defaultdict(dict)  # dpid -> FF id -> users
@@ -587,10 +585,10 @@ class MulticastCore:
         entry = tuple.__new__  # SwitchEntry(...) without its Python-level __new__
         protect = self.protection
         if protect:
-            self._pieces_now()  # (clears the shapes with the pieces)
-            shapes, shape_of, ff_refs = self._shapes, self._shape, self.ff_refs
+            pieces = self._pieces_now()
+            get, piece, ff_refs = pieces.get, self._piece, self.ff_refs
             to_group = (("set_field", "eth_dst", ofmsgs.multicast_mac(g.address)), ("group", gid))
-            set_mac = to_group[0]
+            in_port_out = ("output", ofmsgs.ofp.OFPP_IN_PORT)
         for n, ports in outs.items():
             par = parent[n]
             ports.sort()
@@ -604,13 +602,34 @@ class MulticastCore:
             if not protect:
                 entries[n] = entry(SwitchEntry, (in_port, out_ports, (), ()))
                 continue
-            key = (n, par, in_port, out_ports)
-            shape = shapes.get(key)
-            if shape is None:
-                shape = shape_of(key)
-            ff, rj, counted = shape
-            entries[n] = entry(SwitchEntry, (in_port, out_ports, ff, () if not rj else (
-                rj[0], rj[1], to_group if rj[2] is None else (set_mac,) + rj[2])))
+            guards = None
+            for q in out_ports:
+                pc = get((n, q))
+                if pc is None:
+                    pc = piece(n, q)
+                if pc:
+                    if guards is None:
+                        guards = {}
+                    guards[q] = pc
+            ff = tuple([pc[2] if pc[0] == in_port else pc[1] for pc in guards.values()]) if guards else ()
+            rejoin: tuple = ()
+            counted = ff
+            if par is not None:
+                up = nbr[par][n]
+                pc = get((par, up))
+                if pc is None:
+                    pc = piece(par, up)
+                if pc:
+                    arr = pc[3]
+                    if arr in out_ports:  # it comes in over one of our own outputs here
+                        outs_ = tuple(in_port_out if q == arr
+                                      else ("group", guards[q][2] if guards[q][0] == arr else guards[q][1])
+                                      if guards and q in guards else ("output", q) for q in out_ports)
+                        rejoin = (arr, pc[4], (to_group[0],) + outs_)
+                        counted = ff + tuple(a[1] for a in outs_ if a[0] == "group" and is_ff(a[1]))
+                    else:
+                        rejoin = (arr, pc[4], to_group)
+            entries[n] = entry(SwitchEntry, (in_port, out_ports, ff, rejoin))
             if counted:  # (``_count``)
                 refs = ff_refs[n]
                 for f in counted:
@@ -620,47 +639,6 @@ class MulticastCore:
                         self._want_ff(n, f)
                         if f ^ IN_PORT_BIT not in refs:
                             self._guard((n, ff_port(f)), True)
-
-    def _shape(self, key: tuple[int, int | None, int, tuple[int, ...]]) -> tuple[tuple, tuple, tuple]:
-        """What protection puts into every group's entry at switch ``n`` with parent
-        ``par``, ``in_port`` and ``out_ports`` (``key``), as ``_protect`` computes it:
-        (the FF ids, () or the rejoin's (arrival port, tag, its outputs when the detour
-        arrives over one of them, else None: "to the group"), the FF ids the entry uses
-        in all). Kept with the pieces of this topology: about half of a new tree's
-        entries (fat-tree:16, 1000 groups) have the shape of an earlier one."""
-        n, par, in_port, out_ports = key
-        pieces, piece, nbr = self._pieces, self._piece, self.view.nbr_ports
-        guards = None
-        for q in out_ports:
-            pc = pieces.get((n, q))
-            if pc is None:
-                pc = piece(n, q)
-            if pc:
-                if guards is None:
-                    guards = {}
-                guards[q] = pc
-        ff = tuple([pc[2] if pc[0] == in_port else pc[1] for pc in guards.values()]) if guards else ()
-        rj: tuple = ()
-        counted = ff
-        if par is not None:
-            up = nbr[par][n]
-            pc = pieces.get((par, up))
-            if pc is None:
-                pc = piece(par, up)
-            if pc:
-                arr = pc[3]
-                if arr in out_ports:  # it comes in over one of our own outputs here
-                    outs = tuple(("output", ofmsgs.ofp.OFPP_IN_PORT) if q == arr
-                                 else ("group", guards[q][2] if guards[q][0] == arr else guards[q][1])
-                                 if guards and q in guards else ("output", q) for q in out_ports)
-                    rj = (arr, pc[4], outs)
-                    counted = ff + tuple(a[1] for a in outs if a[0] == "group" and is_ff(a[1]))
-                else:
-                    rj = (arr, pc[4], None)
-        if len(self._shapes) >= _MAX_SHAPES:
-            self._shapes.clear()
-        shape = self._shapes[key] = (ff, rj, counted)
-        return shape
 
     # -- protection (controller.protect) ---------------------------------------------
     def _protect(self, g: Group, tree: Tree, nodes: Iterable[int] | None = None,
@@ -721,7 +699,6 @@ class MulticastCore:
         version = (self.view.edge_count, self.view.removals)
         if self._pieces_of != version:
             self._pieces.clear()
-            self._shapes.clear()
             self._pieces_of = version
         return self._pieces
 
