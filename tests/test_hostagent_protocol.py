@@ -488,3 +488,40 @@ def test_resumed_chunk_changed_on_disk_is_fetched_again() -> None:
     assert ChunkCorrupt(3) in rec.events
     stored = rx.stats.data_received + rx.stats.repairs_received - rx.stats.duplicates
     assert stored == rx.layout.chunk_frags(3)  # the rest was kept, only chunk 3 written again
+
+
+def test_an_exact_repeat_of_a_taken_manifest_page_is_not_decoded_again(monkeypatch) -> None:
+    """The sender repeats its manifest pages through the stream: a receiver takes each
+    once and an exact repeat costs a comparison (no MAC check, no decode) with the same
+    outcome, the sender's sign of life; a datagram with a taken page's tag but other
+    bytes is checked as ever and dropped (bad_mac); the transfer verifies."""
+    key = wire.derive_key(b"page repeats")
+    data = payload(96 * KIB)
+    sender = Sender(MemorySource(data), sender_config(key=key), 0.0, rng=random.Random(3))
+    stream, now = [], 0.0
+    while sender.stream_position < sender.layout.total_seq or wire.peek_type(stream[-1]) != wire.T_END:
+        now += 0.001
+        stream.extend(raw for raw, _ in sender.datagrams_to_send(now))
+    pages = [raw for raw in stream if wire.peek_type(raw) == wire.T_MANIFEST]
+    distinct = list(dict.fromkeys(pages))
+    assert len(pages) > len(distinct)
+    decoded: list[bytes] = []
+    real = wire.decode
+    monkeypatch.setattr(wire, "decode", lambda raw, k: decoded.append(bytes(raw)) or real(raw, k))
+    sink = MemorySink()
+    rx = Receiver(sink, ReceiverConfig(key=key), 0.0)
+    for raw in pages:
+        rx.receive_datagram(raw, SENDER_ADDR, 0.5)
+    taken = len(decoded)
+    assert taken == len(distinct) and rx.manifest is not None
+    for raw in pages:
+        rx.receive_datagram(memoryview(raw), SENDER_ADDR, 0.7)  # (as the socket layer hands them on)
+    assert len(decoded) == taken and rx._last_heard == 0.7
+    forged = bytearray(pages[0])
+    forged[wire.HEADER_LEN + 2] ^= 1
+    rx.receive_datagram(bytes(forged), SENDER_ADDR, 0.8)
+    assert len(decoded) == taken + 1 and rx.stats.drops["bad_mac"] == 1 and rx._last_heard == 0.7
+    for raw in stream:
+        rx.receive_datagram(raw, SENDER_ADDR, 1.0)
+    assert rx.complete and bytes(sink.data[: len(data)]) == data
+    assert len(decoded) - taken - 1 < len([raw for raw in stream if wire.peek_type(raw) != wire.T_DATA])
