@@ -295,7 +295,7 @@ class Receiver:
             stats.drops["after_failure"] += 1
             return
         if self._pages and len(data) > wire.HEADER_LEN and data[3] == wire.T_MANIFEST:
-            if self._pages.get(bytes(data[-wire.MAC_LEN :])) == data:
+            if self._pages.get(bytes(data[-wire.MAC_LEN :])) == bytes(data):
                 self._last_heard = now  # (what taking it again would do)
                 return
         claimed = wire.data_session(data)
