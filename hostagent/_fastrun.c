@@ -114,12 +114,15 @@ static PyTypeObject GmacType = {
 
 /* ------------------------------------------------------------------ runs */
 
-/* verify_run(data, seg, gmac) -> (session, first, chunk, offset, count, first_len, last_len) | None */
+/* verify_run(data, seg, gmac, prefix=False) -> (session, first, chunk, offset, count, first_len, last_len) | None
+ * With prefix, a run that breaks after its first datagram is taken up to the break (count
+ * says how far); without, it is refused whole. */
 static PyObject *verify_run(PyObject *module, PyObject *args) {
     Py_buffer buf;
     Py_ssize_t seg;
     PyObject *gmac_obj;
-    if (!PyArg_ParseTuple(args, "y*nO", &buf, &seg, &gmac_obj)) return NULL;
+    int prefix = 0;
+    if (!PyArg_ParseTuple(args, "y*nO|p", &buf, &seg, &gmac_obj, &prefix)) return NULL;
     EVP_CIPHER_CTX *ctx = NULL;
     if (gmac_obj != Py_None) {
         if (!PyObject_TypeCheck(gmac_obj, &GmacType)) {
@@ -149,16 +152,16 @@ static PyObject *verify_run(PyObject *module, PyObject *args) {
     for (Py_ssize_t off = 0; off < n; off += seg) {
         Py_ssize_t end = off + seg < n ? off + seg : n;
         const unsigned char *d = p + off;
-        if (end - off <= least) goto done;
+        if (end - off <= least) goto broken;
         Py_ssize_t plen = be16(d + 30);
         if (d[0] != 'M' || d[1] != 'C' || d[2] != VERSION || d[3] != T_DATA || d[4] != want ||
             be64(d + 6) != session || be64(d + 14) != seq || (count > 0 && seq == 0) ||
             be32(d + 22) != chunk || (uint64_t)be32(d + 26) != pos || plen != end - off - least ||
             pos + (uint64_t)plen > MAX_CHUNK_SIZE)
-            goto done;
+            goto broken;
         if (ctx) {
             end -= MAC_LEN;
-            if (!gmac_tag(ctx, seq, d, (int)(end - off), tag) || CRYPTO_memcmp(tag, p + end, MAC_LEN) != 0) goto done;
+            if (!gmac_tag(ctx, seq, d, (int)(end - off), tag) || CRYPTO_memcmp(tag, p + end, MAC_LEN) != 0) goto broken;
         }
         if (count == 0) first_len = plen;
         last_len = plen;
@@ -166,6 +169,10 @@ static PyObject *verify_run(PyObject *module, PyObject *args) {
         seq++; /* past 2^64 - 1 it wraps to 0, which the next datagram's check refuses */
         pos += (uint64_t)plen;
     }
+    goto whole;
+broken:
+    if (!prefix || count == 0) goto done;
+whole:
     result = Py_BuildValue("(KKIInnn)", (unsigned long long)session, (unsigned long long)first, chunk, start,
                            count, first_len, last_len);
     PyBuffer_Release(&buf);
@@ -201,7 +208,7 @@ static PyObject *compact_run(PyObject *module, PyObject *args) {
 
 static PyMethodDef module_methods[] = {
     {"verify_run", verify_run, METH_VARARGS,
-     "verify_run(data, seg, gmac) -> (session, first, chunk, offset, count, first_len, last_len) or None"},
+     "verify_run(data, seg, gmac, prefix=False) -> (session, first, chunk, offset, count, first_len, last_len) or None"},
     {"compact_run", compact_run, METH_VARARGS, "compact_run(buffer, seg, tail) -> bytes of payload at the front"},
     {NULL, NULL, 0, NULL},
 };

@@ -23,9 +23,10 @@ import hostagent.wire as wire
 RunHead = tuple[int, int, int, int, int, int, int]
 
 
-def verify_run_py(data: memoryview, seg: int, key: Optional[bytes]) -> Optional[RunHead]:
-    """``wire.parse_data_run``'s verdict on ``data``, as a ``RunHead``."""
-    run = wire.parse_data_run(data, seg, key)
+def verify_run_py(data: memoryview, seg: int, key: Optional[bytes], prefix: bool = False) -> Optional[RunHead]:
+    """``wire.parse_data_run``'s verdict on ``data``, as a ``RunHead`` (with ``prefix``:
+    on its verified beginning, the datagram count saying how far it goes)."""
+    run = wire.parse_data_run(data, seg, key, prefix)
     if run is None:
         return None
     session, first, chunk, start, payloads = run
@@ -49,16 +50,16 @@ _native, _why = native.module, native.why
 _natives: dict[tuple[bytes, int], Any] = {}  # sessions whose runs verified, as wire._gmacs
 
 
-def verify_run_c(data: memoryview, seg: int, key: Optional[bytes]) -> Optional[RunHead]:
+def verify_run_c(data: memoryview, seg: int, key: Optional[bytes], prefix: bool = False) -> Optional[RunHead]:
     """``verify_run_py`` in C."""
     assert _native is not None
     if key is None:
-        return _native.verify_run(data, seg, None)
+        return _native.verify_run(data, seg, None, prefix)
     session = wire.data_session(data)
     if session is None:
         return None
     gmac = _natives.get((key, session)) or _native.Gmac(wire.gmac_key(key, session))
-    head = _native.verify_run(data, seg, gmac)
+    head = _native.verify_run(data, seg, gmac, prefix)
     if head is not None:  # only a verified run keeps its session's context
         wire._remember(key, session, gmac, _natives)
     return head

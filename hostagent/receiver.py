@@ -369,48 +369,46 @@ class Receiver:
         """A GRO super-packet: datagrams of ``seg`` bytes back to back (the last may be
         shorter), all from ``addr``; ``seg`` <= 0 means one datagram. Same outcome as
         ``receive_datagram`` on each in turn, but a run of new, in-order first
-        transmissions of one chunk costs one vectored write and one range insert."""
+        transmissions of one chunk costs one vectored write and one range insert. A
+        datagram that ends a run (a loss before the next, a repair, a manifest page at
+        the end of a GSO send, a forgery) is taken alone and the next run goes on."""
         n = len(data)
         if seg <= 0 or seg >= n:
             self.receive_datagram(data, addr, now)
             return
-        last = (n - 1) // seg * seg
-        if last and n - last >= wire.HEADER_LEN and data[last + 3] != wire.T_DATA:
-            # A sender's GSO send may end with a shorter datagram of another kind (a
-            # manifest page, END): the DATA before it is still one run.
-            self.receive_batch(data[:last], seg, addr, now)
-            self.receive_datagram(data[last:], addr, now)
-            return
         key = self._key
-        if (self.layout is not None and not (self.failed or self.complete or self._parity)
-                and wire.data_session(data) == self.session):
-            run = fastrun.verify_run(data, seg, key)  # the clean stream: one run per read
-            if run is not None and self._fresh_run(run):
-                _, first, chunk, offset, count, _, _ = run
-                tail = wire.MAC_LEN if key is not None else 0
-                if data.readonly:  # (a caller's bytes: the payloads where they are)
-                    payloads = [data[off + wire.DATA_HEADER_LEN : min(off + seg, n) - tail] for off in range(0, n, seg)]
-                else:  # (the reader's buffer: one piece to write and hash)
-                    payloads = [data[: fastrun.compact_run(data, seg, tail)]]
-                self._on_data_run(first, first + count - 1, chunk, offset, payloads, n, addr, now)
-                return
-        parsed = [wire.parse_data(data[off : off + seg], key) for off in range(0, n, seg)]
-        i, count = 0, len(parsed)
-        while i < count:
-            j = self._data_run(parsed, i)
-            if j - i > 1:
-                head, tail = parsed[i], parsed[j - 1]
-                assert head is not None and tail is not None
-                self._on_data_run(head[1], tail[1], head[2], head[3], [f[4] for f in parsed[i:j]],  # type: ignore[index]
-                                  min(n, j * seg) - i * seg, addr, now)
-            else:
-                j = i + 1
-                self.receive_datagram(data[i * seg : min(n, j * seg)], addr, now)
-            i = j
+        tail = wire.MAC_LEN if key is not None else 0
+        while n > seg:
+            if (self.layout is not None and not (self.failed or self.complete or self._parity)
+                    and wire.data_session(data) == self.session):
+                # The clean stream: one run per read -- or per stretch of joined reads
+                # between a loss (or a repair, a forgery) and the next.
+                run = fastrun.verify_run(data, seg, key, True)
+                if run is not None and run[4] > 1:
+                    _, first, chunk, offset, count, _, _ = run
+                    took = min(n, count * seg)
+                    if not self._fresh_run(run):  # (held already, or not where the layout says)
+                        for off in range(0, took, seg):
+                            self.receive_datagram(data[off : min(off + seg, took)], addr, now)
+                    else:
+                        piece = data[:took]
+                        if piece.readonly:  # (a caller's bytes: the payloads where they are)
+                            payloads = [piece[off + wire.DATA_HEADER_LEN : min(off + seg, took) - tail]
+                                        for off in range(0, took, seg)]
+                        else:  # (the reader's buffer: one piece to write and hash)
+                            payloads = [piece[: fastrun.compact_run(piece, seg, tail)]]
+                        self._on_data_run(first, first + count - 1, chunk, offset, payloads, took, addr, now)
+                    data, n = data[took:], n - took
+                    continue
+            # the datagram in front starts no run: it alone, the careful way
+            self.receive_datagram(data[:seg], addr, now)
+            data, n = data[seg:], n - seg
+        if n:
+            self.receive_datagram(data, addr, now)
 
     def _fresh_run(self, run: fastrun.RunHead) -> bool:
-        """``verify_run``'s run is what ``_data_run`` would take whole: this session,
-        where the layout puts it, and none of it held yet. (Consecutive seqs with
+        """``verify_run``'s run is what ``_on_data`` would take datagram by datagram:
+        this session, where the layout puts it, and none of it held yet. (Consecutive seqs with
         contiguous payloads, all but the last as long as the first, lie where the
         layout says once the first is a full fragment and the last is in place.)"""
         layout = self.layout
@@ -426,34 +424,10 @@ class Receiver:
             return False
         return not self.have.count_in(first, last + 1)
 
-    def _data_run(self, parsed: list[Optional[wire.DataFields]], i: int) -> int:
-        """End of the run of fresh first-transmission fragments of one chunk that starts
-        at ``parsed[i]`` (``i`` itself when the fast path does not apply there)."""
-        layout = self.layout
-        if layout is None or self.failed or self.complete or self._parity:
-            return i
-        locate, total, session = layout.locate, layout.total_seq, self.session
-        j = i
-        prev_seq = chunk = -1
-        while j < len(parsed):
-            fields = parsed[j]
-            if fields is None or fields[0] != session or fields[5]:
-                break
-            _, seq, c, offset, payload, _, _ = fields
-            if (j > i and (seq != prev_seq + 1 or c != chunk)) or seq >= total:
-                break
-            if locate(seq) != (c, offset, len(payload)):
-                break
-            prev_seq, chunk = seq, c
-            j += 1
-        if j > i and self.have.count_in(parsed[i][1], prev_seq + 1):  # type: ignore[index]
-            return i  # duplicates among them: the per-datagram path counts them
-        return j
-
     def _on_data_run(self, first: int, last: int, chunk: int, offset: int, payloads: list[memoryview],
                      nbytes: int, addr: Addr, now: float) -> None:
         """A run of fresh first-transmission fragments ``first..last`` of ``chunk``
-        (``_data_run``'s or ``parse_data_run``'s): what ``_on_data`` does to each, done once."""
+        (``fastrun.verify_run``'s): what ``_on_data`` does to each, done once."""
         layout = self.layout
         assert layout is not None
         stats = self.stats

@@ -597,7 +597,8 @@ def parse_data(data: bytes | bytearray | memoryview, key: bytes | None = None) -
 DataRun = tuple[int, int, int, int, list[memoryview]]
 
 
-def parse_data_run(data: bytes | bytearray | memoryview, seg: int, key: bytes | None = None) -> DataRun | None:
+def parse_data_run(data: bytes | bytearray | memoryview, seg: int, key: bytes | None = None,
+                   prefix: bool = False) -> DataRun | None:
     """A GRO super-packet (datagrams of ``seg`` bytes back to back, the last may be
     shorter) that is one run of first transmissions -- every datagram a DATA that
     ``parse_data`` accepts, one session, consecutive seqs of one chunk, each payload
@@ -605,7 +606,9 @@ def parse_data_run(data: bytes | bytearray | memoryview, seg: int, key: bytes | 
     offset, payloads)`` with the payloads views into ``data``; None otherwise (the
     caller then takes the datagrams one by one). A clean stream arrives as such runs
     (a GSO batch ends at a chunk's short last fragment), so the receiver's per-datagram
-    Python is one header unpack; the tests hold it to ``parse_data``'s verdicts."""
+    Python is one header unpack; the tests hold it to ``parse_data``'s verdicts. With
+    ``prefix``, a run that breaks after its first datagram (a loss, a repair, a forgery
+    among joined reads) is taken up to the break: the payloads say how far."""
     n = len(data)
     if seg <= DATA_HEADER_LEN or seg >= n or seg > MAX_DATAGRAM:
         return None
@@ -624,18 +627,22 @@ def parse_data_run(data: bytes | bytearray | memoryview, seg: int, key: bytes | 
     for off in range(0, n, seg):
         end = off + seg if off + seg < n else n
         if end - off <= least:
-            return None
+            break
         magic, version, mtype, flags, s, q, c, o, plen = unpack(view, off)
         if (mtype != T_DATA or flags != want or magic != MAGIC or version != VERSION or s != session or q != seq
                 or c != chunk or o != pos or plen != end - off - least or o + plen > MAX_CHUNK_SIZE):
-            return None
+            break
         if tail:
             end -= MAC_LEN
             if not hmac.compare_digest(tagged(q, view[off:end]), view[end : end + MAC_LEN]):
-                return None
+                break
         payloads.append(view[off + DATA_HEADER_LEN : end])
         seq += 1
         pos += plen
+    else:
+        off = n
+    if off < n and not (prefix and payloads):
+        return None
     if tail:
         _remember(key, session, gmac)  # type: ignore[arg-type]
     return session, first, chunk, start, payloads

@@ -28,14 +28,16 @@ def test_the_native_path_is_built_under_ci() -> None:
     assert fastrun._native is not None, fastrun._why
 
 
-def _both(blob: bytes, seg: int, key: bytes | None) -> tuple:
-    """(C verdict, Python verdict, C-compacted bytes, Python-compacted bytes)."""
-    c = fastrun.verify_run_c(memoryview(blob), seg, key)
-    py = fastrun.verify_run_py(memoryview(blob), seg, key)
+def _both(blob: bytes, seg: int, key: bytes | None, prefix: bool = False) -> tuple:
+    """(C verdict, Python verdict, C-compacted bytes, Python-compacted bytes) -- with
+    ``prefix``, of the run's verified beginning."""
+    c = fastrun.verify_run_c(memoryview(blob), seg, key, prefix)
+    py = fastrun.verify_run_py(memoryview(blob), seg, key, prefix)
     if c is None:
         return c, py, None, None
+    took = min(len(blob), c[4] * seg)
     tail = wire.MAC_LEN if key is not None else 0
-    a, b = bytearray(blob), bytearray(blob)
+    a, b = bytearray(blob[:took]), bytearray(blob[:took])
     na = fastrun._native.compact_run(memoryview(a), seg, tail)
     nb = fastrun.compact_run_py(memoryview(b), seg, tail)
     return c, py, bytes(a[:na]), bytes(b[:nb])
@@ -59,6 +61,15 @@ def test_c_and_python_agree_on_every_run(session, seq, chunk, offset, size, coun
     seg = data.draw(st.sampled_from([natural, natural - 1, natural + 1, 33, len(blob)]))
     c, py, moved_c, moved_py = _both(blob, seg, recv_key)
     assert c == py and moved_c == moved_py
+    # Its verified beginning (the receiver's joined reads): the same on both, the whole run
+    # where that was taken, and up to a damaged datagram that breaks it.
+    pc, ppy, pmoved_c, pmoved_py = _both(blob, seg, recv_key, prefix=True)
+    assert pc == ppy and pmoved_c == pmoved_py
+    assert c is None or (pc, pmoved_c) == (c, moved_c)
+    if (bytes(raws[victim]) != intact and victim > 0 and seg == natural == len(raws[victim])
+            and send_key == recv_key is not None and offset + sum(sizes) <= wire.MAX_CHUNK_SIZE):
+        assert pc is not None and pc[:4] == (session, seq, chunk, offset) and pc[4] == victim
+        assert pmoved_c == b"".join(bytes([i % 251]) * n for i, n in enumerate(sizes[:victim]))
     if (bytes(raws[victim]) == intact and seg == len(encode(Data(0, 0, 0, 0, b"z" * size), send_key))
             and send_key == recv_key and offset + sum(sizes) <= wire.MAX_CHUNK_SIZE):
         assert c is not None and c[:4] == (session, seq, chunk, offset) and c[4:] == (count, sizes[0], sizes[-1])

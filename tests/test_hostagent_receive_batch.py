@@ -49,12 +49,13 @@ def _stream(data: bytes, key: bytes | None, payload_size: int = 1000) -> list[by
     return [raw for raw, _ in out]
 
 
-def _batches(datagrams: list[bytes], rng: random.Random) -> list[list[bytes]]:
-    """Group runs of equal-length datagrams (a shorter one may end a run) as GRO would."""
+def _batches(datagrams: list[bytes], rng: random.Random, most: int = 12) -> list[list[bytes]]:
+    """Group runs of equal-length datagrams (a shorter one may end a run) as GRO would
+    (up to ``most``: beyond a GRO super-packet's, as the receiver's reader joins reads)."""
     batches: list[list[bytes]] = []
     for raw in datagrams:
         last = batches[-1] if batches else None
-        if (last and len(last) < rng.randint(1, 12) and len(raw) <= len(last[0])
+        if (last and len(last) < rng.randint(1, most) and len(raw) <= len(last[0])
                 and len(last[-1]) == len(last[0])):
             last.append(raw)
         else:
@@ -100,13 +101,15 @@ def _mutate(batch: list[bytes], rng: random.Random) -> list[bytes]:
 @pytest.mark.parametrize("payload_size", [1000, 1024], ids=["short-last", "chunks-end-flush"])
 @pytest.mark.parametrize("vectored", [True, False], ids=["write_many", "write"])
 @pytest.mark.parametrize("key", [None, KEY], ids=["plain", "mac"])
+@pytest.mark.parametrize("most", [12, 60], ids=["gro", "joined"])
 @pytest.mark.parametrize("seed", range(5))
-def test_batch_path_ends_in_the_same_state_as_per_datagram(key, seed, vectored, payload_size) -> None:
+def test_batch_path_ends_in_the_same_state_as_per_datagram(key, seed, vectored, payload_size, most) -> None:
     """``vectored``: a sink with ``write_many`` (one write per run) or only ``write``;
-    with 1024-byte payloads every fragment is full size, so batches span chunk ends."""
+    with 1024-byte payloads every fragment is full size, so batches span chunk ends;
+    ``joined``: batches of up to 60 datagrams, damage mid-run included."""
     rng = random.Random(seed)
     data = payload(100 * KIB + 123, seed=seed)
-    batches = [_mutate(b, rng) if seed else b for b in _batches(_stream(data, key, payload_size), rng)]
+    batches = [_mutate(b, rng) if seed else b for b in _batches(_stream(data, key, payload_size), rng, most)]
     sink = MemorySink if vectored else (lambda: SourceBackedSink(data))
     one, many = _receiver(key, sink()), _receiver(key, sink())
     now = 0.0
@@ -161,6 +164,32 @@ def test_clean_stream_takes_the_super_packet_path(monkeypatch) -> None:
         rx.receive_batch(memoryview(b"".join(batch)), seg, SENDER, now)
     assert rx.complete and bytes(rx._sink.data) == data  # type: ignore[attr-defined]
     assert batched > 50 and len(per_datagram) <= 2 * (len(stream) - batched)  # the rest: twice at most
+
+
+@pytest.mark.parametrize("key", [None, KEY])
+def test_a_joined_run_broken_in_the_middle_keeps_both_sides_on_the_run_path(monkeypatch, key) -> None:
+    """Joined reads span a chunk's datagrams, so a loss, a repair or a forgery often
+    lies inside one: the stretches before and after it are still runs (one write each,
+    no per-datagram parse); only the odd one is taken alone."""
+    data = payload(64 * KIB, seed=5)
+    stream = _stream(data, key)
+    pages = [r for r in stream if wire.peek_type(r) != wire.T_DATA]
+    chunk0 = [r for r in stream if wire.peek_type(r) == wire.T_DATA][:17]  # chunk 0: 16 full + 1 short
+    rx = _receiver(key)
+    for raw in pages[:1]:
+        rx.receive_datagram(raw, SENDER, 0.1)
+    assert rx.layout is not None
+    forged = bytearray(chunk0[9])
+    forged[-1] ^= 1  # a bad tag (or, without a key, a payload that fails the chunk's digest later)
+    joined = chunk0[:5] + chunk0[6:9] + [bytes(forged)] + chunk0[10:]  # chunk0[5] lost
+    per_datagram = []
+    original = wire.parse_data
+    monkeypatch.setattr(wire, "parse_data", lambda raw, k=None: per_datagram.append(1) or original(raw, k))
+    writes = rx._sink.writes  # type: ignore[attr-defined]
+    rx.receive_batch(memoryview(bytearray(b"".join(joined))), len(chunk0[0]), SENDER, 0.2)
+    assert rx._sink.writes - writes == (2 if key is None else 3)  # type: ignore[attr-defined]
+    assert len(per_datagram) == (0 if key is None else 1)
+    assert rx.have.count_in(0, 17) == (16 if key is None else 15)
 
 
 def _count_read_backs(monkeypatch) -> list[int]:
