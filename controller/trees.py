@@ -492,8 +492,8 @@ def compute_tree(view: TopologyView, source: str, receivers: Iterable[str],
         tree.reached = frozenset(targets)
         tree.unreachable = frozenset(rset - set(targets))
         _fill_entries(view, tree, src.port, targets.values(), fill)
-        if algorithm == "spt":  # (a shortest-path tree's depths are the DAG's distances)
-            tree.leaves_first = _deepest_first(tree.parent, dist)
+        if algorithm == "spt" and fill is not None:  # (a first tree: the core installs it whole;
+            tree.leaves_first = _deepest_first(tree.parent, dist)  # its depths are the DAG's distances)
     if strict and tree.unreachable:
         raise Unreachable(f"no live path from {source} to {', '.join(sorted(tree.unreachable))}",
                           tree.unreachable)
