@@ -33,6 +33,9 @@ IP_ADD_SOURCE_MEMBERSHIP = getattr(socket, "IP_ADD_SOURCE_MEMBERSHIP", 39)  # Li
 SO_RCVBUFFORCE = getattr(socket, "SO_RCVBUFFORCE", 33)
 SO_SNDBUFFORCE = getattr(socket, "SO_SNDBUFFORCE", 32)
 SOCKET_BUFFER = 8 * 1024 * 1024
+# A receiver's sockets hold more (the kernel counts it twice: 64 MiB): the hold between its
+# reads (``rx_hold``) is a share of it, and longer holds are fewer wake-ups and longer runs.
+RECEIVE_BUFFER = 32 * 1024 * 1024
 STATE_SUFFIX = ".modelcast-state"
 
 
@@ -298,11 +301,11 @@ class FileSink:
 # ----------------------------------------------------------------------------- sockets
 
 
-def _grow_buffer(sock: socket.socket, force: int, normal: int) -> None:
+def _grow_buffer(sock: socket.socket, force: int, normal: int, size: int = SOCKET_BUFFER) -> None:
     try:
-        sock.setsockopt(socket.SOL_SOCKET, force, SOCKET_BUFFER)  # root: beyond rmem_max
+        sock.setsockopt(socket.SOL_SOCKET, force, size)  # root: beyond rmem_max
     except OSError:
-        sock.setsockopt(socket.SOL_SOCKET, normal, SOCKET_BUFFER)
+        sock.setsockopt(socket.SOL_SOCKET, normal, size)
 
 
 IP_MTU = 14  # Linux getsockopt: the path MTU of a connected socket's route
@@ -340,14 +343,14 @@ def receiver_sockets(group: str, port: int, source: str, interface: str = "0.0.0
     """(group socket joined with SSM to ``source``, unicast socket for NACKs/repairs)."""
     mc = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     mc.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    _grow_buffer(mc, SO_RCVBUFFORCE, socket.SO_RCVBUF)
+    _grow_buffer(mc, SO_RCVBUFFORCE, socket.SO_RCVBUF, RECEIVE_BUFFER)
     mc.bind((group, port))
     # struct ip_mreq_source: group, interface, source
     mreq = struct.pack("4s4s4s", socket.inet_aton(group), socket.inet_aton(interface), socket.inet_aton(source))
     mc.setsockopt(socket.IPPROTO_IP, IP_ADD_SOURCE_MEMBERSHIP, mreq)
     mc.setblocking(False)
     uc = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    _grow_buffer(uc, SO_RCVBUFFORCE, socket.SO_RCVBUF)
+    _grow_buffer(uc, SO_RCVBUFFORCE, socket.SO_RCVBUF, RECEIVE_BUFFER)
     uc.bind((interface, 0))
     uc.setblocking(False)
     return mc, uc
@@ -598,10 +601,14 @@ def gso_burst_bytes(cap_bps: float, floor: int = 64 * 1024) -> int:
 # runs: on a VM each wake-up costs ~0.3 ms of CPU, and a receiver behind a link that
 # paces the stream (100 Mbit/s) woke every ~3 datagrams -- 32 MB cost it 0.60-0.68
 # CPU-s, 0.41-0.44 with the hold, in the same time. The hold is bounded so that what
-# arrives meanwhile fills at most 1/64 of the socket's receive buffer at the rate seen:
-# at 1 Gbit/s, where reads batch by themselves, 2 ms (with an eighth, 16 ms, four
-# receivers on 2 cores overflowed their queues once in three runs: a 17 s transfer with
-# 65% repairs); a non-root receiver, whose buffer is small, barely holds.
+# arrives meanwhile fills at most 1/64 of the socket's receive buffer at the rate seen
+# (with an eighth of a 16 MiB buffer, 16 ms, four receivers on 2 cores overflowed their
+# queues once in three runs: a 17 s transfer with 65% repairs): at 1 Gbit/s, 8 ms of a
+# root receiver's 64 MiB (``RECEIVE_BUFFER``; with 16 MiB, 2 ms, its CPU per GB was
+# 12% higher on the agent bench's lab, N = 4: more wake-ups, shorter runs). A non-root
+# receiver, whose buffer is small, barely holds. Nor does a receiver hold past the end
+# of the stream it expects (``Receiver.bytes_to_come``): the last bytes are not left
+# waiting.
 RX_HOLD = 0.02
 RX_HOLD_BUFFER_SHARE = 1 / 64
 
@@ -700,7 +707,8 @@ def run(
             if holds and stats.read_bytes > read_bytes:
                 now = clock()
                 arrival = max((stats.read_bytes - read_bytes) / max(now - read_at, 1e-4), 0.9 * arrival)
-                read_at, read_bytes, hold = now, stats.read_bytes, rx_hold(arrival, rcvbuf)
+                read_at, read_bytes = now, stats.read_bytes
+                hold = min(rx_hold(arrival, rcvbuf), endpoint.bytes_to_come / arrival)  # type: ignore[union-attr]
             timer = endpoint.get_timer()
             now = clock()
             if timer is not None and now >= timer:

@@ -537,6 +537,15 @@ class Receiver:
         return held
 
     @property
+    def bytes_to_come(self) -> int:
+        """What the first pass still has to bring this receiver, in bytes (all of the
+        file until its manifest came): how long holding between reads can pay off."""
+        layout = self.layout
+        if layout is None:
+            return 1 << 62
+        return layout.payload_size * max(0, layout.total_seq - max(self._highest + 1, 0))
+
+    @property
     def missing_seqs(self) -> int:
         return 0 if self.layout is None else self.layout.total_seq - self.have.count
 

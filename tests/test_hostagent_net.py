@@ -20,7 +20,7 @@ import socket
 from hostagent.cli import build_parser
 from hostagent.common import MemorySink, MemorySource
 from hostagent.net import (
-    GSO_BATCH_BYTES, GSO_BURST_BYTES, GSO_MAX_WAIT, JOIN_BYTES, RX_HOLD, DatagramReader, DatagramWriter, FileSink,
+    GSO_BATCH_BYTES, GSO_BURST_BYTES, GSO_MAX_WAIT, JOIN_BYTES, RECEIVE_BUFFER, RX_HOLD, DatagramReader, DatagramWriter, FileSink,
     FileSource, LoopStats, batch_interval, gso_burst_bytes, parse_group, rx_hold,
 )
 from hostagent.receiver import Receiver, ReceiverConfig
@@ -216,11 +216,36 @@ def test_a_gso_senders_bucket_holds_two_of_its_batches_within_the_burst_bound(mb
 
 
 def test_a_receivers_hold_fills_at_most_a_64th_of_its_buffer() -> None:
-    buf = 16 << 20  # what an 8 MiB SO_RCVBUF reports
+    buf = 2 * RECEIVE_BUFFER  # what a root receiver's SO_RCVBUF reports
     assert rx_hold(100e6 / 8, buf) == RX_HOLD  # 100 Mbit/s: 250 KB in the longest hold
-    assert rx_hold(1e9 / 8, buf) * 1e9 / 8 == pytest.approx(buf / 64)  # 1 Gbit/s: ~2 ms, bounded by the buffer
+    assert rx_hold(1e9 / 8, buf) * 1e9 / 8 == pytest.approx(buf / 64)  # 1 Gbit/s: ~8 ms, bounded by the buffer
     assert rx_hold(1e9 / 8, 425_984) * 1e9 / 8 <= 425_984 / 64  # a non-root socket's default buffer
     assert rx_hold(0.0, buf) == 0.0
+
+
+def test_a_receiver_expects_no_more_first_pass_bytes_once_the_last_seq_came() -> None:
+    """What a receiver's hold is capped by (``Receiver.bytes_to_come``): everything before
+    the manifest, then the first pass's bytes beyond the highest seq seen, then none --
+    repairs then come as they come, and the last bytes do not wait out a hold."""
+    from hostagent import wire
+
+    data = bytes(range(256)) * 40  # 10 KiB: 10 datagrams of 1 KiB
+    sender = Sender(MemorySource(data), SenderConfig(chunk_size=4096, payload_size=1024), 0.0)
+    out, now = [], 0.0
+    while sender.stream_position < sender.layout.total_seq:
+        now += 0.001
+        out.extend(raw for raw, _ in sender.datagrams_to_send(now))
+    rx = Receiver(MemorySink(), ReceiverConfig(), 0.0)
+    assert rx.bytes_to_come >= 1 << 40
+    pages = [raw for raw in out if wire.peek_type(raw) == wire.T_MANIFEST]
+    data_out = [raw for raw in out if wire.peek_type(raw) == wire.T_DATA]
+    rx.receive_datagram(pages[0], ("10.0.0.1", 1), 0.1)
+    assert rx.bytes_to_come == 10 * 1024
+    for raw in data_out[:4]:
+        rx.receive_datagram(raw, ("10.0.0.1", 1), 0.2)
+    assert rx.bytes_to_come == 6 * 1024
+    rx.receive_datagram(data_out[-1], ("10.0.0.1", 1), 0.3)  # the last seq (five lost before it)
+    assert rx.bytes_to_come == 0
 
 
 def test_gso_writer_and_gro_reader_move_datagrams_intact_over_loopback() -> None:
