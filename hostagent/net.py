@@ -33,9 +33,9 @@ IP_ADD_SOURCE_MEMBERSHIP = getattr(socket, "IP_ADD_SOURCE_MEMBERSHIP", 39)  # Li
 SO_RCVBUFFORCE = getattr(socket, "SO_RCVBUFFORCE", 33)
 SO_SNDBUFFORCE = getattr(socket, "SO_SNDBUFFORCE", 32)
 SOCKET_BUFFER = 8 * 1024 * 1024
-# A receiver's sockets hold more (the kernel counts it twice: 64 MiB): the hold between its
+# A receiver's sockets hold more (the kernel counts it twice: 32 MiB): the hold between its
 # reads (``rx_hold``) is a share of it, and longer holds are fewer wake-ups and longer runs.
-RECEIVE_BUFFER = 32 * 1024 * 1024
+RECEIVE_BUFFER = 16 * 1024 * 1024
 STATE_SUFFIX = ".modelcast-state"
 
 
@@ -603,12 +603,13 @@ def gso_burst_bytes(cap_bps: float, floor: int = 64 * 1024) -> int:
 # CPU-s, 0.41-0.44 with the hold, in the same time. The hold is bounded so that what
 # arrives meanwhile fills at most 1/64 of the socket's receive buffer at the rate seen
 # (with an eighth of a 16 MiB buffer, 16 ms, four receivers on 2 cores overflowed their
-# queues once in three runs: a 17 s transfer with 65% repairs): at 1 Gbit/s, 8 ms of a
-# root receiver's 64 MiB (``RECEIVE_BUFFER``; with 16 MiB, 2 ms, its CPU per GB was
-# 12% higher on the agent bench's lab, N = 4: more wake-ups, shorter runs). A non-root
-# receiver, whose buffer is small, barely holds. Nor does a receiver hold past the end
-# of the stream it expects (``Receiver.bytes_to_come``): the last bytes are not left
-# waiting.
+# queues once in three runs: a 17 s transfer with 65% repairs): at 1 Gbit/s, 4 ms of a
+# root receiver's 32 MiB (``RECEIVE_BUFFER``). Measured on the agent bench's lab (N = 4,
+# 256 MB, alternated, 6 runs each): 2 ms (8 MiB) 2.34 s and 2.51 CPU-s/GB per receiver,
+# 4 ms 2.33 s and 2.28, 8 ms 2.36-2.39 s and 2.14-2.23 -- there the four receivers' larger
+# bursts start to take the CPU from the sender they share it with. A non-root receiver,
+# whose buffer is small, barely holds. Nor does a receiver hold past the end of the
+# stream it expects (``Receiver.bytes_to_come``): the last bytes are not left waiting.
 RX_HOLD = 0.02
 RX_HOLD_BUFFER_SHARE = 1 / 64
 
