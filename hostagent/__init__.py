@@ -6,9 +6,9 @@ In-process use: ``hostagent.send(path, SendOptions(...))`` and
 (selective distribution): ``send_parts`` / ``receive_parts`` (``hostagent.parts``). An
 always-on server and a fetch by model id: ``hostagent.serve.serve`` / ``fetch``.
 
-Because this package imports the API, its modules never ``from . import x`` (that
-imports the package, round a cycle): they import ``from .x import name`` or
-``import hostagent.x as x``.
+The names above load with their modules on first use (``__getattr__`` below), so
+importing one module of the package -- ``modelcast recv`` imports the CLI -- does not
+load the others.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ __all__ = list(_HOME)
 
 
 def __getattr__(name: str) -> Any:
+    """An exported name, from its module (imported now if it was not yet)."""
     module = _HOME.get(name)
     if module is None:
         raise AttributeError(f"module 'hostagent' has no attribute {name!r}")
