@@ -30,6 +30,7 @@ DEFAULT_PORT = 5500
 MAX_GID = 0xFFFEFFFF  # below the fast-failover ids (controller.protect.FF_BASE)
 UNKNOWN_PORT = -1  # in a believed entry: "whatever is there is wrong", never sent
 _ABSENT = object()
+_IN_PORT_OUT = ("output", ofmsgs.ofp.OFPP_IN_PORT)  # a rejoin output back where the packet came in
 _NOTHING: dict = {}  # (never written)
 
 
@@ -586,10 +587,8 @@ class MulticastCore:
         entry = tuple.__new__  # SwitchEntry(...) without its Python-level __new__
         protect = self.protection
         if protect:
-            pieces = self._pieces_now()
-            get, piece, ff_refs = pieces.get, self._piece, self.ff_refs
+            pieces, protection, ff_refs = self._pieces_now(), self._protection, self.ff_refs
             to_group = (("set_field", "eth_dst", ofmsgs.multicast_mac(g.address)), ("group", gid))
-            in_port_out = ("output", ofmsgs.ofp.OFPP_IN_PORT)
         for n, ports in outs.items():
             par = parent[n]
             ports.sort()
@@ -603,33 +602,10 @@ class MulticastCore:
             if not protect:
                 entries[n] = entry(SwitchEntry, (in_port, out_ports, (), ()))
                 continue
-            guards = None
-            for q in out_ports:
-                pc = get((n, q))
-                if pc is None:
-                    pc = piece(n, q)
-                if pc:
-                    if guards is None:
-                        guards = {}
-                    guards[q] = pc
-            ff = tuple([pc[2] if pc[0] == in_port else pc[1] for pc in guards.values()]) if guards else ()
-            rejoin: tuple = ()
+            ff, rejoin = protection(n, par, in_port, out_ports, pieces, to_group)
             counted = ff
-            if par is not None:
-                up = nbr[par][n]
-                pc = get((par, up))
-                if pc is None:
-                    pc = piece(par, up)
-                if pc:
-                    arr = pc[3]
-                    if arr in out_ports:  # it comes in over one of our own outputs here
-                        outs_ = tuple(in_port_out if q == arr
-                                      else ("group", guards[q][2] if guards[q][0] == arr else guards[q][1])
-                                      if guards and q in guards else ("output", q) for q in out_ports)
-                        rejoin = (arr, pc[4], (to_group[0],) + outs_)
-                        counted = ff + tuple(a[1] for a in outs_ if a[0] == "group" and is_ff(a[1]))
-                    else:
-                        rejoin = (arr, pc[4], to_group)
+            if rejoin and len(rejoin[2]) > 2:  # (as ``_count`` counts a rejoin listing outputs)
+                counted = ff + tuple(a[1] for a in rejoin[2] if a[0] == "group" and is_ff(a[1]))
             entries[n] = entry(SwitchEntry, (in_port, out_ports, ff, rejoin))
             if counted:  # (``_count``)
                 refs = ff_refs[n]
@@ -649,9 +625,8 @@ class MulticastCore:
         where the switch's own parent link has one. Each entry needs only its own ports,
         its parent and their detours: where ``old`` (the group's previous tree) has the
         same and no detour of them is ``stale``, its protected entry is kept."""
-        entries, parent, nbr = tree.entries, tree.parent, self.view.nbr_ports
-        pieces = self._pieces_now()
-        piece = self._piece
+        entries, parent = tree.entries, tree.parent
+        pieces, protection = self._pieces_now(), self._protection
         gmac = ofmsgs.multicast_mac(g.address)
         to_group = (("set_field", "eth_dst", gmac), ("group", g.gid))  # the usual rejoin actions
         was, was_parent = (old.entries, old.parent) if old is not None else ({}, {})
@@ -666,34 +641,44 @@ class MulticastCore:
                     and not ((n in at or par in at) and self._touches(n, par, out_ports, stale)):
                 entries[n] = o
                 continue
-            guards = None
-            for q in out_ports:
-                pc = pieces.get((n, q))
-                if pc is None:
-                    pc = piece(n, q)
-                if pc:
-                    if guards is None:
-                        guards = {}
-                    guards[q] = pc
-            ff = tuple([pc[2] if pc[0] == in_port else pc[1] for pc in guards.values()]) if guards else ()
-            rejoin: tuple = ()
-            if par is not None:
-                up = nbr[par][n]
-                pc = pieces.get((par, up))
-                if pc is None:
-                    pc = piece(par, up)
-                if pc:
-                    arr = pc[3]
-                    if arr in out_ports:  # it comes in over one of our own outputs here
-                        outs = tuple(("output", ofmsgs.ofp.OFPP_IN_PORT) if q == arr
-                                     else ("group", guards[q][2] if guards[q][0] == arr else guards[q][1])
-                                     if guards and q in guards else ("output", q) for q in out_ports)
-                        acts = (to_group[0],) + outs
-                    else:
-                        acts = to_group
-                    rejoin = (arr, pc[4], acts)
+            ff, rejoin = protection(n, par, in_port, out_ports, pieces, to_group)
             if ff != e[2] or rejoin != e[3]:
                 entries[n] = entry(SwitchEntry, (in_port, out_ports, ff, rejoin))
+
+    def _protection(self, n: int, par: int | None, in_port: int, out_ports: tuple[int, ...],
+                    pieces: dict[tuple[int, int], tuple], to_group: tuple) -> tuple[tuple, tuple]:
+        """(FF group ids, rejoin) of switch ``n``'s entry: an FF group on each output with
+        a detour (the in-port variant where the detour leaves by the ingress port), and a
+        rejoin flow where its parent link has a detour -- to the group's ALL group
+        (``to_group``), or, where the detour arrives over one of ``n``'s own outputs, to
+        each output (the arrival port as IN_PORT, protected ones through their FF
+        group)."""
+        piece = self._piece
+        guards = None
+        for q in out_ports:
+            pc = pieces.get((n, q))
+            if pc is None:
+                pc = piece(n, q)
+            if pc:
+                if guards is None:
+                    guards = {}
+                guards[q] = pc
+        ff = tuple([pc[2] if pc[0] == in_port else pc[1] for pc in guards.values()]) if guards else ()
+        if par is None:
+            return ff, ()
+        up = self.view.nbr_ports[par][n]
+        pc = pieces.get((par, up))
+        if pc is None:
+            pc = piece(par, up)
+        if not pc:
+            return ff, ()
+        arr = pc[3]
+        if arr not in out_ports:
+            return ff, (arr, pc[4], to_group)
+        outs = tuple(_IN_PORT_OUT if q == arr
+                     else ("group", guards[q][2] if guards[q][0] == arr else guards[q][1])
+                     if guards and q in guards else ("output", q) for q in out_ports)
+        return ff, (arr, pc[4], (to_group[0],) + outs)
 
     def _pieces_now(self) -> dict[tuple[int, int], tuple]:
         """The per-port protection pieces (``_piece``) of the current topology."""

@@ -95,18 +95,30 @@ def plain_shared(dpid: int, key: tuple, spec, command: int) -> bytes:
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def connected(cores: list[MulticastCore], topo: T.Topology) -> None:
+    """Every switch of ``topo`` connected to each core, with nothing installed yet."""
+    for core in cores:
+        for dpid in topo.switches:
+            core.installed[dpid] = {}
+
+
+def draw_group(data, ips: list[str]) -> tuple[str, set[str]]:
+    """A source and 1-8 receivers among ``ips``."""
+    source = data.draw(st.sampled_from(ips), label="source")
+    receivers = data.draw(st.sets(st.sampled_from([x for x in ips if x != source]),
+                                  min_size=1, max_size=8), label="receivers")
+    return source, receivers
+
+
 @given(topo=topology_strategy, data=st.data(), protection=st.booleans())
 def test_fast_core_gives_the_straightforward_trees_and_messages(topo, data, protection):
     ips = [h.ip for h in topo.hosts]
     assume(len(ips) >= 2)
     core = MulticastCore(TopologyView.from_topology(topo), protection=protection)
-    for dpid in topo.switches:
-        core.installed[dpid] = {}
+    connected([core], topo)
     load: Counter = Counter()  # groups per directed link, from the trees alone
     for i in range(data.draw(st.integers(1, 6), label="groups")):
-        source = data.draw(st.sampled_from(ips), label="source")
-        receivers = data.draw(st.sets(st.sampled_from([x for x in ips if x != source]),
-                                      min_size=1, max_size=8), label="receivers")
+        source, receivers = draw_group(data, ips)
         shared_before = {d: dict(core.shared.get(d, {})) for d in topo.switches}
         g, plan = core.create_group(f"m{i}", source, receivers)
         root = topo.host(source).dpid
@@ -199,9 +211,7 @@ def event(data, topo: T.Topology, cores: list[MulticastCore], ips: list[str], i:
         step = (lambda c: c.switch_leave(dpid)) if dpid in cores[0].view.switches else \
             (lambda c: c.switch_enter(dpid))
     else:
-        source = data.draw(st.sampled_from(ips), label="source")
-        receivers = data.draw(st.sets(st.sampled_from([x for x in ips if x != source]), min_size=1,
-                                      max_size=8), label="receivers")
+        source, receivers = draw_group(data, ips)
         step = lambda c: c.create_group(f"n{i}", source, receivers)[1]  # noqa: E731
     return [step(c) for c in cores]
 
@@ -218,13 +228,9 @@ def test_regrafted_reroutes_equal_trees_searched_again_whole(topo, data, protect
     assume(len(ips) >= 2)
     cores = [Counting(TopologyView.from_topology(topo), protection=protection),
              Searching(TopologyView.from_topology(topo), protection=protection)]
-    for core in cores:
-        for dpid in topo.switches:
-            core.installed[dpid] = {}
+    connected(cores, topo)
     for i in range(data.draw(st.integers(1, 5), label="groups")):
-        source = data.draw(st.sampled_from(ips), label="source")
-        receivers = data.draw(st.sets(st.sampled_from([x for x in ips if x != source]),
-                                      min_size=1, max_size=8), label="receivers")
+        source, receivers = draw_group(data, ips)
         for core in cores:
             core.create_group(f"m{i}", source, receivers)
     for i in range(data.draw(st.integers(1, 12), label="events")):
@@ -240,9 +246,7 @@ def test_every_core_link_failure_of_a_fat_tree_is_regrafted_as_searched():
     topo = T.parse("fat-tree:4")
     ips = [h.ip for h in topo.hosts]
     cores = [Counting(TopologyView.from_topology(topo)), Searching(TopologyView.from_topology(topo))]
-    for core in cores:
-        for dpid in topo.switches:
-            core.installed[dpid] = {}
+    connected(cores, topo)
     for i, source in enumerate(ips):
         receivers = [ips[(i + 3 * j + 1) % len(ips)] for j in range(5)]
         for core in cores:
@@ -277,13 +281,9 @@ def test_first_trees_built_in_one_pass_equal_the_passes_apart(topo, data, protec
     cores = [MulticastCore(TopologyView.from_topology(topo), protection=protection, balance=balance,
                            algorithm=algorithm) for _ in range(2)]
     cores[1].one_pass = False
-    for core in cores:
-        for dpid in topo.switches:
-            core.installed[dpid] = {}
+    connected(cores, topo)
     for i in range(data.draw(st.integers(1, 5), label="groups")):
-        source = data.draw(st.sampled_from(ips), label="source")
-        receivers = data.draw(st.sets(st.sampled_from([x for x in ips if x != source]),
-                                      min_size=1, max_size=8), label="receivers")
+        source, receivers = draw_group(data, ips)
         mine, theirs = (c.create_group(f"m{i}", source, receivers)[1] for c in cores)
         assert in_order(mine) == in_order(theirs)
         assert core_state(cores[0]) == core_state(cores[1])
