@@ -437,7 +437,9 @@ def build_parser() -> argparse.ArgumentParser:
     send.add_argument("--receiver-ip", action="append", help="register a receiver with the controller (repeatable)")
     send.add_argument("--wait-timeout", type=float, default=SendOptions.wait_timeout, help="seconds to wait for the controller's tree")
     send.add_argument("--poll", type=float, default=SendOptions.poll, help="controller polling interval, seconds")
-    send.add_argument("--rate", type=float, default=SendOptions.rate_mbit, help="rate cap in Mbit/s (starts at 70%%)")
+    send.add_argument("--rate", type=float, default=SendOptions.rate_mbit,
+                      help="rate cap in Mbit/s on the link (headers and Ethernet framing included: "
+                           "the NIC's speed fills it without overrunning it; starts at 70%%)")
     send.add_argument("--chunk-size", type=int, default=SendOptions.chunk_size)
     send.add_argument("--fec-k", type=int, default=SendOptions.fec_k,
                       help="datagrams per FEC parity block: one multicast parity datagram repairs "
@@ -491,7 +493,7 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--ip", help="this host's IPv4 address as the controller knows it")
     srv.add_argument("--interface", default=SendOptions.interface, help="local IPv4 address of the interface to use")
     srv.add_argument("--request-timeout", type=float, default=SendOptions.request_timeout)
-    srv.add_argument("--rate", type=float, default=SendOptions.rate_mbit, help="rate cap in Mbit/s, per round")
+    srv.add_argument("--rate", type=float, default=SendOptions.rate_mbit, help="rate cap in Mbit/s on the link, per round")
     srv.add_argument("--chunk-size", type=int, default=SendOptions.chunk_size, help="(the content ids depend on it)")
     srv.add_argument("--fec-k", type=int, default=SendOptions.fec_k)
     srv.add_argument("--timeout", type=float, default=SendOptions.timeout,

@@ -51,7 +51,7 @@ from .common import GROUP, MAX_CHUNK_SIZE, MIN_CHUNK_SIZE, Addr, ChunkSource, De
 from .events import (
     ReceiverCompleted, ReceiverFailed, ReceiverJoined, SenderEvent, StreamFinished, TransferFinished,
 )
-from .pacing import LOSS_HORIZON, LossClassifier, Pacer, PeerBudget, RepairBudget, Verdict
+from .pacing import LINK_OVERHEAD, LOSS_HORIZON, LossClassifier, Pacer, PeerBudget, RepairBudget, Verdict
 from .repair import ParityRepair, RepairPlanner
 
 _DIGESTS_PER_PAGE_BUDGET = 120  # bytes of a manifest page spent on fixed fields
@@ -386,7 +386,7 @@ class Sender:
                 if item is None:
                     more = False
                     break
-                pacer.spend(len(item[0]))
+                pacer.spend(len(item[0]) + LINK_OVERHEAD)
                 if quantum > 1 and item[0][3] != wire.T_DATA and item[0][3] != wire.T_REPAIR:
                     out.append(item)  # (a manifest page goes ahead, not into the middle of a send)
                 else:

@@ -211,3 +211,36 @@ def test_data_leaves_in_whole_gso_sends_at_the_same_average_rate(quantum: int) -
         assert max(releases) > quantum
     with pytest.raises(ValueError):
         sender_config(send_quantum=0).validate()
+
+
+def test_a_rate_equal_to_the_links_speed_never_overruns_the_link() -> None:
+    """``--rate`` is what the Ethernet link carries (headers, FCS, preamble and gap
+    included): streaming full 1500-MTU datagrams at the link's speed, the link bits in
+    any stretch of time stay within the rate plus the bucket's burst -- counting payload
+    alone put 4.5% more on the link than it carries."""
+    import random
+
+    from hostagent import wire
+    from hostagent.common import MemorySource
+    from hostagent.pacing import LINK_OVERHEAD
+    from hostagent.sender import Sender
+    from tests.support.agents import KIB, payload, sender_config
+
+    link_bps = 100e6
+    payload_size = 1472 - wire.DATA_HEADER_LEN - wire.MAC_LEN  # the largest a 1500 MTU takes
+    config = sender_config(chunk_size=64 * KIB, payload_size=payload_size, rate_bps=link_bps,
+                           initial_rate_fraction=1.0, max_datagram=1472)
+    sender = Sender(MemorySource(payload(2048 * KIB, seed=2)), config, 0.0, rng=random.Random(2))
+    now, sent = 0.0, []  # (time, link bytes) of every paced datagram
+    while sender.stream_position < sender.layout.total_seq:
+        now += 0.0005
+        for raw, _ in sender.datagrams_to_send(now):
+            if wire.peek_type(raw) == wire.T_DATA:
+                sent.append((now, len(raw) + LINK_OVERHEAD))
+    start = sent[0][0]
+    total = 0
+    for t, nbytes in sent:
+        total += nbytes
+        assert total * 8 <= link_bps * (t - start) + (config.burst_bytes + 1538) * 8
+    # ... and it does not crawl either: the link is busy at least 95% of the time
+    assert total * 8 >= 0.95 * link_bps * (sent[-1][0] - start)

@@ -64,10 +64,11 @@ def _run(sim: Sim, receivers: int, until: float = 60.0, **receiver_config: objec
 
 @pytest.mark.parametrize("receivers", [64, 256])
 def test_shared_bursts_reach_the_quorum_through_loss_reports(receivers: int) -> None:
-    """Two isolated bursts lost by the whole group: suppression leaves only a few
-    receivers NACKing each burst (at 256, a minority: without loss reports the rate
-    was never cut), but every receiver reports its loss, the quorum is reached and
-    the rate is cut. Reports are rate-limited and stop with the stream."""
+    """Two isolated bursts lost by the whole group: suppression leaves only some
+    receivers NACKing each burst, but every receiver reports its loss, the quorum is
+    reached and the rate is cut. Reports are rate-limited and stop with the stream.
+    (Whether NACKs alone reach the quorum depends on timing: a run without loss reports
+    was cut with 4 of 5 seeds and not with the fifth, so it proves nothing either way.)"""
     data = payload(1024 * KIB)
     cfg = sender_config(expected_receivers=receivers, chunk_size=64 * KIB)
     sim = Sim(data, cfg, seed=receivers, shared_loss=two_bursts)
@@ -81,11 +82,6 @@ def test_shared_bursts_reach_the_quorum_through_loss_reports(receivers: int) -> 
     interval = sim.receivers[0].receiver.config.loss_report_interval
     most = marks["stream_end"] / interval + 1
     assert max(r.receiver.loss_reports_sent for r in sim.receivers) <= most
-    if receivers == 256:  # the same run without loss reports: NACKs alone miss the quorum
-        quiet = Sim(data, cfg, seed=receivers, shared_loss=two_bursts)
-        _run(quiet, receivers, loss_report_threshold=1.0)
-        assert_all_verified(quiet, data)
-        assert quiet.sender.stats.rate_decreases == 0 and quiet.sender.loss_verdicts["group"] == 0
 
 
 def test_one_lossy_receiver_among_64_reports_alone_and_the_rate_stays() -> None:
