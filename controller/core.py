@@ -188,7 +188,8 @@ class MulticastCore:
         # False: a first tree goes through _protect, _swap and the general diff (tests)
         self.one_pass = True
         self.detours = Detours(self.view)
-        self._pieces: dict[tuple[int, int], tuple] = {}  # (dpid, port) -> _piece, this topology's
+        self._pieces: dict[int, dict[int, tuple]] = {}  # dpid -> port -> _piece, this topology's
+        self._uplinks: dict[int, dict[int, tuple]] = {}  # child -> parent -> _uplink, the same
         self._pieces_of: tuple[int, int] | None = None
         # dpid -> shared protection entries the switch holds (FF groups, transit flows)
         self.shared: dict[int, dict[tuple, Any]] = {}
@@ -581,28 +582,36 @@ class MulticastCore:
         once, protected as ``_protect`` makes it, and counted in the usage indexes and
         the FF groups' users as ``_swap`` counts it, in one pass over the switches
         instead of four. Those passes cost more than the tree's ~300 messages (bench,
-        fat-tree:16: ~1.7 x the reference against ~0.6 x; one pass ~1.6 x)."""
-        entries, parent, nbr = tree.entries, tree.parent, self.view.nbr_ports
-        gid, switch_users, link_users = g.gid, self.switch_users, self.link_users
+        fat-tree:16: ~1.7 x the reference against ~0.6 x; one pass ~1.6 x). What a
+        switch's parent link gives every tree crossing it (``_uplink``) is looked up by
+        two ints, not hashed as a pair per entry."""
+        entries, parent = tree.entries, tree.parent
+        gid, switch_users = g.gid, self.switch_users
         entry = tuple.__new__  # SwitchEntry(...) without its Python-level __new__
         protect = self.protection
+        self._pieces_now()
+        uplinks, uplink = self._uplinks, self._uplink
         if protect:
-            pieces, protection, ff_refs = self._pieces_now(), self._protection, self.ff_refs
+            protection, ff_refs = self._protection, self.ff_refs
             to_group = (("set_field", "eth_dst", ofmsgs.multicast_mac(g.address)), ("group", gid))
+        up: tuple = ()
         for n, ports in outs.items():
             par = parent[n]
             ports.sort()
             out_ports = tuple(ports)
             switch_users[n].add(gid)
             if par is None:
-                in_port = source_port
+                in_port, up = source_port, ()
             else:
-                in_port = nbr[n][par]
-                link_users[(par, n) if par < n else (n, par)].add(gid)
+                u = uplinks.get(n, _NOTHING).get(par)
+                if u is None:
+                    u = uplink(n, par)
+                in_port, users, up = u
+                users.add(gid)
             if not protect:
                 entries[n] = entry(SwitchEntry, (in_port, out_ports, (), ()))
                 continue
-            ff, rejoin = protection(n, par, in_port, out_ports, pieces, to_group)
+            ff, rejoin = protection(n, in_port, out_ports, up, to_group)
             counted = ff
             if rejoin and len(rejoin[2]) > 2:  # (as ``_count`` counts a rejoin listing outputs)
                 counted = ff + tuple(a[1] for a in rejoin[2] if a[0] == "group" and is_ff(a[1]))
@@ -626,7 +635,8 @@ class MulticastCore:
         its parent and their detours: where ``old`` (the group's previous tree) has the
         same and no detour of them is ``stale``, its protected entry is kept."""
         entries, parent = tree.entries, tree.parent
-        pieces, protection = self._pieces_now(), self._protection
+        self._pieces_now()
+        uplinks, uplink, protection = self._uplinks, self._uplink, self._protection
         gmac = ofmsgs.multicast_mac(g.address)
         to_group = (("set_field", "eth_dst", gmac), ("group", g.gid))  # the usual rejoin actions
         was, was_parent = (old.entries, old.parent) if old is not None else ({}, {})
@@ -641,50 +651,50 @@ class MulticastCore:
                     and not ((n in at or par in at) and self._touches(n, par, out_ports, stale)):
                 entries[n] = o
                 continue
-            ff, rejoin = protection(n, par, in_port, out_ports, pieces, to_group)
+            up: tuple = ()
+            if par is not None:
+                u = uplinks.get(n, _NOTHING).get(par)
+                up = (u if u is not None else uplink(n, par))[2]
+            ff, rejoin = protection(n, in_port, out_ports, up, to_group)
             if ff != e[2] or rejoin != e[3]:
                 entries[n] = entry(SwitchEntry, (in_port, out_ports, ff, rejoin))
 
-    def _protection(self, n: int, par: int | None, in_port: int, out_ports: tuple[int, ...],
-                    pieces: dict[tuple[int, int], tuple], to_group: tuple) -> tuple[tuple, tuple]:
+    def _protection(self, n: int, in_port: int, out_ports: tuple[int, ...], up: tuple,
+                    to_group: tuple) -> tuple[tuple, tuple]:
         """(FF group ids, rejoin) of switch ``n``'s entry: an FF group on each output with
         a detour (the in-port variant where the detour leaves by the ingress port), and a
-        rejoin flow where its parent link has a detour -- to the group's ALL group
+        rejoin flow where its parent link has a detour (``up``: the piece of the
+        parent's port towards ``n``, () for none) -- to the group's ALL group
         (``to_group``), or, where the detour arrives over one of ``n``'s own outputs, to
         each output (the arrival port as IN_PORT, protected ones through their FF
         group)."""
-        piece = self._piece
-        guards = None
-        for q in out_ports:
-            pc = pieces.get((n, q))
-            if pc is None:
-                pc = piece(n, q)
-            if pc:
-                if guards is None:
-                    guards = {}
-                guards[q] = pc
-        ff = tuple([pc[2] if pc[0] == in_port else pc[1] for pc in guards.values()]) if guards else ()
-        if par is None:
+        at = self._pieces.get(n)
+        if at is None:
+            at = self._pieces[n] = {}
+        try:
+            ff = tuple([pc[2] if pc[0] == in_port else pc[1] for pc in map(at.__getitem__, out_ports) if pc])
+        except KeyError:  # (a port not asked about yet in this topology)
+            for q in out_ports:
+                if q not in at:
+                    self._piece(n, q)
+            ff = tuple([pc[2] if pc[0] == in_port else pc[1] for pc in map(at.__getitem__, out_ports) if pc])
+        if not up:
             return ff, ()
-        up = self.view.nbr_ports[par][n]
-        pc = pieces.get((par, up))
-        if pc is None:
-            pc = piece(par, up)
-        if not pc:
-            return ff, ()
-        arr = pc[3]
+        arr = up[3]
         if arr not in out_ports:
-            return ff, (arr, pc[4], to_group)
+            return ff, (arr, up[4], to_group)
         outs = tuple(_IN_PORT_OUT if q == arr
-                     else ("group", guards[q][2] if guards[q][0] == arr else guards[q][1])
-                     if guards and q in guards else ("output", q) for q in out_ports)
-        return ff, (arr, pc[4], (to_group[0],) + outs)
+                     else ("group", at[q][2] if at[q][0] == arr else at[q][1]) if at[q]
+                     else ("output", q) for q in out_ports)
+        return ff, (arr, up[4], (to_group[0],) + outs)
 
-    def _pieces_now(self) -> dict[tuple[int, int], tuple]:
-        """The per-port protection pieces (``_piece``) of the current topology."""
+    def _pieces_now(self) -> dict[int, dict[int, tuple]]:
+        """The per-port protection pieces (``_piece``) of the current topology; the
+        parent links' pieces (``_uplink``) with them."""
         version = (self.view.edge_count, self.view.removals)
         if self._pieces_of != version:
             self._pieces.clear()
+            self._uplinks.clear()
             self._pieces_of = version
         return self._pieces
 
@@ -699,8 +709,28 @@ class MulticastCore:
             d = self.detours.get(dpid, port)
             if d is not None:
                 pc = (d.first, ff_id(port, False), ff_id(port, True), d.arrival, tag(dpid, port))
-        self._pieces[(dpid, port)] = pc
+        at = self._pieces.get(dpid)
+        if at is None:
+            at = self._pieces[dpid] = {}
+        at[port] = pc
         return pc
+
+    def _uplink(self, n: int, par: int) -> tuple:
+        """What the live link from ``par`` down to ``n`` gives every tree entry at ``n``
+        below it, once per topology: (``n``'s port towards ``par``, the link's users in
+        ``link_users``, the piece (``_piece``) of ``par``'s port towards ``n``, () without
+        protection). The caller has run ``_pieces_now`` for this topology."""
+        down = self.view.nbr_ports[par][n]
+        at = self._pieces.get(par)
+        pc = at.get(down) if at is not None else None
+        if pc is None:
+            pc = self._piece(par, down) if self.protection else ()
+        u = (self.view.nbr_ports[n][par], self.link_users[(par, n) if par < n else (n, par)], pc)
+        got = self._uplinks.get(n)
+        if got is None:
+            got = self._uplinks[n] = {}
+        got[par] = u
+        return u
 
     def _touches(self, n: int, par: int | None, outs: tuple[int, ...], stale: set[tuple[int, int]]) -> bool:
         return (par is not None and (par, self.view.nbr_ports[par].get(n)) in stale) or \

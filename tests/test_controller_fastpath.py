@@ -292,3 +292,51 @@ def test_first_trees_built_in_one_pass_equal_the_passes_apart(topo, data, protec
         assert in_order(mine) == in_order(theirs)
         assert mine.groups == theirs.groups
         assert core_state(cores[0]) == core_state(cores[1])
+
+
+class Uncached(MulticastCore):
+    """The core computing every port's and parent link's protection pieces afresh each
+    time it asks (``_pieces_now`` forgets them): what the per-topology caches must give."""
+
+    def _pieces_now(self):
+        self._pieces.clear()
+        self._uplinks.clear()
+        return super()._pieces_now()
+
+
+def cached_pieces_hold(core: MulticastCore) -> None:
+    """Every cached piece and parent link is what the core's topology gives now."""
+    core._pieces_now()  # (forgets them when the topology changed since)
+    nbr = core.view.nbr_ports
+    for dpid, ports in core._pieces.items():
+        for port, pc in ports.items():
+            d = core.detours.known.get((dpid, port)) if (dpid, port) in core.view.port_link else None
+            assert pc == (() if d is None else (d.first, pc[1], pc[2], d.arrival, pc[4]))
+    for n, ups in core._uplinks.items():
+        for par, (in_port, users, pc) in ups.items():
+            assert in_port == nbr[n][par]
+            assert users is core.link_users[(min(n, par), max(n, par))]
+            assert pc == (core._pieces[par][nbr[par][n]] if core.protection else ())
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(topo=topology_strategy, data=st.data(), protection=st.booleans())
+def test_cached_protection_pieces_follow_the_topology(topo, data, protection):
+    """The protection pieces of ports and parent links are kept per topology
+    (``_pieces_now``, ``_uplink``): through random failures, returns and new groups the
+    plans and the whole state are a core's that computes them afresh every time, and
+    what is cached is what the topology gives."""
+    ips = [h.ip for h in topo.hosts]
+    assume(len(ips) >= 2)
+    cores = [MulticastCore(TopologyView.from_topology(topo), protection=protection),
+             Uncached(TopologyView.from_topology(topo), protection=protection)]
+    connected(cores, topo)
+    for i in range(data.draw(st.integers(1, 5), label="groups")):
+        source, receivers = draw_group(data, ips)
+        mine, theirs = (c.create_group(f"m{i}", source, receivers)[1] for c in cores)
+        assert in_order(mine) == in_order(theirs)
+    for i in range(data.draw(st.integers(1, 12), label="events")):
+        mine, theirs = event(data, topo, cores, ips, i)
+        assert in_order(mine) == in_order(theirs)
+        assert core_state(cores[0]) == core_state(cores[1])
+        cached_pieces_hold(cores[0])
