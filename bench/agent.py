@@ -21,7 +21,8 @@ what is measured), the sender's NIC capped with ``tc tbf`` at ``--rate-cap``:
   switch off the CPU for a moment, loss every receiver shares): one cut, or many?
 - **lanes**: one transfer to one receiver over 1 and over 2 lanes (``--lanes``), MTU
   9000, the NIC uncapped: where one Python process per side is the limit, how much
-  sooner do two lanes finish?
+  sooner do two lanes finish? Once with the C receive path and once with a receiver
+  without it (where the receiver's one core is the limit, not both cores).
 
 Method ``modelcast-norecord`` is modelcast with the receivers' resume records off during
 the transfer (``--resume-interval`` beyond its length): next to ``modelcast`` in the same
@@ -68,6 +69,9 @@ NO_RECORD = ("--resume-interval", "1e9")
 PURE_PYTHON = {"MODELCAST_PURE_PYTHON": "1"}  # the receivers' clean-stream path in Python, not C
 GB = 1e9
 LANES_RATE = 10_000.0  # Mbit/s: the sender's --rate in the lanes scenario when the NIC is uncapped
+# the lanes scenario's receivers: (method suffix, environment)
+LANES_RECEIVERS: list[tuple[str, Optional[dict[str, str]]]] = [
+    ("", None), (" (pure-Python receiver)", PURE_PYTHON)]
 
 
 @dataclass
@@ -300,7 +304,10 @@ def stall(args: argparse.Namespace, work: Path, say: Any) -> list[Run]:
 def lanes(args: argparse.Namespace, work: Path, say: Any) -> list[Run]:
     """One transfer over 1 and over 2 lanes (``--lanes``), N=1, MTU 9000, the sender's
     NIC uncapped (``--lanes-cap 0``, the default) or capped above what one lane reaches:
-    where one Python process per side is the limit, do two lanes finish sooner?"""
+    where one Python process per side is the limit, do two lanes finish sooner? Run twice:
+    with the C receive path, and with a receiver without it (``MODELCAST_PURE_PYTHON=1``,
+    a host where the extension was not built), where the receiver's one core is the limit
+    and the sender's core has room to spare."""
     runs: list[Run] = []
     with BridgeLab(2, mtu=9000) as lab:
         if args.lanes_cap:
@@ -309,13 +316,14 @@ def lanes(args: argparse.Namespace, work: Path, say: Any) -> list[Run]:
         rate = args.lanes_cap or LANES_RATE
         line = model.size * 8 / (rate * 1e6)
         for r in range(args.runs):
-            for k in (1, 2):
-                res = run_modelcast(lab, model, [1], rate, work / f"lanes-{k}-{r}", args.timeout,
-                                    extra=("--lanes", str(k)), rx_extra=("--lanes", str(k)))
-                res.scenario, res.method, res.line_rate_s = "lanes", f"modelcast --lanes {k}", line
-                runs.append(res)
-                say(f"lanes {k} run {r}: {'ok' if res.ok else 'FAILED'} {res.seconds:.2f} s = "
-                    f"{model.size * 8 / res.seconds / 1e6:.0f} Mbit/s")
+            for label, env in LANES_RECEIVERS:
+                for k in (1, 2):
+                    res = run_modelcast(lab, model, [1], rate, work / f"lanes-{k}-{r}", args.timeout,
+                                        extra=("--lanes", str(k)), rx_extra=("--lanes", str(k)), rx_env=env)
+                    res.scenario, res.method, res.line_rate_s = "lanes", f"modelcast --lanes {k}{label}", line
+                    runs.append(res)
+                    say(f"lanes {k}{label} run {r}: {'ok' if res.ok else 'FAILED'} {res.seconds:.2f} s = "
+                        f"{model.size * 8 / res.seconds / 1e6:.0f} Mbit/s")
     return runs
 
 
@@ -373,10 +381,13 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any], runs: list[Run]) 
         other = by.get(("speed", m, 4))
         if t4 and other:
             out.append(f"- modelcast T(4) / {m} T(4) = {t4 / other:.2f}")
-    one, two = by.get(("lanes", "modelcast --lanes 1", 1)), by.get(("lanes", "modelcast --lanes 2", 1))
-    if one and two:
-        out.append(f"- lanes (N=1, {meta.get('lanes_cap') or 'no'} cap): T(2 lanes) / T(1 lane) = {two / one:.2f} "
-                   f"({meta['size_mb'] * 8 * 1.048576 / one:.0f} -> {meta['size_mb'] * 8 * 1.048576 / two:.0f} Mbit/s)")
+    for label, _ in LANES_RECEIVERS:
+        one = by.get(("lanes", f"modelcast --lanes 1{label}", 1))
+        two = by.get(("lanes", f"modelcast --lanes 2{label}", 1))
+        if one and two:
+            out.append(f"- lanes{label} (N=1, {meta.get('lanes_cap') or 'no'} cap): T(2 lanes) / T(1 lane) = "
+                       f"{two / one:.2f} ({meta['size_mb'] * 8 * 1.048576 / one:.0f} -> "
+                       f"{meta['size_mb'] * 8 * 1.048576 / two:.0f} Mbit/s)")
     calm = [r for r in runs if r.scenario == "stall-1pct"]
     stalled = [r for r in runs if r.scenario == "stall-1pct-stalled"]
     if calm and stalled:

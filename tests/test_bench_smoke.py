@@ -87,8 +87,14 @@ def test_agent_benchmark_smoke(tmp_path):
     assert all(r["detail"]["dropped_at_lossy_receiver"] > 0 for r in lossy)
     assert "| speed | modelcast | 2 |" in (tmp_path / "agent.md").read_text()
     laned = {r["method"] for r in runs if r["scenario"] == "lanes"}
-    assert laned == {"modelcast --lanes 1", "modelcast --lanes 2"}
-    assert "T(2 lanes) / T(1 lane)" in (tmp_path / "agent.md").read_text()
+    pure = " (pure-Python receiver)"
+    assert laned == {"modelcast --lanes 1", "modelcast --lanes 2", f"modelcast --lanes 1{pure}",
+                     f"modelcast --lanes 2{pure}"}
+    assert all(r["detail"]["native_rx"] == (not r["method"].endswith(pure))
+               for r in runs if r["scenario"] == "lanes"), "the lanes' receivers ran the wrong path"
+    md = (tmp_path / "agent.md").read_text()
+    assert "- lanes (N=1, no cap): T(2 lanes) / T(1 lane)" in md
+    assert f"- lanes{pure} (N=1, no cap): T(2 lanes) / T(1 lane)" in md
     stalled = [r for r in runs if r["scenario"] == "stall-1pct-stalled"]
     assert stalled and all(r["detail"]["stall_dropped"] > 0 for r in stalled)
     assert "- stall: with a shared stall" in (tmp_path / "agent.md").read_text()
