@@ -15,8 +15,12 @@
 #include <Python.h>
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
 #include <stdint.h>
 #include <string.h>
+#include <sys/socket.h>
 
 #define HEADER_LEN 32 /* common header (14) + DATA fields (18) */
 #define MAC_LEN 16
@@ -206,10 +210,158 @@ static PyObject *compact_run(PyObject *module, PyObject *args) {
     return PyLong_FromSsize_t(out);
 }
 
+
+/* ------------------------------------------------------------------ reads */
+
+#define SOL_UDP_ 17
+#define UDP_GRO_ 104
+#define MAX_READ 65535
+
+/* read_runs(fd, buffer, limit, join, gro) -> (runs, reads, read_bytes, gro_batches, coalesced, drained)
+ *
+ * hostagent.net.DatagramReader.read's coalescing loop without the Python per read: up to
+ * ``limit`` reads from the non-blocking socket ``fd`` into ``buffer`` back to back, joined
+ * into runs exactly as the Python loop joins them (same source, every datagram the run's
+ * size, a shorter one closes it, at most ``join`` bytes). ``runs``: (start, end, seg, addr)
+ * per run, seg 0 for a single datagram; ``coalesced``: runs joined from more than one read. It stops when the socket is drained
+ * (``drained``), after ``limit`` reads, or when the buffer has no room for one more read;
+ * the caller hands the runs on before it calls again (the next call reuses the buffer). */
+static PyObject *addr_object(const struct sockaddr_in *sa) {
+    char host[INET_ADDRSTRLEN];
+    if (inet_ntop(AF_INET, &sa->sin_addr, host, sizeof host) == NULL) return PyErr_SetFromErrno(PyExc_OSError);
+    return Py_BuildValue("(si)", host, (int)ntohs(sa->sin_port));
+}
+
+static int flush_run(PyObject *runs, Py_ssize_t start, Py_ssize_t end, Py_ssize_t size, Py_ssize_t count,
+                     Py_ssize_t joined, PyObject *src, Py_ssize_t *coalesced) {
+    if (joined > 1) (*coalesced)++;
+    PyObject *run = Py_BuildValue("(nnnO)", start, end, count > 1 ? size : (Py_ssize_t)0, src);
+    if (run == NULL) return -1;
+    int rc = PyList_Append(runs, run);
+    Py_DECREF(run);
+    return rc;
+}
+
+static PyObject *read_runs(PyObject *module, PyObject *args) {
+    int fd, gro;
+    Py_buffer buf;
+    Py_ssize_t limit, join;
+    if (!PyArg_ParseTuple(args, "iw*nnp", &fd, &buf, &limit, &join, &gro)) return NULL;
+    unsigned char *view = buf.buf;
+    const Py_ssize_t len = buf.len;
+    PyObject *runs = PyList_New(0), *src = NULL, *last = NULL, *result = NULL;
+    struct sockaddr_in last_sa, sa;
+    memset(&last_sa, 0, sizeof last_sa);
+    Py_ssize_t reads = 0, read_bytes = 0, gro_batches = 0, coalesced = 0;
+    Py_ssize_t start = 0, end = 0, size = 0, count = 0, joined = 0;
+    int drained = 0;
+    if (runs == NULL) goto out;
+    while (reads < limit && end + MAX_READ <= len) {
+        union {
+            char buf[CMSG_SPACE(sizeof(int))];
+            struct cmsghdr align;
+        } control;
+        struct iovec iov = {view + end, (size_t)(len - end)};
+        struct msghdr msg;
+        memset(&msg, 0, sizeof msg);
+        msg.msg_name = &sa;
+        msg.msg_namelen = sizeof sa;
+        msg.msg_iov = &iov;
+        msg.msg_iovlen = 1;
+        if (gro) {
+            msg.msg_control = control.buf;
+            msg.msg_controllen = sizeof control.buf;
+        }
+        ssize_t nbytes = recvmsg(fd, &msg, MSG_DONTWAIT);
+        if (nbytes < 0) {
+            if (errno == EINTR) {
+                if (PyErr_CheckSignals() < 0) goto out;
+                continue;
+            }
+            if (errno == EAGAIN || errno == EWOULDBLOCK) {
+                drained = 1;
+                break;
+            }
+            PyErr_SetFromErrno(PyExc_OSError);
+            goto out;
+        }
+        if (msg.msg_namelen < sizeof sa || sa.sin_family != AF_INET) {
+            PyErr_SetString(PyExc_ValueError, "read_runs reads IPv4 sockets only");
+            goto out;
+        }
+        reads++;
+        read_bytes += nbytes;
+        Py_ssize_t seg = 0;
+        for (struct cmsghdr *c = gro ? CMSG_FIRSTHDR(&msg) : NULL; c != NULL; c = CMSG_NXTHDR(&msg, c)) {
+            if (c->cmsg_level == SOL_UDP_ && c->cmsg_type == UDP_GRO_ && c->cmsg_len >= CMSG_LEN(sizeof(int))) {
+                int v;
+                memcpy(&v, CMSG_DATA(c), sizeof v);
+                seg = v;
+            }
+        }
+        if (seg <= 0 || seg >= nbytes) seg = 0;
+        else gro_batches++;
+        int same = last != NULL && sa.sin_addr.s_addr == last_sa.sin_addr.s_addr && sa.sin_port == last_sa.sin_port;
+        if (!same) {
+            PyObject *a = addr_object(&sa);
+            if (a == NULL) goto out;
+            Py_XDECREF(last);
+            last = a;
+            last_sa = sa;
+        }
+        if (nbytes == 0) { /* nothing to join: the run first, then the empty datagram alone */
+            if (count && flush_run(runs, start, end, size, count, joined, src, &coalesced) < 0) goto out;
+            start = end;
+            count = 0;
+            if (flush_run(runs, end, end, 0, 1, 1, last, &coalesced) < 0) goto out;
+            continue;
+        }
+        /* this read: datagrams of width bytes, all of them that size (whole) or not */
+        Py_ssize_t width = seg ? seg : nbytes;
+        int whole = nbytes % width == 0;
+        Py_ssize_t pieces = (nbytes + width - 1) / width;
+        if (count && src == last && end + nbytes - start <= join && (seg ? width == size : nbytes <= size)) {
+            end += nbytes;
+            count += pieces;
+            joined++;
+            if (!whole || nbytes < size) { /* a shorter datagram ends the run, as in GRO */
+                if (flush_run(runs, start, end, size, count, joined, src, &coalesced) < 0) goto out;
+                start = end;
+                count = 0;
+            }
+            continue;
+        }
+        if (count && flush_run(runs, start, end, size, count, joined, src, &coalesced) < 0) goto out;
+        Py_XINCREF(last);
+        Py_XDECREF(src);
+        src = last;
+        start = end;
+        size = width;
+        count = pieces;
+        joined = 1;
+        end += nbytes;
+        if (!whole) {
+            if (flush_run(runs, start, end, size, count, joined, src, &coalesced) < 0) goto out;
+            start = end;
+            count = 0;
+        }
+    }
+    if (count && flush_run(runs, start, end, size, count, joined, src, &coalesced) < 0) goto out;
+    result = Py_BuildValue("(OnnnnO)", runs, reads, read_bytes, gro_batches, coalesced, drained ? Py_True : Py_False);
+out:
+    Py_XDECREF(runs);
+    Py_XDECREF(src);
+    Py_XDECREF(last);
+    PyBuffer_Release(&buf);
+    return result;
+}
+
 static PyMethodDef module_methods[] = {
     {"verify_run", verify_run, METH_VARARGS,
      "verify_run(data, seg, gmac, prefix=False) -> (session, first, chunk, offset, count, first_len, last_len) or None"},
     {"compact_run", compact_run, METH_VARARGS, "compact_run(buffer, seg, tail) -> bytes of payload at the front"},
+    {"read_runs", read_runs, METH_VARARGS,
+     "read_runs(fd, buffer, limit, join, gro) -> (runs, reads, read_bytes, gro_batches, coalesced, drained)"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -14,6 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from hostagent import native
 from hostagent.cli import main
 import socket
 
@@ -279,7 +280,8 @@ def test_gso_writer_and_gro_reader_move_datagrams_intact_over_loopback() -> None
         tx.close()
 
 
-def test_the_receivers_reader_joins_queued_gro_super_packets_of_a_run() -> None:
+@pytest.mark.parametrize("read_in_c", [True, False], ids=["C", "Python"])
+def test_the_receivers_reader_joins_queued_gro_super_packets_of_a_run(read_in_c: bool) -> None:
     """A receiver's reader hands on GSO batches queued one after another as one run
     while every datagram so far had the run's size: the datagrams arrive intact and in
     order, each delivery is GRO-shaped (all of its size but a shorter last one), a
@@ -287,7 +289,8 @@ def test_the_receivers_reader_joins_queued_gro_super_packets_of_a_run() -> None:
     rx, tx = _udp(), _udp(False)
     try:
         stats = LoopStats()
-        reader = DatagramReader(rx, True, stats, coalesce=True)
+        reader = DatagramReader(rx, True, stats, coalesce=True, read_in_c=read_in_c)
+        assert (reader._read_runs is not None) == (read_in_c and native.NATIVE)
         writer = DatagramWriter(tx, ("232.1.1.1", 1), True, stats)
         # runs of 40 full datagrams ended by a shorter one, as a chunk's last fragment is,
         # sent 10 at a time (as a paced sender's GSO sends)
@@ -312,7 +315,7 @@ def _read_all(reader: DatagramReader, want: int) -> list[tuple[list[bytes], int,
 
     def deliver(view: memoryview, seg: int, addr: object, now: float) -> None:
         step = seg or len(view)
-        got.append(([bytes(view[i : i + step]) for i in range(0, len(view), step)], seg, addr))
+        got.append(([bytes(view[i : i + step]) for i in range(0, len(view), step)] if step else [b""], seg, addr))
 
     deadline = time.monotonic() + 5
     while sum(len(d) for d, _, _ in got) < want and time.monotonic() < deadline:
@@ -329,7 +332,8 @@ def _udp(bound: bool = True) -> socket.socket:
     return sock
 
 
-def test_the_reader_joins_queued_datagrams_of_one_source_into_runs_as_gro_would() -> None:
+@pytest.mark.parametrize("read_in_c", [True, False], ids=["C", "Python"])
+def test_the_reader_joins_queued_datagrams_of_one_source_into_runs_as_gro_would(read_in_c: bool) -> None:
     """Without GRO, a receiver's reader hands on what is queued as GRO super-packets:
     equal-sized datagrams of one source back to back, a shorter one ending the run; a
     bigger one or another source starts a new delivery; nothing is lost, reordered or
@@ -342,7 +346,7 @@ def test_the_reader_joins_queued_datagrams_of_one_source_into_runs_as_gro_would(
         for sock, data in sent:
             sock.sendto(data, dest)
         stats = LoopStats()
-        got = _read_all(DatagramReader(rx, False, stats, coalesce=True), len(sent))
+        got = _read_all(DatagramReader(rx, False, stats, coalesce=True, read_in_c=read_in_c), len(sent))
         assert [d for ds, _, _ in got for d in ds] == [d for _, d in sent]
         assert [(len(ds), seg) for ds, seg, _ in got] == [(6, 1200), (3, 1200), (1, 0), (2, 1200), (1, 0)]
         assert [src for _, _, src in got] == [a.getsockname()] * 3 + [b.getsockname(), a.getsockname()]
@@ -352,19 +356,41 @@ def test_the_reader_joins_queued_datagrams_of_one_source_into_runs_as_gro_would(
             sock.close()
 
 
+@pytest.mark.parametrize("read_in_c", [True, False], ids=["C", "Python"])
+def test_an_empty_datagram_is_handed_on_alone_and_dropped_not_fatal(read_in_c: bool) -> None:
+    """Anyone on the network can send a receiver's port an empty UDP datagram: it used
+    to stop the reader (ZeroDivisionError). It ends the run it arrives in, goes on alone,
+    and the receiver counts it as a drop."""
+    rx, a = _udp(), _udp(False)
+    try:
+        sent = [b"d" * 1200] * 3 + [b""] + [b"e" * 1200] * 2
+        for data in sent:
+            a.sendto(data, rx.getsockname())
+        got = _read_all(DatagramReader(rx, False, LoopStats(), coalesce=True, read_in_c=read_in_c), len(sent))
+        assert [ds for ds, _, _ in got] == [sent[:3], [b""], sent[4:]]
+        receiver = Receiver(MemorySink(), ReceiverConfig(), 0.0)
+        receiver.receive_batch(memoryview(b""), 0, a.getsockname(), 0.1)
+        assert sum(receiver.stats.drops.values()) == 1
+    finally:
+        rx.close()
+        a.close()
+
+
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.lists(st.tuples(st.booleans(), st.sampled_from([1, 700, 1200, 1200, 1200, 8952, 9000])),
-                min_size=1, max_size=60))
-def test_coalesced_deliveries_are_gro_shaped_and_lose_nothing(datagrams: list[tuple[bool, int]]) -> None:
-    """Any mix of sizes and two sources: every delivery is one source's datagrams, all
-    of the first's size but a shorter last one, and together
-    they are exactly what was sent, in order; none longer than ``JOIN_BYTES``."""
+@given(st.lists(st.tuples(st.booleans(), st.sampled_from([0, 1, 700, 1200, 1200, 1200, 8952, 9000])),
+                min_size=1, max_size=60), st.booleans())
+def test_coalesced_deliveries_are_gro_shaped_and_lose_nothing(datagrams: list[tuple[bool, int]],
+                                                              read_in_c: bool) -> None:
+    """Any mix of sizes (an empty datagram too: a hostile one crashed the Python loop)
+    and two sources, read by the C loop or the Python one: every delivery is one source's
+    datagrams, all of the first's size but a shorter last one, and together they are
+    exactly what was sent, in order; none longer than ``JOIN_BYTES``."""
     rx, a, b = _udp(), _udp(False), _udp(False)
     try:
         sent = [(a if first else b, bytes([i % 251]) * size) for i, (first, size) in enumerate(datagrams)]
         for sock, data in sent:
             sock.sendto(data, rx.getsockname())
-        got = _read_all(DatagramReader(rx, False, LoopStats(), coalesce=True), len(sent))
+        got = _read_all(DatagramReader(rx, False, LoopStats(), coalesce=True, read_in_c=read_in_c), len(sent))
         assert [d for ds, _, _ in got for d in ds] == [d for _, d in sent]
         i = 0
         for ds, seg, src in got:
