@@ -446,7 +446,11 @@ def compute_tree(view: TopologyView, source: str, receivers: Iterable[str],
     switch's output ports, unsorted, in ``parent``'s order): the core builds a new tree's
     protected entries and its bookkeeping in that one pass."""
     source = check_unicast(source, "source")
-    rset = {check_unicast(r, "receiver") for r in receivers}
+    hosts = view.hosts
+    if type(receivers) in (set, frozenset) and receivers <= hosts.keys():
+        rset = receivers  # (known hosts' addresses are normalised already: the core's groups)
+    else:
+        rset = {check_unicast(r, "receiver") for r in receivers}
     if not rset:
         raise EmptyReceivers("a multicast tree needs at least one receiver")
     if source in rset:
@@ -454,10 +458,13 @@ def compute_tree(view: TopologyView, source: str, receivers: Iterable[str],
     if algorithm not in ALGORITHMS:
         raise ValueError(f"unknown tree algorithm {algorithm!r}; use one of {ALGORITHMS}")
     src = view.host(source)
-    hosts, locs = view.hosts, {}
-    for r in sorted(rset):
-        loc = hosts.get(r)  # (checked above: ``view.host`` would check each again)
-        locs[r] = loc if loc is not None else view.host(r)  # (raises UnknownHost)
+    if rset <= hosts.keys():
+        locs = {r: hosts[r] for r in rset}
+    else:
+        locs = {}
+        for r in sorted(rset):
+            loc = hosts.get(r)  # (checked above: ``view.host`` would check each again)
+            locs[r] = loc if loc is not None else view.host(r)  # (raises UnknownHost)
     if not isinstance(load, LinkLoad):
         load = LinkLoad(load)  # a plain Counter from a caller
     tree = Tree(source=source, root=src.dpid if view.host_attached(src) else None, attach=view.attach)
@@ -467,15 +474,18 @@ def compute_tree(view: TopologyView, source: str, receivers: Iterable[str],
         if algorithm == "spt":
             cache = cache or PathCache(view)
             dist, preds = cache.dag(tree.root)
+            live, down = view.switches, view.ports_down  # (``view.host_attached``, inlined)
             targets = {r: loc for r, loc in locs.items()
-                       if view.host_attached(loc) and loc.dpid in dist}
+                       if loc.dpid in dist and loc.dpid in live and (not down or (loc.dpid, loc.port) not in down)}
             tset = {loc.dpid for loc in targets.values()}
             if keep and keep.get(tree.root, 0) is None:
                 tree.parent = _spt(tree.root, tset, preds, dist, load, keep)
             else:
                 cache = cache or PathCache(view)
-                tree.parent, links = _spt_vector(tree.root, tset, cache, load)
+                tree.parent, links, deepest = _spt_vector(tree.root, tset, cache, load)
                 tree.numbered = (cache.link_ids, links)
+                if fill is not None:  # (a first tree: the core installs it whole)
+                    tree.leaves_first = deepest
         else:
             comp = nx.node_connected_component(view.graph, tree.root)
             targets = {r: loc for r, loc in locs.items()
@@ -492,8 +502,8 @@ def compute_tree(view: TopologyView, source: str, receivers: Iterable[str],
         tree.reached = frozenset(targets)
         tree.unreachable = frozenset(rset - set(targets))
         _fill_entries(view, tree, src.port, targets.values(), fill)
-        if algorithm == "spt" and fill is not None:  # (a first tree: the core installs it whole;
-            tree.leaves_first = _deepest_first(tree.parent, dist)  # its depths are the DAG's distances)
+        if algorithm == "spt" and fill is not None and tree.leaves_first is None:  # (as above, for a
+            tree.leaves_first = _deepest_first(tree.parent, dist)  # kept tree: depths are the DAG's distances)
     if strict and tree.unreachable:
         raise Unreachable(f"no live path from {source} to {', '.join(sorted(tree.unreachable))}",
                           tree.unreachable)
@@ -666,17 +676,21 @@ _FAR = 1 << 60  # the cost of "no predecessor" (padding): never the least
 
 
 def _spt_vector(root: int, targets: set[int], cache: PathCache, link_load: LinkLoad
-                ) -> tuple[dict[int, int | None], list[int]]:
+                ) -> tuple[dict[int, int | None], np.ndarray, list[int]]:
     """``_spt`` without a kept tree, a layer of the DAG at a time as array operations:
-    every switch's least-loaded path cost and choice, then each target walks back. The
-    same choices as ``_spt`` (ties to the lowest dpid), ~5x cheaper: the per-node loop
-    in Python was the search's cost. Also returns the tree's links' numbers."""
+    every switch's least-loaded path cost and choice, then the tree's switches marked
+    from the deepest layer up (a switch is in it when it is a target or the choice of
+    one in it). The same choices as ``_spt`` (ties to the lowest dpid), ~5x cheaper:
+    the per-node loop in Python was the search's cost. Returns the tree (switch ->
+    parent, the root first, then a layer at a time), its links' numbers and its
+    switches deepest first (ties in ``parent``'s order: ``_deepest_first``)."""
     layers = cache.layers(root)
     load = link_load.vector(cache)  # (after the layers: they may number new links)
-    cost = np.full(len(cache.dpids), _FAR, dtype=np.int64)
-    choice = np.zeros(len(cache.dpids), dtype=np.intp)
-    uplink = np.zeros(len(cache.dpids), dtype=np.intp)
-    cost[cache.node_ids[root]] = 0
+    size, ids, dpids = len(cache.dpids), cache.node_ids, cache.dpids
+    cost = np.full(size, _FAR, dtype=np.int64)
+    choice = np.zeros(size, dtype=np.intp)
+    uplink = np.zeros(size, dtype=np.intp)
+    cost[ids[root]] = 0
     for nodes, preds, links, rows in layers:
         c = cost[preds]
         c += load[links]
@@ -684,18 +698,23 @@ def _spt_vector(root: int, targets: set[int], cache: PathCache, link_load: LinkL
         cost[nodes] = c[rows, best]
         choice[nodes] = preds[rows, best]
         uplink[nodes] = links[rows, best]
-    up, via, ids, dpids = choice.tolist(), uplink.tolist(), cache.node_ids, cache.dpids
+    mark = np.zeros(size, dtype=bool)
+    mark[[ids[t] for t in targets]] = True
+    below, above, used = [], [], []  # per layer, deepest first: the tree's switches, parents, links
+    for nodes, _, _, _ in reversed(layers):
+        sel = nodes[mark[nodes]]
+        if len(sel):
+            up = choice[sel]
+            mark[up] = True
+            below.append(list(map(dpids.__getitem__, sel.tolist())))
+            above.append(map(dpids.__getitem__, up.tolist()))
+            used.append(uplink[sel])
     parent: dict[int, int | None] = {root: None}
-    used = []
-    for t in sorted(targets):
-        n = t
-        while n not in parent:
-            i = ids[n]
-            p = dpids[up[i]]
-            parent[n] = p
-            used.append(via[i])
-            n = p
-    return parent, used
+    for kids, ups in zip(reversed(below), reversed(above)):
+        parent.update(zip(kids, ups))
+    deepest = [n for kids in below for n in kids]
+    deepest.append(root)
+    return parent, np.concatenate(used) if used else np.zeros(0, dtype=np.intp), deepest
 
 
 def _steiner(graph: nx.Graph, root: int, targets: set[int],

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 import topologies as T
 from controller.topoview import TopologyView
 from controller import trees
-from controller.trees import LinkLoad, PathCache, Tree, _spt, _spt_vector
+from controller.trees import LinkLoad, PathCache, Tree, _deepest_first, _spt, _spt_vector
 
 
 def _flip_link(view: TopologyView, link, kind: float, remove_below: float, add_below: float) -> bool:
@@ -91,8 +91,9 @@ def _search_as_loads_and_links_change(rng, topo, view, cache, load, roots, steps
         if root in view.switches:
             dist, preds = cache.dag(root)
             targets = set(rng.sample(sorted(dist), min(len(dist), rng.randint(1, 6))))
-            got, links = _spt_vector(root, targets, cache, load)
+            got, links, deepest = _spt_vector(root, targets, cache, load)
             assert got == _spt(root, targets, preds, dist, load)
+            assert deepest == _deepest_first(got, dist)
             assert sorted(links) == sorted(cache.link_ids[(p, c)] for c, p in got.items() if p is not None)
             tree = Tree(source="10.0.0.1", root=root, parent=got,
                         numbered=(cache.link_ids, links) if rng.random() < 0.5 else None)
