@@ -17,7 +17,11 @@
 #include <openssl/evp.h>
 #include <arpa/inet.h>
 #include <errno.h>
+#if defined(__x86_64__) && !defined(MODELCAST_NO_FAST_GMAC) && \
+    ((defined(__clang__) && __clang_major__ >= 8) || (!defined(__clang__) && defined(__GNUC__) && __GNUC__ >= 9))
+#define HAVE_FAST_GMAC 1
 #include <immintrin.h>
+#endif
 #include <netinet/in.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -57,6 +61,7 @@ static inline uint16_t be16(const unsigned char *p) { return (uint16_t)((p[0] <<
  * products are reduced modulo x^128 + x^7 + x^2 + x + 1 by two multiplications with
  * 0xc2 << 56, the reflected x^-1 (the Linux kernel's aes-gcm-avx10 does the same). */
 
+#ifdef HAVE_FAST_GMAC
 #define FAST_POWERS 16
 
 typedef struct {
@@ -192,6 +197,17 @@ static int fast_supported(void) {
            __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
            __builtin_cpu_supports("vpclmulqdq");
 }
+
+#else /* not x86-64: OpenSSL's EVP only */
+typedef struct {
+    int unused;
+} FastKey;
+static void fast_init(FastKey *k, const unsigned char *key) { (void)k; (void)key; }
+static void fast_tag(const FastKey *k, uint64_t seq, const unsigned char *data, size_t len, unsigned char *tag) {
+    (void)k; (void)seq; (void)data; (void)len; (void)tag;
+}
+static int fast_supported(void) { return 0; }
+#endif
 
 /* ------------------------------------------------------------------ Gmac */
 
