@@ -912,10 +912,21 @@ class MulticastCore:
                 else:
                     if new.out_ports != old.out_ports or new.ff != old.ff or (
                             new.in_port != old.in_port and new.in_port in new.out_ports + old.out_ports):
-                        # a switch that stops copying to a port goes after those that start:
-                        # across switches the new feed is on before the old one is cut
-                        (switch if set(new.out_ports) >= set(old.out_ports) else cut).append(
-                            (dpid, ofmsgs.group_modify(dpid, gid, new.in_port, new.out_ports, new.ff)))
+                        # a switch that stops copying to a port does so a phase after every
+                        # new feed is on (only a barrier orders two switches' messages):
+                        # one that also starts copying somewhere copies to both meanwhile
+                        # (make-before-break on the switch too; issue 12)
+                        msg = ofmsgs.group_modify(dpid, gid, new.in_port, new.out_ports, new.ff)
+                        if set(new.out_ports) >= set(old.out_ports):
+                            switch.append((dpid, msg))
+                        else:
+                            both = tuple(sorted(set(old.out_ports) | set(new.out_ports)))
+                            if len(both) > len(old.out_ports) and (new.in_port == old.in_port or (
+                                    old.in_port not in both and new.in_port not in both)):
+                                ffs = new.ff + tuple(f for f in old.ff if ff_port(f) not in new.out_ports)
+                                switch.append((dpid, ofmsgs.group_modify(
+                                    dpid, gid, new.in_port, both, tuple(sorted(ffs, key=ff_port)))))
+                            cut.append((dpid, msg))
                     if new.in_port != old.in_port:
                         build.append((dpid, ofmsgs.flow_add(dpid, gid, new.in_port, g.source, g.address)))
                         if old.in_port != UNKNOWN_PORT:
@@ -932,7 +943,7 @@ class MulticastCore:
                 else:
                     installed[dpid][gid] = new
                     placed.add(dpid)
-        switch.extend(cut)
+        remove[:0] = cut  # first in phase 2: after phase 1's feeds are confirmed
         if shared and self._dirty:
             ready = {d: self._dirty.pop(d) for d in list(self._dirty)
                      if d in live and (only is None or d in only)}
