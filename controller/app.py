@@ -38,7 +38,7 @@ from controller.core import MulticastCore, Plan, tune_gc
 from controller.errors import CoreError
 from controller.hosts import PROBE_MAC, Actions, HostDiscovery
 from controller.igmp import IgmpPolicy
-from controller.reconnect import AuditClock, Reconnect, port_status, removal_is_drift
+from controller.reconnect import AuditClock, Reconnect, normalise_actions, port_status, removal_is_drift
 from controller.rest import RestApi
 from controller.rest import ApiError, forward_to
 from controller.service import Service, StateFileError
@@ -46,6 +46,35 @@ from controller.store import EtcdStore, parse_store_url
 
 app_manager.require_app("ryu.topology.switches", api_style=True)
 log = logging.getLogger("modelcast.app")
+# MODELCAST_TRACE=FILE: one line per OpenFlow message of a plan, barrier reply, PortStatus
+# and audit, with the wall-clock time (to lay against a receiver's capture of a stream).
+# Off by default; a debugging aid for the order of a move (issue 12).
+_TRACE = open(os.environ["MODELCAST_TRACE"], "a", buffering=1) if os.environ.get("MODELCAST_TRACE") else None
+
+
+def trace(what: str, *args: Any) -> None:
+    if _TRACE is not None:
+        _TRACE.write(f"{time.time():.4f} {what % args if args else what}\n")
+
+
+def describe(msg: Any) -> str:
+    """One line for a plan's message (tracing only: decodes it)."""
+    try:
+        if isinstance(msg, parser.OFPGroupMod):
+            cmd = {ofp.OFPGC_ADD: "add", ofp.OFPGC_MODIFY: "mod", ofp.OFPGC_DELETE: "del"}.get(msg.command)
+            kind = {ofp.OFPGT_ALL: "all", ofp.OFPGT_FF: "ff"}.get(msg.type, msg.type)
+            bks = ["w%s:%s" % (b.watch_port if b.watch_port != ofp.OFPP_ANY else "-",
+                               ",".join(map(str, normalise_actions(b.actions)))) for b in msg.buckets or ()]
+            return f"group-{cmd} {kind} {msg.group_id:#x} [{' | '.join(bks)}]"
+        if isinstance(msg, parser.OFPFlowMod):
+            cmd = {ofp.OFPFC_ADD: "add", ofp.OFPFC_DELETE: "del", ofp.OFPFC_DELETE_STRICT: "del-strict",
+                   ofp.OFPFC_MODIFY: "mod"}.get(msg.command, msg.command)
+            acts = [a for i in (msg.instructions or ()) for a in getattr(i, "actions", ())]
+            return (f"flow-{cmd} t{msg.table_id} p{msg.priority} ck={msg.cookie:#x} "
+                    f"{dict(msg.match.items())} -> {normalise_actions(acts)}")
+    except Exception as exc:  # tracing must never break a plan
+        return f"{type(msg).__name__} ({exc})"
+    return type(msg).__name__
 
 
 # after a phase that switched traffic onto new feeds, this long before the old ones are
@@ -300,6 +329,8 @@ class ModelcastApp(app_manager.RyuApp):
                         if dp is None:
                             errors.append(f"switch {dpid:#x} disconnected before install")
                             continue
+                        if _TRACE is not None:
+                            trace("send phase %d s%d %s", i, dpid, describe(msg))
                         dp.send_msg(msg)
                         self._xid_errors[(dpid, msg.xid)] = errors
                         if dpid not in touched:
@@ -328,6 +359,8 @@ class ModelcastApp(app_manager.RyuApp):
         for dpid, xid, ev in waits:
             if not ev.wait(timeout=max(0.0, deadline - time.monotonic())):
                 errors.append(f"switch {dpid:#x} did not confirm (barrier timeout)")
+            elif _TRACE is not None:
+                trace("barrier s%d confirmed", dpid)
             self._waiters.pop((dpid, xid), None)
 
     @set_ev_cls(ofp_event.EventOFPBarrierReply, MAIN_DISPATCHER)
@@ -362,6 +395,7 @@ class ModelcastApp(app_manager.RyuApp):
 
     def _apply(self, plan: Plan, reason: str) -> None:
         if len(plan):
+            trace("plan %s: %d messages (queue %d)", reason, len(plan), self._queue.qsize())
             self.service.apply(plan, reason)
 
     # -- switches ------------------------------------------------------------------------
@@ -411,6 +445,7 @@ class ModelcastApp(app_manager.RyuApp):
         done = self.reconnect.on_reply(dp.id, ev.msg, getattr(dp, "ports", {}).values())
         if done is None:
             return
+        trace("read s%d done: audit=%s void=%s, %d messages", dp.id, done.audit, done.void, len(done.plan))
         if not done.audit:
             log.info("switch %#x reconciled: held %d of our groups, %d messages to fix",
                      dp.id, len(done.present.groups), len(done.plan))
@@ -434,6 +469,7 @@ class ModelcastApp(app_manager.RyuApp):
         msg = ev.msg
         dpid, port = msg.datapath.id, msg.desc.port_no
         down = port_status(msg.reason, msg.desc)
+        trace("port-status s%d:%d down=%s", dpid, port, down)
         if down is None or not self.leading:  # a follower's view comes from the leader
             return
         t0 = time.perf_counter()
@@ -453,6 +489,7 @@ class ModelcastApp(app_manager.RyuApp):
         s, d = ev.link.src, ev.link.dst
         if not self.leading:
             return
+        trace("link-add s%d:%d s%d:%d", s.dpid, s.port_no, d.dpid, d.port_no)
         before = self.core.view.version
         plan = self.core.link_add(s.dpid, s.port_no, d.dpid, d.port_no)
         if self.core.view.version != before:
@@ -467,6 +504,7 @@ class ModelcastApp(app_manager.RyuApp):
         s, d = ev.link.src, ev.link.dst
         if not self.leading:
             return
+        trace("link-delete s%d:%d s%d:%d", s.dpid, s.port_no, d.dpid, d.port_no)
         before = self.core.view.version
         t0 = time.perf_counter()
         plan = self.core.link_remove(s.dpid, s.port_no, d.dpid, d.port_no)
@@ -553,6 +591,7 @@ class ModelcastApp(app_manager.RyuApp):
     def _start_audits(self, now: float) -> None:
         """Re-read the tables of the switches that are due (answers: ``_stats_reply``)."""
         for dpid in self.audits.due(now, self.dps, self.service.busy, self.reconnect.reading()):
+            trace("audit start s%d", dpid)
             self._send([(dpid, m) for m in self.reconnect.start(dpid, audit=True)])
 
     def _discovery_tick(self) -> None:
