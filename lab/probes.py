@@ -6,6 +6,7 @@ with ``sys.executable -c``, so a probe needs nothing installed in the namespace.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -46,9 +47,12 @@ sys.exit(1)
 # datagram per send, "gso": GSO_SEGS datagrams per send. Each send starts with its 8-byte
 # sequence number. interval 0 = as fast as it goes. Stops after count sends or seconds,
 # then prints the rate it achieved in Mbit/s.
+# With MODELCAST_SEND_LOG=FILE in its environment it also writes "seq time" per send
+# there (flushed every 100 sends): when each datagram left, also the ones that were lost.
 SEND = r"""
-import socket, struct, sys, time
+import os, socket, struct, sys, time
 dest, port, mode = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+log = open(os.environ["MODELCAST_SEND_LOG"], "w") if os.environ.get("MODELCAST_SEND_LOG") else None
 interval, count, secs = float(sys.argv[4]), int(sys.argv[5]), float(sys.argv[6])
 s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
 s.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_TTL, 1)
@@ -65,6 +69,10 @@ for seq in range(count):
         sent += s.sendmsg([buf], cmsg, 0, (dest, port))
     except (BlockingIOError, ConnectionRefusedError):
         pass
+    if log is not None:
+        log.write(f"{seq} {time.time():.4f}\n")
+        if seq %% 100 == 99:
+            log.flush()
     now = time.monotonic()
     if now >= end:
         break
@@ -83,6 +91,10 @@ net, bits = sys.argv[1].split("/") if "/" in sys.argv[1] else (sys.argv[1], "32"
 mask = (0xFFFFFFFF << (32 - int(bits))) & 0xFFFFFFFF
 want = int.from_bytes(socket.inet_aton(net), "big") & mask
 s = socket.socket(socket.AF_PACKET, socket.SOCK_DGRAM, socket.htons(0x0800))
+try:  # 16 MiB: a capture starved of CPU for a while must not drop what reached the NIC
+    s.setsockopt(socket.SOL_SOCKET, 33, 16 << 20)  # SO_RCVBUFFORCE (root)
+except OSError:
+    pass
 s.bind(("%(iface)s", 0))
 out = open(sys.argv[2], "w", buffering=1)
 print("ready", flush=True)
@@ -121,10 +133,12 @@ time.sleep(2)
 
 
 def send(lab: NetnsHosts, host: Any, group: str, port: int, interval: float,
-         count: int) -> subprocess.Popen:
-    """Start numbered datagrams from ``host`` to ``group:port``, one every ``interval`` s."""
+         count: int, log: Optional[Path] = None) -> subprocess.Popen:
+    """Start numbered datagrams from ``host`` to ``group:port``, one every ``interval`` s;
+    with ``log``, each one's send time is written there ("seq time" lines)."""
+    env = dict(os.environ, MODELCAST_SEND_LOG=str(log)) if log is not None else None
     return lab.popen(host, sys.executable, "-c", SEND, group, port, "plain", interval, count,
-                     1e9, stdout=subprocess.DEVNULL)
+                     1e9, stdout=subprocess.DEVNULL, env=env)
 
 
 def blast(prefix: Sequence[str], dest: str, port: int, mode: str, secs: float,
