@@ -9,7 +9,12 @@ the controller's move to the new tree adds afterwards (delivery must come back w
 controller is stopped). The numbers are printed; the bound asserted
 with protection (median < 50 ms; < 500 ms with the hog, which starves userspace OVS
 itself on 2 cores) is generous so that a shared CI machine passes it, the target is
-< 10 ms."""
+< 10 ms. The hole after the failover's -- the controller's move to the new tree, also
+once the stopped controller resumes -- should be none (issue 12: the move cut old feeds
+before every new one was confirmed; tests/test_controller_move.py checks every state a
+move passes through); its median is held to the same bounds. Each hole's datagrams are
+also timed at the sender: a sender starved by the hog catches up in a burst, and a burst
+a starved switch drops is the load's loss, not a cut path (``after_sent_ms``)."""
 
 from __future__ import annotations
 
@@ -21,6 +26,7 @@ import subprocess
 import sys
 import time
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Iterator
 
 import pytest
@@ -37,7 +43,16 @@ INTERVAL = 0.001  # 1000 datagrams/s
 BOUND_S = 0.050  # asserted with protection (target 10 ms; a shared 2-core CI machine)
 BOUND_HOG_S = 0.5  # the same with a CPU hog on every core (OVS's own threads starve)
 RECEIVERS = ("h3", "h5")
-REPEATS = 3  # failures per mode and load
+# failures per mode and load; MODELCAST_FF_REPEATS, MODELCAST_FF_HOG=off (no hog rows) and
+# MODELCAST_FF_MODES (a comma list of "protection", "switches alone", "controller reroute")
+# narrow a run to what is being looked at
+REPEATS = int(os.environ.get("MODELCAST_FF_REPEATS", "3"))
+HOGS = {"off": (False,), "only": (True,)}.get(os.environ.get("MODELCAST_FF_HOG", ""), (False, True))
+MODES = tuple(m.strip() for m in os.environ.get(
+    "MODELCAST_FF_MODES", "protection,switches alone,controller reroute").split(","))
+# MODELCAST_FF_KEEP=DIR: each failure's receiver captures kept there (with the cut's and
+# the resume's instants), to lay against the controller's MODELCAST_TRACE
+KEEP = Path(os.environ["MODELCAST_FF_KEEP"]) if os.environ.get("MODELCAST_FF_KEEP") else None
 HOG = "while True: pass"
 PAUSE_S = 1.0  # the controller stopped for this long from the cut (the switches' own failover)
 
@@ -79,17 +94,31 @@ def paused(ctl, on: bool) -> Iterator[None]:
             os.kill(ctl.proc.pid, signal.SIGCONT)
 
 
-def measure(lab: Lab, ctl, work, gid: int, hog: bool, pause: bool = False) -> dict[str, float]:
+def holes_of(recs: list[tuple[int, float]]) -> list[tuple[float, int, int]]:
+    """(arrival time of the datagram before the hole, datagrams missing, that datagram's
+    sequence number) for every run of consecutive sequence numbers that never arrived."""
+    first: dict[int, float] = {}
+    for s_, t in recs:
+        first.setdefault(s_, t)
+    order = sorted(first)
+    return [(first[x], y - x - 1, x) for x, y in zip(order, order[1:]) if y - x > 1]
+
+
+def measure(lab: Lab, ctl, work, gid: int, hog: bool, pause: bool = False,
+            name: str = "failure") -> dict[str, float]:
     """Take a downstream tree link down under the stream; the receivers' loss window.
     With ``pause`` the controller is stopped from just before the cut until PAUSE_S
     after it: the window is then the switches' failover alone (OVS noticing the carrier
     loss and moving its datapath flows onto the FF backup bucket), and delivery must be
-    back before the controller runs again."""
+    back before the controller runs again. ``after_ms``: the longest hole after that
+    first one -- after the controller resumed (``pause``), or after the failover's own
+    hole (the controller's move to the new tree must not cut delivery)."""
     g = ctl.wait_group(gid, lambda g: g["state"] == "installed")
     # a spine -> leaf link of the tree (the spine's FF group protects it)
     a, b = next((p, c) for p, c in g["tree"]["links"] if p in (1, 2))
     probes = {h: Capture(lab, h, g["address"], work) for h in RECEIVERS}
-    sender = send(lab, "h1", g["address"], g["port"], INTERVAL, 1_000_000)
+    sent_log = Path(work) / "sent.txt"
+    sender = send(lab, "h1", g["address"], g["port"], INTERVAL, 1_000_000, log=sent_log)
     try:
         assert wait_for(lambda: all(len(p.seqs()) > 300 for p in probes.values()), 10)
         with cpu_hog(hog):
@@ -110,31 +139,48 @@ def measure(lab: Lab, ctl, work, gid: int, hog: bool, pause: bool = False) -> di
         sender.kill()
         sender.wait()
     result = {"lost": 0.0, "gap_ms": 0.0, "dups": 0.0, "window_ms": 0.0, "before_ms": 0.0,
-              "at_ms": 0.0}
+              "at_ms": 0.0, "after_ms": 0.0, "after_at_ms": 0.0, "after_sent_ms": 0.0}
+    # when each datagram left the sender: a hole of n datagrams sent over n ms is a cut
+    # path; n datagrams sent within a few ms (a sender starved by the load catching up
+    # in a burst) and dropped by a full queue is the load's, not the controller's
+    sent = {int(a): float(b) for a, b in (line.split() for line in sent_log.read_text().splitlines()
+                                          if len(line.split()) == 2)}
+    if KEEP:
+        (KEEP / f"{name}-sent.txt").write_text(sent_log.read_text())
     for h, p in probes.items():
-        recs = [(s, t) for s, t in p.records() if down_at - 0.5 <= t <= (resumed if pause else last_sent)]
+        recs = [(s, t) for s, t in p.records() if down_at - 0.5 <= t <= last_sent]
         p.stop()
+        if KEEP:  # the capture and the instants, to lay against the controller's trace
+            (KEEP / f"{name}-{h}.txt").write_text(
+                f"# down_at {down_at:.4f} resumed {resumed:.4f} link {a}-{b} pause {pause} hog {hog}\n"
+                + p.path.read_text())
         seqs = [s for s, _ in recs]
         assert seqs, f"{h} received nothing around the failure"
         result["dups"] += len(seqs) - len(set(seqs))
         result["lost"] = max(result["lost"], (max(seqs) - min(seqs) + 1) - len(set(seqs)))
-        ts = [t for _, t in recs]
+        ts = [t for _, t in recs if t <= (resumed if pause else last_sent)]
         result["gap_ms"] = max(result["gap_ms"], max(y - x for x, y in zip(ts, ts[1:])) * 1000)
         # the loss window: the longest run of consecutive datagrams lost, times the
         # sending interval (the sender keeps its schedule, so this does not depend on when
         # the receiver's capture process got the CPU), for runs starting after the failure
-        first = {}
-        for s_, t in recs:
-            first.setdefault(s_, t)
-        order = sorted(first)
-        holes = [(first[x], y - x - 1) for x, y in zip(order, order[1:]) if y - x > 1]
-        after = [(n, t) for t, n in holes if t >= down_at - 0.05]
+        holes = holes_of(recs)
+        after = [(n, t) for t, n, _ in holes if down_at - 0.05 <= t <= (resumed if pause else last_sent)]
         if after and 1000 * INTERVAL * max(after)[0] > result["window_ms"]:
             n, t = max(after)
             result["window_ms"], result["at_ms"] = 1000 * INTERVAL * n, (t - down_at) * 1000
+        # what follows the switches' failover: holes after the controller resumed, or
+        # after the first hole of the failure when it ran throughout
+        later = [(n, t, x) for t, n, x in (
+            [hole for hole in holes if hole[0] > resumed] if pause
+            else sorted(hole for hole in holes if hole[0] >= down_at - 0.05)[1:])]
+        if later and 1000 * INTERVAL * max(later)[0] > result["after_ms"]:
+            n, t, x = max(later)
+            result["after_ms"], result["after_at_ms"] = 1000 * INTERVAL * n, (t - down_at) * 1000
+            if x + 1 in sent and x + n in sent:
+                result["after_sent_ms"] = 1000 * (sent[x + n] - sent[x + 1] + INTERVAL)
         # the same measure in the 0.5 s before the failure: what the load alone costs
         result["before_ms"] = max(result["before_ms"], 1000 * INTERVAL * max(
-            (n for t, n in holes if t < down_at - 0.05), default=0))
+            (n for t, n, _ in holes if t < down_at - 0.05), default=0))
     lab.set_link(a, b, True)
     ctl.wait_topology(switches=len(TOPO.switches), links=len(TOPO.links))
     return result
@@ -155,15 +201,20 @@ def test_loss_window_with_and_without_protection(tmp_path):
         # protection armed, and the controller's count is what the switches hold
         assert wait_for(lambda: metric_ff_groups(ctl) == {d: ff_groups(lab, d) for d in TOPO.switches}, 5)
         assert sum(ff_groups(lab, d) for d in TOPO.switches) > 0
-        for hog in (False, True):
+        for hog in HOGS:
             for mode, pause in (("protection", False), ("switches alone", True)):
-                for _ in range(REPEATS):
-                    rows.append((mode, hog, measure(lab, ctl, work, gid, hog, pause)))
+                if mode not in MODES:
+                    continue
+                for i in range(REPEATS):
+                    name = f"{'alone' if pause else 'prot'}-{'hog' if hog else 'idle'}-{i}"
+                    rows.append((mode, hog, measure(lab, ctl, work, gid, hog, pause, name)))
                     # re-armed for the new tree: the switches hold what the controller counts
                     assert wait_for(lambda: metric_ff_groups(ctl) == {
                         d: ff_groups(lab, d) for d in TOPO.switches}, 5)
 
         # the same lab and group, the controller restarted without protection
+        if "controller reroute" not in MODES:
+            return print_rows(rows)
         ctl.stop()
         ctl.args = ["--no-protection"]
         ctl.start()
@@ -171,26 +222,40 @@ def test_loss_window_with_and_without_protection(tmp_path):
         ctl.wait_group(gid, lambda g: g["state"] == "installed", timeout=20)
         assert wait_for(lambda: sum(ff_groups(lab, d) for d in TOPO.switches) == 0, 10), \
             "the reconnect did not remove the FF groups"
-        for hog in (False, True):
-            for _ in range(REPEATS):
-                rows.append(("controller reroute", hog, measure(lab, ctl, work, gid, hog)))
+        for hog in HOGS:
+            for i in range(REPEATS):
+                name = f"noprot-{'hog' if hog else 'idle'}-{i}"
+                rows.append(("controller reroute", hog, measure(lab, ctl, work, gid, hog, name=name)))
         assert ctl.api("DELETE", f"/v1/groups/{gid}").status_code == 204
+    print_rows(rows)
 
+
+def print_rows(rows: list) -> None:
     print("\nloss window at the receivers when a tree link goes down (1000 datagrams/s, "
           f"{os.cpu_count()} cores):")
     for mode, hog, m in rows:
         print(f"  {mode:18} cpu hog {'on ' if hog else 'off'}: loss window {m['window_ms']:.1f} ms "
               f"(from {m['at_ms']:.0f} ms after the link went down) "
-              f"(0.5 s before it: {m['before_ms']:.1f} ms); {m['lost']:.0f} datagrams lost in all, "
+              f"(0.5 s before it: {m['before_ms']:.1f} ms); then {m['after_ms']:.0f} ms "
+              f"(from {m['after_at_ms']:.0f} ms, sent over {m['after_sent_ms']:.0f} ms); "
+              f"{m['lost']:.0f} datagrams lost in all, "
               f"longest gap between arrivals {m['gap_ms']:.1f} ms, {m['dups']:.0f} duplicates")
     for mode in ("protection", "switches alone", "controller reroute"):
         for hog in (False, True):
-            w = sorted(m["window_ms"] for md, h, m in rows if (md, h) == (mode, hog))
+            got = [m for md, h, m in rows if (md, h) == (mode, hog)]
+            if not got:
+                continue
+            w = sorted(m["window_ms"] for m in got)
+            later = sorted(m["after_ms"] for m in got)
             print(f"  {mode:18} cpu hog {'on ' if hog else 'off'}: loss window median "
-                  f"{statistics.median(w):.0f} ms (min {w[0]:.0f}, max {w[-1]:.0f}, {len(w)} failures)")
+                  f"{statistics.median(w):.0f} ms (min {w[0]:.0f}, max {w[-1]:.0f}, {len(w)} failures); "
+                  f"the hole after it {'(controller resumed)' if mode == 'switches alone' else '(the move)'}: "
+                  f"median {statistics.median(later):.0f} ms (max {later[-1]:.0f})")
             if mode == "protection":  # the median: one failure may meet a busy moment
                 # with the hog on every core the switch itself (userspace OVS) is starved:
                 # its failover then takes up to a few hundred ms on a loaded 2-core machine
                 assert statistics.median(w) / 1000 < (BOUND_HOG_S if hog else BOUND_S), (hog, w)
+            if mode != "controller reroute":  # the move after the failover cuts nothing
+                assert statistics.median(later) / 1000 < (BOUND_HOG_S if hog else BOUND_S), (hog, later)
             else:  # the stream did lose datagrams there: the measurement sees failures
                 assert w[-1] > 0, (hog, w)
