@@ -177,6 +177,8 @@ class Stats:
     duplicates: int = 0
     corrupt_chunks: int = 0
     rate_decreases: int = 0
+    early_held: int = 0  # receiver: DATA held because it came before the first manifest page ...
+    early_dropped: int = 0  # ... of which dropped when taken (another session's, forged, stale)
     drops: Counter = field(default_factory=Counter)
 
     @property

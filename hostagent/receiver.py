@@ -77,6 +77,12 @@ MAX_PARITY_BYTES = 32 * 1024 * 1024
 PARITY_SHARE_OVERHEAD = 256
 DIGEST_SEGMENT = 1024  # chunk digests are stored in segments of this many chunks (16 KiB)
 _PAGES_KEPT = 1024  # manifest pages remembered for their repeats (~9 MB at jumbo frames; past it, checked anew)
+# DATA that arrives before the first manifest page (a receiver that lost the first page, or
+# joined late) is held, up to this many bytes, and taken once a page arrives, instead of
+# dropped and asked for again: the sender's pages can then come rarely (one per
+# ``SenderConfig.manifest_every`` data datagrams) without a lost page costing repairs.
+# 4 MiB holds a page's spacing at jumbo frames (256 x 8.8 KB) with room.
+EARLY_BYTES = 4 << 20
 
 
 @dataclass
@@ -235,6 +241,8 @@ class Receiver:
         # page changes nothing but the sender's last sign of life -- so it costs a
         # comparison, not a MAC check and a decode (~50 us each).
         self._pages: dict[bytes, bytes] = {}
+        self._early: list[tuple[bytes, Addr]] = []  # DATA before the first page (EARLY_BYTES)
+        self._early_bytes = 0
         self.have = RangeSet()  # sequence numbers written
         self.verified = RangeSet()  # chunks whose digest checked out
         self._unverified = RangeSet()  # complete chunks waiting for their manifest page
@@ -300,13 +308,19 @@ class Receiver:
                 return
         claimed = wire.data_session(data)
         if claimed is not None and claimed != self.session:  # (before its tag: see data_session)
-            stats.drops["no_manifest" if self.session is None else "wrong_session"] += 1
+            if self.session is None:
+                self._hold_early(data, addr)
+            else:
+                stats.drops["wrong_session"] += 1
             return
         fields = wire.parse_data(data, self._key)
         if fields is not None:  # the hot path: no message object, no payload copy
             session, seq, chunk, offset, payload, repair, _ = fields
             if session != self.session:
                 stats.drops["no_manifest" if self.session is None else "wrong_session"] += 1
+                return
+            if self.layout is None:  # (the session was announced, its first page not seen)
+                self._hold_early(data, addr)
                 return
             if self.sender_addr is None:
                 self.sender_addr = addr
@@ -344,6 +358,8 @@ class Receiver:
                 count = len(msg.digests) // wire.CHUNK_DIGEST_LEN
                 if self._digests.known.contains_range(msg.first_chunk, msg.first_chunk + count):
                     self._pages[bytes(data[-wire.MAC_LEN :])] = bytes(data)
+            if self._early and self.layout is not None:
+                self._take_early(now)
         elif isinstance(msg, wire.End):
             self._on_end(msg, now)
         elif isinstance(msg, wire.Parity):
@@ -353,6 +369,28 @@ class Receiver:
                 self.acked = True
         else:
             self.stats.drops["unexpected_type"] += 1
+
+    def _hold_early(self, data: bytes | memoryview, addr: Addr) -> None:
+        """DATA before the first manifest page: kept (a copy: ``data`` may be the reader's
+        buffer) while there is room, unchecked -- it is checked like any datagram when
+        taken -- else dropped as before."""
+        if self._early_bytes + len(data) > EARLY_BYTES or self.failed:
+            self.stats.drops["no_manifest"] += 1
+            return
+        self._early.append((bytes(data), addr))
+        self._early_bytes += len(data)
+        self.stats.early_held += 1
+
+    def _take_early(self, now: float) -> None:
+        """The held DATA, now that a page gave the session and the layout: each taken as
+        if it arrived now (another session's is dropped then, as it would have been)."""
+        early, self._early, self._early_bytes = self._early, [], 0
+        before = self.stats.drops.total()
+        for raw, addr in early:
+            self.stats.datagrams_in -= 1  # (counted when it arrived)
+            self.stats.bytes_in -= len(raw)
+            self.receive_datagram(raw, addr, now)
+        self.stats.early_dropped += self.stats.drops.total() - before
 
     def expect(self, session: int, file_digest: Optional[bytes], key: bytes) -> bool:
         """A transfer announced after this receiver started (see ``ReceiverConfig``):

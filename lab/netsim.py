@@ -223,7 +223,11 @@ class Sim:
                 raise RuntimeError("simulation did not settle")
             self._handle(kind, obj)
             if self.done:
-                break
+                return
+        # Nothing left before ``until``: the time passed all the same. (Left behind, a
+        # caller stepping ``run(until=sim.now + dt)`` through a quiet stretch longer than
+        # dt stepped in place forever.)
+        self.now = max(self.now, until)
 
     @property
     def done(self) -> bool:

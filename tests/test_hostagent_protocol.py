@@ -525,3 +525,15 @@ def test_an_exact_repeat_of_a_taken_manifest_page_is_not_decoded_again(monkeypat
         rx.receive_datagram(raw, SENDER_ADDR, 1.0)
     assert rx.complete and bytes(sink.data[: len(data)]) == data
     assert len(decoded) - taken - 1 < len([raw for raw in stream if wire.peek_type(raw) != wire.T_DATA])
+
+
+def test_the_simulation_steps_through_a_quiet_stretch() -> None:
+    """``Sim.run(until=t)`` leaves the clock at t when nothing happens before it: a test
+    stepping ``run(until=sim.now + dt)`` through a stretch with no event (a receiver
+    waiting for a page that repeats every 0.25 s) used to step in place forever."""
+    data = payload(64 * KIB)
+    sim = Sim(data, sender_config(), loss=lambda now, s, d, b: True)  # nobody hears anything
+    sim.add_receiver()
+    for _ in range(100):
+        sim.run(until=sim.now + 0.01)
+    assert sim.now == pytest.approx(1.0)

@@ -241,3 +241,66 @@ def test_sender_refuses_a_file_receivers_would_refuse() -> None:
 
     with pytest.raises(ValueError, match="use a larger chunk size"):
         build_manifest_pages(Huge(), sender_config(chunk_size=1024), 1)  # type: ignore[arg-type]
+
+
+# --------------------------------------------------------------------------- data before the manifest
+
+
+def _stream(data: bytes, key: bytes | None = None, session_seed: int = 1) -> tuple[list[bytes], list[bytes]]:
+    """A sender's first pass: (its manifest pages, its DATA datagrams)."""
+    sender = Sender(MemorySource(data), sender_config(chunk_size=4 * KIB, payload_size=1024, key=key),
+                    0.0, rng=random.Random(session_seed))
+    out, now = [], 0.0
+    while sender.stream_position < sender.layout.total_seq:
+        now += 0.001
+        out.extend(raw for raw, _ in sender.datagrams_to_send(now))
+    pages = [raw for raw in out if wire.peek_type(raw) == wire.T_MANIFEST]
+    return pages, [raw for raw in out if wire.peek_type(raw) == wire.T_DATA]
+
+
+@pytest.mark.parametrize("keyed", [False, True])
+def test_data_before_the_first_manifest_page_is_kept_not_asked_for_again(keyed: bool) -> None:
+    """A receiver that lost the first page (or joined late) used to drop every datagram
+    until a page came again, and then ask for all of them. It holds them and takes
+    them when the page comes: the file completes from the one pass, nothing asked for."""
+    key = wire.derive_key(b"early") if keyed else None
+    data = payload(64 * KIB, seed=4)
+    pages, datas = _stream(data, key)
+    sink = MemorySink()
+    rx = Receiver(sink, ReceiverConfig(key=key), 0.0)
+    for raw in datas:  # every datagram before any page
+        rx.receive_datagram(raw, SENDER_ADDR, 0.1)
+    assert rx.stats.early_held == len(datas) and rx.have.count == 0
+    for raw in pages:
+        rx.receive_datagram(raw, SENDER_ADDR, 0.2)
+    assert rx.complete and bytes(sink.data) == data
+    assert rx.stats.early_dropped == 0 and rx.stats.dropped == 0 and rx.stats.nacks_sent == 0
+    assert rx.stats.datagrams_in == len(datas) + len(pages)  # (counted once, when they came)
+
+
+def test_early_data_is_bounded_and_checked_when_taken() -> None:
+    """What is held before the first page is capped (``EARLY_BYTES``: a flood costs that
+    much memory at most, the rest is dropped as before) and checked like any datagram
+    when taken: another session's data and forgeries are dropped then, the genuine kept."""
+    from hostagent import receiver as receiver_module
+
+    key = wire.derive_key(b"early")
+    data = payload(64 * KIB, seed=5)
+    pages, datas = _stream(data, key, session_seed=1)
+    _, foreign = _stream(data, key, session_seed=2)  # another session's stream
+    forged = [raw[:-wire.MAC_LEN] + bytes(wire.MAC_LEN) for raw in datas[:5]]
+    sink = MemorySink()
+    rx = Receiver(sink, ReceiverConfig(key=key), 0.0)
+    for raw in foreign[:10] + forged + datas:
+        rx.receive_datagram(raw, SENDER_ADDR, 0.1)
+    for raw in pages:
+        rx.receive_datagram(raw, SENDER_ADDR, 0.2)
+    assert rx.complete and bytes(sink.data) == data
+    assert rx.stats.early_held == 10 + 5 + len(datas) and rx.stats.early_dropped == 15
+
+    flood = Receiver(MemorySink(), ReceiverConfig(key=key), 0.0)
+    junk = datas[0]
+    held_max = receiver_module.EARLY_BYTES // len(junk)
+    kept = _allocated(lambda: [flood.receive_datagram(junk, SENDER_ADDR, 0.1) for _ in range(held_max + 500)])
+    assert flood.stats.early_held == held_max and flood.stats.drops["no_manifest"] == 500
+    assert kept < receiver_module.EARLY_BYTES * 1.2
