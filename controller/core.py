@@ -921,12 +921,18 @@ class MulticastCore:
                             switch.append((dpid, msg))
                         else:
                             both = tuple(sorted(set(old.out_ports) | set(new.out_ports)))
-                            if len(both) > len(old.out_ports) and (new.in_port == old.in_port or (
-                                    old.in_port not in both and new.in_port not in both)):
+                            if len(both) == len(old.out_ports):
+                                cut.append((dpid, msg))
+                            elif new.in_port == old.in_port or (
+                                    old.in_port not in both and new.in_port not in both):
                                 ffs = new.ff + tuple(f for f in old.ff if ff_port(f) not in new.out_ports)
                                 switch.append((dpid, ofmsgs.group_modify(
                                     dpid, gid, new.in_port, both, tuple(sorted(ffs, key=ff_port)))))
-                            cut.append((dpid, msg))
+                                cut.append((dpid, msg))
+                            else:  # the ingress turns onto a port it copied to (or back): no
+                                # one group serves both directions, so as before, with the
+                                # feeds that start (not make-before-break: see issue 12)
+                                switch.append((dpid, msg))
                     if new.in_port != old.in_port:
                         build.append((dpid, ofmsgs.flow_add(dpid, gid, new.in_port, g.source, g.address)))
                         if old.in_port != UNKNOWN_PORT:
