@@ -79,9 +79,8 @@ DIGEST_SEGMENT = 1024  # chunk digests are stored in segments of this many chunk
 _PAGES_KEPT = 1024  # manifest pages remembered for their repeats (~9 MB at jumbo frames; past it, checked anew)
 # DATA that arrives before the first manifest page (a receiver that lost the first page, or
 # joined late) is held, up to this many bytes, and taken once a page arrives, instead of
-# dropped and asked for again: the sender's pages can then come rarely (one per
-# ``SenderConfig.manifest_every`` data datagrams) without a lost page costing repairs.
-# 4 MiB holds a page's spacing at jumbo frames (256 x 8.8 KB) with room.
+# dropped and asked for again. Pages come every ``SenderConfig.manifest_every`` (64) data
+# datagrams, ~0.6 MB at jumbo frames: 4 MiB covers several lost pages in a row.
 EARLY_BYTES = 4 << 20
 
 
