@@ -72,24 +72,20 @@ typedef struct {
 
 #define FAST_TARGET __attribute__((target("sse4.1,aes,pclmul,avx2,avx512f,avx512bw,vpclmulqdq")))
 
-FAST_TARGET static inline __m128i aes_assist1(__m128i t1, __m128i t2) {
-    t2 = _mm_shuffle_epi32(t2, 0xff);
-    __m128i t4 = _mm_slli_si128(t1, 4);
-    t1 = _mm_xor_si128(t1, t4);
-    t4 = _mm_slli_si128(t4, 4);
-    t1 = _mm_xor_si128(t1, t4);
-    t4 = _mm_slli_si128(t4, 4);
-    return _mm_xor_si128(_mm_xor_si128(t1, t4), t2);
+/* each 32-bit word xor every word below it: the running xor of the AES key schedule */
+FAST_TARGET static inline __m128i words_prefix_xor(__m128i x) {
+    x = _mm_xor_si128(x, _mm_slli_si128(x, 4));
+    return _mm_xor_si128(x, _mm_slli_si128(x, 8));
 }
 
+/* the next even round key from the one two back (t1) and the assist of the last (t2) */
+FAST_TARGET static inline __m128i aes_assist1(__m128i t1, __m128i t2) {
+    return _mm_xor_si128(words_prefix_xor(t1), _mm_shuffle_epi32(t2, 0xff));
+}
+
+/* the next odd round key (AES-256: SubWord without the rotation) */
 FAST_TARGET static inline __m128i aes_assist2(__m128i t1, __m128i t3) {
-    __m128i t2 = _mm_shuffle_epi32(_mm_aeskeygenassist_si128(t1, 0x0), 0xaa);
-    __m128i t4 = _mm_slli_si128(t3, 4);
-    t3 = _mm_xor_si128(t3, t4);
-    t4 = _mm_slli_si128(t4, 4);
-    t3 = _mm_xor_si128(t3, t4);
-    t4 = _mm_slli_si128(t4, 4);
-    return _mm_xor_si128(_mm_xor_si128(t3, t4), t2);
+    return _mm_xor_si128(words_prefix_xor(t3), _mm_shuffle_epi32(_mm_aeskeygenassist_si128(t1, 0x0), 0xaa));
 }
 
 #define AES_STEP(i, rcon)                                              \
@@ -192,10 +188,14 @@ FAST_TARGET static void fast_tag(const FastKey *k, uint64_t seq, const unsigned 
 }
 
 static int fast_supported(void) {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("aes") && __builtin_cpu_supports("pclmul") && __builtin_cpu_supports("avx2") &&
-           __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("vpclmulqdq");
+    static int supported = -1; /* the CPU does not change: asked once per process */
+    if (supported < 0) {
+        __builtin_cpu_init();
+        supported = __builtin_cpu_supports("aes") && __builtin_cpu_supports("pclmul") &&
+                    __builtin_cpu_supports("avx2") && __builtin_cpu_supports("avx512f") &&
+                    __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("vpclmulqdq");
+    }
+    return supported;
 }
 
 #else /* not x86-64: OpenSSL's EVP only */
