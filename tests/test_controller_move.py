@@ -27,7 +27,8 @@ import topologies as T
 from controller.core import MulticastCore, Plan
 from lab.fakeof import FakeFabric
 from tests.support.controller_env import assert_exact, core_and_fabric
-from tests.support.fabric_checks import apply, assert_delivery, expected_reachable, topology_strategy
+from tests.support.fabric_checks import (apply, assert_delivery, create_drawn_groups, expected_reachable,
+                                         topology_strategy)
 
 MAX_STATES = 1000  # per phase: all of them up to this many, else a sample of this many
 
@@ -199,11 +200,7 @@ def test_no_hole_while_a_tree_moves(topo, data, algorithm):
     ips = [h.ip for h in topo.hosts]
     assume(len(ips) >= 2 and topo.links)
     core, fabric = core_and_fabric(topo, algorithm=algorithm)
-    for i in range(data.draw(st.integers(1, 3), label="groups")):
-        source = data.draw(st.sampled_from(ips), label="source")
-        receivers = data.draw(st.sets(st.sampled_from([x for x in ips if x != source]),
-                                      min_size=1, max_size=6), label="receivers")
-        apply(fabric, core.create_group(f"m{i}", source, receivers)[1])
+    create_drawn_groups(data, core, fabric, ips)
     tree_links = sorted({(p, c) for g in core.groups.values() if g.tree for p, c in g.tree.links()})
     assume(tree_links)
     p, c = data.draw(st.sampled_from(tree_links), label="failed link")

@@ -18,7 +18,7 @@ from controller.core import MulticastCore
 from controller.reconnect import Reconnect
 from lab.fakeof import FakeFabric
 from tests.support.controller_env import assert_exact, core_and_fabric
-from tests.support.fabric_checks import apply, assert_delivery, topology_strategy
+from tests.support.fabric_checks import apply, assert_delivery, create_drawn_groups, topology_strategy
 
 
 
@@ -93,11 +93,7 @@ def test_every_single_tree_link_failure_is_bypassed_by_the_switches(topo, data, 
     ips = [h.ip for h in topo.hosts]
     assume(len(ips) >= 2 and topo.links)
     core, fabric = core_and_fabric(topo, algorithm=algorithm)
-    for i in range(data.draw(st.integers(1, 3), label="groups")):
-        source = data.draw(st.sampled_from(ips), label="source")
-        receivers = data.draw(st.sets(st.sampled_from([x for x in ips if x != source]),
-                                      min_size=1, max_size=6), label="receivers")
-        apply(fabric, core.create_group(f"m{i}", source, receivers)[1])
+    create_drawn_groups(data, core, fabric, ips)
     assert_delivery(core, fabric, topo)
     assert_exact(core, fabric)
     fail_each_tree_link(core, fabric, topo)

@@ -72,3 +72,13 @@ def assert_delivery(core: MulticastCore, fabric: FakeFabric, topo: T.Topology) -
 def apply(fabric: FakeFabric, plan) -> None:
     errs = fabric.apply_all(plan)
     assert not errs, errs
+
+
+def create_drawn_groups(data: st.DataObject, core: MulticastCore, fabric: FakeFabric, ips: list[str]) -> None:
+    """1-3 groups, each a drawn source and 1-6 other hosts, created and their plans
+    applied to ``fabric``."""
+    for i in range(data.draw(st.integers(1, 3), label="groups")):
+        source = data.draw(st.sampled_from(ips), label="source")
+        receivers = data.draw(st.sets(st.sampled_from([x for x in ips if x != source]),
+                                      min_size=1, max_size=6), label="receivers")
+        apply(fabric, core.create_group(f"m{i}", source, receivers)[1])
