@@ -447,10 +447,9 @@ def compute_tree(view: TopologyView, source: str, receivers: Iterable[str],
     protected entries and its bookkeeping in that one pass."""
     source = check_unicast(source, "source")
     hosts = view.hosts
-    if type(receivers) in (set, frozenset) and receivers <= hosts.keys():
-        rset = receivers  # (known hosts' addresses are normalised already: the core's groups)
-    else:
-        rset = {check_unicast(r, "receiver") for r in receivers}
+    # (known hosts' addresses are normalised already: the core's groups are sets of them)
+    known = type(receivers) in (set, frozenset) and receivers <= hosts.keys()
+    rset = receivers if known else {check_unicast(r, "receiver") for r in receivers}
     if not rset:
         raise EmptyReceivers("a multicast tree needs at least one receiver")
     if source in rset:
@@ -458,7 +457,7 @@ def compute_tree(view: TopologyView, source: str, receivers: Iterable[str],
     if algorithm not in ALGORITHMS:
         raise ValueError(f"unknown tree algorithm {algorithm!r}; use one of {ALGORITHMS}")
     src = view.host(source)
-    if rset <= hosts.keys():
+    if known or rset <= hosts.keys():
         locs = {r: hosts[r] for r in rset}
     else:
         locs = {}
