@@ -332,6 +332,7 @@ class ReceiveResult:
     content_id: Optional[str] = None  # blake3:<hex> of the manifest received
     files: int = 0  # files written (1 for a single file)
     native_rx: bool = fastrun.NATIVE  # the clean-stream path ran in C (hostagent.fastrun)
+    early_held: int = 0  # DATA held because it came before the first manifest page (then checked and taken)
 
     def summary(self) -> dict:
         """The JSON summary object."""
@@ -852,6 +853,7 @@ def _listen(out: str, opts: ReceiveOptions, receiver: Receiver, sink: PathSink |
         on_complete=hook,
         content_id=receiver.content_id(),
         files=_files(receiver.manifest) if receiver.manifest else 0,
+        early_held=stats.early_held,
     )
 
 

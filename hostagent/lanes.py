@@ -163,7 +163,7 @@ def merge_receive(by_lane: dict[int, Any], error: Optional[str], count: int, siz
         cpu_s=round(sum(r.cpu_s for r in results) + cpu_s, 3), lanes=count,
         **_summed(results, ("datagrams_received", "bytes_received", "nacks", "repairs_received", "duplicates",
                             "resumed_chunks", "nacks_suppressed", "parity_received", "fec_recovered", "nack_seqs",
-                            "gro_batches", "coalesced")))
+                            "gro_batches", "coalesced", "early_held")))
 
 
 def merge_progress(on_progress: Optional[Callable[[Any], None]]) -> Optional[Callable[[dict[int, Any]], None]]:

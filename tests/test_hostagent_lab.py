@@ -77,5 +77,8 @@ def test_three_receivers_with_random_and_bursty_loss(lab4: BridgeLab, tmp_path: 
         assert blake3.blake3((tmp_path / f"out{host}.bin").read_bytes()).hexdigest() == digest
     for host in (1, 2):  # loss really happened on the lossy links, and was repaired
         assert lab4.loss_dropped(host) > 0, f"h{host}: the loss rules dropped nothing"
-        assert results[host]["nacks"] > 0, f"h{host}: no NACKs -- was loss injected? {lab4.loss_counters(host)}"
+        # (the bursty rule's one sure drop is the first packet, often the first manifest
+        # page: the data that comes before the next page is then held, not asked for)
+        assert results[host]["nacks"] > 0 or results[host]["early_held"] > 0, \
+            f"h{host}: no NACKs, nothing held -- was loss injected? {lab4.loss_counters(host)}"
     assert summary["repair_bytes"] > 0
