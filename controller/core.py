@@ -27,7 +27,7 @@ from controller.trees import ALGORITHMS, LinkLoad, PathCache, SwitchEntry, Tree,
 
 log = logging.getLogger("modelcast.core")
 DEFAULT_PORT = 5500
-MAX_GID = 0xFFFEFFFF  # below the fast-failover ids (controller.protect.FF_BASE)
+MAX_GID = 0x7FFEFFFF  # its turn group id (ofmsgs.turn_id) stays below the fast-failover ids (protect.FF_BASE)
 UNKNOWN_PORT = -1  # in a believed entry: "whatever is there is wrong", never sent
 _ABSENT = object()
 _IN_PORT_OUT = ("output", ofmsgs.ofp.OFPP_IN_PORT)  # a rejoin output back where the packet came in
@@ -61,6 +61,9 @@ class SwitchState:
     flows: set[tuple[int, int]] = field(default_factory=set)
     rejoins: dict[int, list[tuple]] = field(default_factory=dict)
     shared: dict[tuple, Any] = field(default_factory=dict)
+    # turn groups (ofmsgs.turn_id) left by a move cut short: deleted first, with the
+    # flows pointing at them (those flows are not in ``flows``: the diff rewrites them)
+    turns: set[int] = field(default_factory=set)
 
     def ingress(self) -> dict[int, set[int]]:
         """Group id -> the in_ports of its (S,G) flows (one pass: tables hold thousands)."""
@@ -85,7 +88,8 @@ class SwitchState:
                 continue
             gid = ck & ~ofmsgs.COOKIE_MASK
             if prio == ofmsgs.PRIO_SG and 0 < gid <= MAX_GID:
-                state.flows.add((gid, in_port))
+                if not any(a[0] == "group" and ofmsgs.is_turn(a[1]) for a in acts):
+                    state.flows.add((gid, in_port))
             elif prio == ofmsgs.PRIO_DETOUR and "eth_dst" in match:
                 if ck == ofmsgs.COOKIE_DETOUR:
                     state.shared[("transit", in_port, match["eth_dst"])] = acts
@@ -94,6 +98,9 @@ class SwitchState:
         ours = {gid for gid, _ in state.flows} | set(known) | set(state.rejoins)
         ingress = state.ingress()
         for gid, (gtype, bucket_list) in groups.items():
+            if ofmsgs.is_turn(gid):
+                state.turns.add(gid)
+                continue
             if is_ff(gid):
                 state.shared[("ff", gid)] = tuple(bucket_list) if gtype == ofmsgs.ofp.OFPGT_FF else None
                 continue
@@ -329,7 +336,10 @@ class MulticastCore:
                     entry.ff if entry is not None else (), entry.rejoin if entry is not None else ())
                 self.placed[gid].add(dpid)
             self.shared[dpid] = dict(present.shared)
-        plan = self._after_up() if self.view.add_switch(dpid) else Plan()
+        plan = Plan()
+        if present is not None:  # before anything might add one of the same id again
+            plan.phases[0].extend((dpid, ofmsgs.group_delete(dpid, t)) for t in sorted(present.turns))
+        plan.extend(self._after_up() if self.view.add_switch(dpid) else Plan())
         plan.extend(self.sync_switch(dpid))
         if present is not None:  # flows on ingress ports the tree no longer uses
             for gid, in_port in sorted(present.flows):
@@ -910,6 +920,7 @@ class MulticastCore:
                         remove.append((dpid, self._rejoin(dpid, g, old.rejoin, delete=True)))
                     remove.append((dpid, ofmsgs.group_delete(dpid, gid)))
                 else:
+                    turn = False
                     if new.out_ports != old.out_ports or new.ff != old.ff or (
                             new.in_port != old.in_port and new.in_port in new.out_ports + old.out_ports):
                         # a switch that stops copying to a port does so a phase after every
@@ -930,19 +941,29 @@ class MulticastCore:
                                     dpid, gid, new.in_port, both, tuple(sorted(ffs, key=ff_port)))))
                                 cut.append((dpid, msg))
                             else:  # the ingress turns onto a port it copied to (or back): no
-                                # one group serves both directions, so as before, with the
-                                # feeds that start (not make-before-break: see issue 12)
-                                switch.append((dpid, msg))
-                    if new.in_port != old.in_port:
+                                # one group serves both directions, so the new one gets a
+                                # group of its own until the old feeds are cut
+                                turn = True
+                    if turn:  # copies from the new parent go the new way from phase 0 on,
+                        # those from the old one the old way until phase 2 cuts them; then the
+                        # group takes the new buckets and the flow points back at it
+                        tid = ofmsgs.turn_id(gid)
+                        build.append((dpid, ofmsgs.group_add(dpid, tid, new.in_port, new.out_ports, new.ff)))
+                        build.append((dpid, ofmsgs.flow_to(dpid, gid, new.in_port, g.source, g.address, tid)))
+                    elif new.in_port != old.in_port:
                         build.append((dpid, ofmsgs.flow_add(dpid, gid, new.in_port, g.source, g.address)))
-                        if old.in_port != UNKNOWN_PORT:
-                            remove.append((dpid, ofmsgs.flow_delete(dpid, gid, old.in_port, g.source, g.address)))
+                    if new.in_port != old.in_port and old.in_port != UNKNOWN_PORT:
+                        remove.append((dpid, ofmsgs.flow_delete(dpid, gid, old.in_port, g.source, g.address)))
                     if new.rejoin != old.rejoin:
                         moved = not old.rejoin or old.rejoin[:2] != new.rejoin[:2]
                         if new.rejoin:  # a new match before the old one goes; same match in place
                             (build if moved else switch).append((dpid, self._rejoin(dpid, g, new.rejoin)))
                         if old.rejoin and moved:
                             remove.append((dpid, self._rejoin(dpid, g, old.rejoin, delete=True)))
+                    if turn:  # (nothing points at the group now: its old flow is gone)
+                        remove.append((dpid, msg))
+                        remove.append((dpid, ofmsgs.flow_add(dpid, gid, new.in_port, g.source, g.address)))
+                        remove.append((dpid, ofmsgs.group_delete(dpid, tid)))
                 if new is None:
                     installed[dpid].pop(gid, None)
                     placed.discard(dpid)

@@ -347,6 +347,27 @@ def flow_add(dpid: int, gid: int, in_port: int, source: str, group: str) -> Msg:
     return m
 
 
+# A switch whose tree turns around (its new parent was its child, or its old parent is
+# its new child) holds the new direction in a second ALL group while the move runs: the
+# (S,G) flow of its new in_port points there, the old one still at the group's own id,
+# so copies from either side go where that side's tree sends them (controller.core).
+TURN_BIT = 1 << 31  # turn group id: TURN_BIT | gid (gid <= core.MAX_GID keeps it below FF_BASE)
+
+
+def turn_id(gid: int) -> int:
+    return TURN_BIT | gid
+
+
+def is_turn(group_id: int) -> bool:
+    return group_id & TURN_BIT != 0 and not group_id >= 0xFFFF0000  # (FF ids: protect.FF_BASE)
+
+
+def flow_to(dpid: int, gid: int, in_port: int, source: str, group: str, target: int) -> Msg:
+    """Group ``gid``'s (S,G) flow on ``in_port``, to group ``target`` (its turn group);
+    ``flow_add`` with the same arguments points it back at ``gid`` (same match: replaced)."""
+    return _flow_add(dpid, COOKIE_TAG | gid, PRIO_SG, in_port, b"", _sg_oxm(source, group), _to_group(target))
+
+
 def flow_delete(dpid: int, gid: int, in_port: int, source: str, group: str) -> Msg:
     return _flow_delete(dpid, cookie(gid), PRIO_SG, _match_in_port(in_port, _sg_oxm(source, group)))
 

@@ -97,6 +97,11 @@ def _flow_actions(instructions: Iterable[Any]) -> tuple:
     return out
 
 
+# flows whose actions are read back: detour flows (compared whole), and (S,G) flows (one
+# pointing at a turn group, ofmsgs.turn_id, is left by a move cut short and rewritten)
+_READ_ACTIONS = (ofmsgs.PRIO_DETOUR, ofmsgs.PRIO_SG)
+
+
 def _base_key(table_id: int, priority: int, match: Any) -> tuple:
     return (table_id, priority, tuple(sorted(match.items())))
 
@@ -196,7 +201,7 @@ class Reconnect:
         last = not reply.flags & ofp.OFPMPF_REPLY_MORE
         if isinstance(reply, parser.OFPFlowStatsReply):
             st.flows.extend((f.cookie, f.priority, dict(f.match.items()),
-                             _flow_actions(f.instructions) if f.priority == ofmsgs.PRIO_DETOUR else ())
+                             _flow_actions(f.instructions) if f.priority in _READ_ACTIONS else ())
                             for f in reply.body)
             st.base.update(_base_key(f.table_id, f.priority, f.match) for f in reply.body
                            if f.cookie in (ofmsgs.COOKIE_TAG, ofmsgs.COOKIE_SOURCE))

@@ -32,6 +32,7 @@ from typing import Iterator
 import pytest
 
 import topologies as T
+from controller import ofmsgs
 from lab.ovs import Lab
 from lab.probes import Capture, send
 from tests.support.controller_lab import controller_lab, wait_for
@@ -76,6 +77,12 @@ def ff_groups(lab: Lab, dpid: int) -> int:
     return len(re.findall(r"type=ff", out))
 
 
+def turn_groups(lab: Lab, dpid: int) -> list[int]:
+    out = subprocess.run(["ovs-ofctl", "-O", "OpenFlow13", "dump-groups", lab.bridge(dpid)],
+                         capture_output=True, text=True, check=True).stdout
+    return [int(x) for x in re.findall(r"group_id=(\d+)", out) if ofmsgs.is_turn(int(x))]
+
+
 def metric_ff_groups(ctl) -> dict[int, int]:
     text = ctl.api("GET", "/metrics").text
     return {int(d): int(float(v)) for d, v in re.findall(
@@ -105,7 +112,8 @@ def holes_of(recs: list[tuple[int, float]]) -> list[tuple[float, int, int]]:
 
 
 def measure(lab: Lab, ctl, work, gid: int, hog: bool, pause: bool = False,
-            name: str = "failure") -> dict[str, float]:
+            name: str = "failure", receivers: tuple[str, ...] = RECEIVERS,
+            link: tuple[int, int] | None = None, topo: T.Topology = TOPO) -> dict[str, float]:
     """Take a downstream tree link down under the stream; the receivers' loss window.
     With ``pause`` the controller is stopped from just before the cut until PAUSE_S
     after it: the window is then the switches' failover alone (OVS noticing the carrier
@@ -114,9 +122,10 @@ def measure(lab: Lab, ctl, work, gid: int, hog: bool, pause: bool = False,
     first one -- after the controller resumed (``pause``), or after the failover's own
     hole (the controller's move to the new tree must not cut delivery)."""
     g = ctl.wait_group(gid, lambda g: g["state"] == "installed")
-    # a spine -> leaf link of the tree (the spine's FF group protects it)
-    a, b = next((p, c) for p, c in g["tree"]["links"] if p in (1, 2))
-    probes = {h: Capture(lab, h, g["address"], work) for h in RECEIVERS}
+    # ``link``, else a spine -> leaf link of the tree (the spine's FF group protects it)
+    a, b = link or next((p, c) for p, c in g["tree"]["links"] if p in (1, 2))
+    assert [a, b] in g["tree"]["links"], (a, b, g["tree"]["links"])
+    probes = {h: Capture(lab, h, g["address"], work) for h in receivers}
     sent_log = Path(work) / "sent.txt"
     sender = send(lab, "h1", g["address"], g["port"], INTERVAL, 1_000_000, log=sent_log)
     try:
@@ -182,7 +191,7 @@ def measure(lab: Lab, ctl, work, gid: int, hog: bool, pause: bool = False,
         result["before_ms"] = max(result["before_ms"], 1000 * INTERVAL * max(
             (n for t, n, _ in holes if t < down_at - 0.05), default=0))
     lab.set_link(a, b, True)
-    ctl.wait_topology(switches=len(TOPO.switches), links=len(TOPO.links))
+    ctl.wait_topology(switches=len(topo.switches), links=len(topo.links))
     return result
 
 
@@ -259,3 +268,41 @@ def print_rows(rows: list) -> None:
                 assert statistics.median(later) / 1000 < (BOUND_HOG_S if hog else BOUND_S), (hog, later)
             else:  # the stream did lose datagrams there: the measurement sees failures
                 assert w[-1] > 0, (hog, w)
+
+
+def test_a_move_that_turns_the_tree_around_loses_nothing(tmp_path):
+    """ring:6, a group from h1 (s1) to h2, h3 and h4: the tree runs s1 -> s2 -> s3 -> s4.
+    Link s1-s2 fails; the FF group at s1 sends the copies round the ring to s2, and the
+    controller's new tree runs the other way, s1 -> s6 -> s5 -> s4 -> s3 -> s2: s3 turns
+    from copying to s4 to copying to s2 (it holds the new direction in a turn group until
+    the old feed is cut, ``controller.core``). The link comes back (the tree stays: no
+    churn), then s1-s6 fails and the tree turns back; and so on. The switches' failover
+    hole is measured as above; the move after it must lose nothing."""
+    topo = T.ring(6, 1)
+    work = tmp_path
+    rows = []
+    with controller_lab(topo, work) as (lab, ctl):
+        for h in topo.hosts[1:]:
+            assert lab.ping(h.name, "h1", count=1, wait=2), ctl.log_text()
+        ip = {h.name: h.ip for h in topo.hosts}
+        receivers = ("h2", "h3", "h4")
+        r = ctl.api("POST", "/v1/groups", json={"model": "turn-test", "source": ip["h1"],
+                                                "receivers": [ip[h] for h in receivers]})
+        assert r.status_code == 201, r.text
+        gid = r.json()["id"]
+        g = ctl.wait_group(gid, lambda g: g["state"] == "installed")
+        way = ([1, 2], [2, 3], [3, 4])  # the tree's path to s4 this way round, and the other
+        other = ([1, 6], [6, 5], [5, 4], [4, 3], [3, 2])
+        assert all(k in g["tree"]["links"] for k in way), g["tree"]
+        for i in range(max(REPEATS, 2)):
+            m = measure(lab, ctl, work, gid, False, name=f"turn-{i}", receivers=receivers,
+                        link=tuple(way[0]), topo=topo)
+            g = ctl.wait_group(gid, lambda g: g["state"] == "installed")
+            assert all(k in g["tree"]["links"] for k in other), g["tree"]  # it turned
+            assert not any(turn_groups(lab, d) for d in topo.switches), "a turn group was left behind"
+            rows.append(("protection", False, m))
+            way, other = other, way
+        assert ctl.api("DELETE", f"/v1/groups/{gid}").status_code == 204
+    print("\nring:6, the tree turned around by each move:")
+    print_rows(rows)
+    assert all(m["after_ms"] == 0 for _, _, m in rows), [m["after_ms"] for _, _, m in rows]

@@ -24,7 +24,9 @@ from hypothesis import strategies as st
 import pytest
 
 import topologies as T
+from controller import ofmsgs
 from controller.core import MulticastCore, Plan
+from controller.reconnect import Reconnect
 from lab.fakeof import FakeFabric
 from tests.support.controller_env import assert_exact, core_and_fabric
 from tests.support.fabric_checks import (apply, assert_delivery, create_drawn_groups, expected_reachable,
@@ -81,8 +83,7 @@ def parents(core: MulticastCore) -> dict[int, dict[int, int | None]]:
 
 def reversed_groups(core: MulticastCore, before: dict[int, dict[int, int | None]]) -> set[int]:
     """Groups whose new tree turns a segment of the old one around (a switch's new parent
-    was its child). No one ALL group per switch serves both directions, so such a move is
-    not make-before-break yet (see ``test_a_reversed_segment_still_has_a_hole``)."""
+    was its child): the hard case (see ``test_a_reversed_segment_moves_without_a_hole``)."""
     out = set()
     for gid, old in before.items():
         g = core.groups.get(gid)
@@ -93,12 +94,12 @@ def reversed_groups(core: MulticastCore, before: dict[int, dict[int, int | None]
 
 
 def install_checking(core: MulticastCore, fabric: FakeFabric, topo: T.Topology, plan: Plan,
-                     what: str, seed: int = 0, exempt: set[int] = frozenset()) -> None:
+                     what: str, seed: int = 0) -> None:
     """Install ``plan`` phase by phase as the app's installer does, asserting that no state
-    a phase may pass through leaves a receiver that had a copy before without one (groups
-    in ``exempt``: loops only)."""
+    a phase may pass through leaves a receiver that had a copy before without one, or
+    holds a loop."""
     rng = random.Random(seed)
-    must = {gid: rs for gid, rs in served(core, fabric).items() if gid not in exempt}
+    must = served(core, fabric)
     for i, phase in enumerate(plan.phases):
         before = {d: (list(sw.flows), dict(sw.groups)) for d, sw in fabric.switches.items()}
         for msgs, cut in phase_states(phase, rng):
@@ -127,10 +128,10 @@ def link_between(topo: T.Topology, a: int, b: int) -> T.Link:
 
 
 def fail_and_move(core: MulticastCore, fabric: FakeFabric, topo: T.Topology, p: int, c: int,
-                  seed: int = 0, reversals: bool = False) -> set[int]:
+                  seed: int = 0) -> set[int]:
     """The link p-c goes down (the switches' own failover takes it), the controller hears
-    PortStatus from both ends and moves; then the link comes back and it re-arms. Groups
-    whose move reverses a segment are exempt unless ``reversals``; returns them."""
+    PortStatus from both ends and moves; then the link comes back and it re-arms. Returns
+    the groups whose move turned a segment of their tree around."""
     k = link_between(topo, p, c)
     fabric.set_link(p, c, False)
     assert not holes(core, fabric, topo) or not _protected(core, p, c)  # the FF groups' part
@@ -142,10 +143,9 @@ def fail_and_move(core: MulticastCore, fabric: FakeFabric, topo: T.Topology, p: 
         for d, port in steps:
             before = parents(core)
             plan = core.port_up(d, port) if up else core.port_down(d, port)
-            exempt = set() if reversals else reversed_groups(core, before)
-            turned |= exempt
+            turned |= reversed_groups(core, before)
             install_checking(core, fabric, topo, plan,
-                             f"link {p}-{c} {'up' if up else 'down'}: {d}:{port}", seed, exempt)
+                             f"link {p}-{c} {'up' if up else 'down'}: {d}:{port}", seed)
         assert_delivery(core, fabric, topo)
         assert_exact(core, fabric)
     return turned
@@ -172,24 +172,45 @@ def test_the_ovs_lab_failures_move_without_a_hole():
         assert not fail_and_move(core, fabric, topo, p, c, seed=i)  # (no segment turns here)
 
 
-@pytest.mark.xfail(strict=True, reason="a move that turns a tree segment around is not "
-                   "make-before-break yet: one ALL group per switch cannot copy both ways")
-def test_a_reversed_segment_still_has_a_hole():
+def test_a_reversed_segment_moves_without_a_hole():
     """ring:6, a group from s1 to s2, s3 and s4 (tree 1 -> 2 -> 3 -> 4); link 1-2 fails
     and the new tree runs the other way round, 1 -> 6 -> 5 -> 4 -> 3 -> 2: s3 turns from
-    copying to s4 to copying to s2 while s1 starts feeding s6, and if s3 goes first s4
-    gets nothing. A switch on the turned segment must copy towards its
-    old child for copies from its new parent and not back for those from its old one;
-    with one ALL group per switch (the (S,G) flows of every ingress point at it) its
-    modify goes with the feeds that start, and two such modifies race within the phase.
-    (Leaf-spine and fat-tree shortest-path trees do not turn a segment on one failure.)"""
+    copying to s4 to copying to s2 while s1 starts feeding s6. One ALL group cannot copy
+    both ways (to s4 for copies from s2, to s2 for copies from s4), so s3 holds the new
+    direction in a turn group until the old feed is cut; before that, a plan that turned
+    s3's group with the new feeds left s4 with nothing whenever s3 went first."""
     topo = T.ring(6, 1)
     core, fabric = core_and_fabric(topo)
     h = {x.dpid: x.ip for x in topo.hosts}
     g, plan = core.create_group("m", h[1], [h[2], h[3], h[4]])
     apply(fabric, plan)
     assert g.tree.parent[4] == 3 and g.tree.parent[3] == 2
-    fail_and_move(core, fabric, topo, 1, 2, reversals=True)
+    assert fail_and_move(core, fabric, topo, 1, 2) == {g.gid}  # (it did turn)
+    assert not any(ofmsgs.is_turn(t) for sw in fabric.switches.values() for t in sw.groups)
+
+
+def test_a_move_cut_short_leaves_a_turn_group_the_reconnect_removes():
+    """The controller dies (or a switch disconnects) between a turning move's phases: the
+    switch holds the turn group and a flow pointing at it. Reading its tables back, the
+    controller deletes the turn group first and rewrites the flow: exact again."""
+    topo = T.ring(6, 1)
+    core, fabric = core_and_fabric(topo)
+    h = {x.dpid: x.ip for x in topo.hosts}
+    g, plan = core.create_group("m", h[1], [h[2], h[3], h[4]])
+    apply(fabric, plan)
+    fabric.set_link(1, 2, False)
+    k = link_between(topo, 1, 2)
+    plan = core.port_down(k.a, k.a_port)
+    assert any(hasattr(m, "group_id") and ofmsgs.is_turn(m.group_id) for _, m in plan.phases[0])
+    assert not fabric.apply_all(plan.phases[0] + plan.phases[1])  # phase 2 never sent
+    turned = {d for d, sw in fabric.switches.items() if any(ofmsgs.is_turn(t) for t in sw.groups)}
+    assert turned == {3}
+    for dpid in topo.switches:  # each switch reconnects and is read back
+        done, errors = fabric.audit(dpid, Reconnect(core), audit=False)
+        assert done is not None and not errors, errors
+    assert not any(ofmsgs.is_turn(t) for sw in fabric.switches.values() for t in sw.groups)
+    assert_delivery(core, fabric, topo)
+    assert_exact(core, fabric)
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
