@@ -226,3 +226,28 @@ def test_no_hole_while_a_tree_moves(topo, data, algorithm):
     assume(tree_links)
     p, c = data.draw(st.sampled_from(tree_links), label="failed link")
     fail_and_move(core, fabric, topo, p, c, seed=data.draw(st.integers(0, 1000), label="seed"))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(topo=topology_strategy, data=st.data(), algorithm=st.sampled_from(["spt", "steiner"]))
+def test_no_hole_while_receivers_join_and_leave(topo, data, algorithm):
+    """Any fabric, a few groups; receivers join and leave one at a time. A join or a
+    leave may reshape the tree (a Steiner tree especially, whose segments can turn
+    around): at every state each plan passes through, every receiver that had a copy
+    and still belongs gets one, and nothing loops; afterwards the switches hold exactly
+    the trees."""
+    ips = [h.ip for h in topo.hosts]
+    assume(len(ips) >= 3)
+    core, fabric = core_and_fabric(topo, algorithm=algorithm)
+    create_drawn_groups(data, core, fabric, ips)
+    seed = data.draw(st.integers(0, 1000), label="seed")
+    for step in range(data.draw(st.integers(1, 6), label="changes")):
+        g = core.groups[data.draw(st.sampled_from(sorted(core.groups)), label="group")]
+        others = sorted(ip for ip in ips if ip != g.source and ip not in g.receivers)
+        leave = data.draw(st.booleans(), label="leave") if others and len(g.receivers) > 1 else not others
+        ip = data.draw(st.sampled_from(sorted(g.receivers) if leave else others), label="who")
+        plan = core.leave(g.gid, ip) if leave else core.join(g.gid, ip)
+        install_checking(core, fabric, topo, plan, f"step {step}: {ip} {'leaves' if leave else 'joins'} "
+                         f"group {g.gid}", seed + step)
+        assert_delivery(core, fabric, topo)
+        assert_exact(core, fabric)
