@@ -46,10 +46,10 @@ from controller.store import EtcdStore, parse_store_url
 
 app_manager.require_app("ryu.topology.switches", api_style=True)
 log = logging.getLogger("modelcast.app")
-# MODELCAST_TRACE=FILE: one line per OpenFlow message of a plan, barrier reply, PortStatus
-# and audit, with the wall-clock time (to lay against a receiver's capture of a stream).
-# Off by default; a debugging aid for the order of a move (issue 12).
-_TRACE = open(os.environ["MODELCAST_TRACE"], "a", buffering=1) if os.environ.get("MODELCAST_TRACE") else None
+# --trace FILE (settings.trace_file): one line per OpenFlow message of a plan, barrier
+# reply, PortStatus and audit, with the wall-clock time (to lay against a receiver's
+# capture of a stream). Off by default; a debugging aid for the order of a move (issue 12).
+_TRACE: Any = None
 
 
 def trace(what: str, *args: Any) -> None:
@@ -107,6 +107,10 @@ class ModelcastApp(app_manager.RyuApp):
         super().__init__(*args, **kwargs)
         conf = settings.current
         tune_gc()
+        global _TRACE
+        if conf.trace_file is not None and _TRACE is None:
+            _TRACE = open(conf.trace_file, "a", buffering=1)
+            log.info("tracing plans, barriers and port changes to %s", conf.trace_file)
         self.dps: dict[int, Any] = {}
         self._waiters: dict[tuple[int, int], Any] = {}  # (dpid, barrier xid) -> hub.Event
         self._xid_errors: dict[tuple[int, int], list[str]] = {}  # (dpid, xid) -> plan's errors

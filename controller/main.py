@@ -50,6 +50,9 @@ def parse(argv: list[str]) -> tuple[settings.Settings, list[str]]:
     ap.add_argument("--no-protection", action="store_true",
                     help="do not pre-install fast-failover groups and detours for tree links "
                     "(a failed link then waits for the controller's reroute)")
+    ap.add_argument("--trace", type=Path, metavar="FILE",
+                    help="append every plan message, barrier reply, port change and audit with "
+                    "its wall-clock time to FILE (env MODELCAST_TRACE; a debugging aid)")
     ap.add_argument("--store", metavar="etcd://HOST:PORT[,HOST:PORT]",
                     help="keep the state in etcd instead of --state-file and run as one of several "
                     "instances: one is elected leader, the others follow (env MODELCAST_STORE)")
@@ -71,7 +74,7 @@ def parse(argv: list[str]) -> tuple[settings.Settings, list[str]]:
     for option, field in (("state_file", "state_file"), ("algorithm", "algorithm"), ("udp_port", "udp_port"),
                           ("host_timeout", "host_timeout_s"), ("audit_interval", "audit_interval_s"),
                           ("store_prefix", "store_prefix"), ("lease_ttl", "lease_ttl_s"),
-                          ("advertise_url", "advertise_url")):
+                          ("advertise_url", "advertise_url"), ("trace", "trace_file")):
         if getattr(ours, option) is not None:  # given on the command line: overrides the env
             setattr(conf, field, getattr(ours, option))
     if ours.no_protection:
@@ -103,6 +106,12 @@ def parse(argv: list[str]) -> tuple[settings.Settings, list[str]]:
         ap.error(f"--host-timeout must be 1..65535 s, not {conf.host_timeout_s}")
     if not conf.audit_interval_s >= 0:
         ap.error(f"--audit-interval must be >= 0 s, not {conf.audit_interval_s}")
+    if conf.trace_file is not None:
+        try:
+            with open(conf.trace_file, "a"):
+                pass
+        except OSError as exc:
+            ap.error(f"--trace: cannot write {conf.trace_file}: {exc.strerror}")
     if conf.state_file is not None:
         parent = conf.state_file.expanduser().resolve().parent
         if not parent.is_dir():

@@ -32,6 +32,10 @@ class Settings:
     store_prefix: str | None = None  # default: the URL's path, else /modelcast/
     lease_ttl_s: int = 2  # a killed leader is replaced this long after its last keepalive
     advertise_url: str | None = None  # this instance's REST URL for the others (forwarding)
+    # --trace FILE / MODELCAST_TRACE: every plan message, barrier reply, PortStatus and
+    # audit with its wall-clock time, appended (controller.app.trace)
+    trace_file: Path | None = field(default_factory=lambda: Path(p) if (
+        p := os.environ.get("MODELCAST_TRACE")) else None)
 
 
 current = Settings()

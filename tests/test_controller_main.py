@@ -20,6 +20,7 @@ def run(*args: str, timeout: float = 30) -> subprocess.CompletedProcess:
     (["--udp-port", "70000"], "--udp-port must be 1..65535"),
     (["--host-timeout", "0"], "--host-timeout must be 1..65535 s"),
     (["--audit-interval", "-1"], "--audit-interval must be >= 0 s"),
+    (["--trace", "/nonexistent-dir/trace.txt"], "--trace: cannot write /nonexistent-dir/trace.txt"),
     (["--state-file", "/nonexistent-dir/state.json"], "does not exist"),
     (["--igmp-allow", "10.0.0.0/40"], "--igmp-allow: '10.0.0.0/40' is not an IPv4 CIDR"),
     (["--no-such-option"], "unrecognized arguments"),
