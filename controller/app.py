@@ -41,7 +41,7 @@ from controller.igmp import IgmpPolicy
 from controller.reconnect import AuditClock, Reconnect, normalise_actions, port_status, removal_is_drift
 from controller.rest import RestApi
 from controller.rest import ApiError, forward_to
-from controller.service import Service, StateFileError
+from controller.service import Changes, Service, StateFileError
 from controller.store import EtcdStore, parse_store_url
 
 app_manager.require_app("ryu.topology.switches", api_style=True)
@@ -138,6 +138,7 @@ class ModelcastApp(app_manager.RyuApp):
         self.service = Service(core, installer=self, state_path=conf.state_file, token=conf.token,
                                host_tokens=conf.host_tokens, writer=self._write_state,
                                store=self.store)
+        self.service.changes = Changes(hub.Event)  # (green: a held GET waits on the hub)
         self._rebind()
         if self.election is not None:
             self.service.cluster = self._cluster
@@ -267,6 +268,7 @@ class ModelcastApp(app_manager.RyuApp):
             for p in problems:
                 log.warning("store %s: %s", self.store.name, p)
             self._rebind()
+            self.service.changes.notify()  # (held GETs look at the leader's state)
             self._next_mirror = now + max(0.5, 10 * (time.monotonic() - now))
         self._mirrored = rev
 

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import copy
 import functools
+import hashlib
 import json
 import logging
 import re
+import time
 from pathlib import Path
 from typing import Any, Callable
 from urllib.parse import urlsplit
@@ -200,6 +202,26 @@ def parse_ip(text: str, what: str = "host") -> str:
     return check_unicast(text, what)  # InvalidAddress -> 400
 
 
+WAIT_MAX_S = 20.0  # the longest ``Prefer: wait`` a GET of a group is held for
+RECHECK_S = 1.0  # a held GET looks at its group again at least this often
+
+
+def etag(body: Any) -> str:
+    """A strong ETag of a JSON answer (as this caller sees it: keys shown or not)."""
+    digest = hashlib.blake2b(json.dumps(body, sort_keys=True).encode(), digest_size=12).hexdigest()
+    return f'"{digest}"'
+
+
+def if_none_match(req: Any) -> set[str]:
+    return {t.strip() for t in (req.headers.get("If-None-Match") or "").split(",") if t.strip()}
+
+
+def prefer_wait(req: Any) -> float:
+    """``Prefer: wait=N`` (RFC 7240) in seconds, capped at WAIT_MAX_S; 0 without one."""
+    m = re.search(r"(?:^|[,;\s])wait\s*=\s*(\d+(?:\.\d+)?)", req.headers.get("Prefer") or "")
+    return min(float(m.group(1)), WAIT_MAX_S) if m else 0.0
+
+
 def endpoint(mutating: bool = False) -> Callable[[Callable[..., Response]], Callable[..., Response]]:
     """Wrap a handler: the caller authenticated first (passed as ``who``; a token is
     required for mutating calls, so no body is read for an anonymous change), errors as
@@ -218,6 +240,8 @@ def endpoint(mutating: bool = False) -> Callable[[Callable[..., Response]], Call
                     # at once), and reads show keys only to a caller allowed to see them
                     who = self.service.authenticate(req.headers.get("Authorization"), mutating)
                     resp = func(self, req, who=who, **kwargs)
+                    if mutating:  # (readers waiting for a group to change look again)
+                        self.service.changes.notify()
             except ApiError as exc:
                 resp = error_response(exc.status, exc.message, exc.detail, exc.headers)
             except CoreError as exc:
@@ -346,7 +370,26 @@ class RestApi(ControllerBase):
     @route("modelcast_group_get", "/v1/groups/{id}", methods=["GET"])
     @endpoint()
     def get_group(self, req: Any, id: str, who: Principal | None, **_: Any) -> Response:
-        return json_response(200, self.service.get_group(parse_gid(id), who))
+        """With ``If-None-Match`` (the ETag of an earlier answer) and ``Prefer: wait=N``,
+        answer once the group differs from that answer, or 304 after N s (at most
+        WAIT_MAX_S): a host agent waiting for a transfer asks once per change."""
+        gid = parse_gid(id)
+        body = self.service.get_group(gid, who)
+        tag = etag(body)
+        known = if_none_match(req)
+        if tag in known:
+            deadline = time.monotonic() + prefer_wait(req)
+            while tag in known and (left := deadline - time.monotonic()) > 0:
+                # a change notifies at once; the recheck bounds what none announces
+                # (a follower's state arriving from the store)
+                self.service.changes.wait(min(left, RECHECK_S))
+                body = self.service.get_group(gid, who)  # (404 once it is deleted)
+                tag = etag(body)
+            if tag in known:
+                resp = Response(status=304)
+                resp.headers["ETag"] = tag
+                return resp
+        return json_response(200, body, {"ETag": tag})
 
     @route("modelcast_group_rekey", "/v1/groups/{id}/rekey", methods=["POST"])
     @endpoint(mutating=True)

@@ -15,6 +15,7 @@ import logging
 import re
 import secrets
 import socket
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -86,6 +87,27 @@ class Metrics:
             registry=registry)
 
 
+class Changes:
+    """Wakes the readers waiting for a group to change (``GET /v1/groups/{id}`` with
+    ``Prefer: wait=N``): whatever may change what a group shows notifies, and each
+    waiter then compares its own group. A host agent waiting for a transfer thus asks
+    once per change (or per wait) instead of polling: a poll costs the controller
+    ~0.7 ms of CPU, and 100 agents polling at 10 Hz kept one core busy. ``event``
+    makes the waitable: the app passes Ryu's ``hub.Event``."""
+
+    def __init__(self, event: Callable[[], Any] = threading.Event) -> None:
+        self._new = event
+        self._event = event()
+
+    def notify(self) -> None:
+        event, self._event = self._event, self._new()
+        event.set()
+
+    def wait(self, timeout: float) -> bool:
+        """Until the next ``notify`` or ``timeout`` s; whether notified."""
+        return bool(self._event.wait(timeout))
+
+
 class Service:
     """Group lifecycle, install state, persistence, metrics and auth over a core.
 
@@ -101,6 +123,7 @@ class Service:
                  save_interval_s: float = SAVE_INTERVAL_S, store: Store | None = None) -> None:
         self.core = core
         self.installer = installer
+        self.changes = Changes()  # (the app's uses hub.Event)
         self.state_path = Path(state_path) if state_path is not None else None
         self.writer = writer or self._write  # (path, payload): atomic and durable
         # where state() is kept: the state file by default, or e.g. etcd (controller.store)
@@ -150,6 +173,7 @@ class Service:
         log.info("install %s: %d messages to %d switches for groups %s",
                  reason, len(plan), len(plan.switches()), _ids(gids))
         confirmed = False
+        self.changes.notify()  # (its groups and receivers are pending now)
 
         def _done(errors: list[str]) -> None:
             nonlocal confirmed
@@ -180,6 +204,7 @@ class Service:
                           reason, _ids(gids), elapsed * 1000)
             if done is not None:
                 done(errors)
+            self.changes.notify()
 
         self.installer.install(plan, _done)
 

@@ -57,10 +57,12 @@ _ANY = "0.0.0.0"
 PROGRESS_INTERVAL = 0.1  # seconds between on_progress calls
 _PROBE_GROUP = "232.0.1.1"  # any SSM address takes the multicast route
 # With a controller, the sender holds its data (manifests only) until the expected
-# receivers said HELLO, at most this long: they pick the announced key up within their
-# 0.1 s poll (_WATCH_POLL), and data sent before that would have to be repaired.
+# receivers said HELLO, at most this long: they pick the announced key up as soon as the
+# controller has it (a held GET, _WATCH_WAIT), and data sent before that would have to
+# be repaired.
 _START_WAIT = 1.0
-_WATCH_POLL = 0.1
+_WATCH_WAIT = 5.0  # a GET of the group is held this long by the controller for a change
+_WATCH_POLL = 0.1  # between GETs to a controller that holds none (older), or after an error
 
 
 class TransferError(Exception):
@@ -578,22 +580,30 @@ def _files(page: Manifest) -> int:
 
 
 class _GroupWatcher:
-    """Polls the controller for the group in a thread, so the loop never blocks on HTTP:
+    """Follows the group on the controller in a thread, so the loop never blocks on HTTP:
     the sender learns late joiners (on the list before their first datagram), a receiver
-    a transfer announced after it joined."""
+    a transfer announced after it joined. Each GET is held by the controller until the
+    group changes (``watch_group``); a controller that holds none is polled every
+    ``poll`` s."""
 
-    def __init__(self, client: ControllerClient, group_id: Optional[int], poll: float) -> None:
+    def __init__(self, client: ControllerClient, group_id: Optional[int], poll: float,
+                 wait: float = _WATCH_WAIT) -> None:
         self._group: Optional[dict] = None
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(client, group_id, poll), daemon=True)
+        self._thread = threading.Thread(target=self._run, args=(client, group_id, poll, wait), daemon=True)
         self._thread.start()
 
-    def _run(self, client: ControllerClient, group_id: Optional[int], poll: float) -> None:
-        while group_id is not None and not self._stop.wait(poll):
+    def _run(self, client: ControllerClient, group_id: Optional[int], poll: float, wait: float) -> None:
+        etag = None
+        while group_id is not None and not self._stop.is_set():
             try:
-                self._group = client.get_group(int(group_id)) or {}
+                group, etag = client.watch_group(int(group_id), etag, wait)
             except ControllerError:
-                pass  # (restarting): keep what we have
+                group = etag = None  # (restarting): keep what we have
+            if group is not None and not self._stop.is_set():
+                self._group = group
+            if etag is None and self._stop.wait(poll):
+                return
 
     def changed(self) -> Optional[dict]:
         """The latest answer, once per answer (None: nothing new)."""
@@ -720,12 +730,24 @@ def _await_announced(client: ControllerClient, gid: int, joined: dict, secret_ke
     first = _announced(joined, secret_key)
     if first is not None:
         return first
-    group = client.wait_until(lambda: client.get_group(gid), lambda g: _announced(g, secret_key) is not None,
-                              f"the source of group {gid} to announce a transfer", timeout, _WATCH_POLL,
-                              unreachable_ok=True)
-    found = _announced(group, secret_key)
-    assert found is not None
-    return found
+    deadline = time.monotonic() + timeout
+    last: Any = joined
+    etag = None
+    while True:
+        try:
+            group, etag = client.watch_group(gid, etag, min(_WATCH_WAIT, max(0.0, deadline - time.monotonic())))
+        except ControllerError as exc:  # (restarting, or failing over): not yet
+            group, etag, last = None, None, f"(unreachable: {exc})"
+        if group is not None:
+            last = group
+            found = _announced(group, secret_key)
+            if found is not None:
+                return found
+        if time.monotonic() >= deadline:
+            raise ControllerError(f"timed out after {timeout:g}s waiting for the source of group {gid} "
+                                  f"to announce a transfer (last answer: {str(last)[:400]})")
+        if etag is None:
+            time.sleep(_WATCH_POLL)
 
 
 def _receive(out: str, opts: ReceiveOptions, group: tuple[str, int], source_ip: str, interface: str,

@@ -85,6 +85,24 @@ class ControllerClient:
     def get_group(self, group_id: int) -> dict:
         return self._call("GET", f"/v1/groups/{group_id}")
 
+    def watch_group(self, group_id: int, etag: Optional[str] = None,
+                    wait: float = 0.0) -> tuple[Optional[dict], Optional[str]]:
+        """GET the group; given the ETag of the last answer, the controller holds the
+        request until the group differs from it, at most ``wait`` s (capped below the
+        request timeout). Returns (the group, or None when unchanged; its ETag, None
+        from a controller that sends none: poll that one instead)."""
+        extra = {}
+        if etag is not None:
+            extra["If-None-Match"] = etag
+            wait = min(wait, self.request_timeout / 2)
+            if wait > 0:
+                extra["Prefer"] = f"wait={wait:g}"
+        reply: dict[str, Any] = {}
+        group = self._call("GET", f"/v1/groups/{group_id}", extra=extra, reply=reply)
+        if reply.get("status") == 304:
+            return None, reply.get("etag") or etag
+        return group, reply.get("etag")
+
     def join(self, group_id: int, ip: str) -> dict:
         """PUT /v1/groups/{id}/receivers/{ip}: add ``ip`` to the tree; returns the group."""
         return self._call("PUT", f"/v1/groups/{group_id}/receivers/{ip}")
@@ -192,15 +210,18 @@ class ControllerClient:
 
     # ------------------------------------------------------------------ plumbing
 
-    def _call(self, method: str, path: str, body: Optional[dict] = None) -> Any:
+    def _call(self, method: str, path: str, body: Optional[dict] = None,
+              extra: Optional[dict] = None, reply: Optional[dict] = None) -> Any:
+        """``extra``: more request headers; ``reply``, when given, gets the answer's
+        ``status`` and ``etag``."""
         if len(self.urls) == 1:
-            return self._call_one(self.base_url, method, path, body)
+            return self._call_one(self.base_url, method, path, body, extra, reply)
         deadline = time.monotonic() + self.failover_s
         while True:
             start = self.urls.index(self.base_url)
             for url in self.urls[start:] + self.urls[:start]:
                 try:
-                    out = self._call_one(url, method, path, body)
+                    out = self._call_one(url, method, path, body, extra, reply)
                 except _Unavailable as exc:
                     last = exc
                     continue
@@ -211,10 +232,11 @@ class ControllerClient:
                                       f"{self.failover_s:g}s; last: {last}")
             time.sleep(0.2)
 
-    def _call_one(self, base_url: str, method: str, path: str, body: Optional[dict]) -> Any:
+    def _call_one(self, base_url: str, method: str, path: str, body: Optional[dict],
+                  extra: Optional[dict] = None, reply: Optional[dict] = None) -> Any:
         import requests
 
-        headers = {"Accept": "application/json"}
+        headers = {"Accept": "application/json", **(extra or {})}
         if self.token:
             headers["Authorization"] = f"Bearer {self.token}"
         url = base_url + path
@@ -229,11 +251,13 @@ class ControllerClient:
             raise _Unavailable(f"cannot reach controller at {base_url}: {_reason(exc)}") from None
         except requests.RequestException as exc:
             raise ControllerError(f"cannot reach controller at {base_url}: {_reason(exc)}") from None
+        if reply is not None:
+            reply["status"], reply["etag"] = resp.status_code, resp.headers.get("ETag")
         if resp.status_code == 503:
             raise _Unavailable(f"controller refused {method} {path} (503): {_error_text(resp)}")
         if resp.status_code >= 400:
             raise ControllerError(f"controller refused {method} {path} ({resp.status_code}): {_error_text(resp)}")
-        if resp.status_code == 204 or not resp.content:
+        if resp.status_code in (204, 304) or not resp.content:
             return None
         try:
             return resp.json()

@@ -8,6 +8,7 @@ import ast
 import json
 import logging
 import re
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +58,38 @@ def test_create_and_idempotent_create(api):
                                            "algorithm": "steiner"}, 409)["error"]
     steiner = valid("Group", create(api, model="other", algorithm="steiner", receivers=[R1, R2]))
     assert steiner["algorithm"] == "steiner" and steiner["id"] == 2
+
+
+def test_a_get_waits_for_the_group_to_change(api):
+    """``If-None-Match`` with the last answer's ETag and ``Prefer: wait=N``: the GET is
+    held until the group changes (here: a receiver joins from another client), then
+    answers the new group with a new ETag; unchanged, it answers 304 (at once without a
+    wait); a group deleted meanwhile is a 404."""
+    g = create(api, receivers=[R1])
+    first = api.call("GET", f"/v1/groups/{g['id']}")
+    tag = first.headers["ETag"]
+    assert first.status_code == 200 and first.json == g and re.fullmatch(r'"[0-9a-f]{24}"', tag)
+    same = api.call("GET", f"/v1/groups/{g['id']}", headers={"If-None-Match": tag})
+    assert same.status_code == 304 and same.headers["ETag"] == tag and not same.body
+    held = api.call("GET", f"/v1/groups/{g['id']}", headers={"If-None-Match": tag, "Prefer": "wait=0.2"})
+    assert held.status_code == 304  # nothing changed in the wait
+    assert api.call("GET", f"/v1/groups/{g['id']}", headers={"If-None-Match": '"other"'}).status_code == 200
+    joiner = threading.Timer(0.3, lambda: api.call("PUT", f"/v1/groups/{g['id']}/receivers/{R2}"))
+    joiner.start()
+    try:
+        changed = api.call("GET", f"/v1/groups/{g['id']}", headers={"If-None-Match": tag, "Prefer": "wait=10"})
+    finally:
+        joiner.join()
+    assert changed.status_code == 200 and changed.headers["ETag"] != tag
+    assert valid("Group", changed.json)["receivers"] == {R1: "installed", R2: "installed"}
+    tag = changed.headers["ETag"]
+    remover = threading.Timer(0.3, lambda: api.call("DELETE", f"/v1/groups/{g['id']}"))
+    remover.start()
+    try:
+        gone = api.call("GET", f"/v1/groups/{g['id']}", headers={"If-None-Match": tag, "Prefer": "wait=10"})
+    finally:
+        remover.join()
+    assert gone.status_code == 404 and "no group" in gone.json["error"]
 
 
 def test_list_filter_and_get(api):
