@@ -74,21 +74,20 @@ def test_a_get_waits_for_the_group_to_change(api):
     held = api.call("GET", f"/v1/groups/{g['id']}", headers={"If-None-Match": tag, "Prefer": "wait=0.2"})
     assert held.status_code == 304  # nothing changed in the wait
     assert api.call("GET", f"/v1/groups/{g['id']}", headers={"If-None-Match": '"other"'}).status_code == 200
-    joiner = threading.Timer(0.3, lambda: api.call("PUT", f"/v1/groups/{g['id']}/receivers/{R2}"))
-    joiner.start()
-    try:
-        changed = api.call("GET", f"/v1/groups/{g['id']}", headers={"If-None-Match": tag, "Prefer": "wait=10"})
-    finally:
-        joiner.join()
+
+    def held_while(method: str, path: str, tag: str) -> Any:
+        """A GET held on ``tag`` while another client sends ``method path`` 0.3 s in."""
+        other = threading.Timer(0.3, lambda: api.call(method, path))
+        other.start()
+        try:
+            return api.call("GET", f"/v1/groups/{g['id']}", headers={"If-None-Match": tag, "Prefer": "wait=10"})
+        finally:
+            other.join()
+
+    changed = held_while("PUT", f"/v1/groups/{g['id']}/receivers/{R2}", tag)
     assert changed.status_code == 200 and changed.headers["ETag"] != tag
     assert valid("Group", changed.json)["receivers"] == {R1: "installed", R2: "installed"}
-    tag = changed.headers["ETag"]
-    remover = threading.Timer(0.3, lambda: api.call("DELETE", f"/v1/groups/{g['id']}"))
-    remover.start()
-    try:
-        gone = api.call("GET", f"/v1/groups/{g['id']}", headers={"If-None-Match": tag, "Prefer": "wait=10"})
-    finally:
-        remover.join()
+    gone = held_while("DELETE", f"/v1/groups/{g['id']}", changed.headers["ETag"])
     assert gone.status_code == 404 and "no group" in gone.json["error"]
 
 
