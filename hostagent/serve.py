@@ -134,7 +134,7 @@ class ServeOptions:
     ip: Optional[str] = None  # this host's address as the controller knows it (default: routing table)
     send: SendOptions = field(default_factory=lambda: SendOptions(poll=0.2, wait_timeout=10.0))
     rounds: RoundSettings = field(default_factory=RoundSettings)
-    poll: float = 0.1  # seconds between looks at each group's receivers
+    poll: float = 0.1  # seconds between looks at each group's receivers (a controller without held GETs)
     metrics_port: Optional[int] = None
     metrics_addr: str = "127.0.0.1"
 
@@ -225,6 +225,9 @@ def serve(paths: list[str], options: ServeOptions, stop: threading.Event, *,
     return models
 
 
+_IDLE_WAIT = 1.0  # a model's held GET of its group at most this long (stop is seen within it)
+
+
 def _model_loop(m: Model, send_opts: SendOptions, options: ServeOptions, stop: threading.Event,
                 emit: OnEvent) -> None:
     """One model: watch its group, run the rounds the policy asks for (one at a time)."""
@@ -233,14 +236,28 @@ def _model_loop(m: Model, send_opts: SendOptions, options: ServeOptions, stop: t
     lock = threading.Lock()
     round_thread: Optional[threading.Thread] = None
     number = 0
-    while not stop.wait(options.poll):
+    etag: Optional[str] = None
+    asking: frozenset[str] = frozenset()
+    while not stop.is_set():
         with lock:
-            if policy.running:
-                continue  # the round's sender looks at the group: its look is the policy's (one view, no lag)
+            running, closes = policy.running, policy.window_closes()
+        if running:  # the round's sender looks at the group: its look is the policy's (one view, no lag)
+            etag = None
+            stop.wait(options.poll)
+            continue
+        # a held GET: back at once when a host asks or leaves, and by the time the open
+        # join window closes (a controller without ETags: polled every ``poll`` s)
+        wait = _IDLE_WAIT if closes is None else min(_IDLE_WAIT, max(0.0, closes - time.monotonic()))
         try:
-            asking = frozenset((client.get_group(m.group_id).get("receivers") or {}))
+            group, etag = client.watch_group(m.group_id, etag, wait)
         except ControllerError:
+            etag = None
+            stop.wait(options.poll)
             continue  # (restarting): look again
+        if stop.is_set():
+            break
+        if group is not None:
+            asking = frozenset(group.get("receivers") or {})
         now = time.monotonic()
         with lock:
             policy.observe(asking, now)
@@ -253,6 +270,8 @@ def _model_loop(m: Model, send_opts: SendOptions, options: ServeOptions, stop: t
             round_thread = threading.Thread(target=_round, args=(m, number, hosts, send_opts, policy, lock, emit),
                                             name=f"round-{m.name}-{number}", daemon=True)
             round_thread.start()
+        elif etag is None:
+            stop.wait(options.poll)
     if round_thread is not None:
         round_thread.join()
 
