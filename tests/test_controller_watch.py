@@ -65,3 +65,30 @@ def test_a_receiver_waiting_for_the_announcement_asks_once_per_change(ctl):
     assert found.session == 0xBB and found.file_digest == bytes.fromhex("ff" * 32)
     print(f"\nGETs while waiting 1.5 s for the announcement: {asked}")
     assert 1 <= asked <= 3, asked
+
+
+def test_an_idle_model_server_asks_about_once_a_second(ctl):
+    """``modelcast serve``'s loop for one model, nobody fetching: it used to GET the group
+    every 0.1 s; held GETs ask about once a second (each held up to ``_IDLE_WAIT``)."""
+    import dataclasses
+    from hostagent import serve
+    from hostagent.api import SendOptions
+
+    client = ControllerClient(ctl.url, token=TOKEN)
+    g = client.create_group("watch-c", S, [])
+    m = serve.Model(path="-", name="m", source=None, digests=(b"", b""), content_id="blake3:00",  # type: ignore[arg-type]
+                    size=1000, files=1, group_id=g["id"])
+    opts = serve.ServeOptions(controller=ctl.url, token=TOKEN, poll=0.1)
+    send = dataclasses.replace(SendOptions(), controller=ctl.url, token=TOKEN)
+    stop = threading.Event()
+    events: list = []
+    before = gets(ctl)
+    loop = threading.Thread(target=serve._model_loop, args=(m, send, opts, stop, events.append))
+    loop.start()
+    time.sleep(3.0)
+    stop.set()
+    loop.join(5)
+    asked = gets(ctl) - before - 1
+    print(f"\nGETs of an idle model server in 3 s: {asked}")
+    assert not loop.is_alive() and not events  # stopped within its wait; no round started
+    assert 1 <= asked <= 6, asked  # (polling: ~30)
