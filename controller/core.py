@@ -82,13 +82,16 @@ class SwitchState:
         points at it, the core knows its id, or it is in the fast-failover id range; others
         are left alone."""
         state = cls()
+        turned: set[int] = set()  # groups with an (S,G) flow pointing at their turn group
         for ck, prio, match, acts in flows:
             in_port = match.get("in_port")
             if ck & ofmsgs.COOKIE_MASK != ofmsgs.COOKIE_TAG or in_port is None:
                 continue
             gid = ck & ~ofmsgs.COOKIE_MASK
             if prio == ofmsgs.PRIO_SG and 0 < gid <= MAX_GID:
-                if not any(a[0] == "group" and ofmsgs.is_turn(a[1]) for a in acts):
+                if any(a[0] == "group" and ofmsgs.is_turn(a[1]) for a in acts):
+                    turned.add(gid)
+                else:
                     state.flows.add((gid, in_port))
             elif prio == ofmsgs.PRIO_DETOUR and "eth_dst" in match:
                 if ck == ofmsgs.COOKIE_DETOUR:
@@ -98,8 +101,9 @@ class SwitchState:
         ours = {gid for gid, _ in state.flows} | set(known) | set(state.rejoins)
         ingress = state.ingress()
         for gid, (gtype, bucket_list) in groups.items():
-            if ofmsgs.is_turn(gid):
-                state.turns.add(gid)
+            if ofmsgs.is_turn(gid):  # (another application's group with that bit: left alone)
+                if gid & ~ofmsgs.TURN_BIT in ours or gid & ~ofmsgs.TURN_BIT in turned:
+                    state.turns.add(gid)
                 continue
             if is_ff(gid):
                 state.shared[("ff", gid)] = tuple(bucket_list) if gtype == ofmsgs.ofp.OFPGT_FF else None

@@ -187,3 +187,18 @@ def test_port_status(reason, state, config, port, expect):
     desc = parser.OFPPort(port, "02:00:00:00:00:01", b"p", config, state, 0, 0, 0, 0, 0, 0)
     assert port_status(reason, desc) is expect
     assert port_is_down(desc) == bool(state & ofp.OFPPS_LINK_DOWN or config & ofp.OFPPC_PORT_DOWN)
+
+
+def test_a_turn_group_is_ours_only_for_a_group_of_ours():
+    """A switch read back holds a turn group of one of our groups (a move cut short: an
+    (S,G) flow of ours points at it) and another application's group whose id has the
+    same bit set: the first is reported to be deleted, its flow not counted as an
+    ingress (the diff rewrites it); the second is left alone."""
+    gid = 5
+    mine, theirs = ofmsgs.turn_id(gid), ofmsgs.turn_id(0x1234)
+    flows = [(ofmsgs.cookie(gid), ofmsgs.PRIO_SG, {"in_port": 2}, (("group", mine),)),
+             (ofmsgs.cookie(gid), ofmsgs.PRIO_SG, {"in_port": 1}, (("group", gid),))]
+    all_group = (ofp.OFPGT_ALL, [(ofp.OFPP_ANY, (("output", 3),))])
+    state = SwitchState.from_tables(flows, {gid: all_group, mine: all_group, theirs: all_group}, [gid])
+    assert state.turns == {mine}
+    assert state.flows == {(gid, 1)} and state.groups[gid] is not None
