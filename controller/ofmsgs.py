@@ -18,7 +18,7 @@ from typing import Any, Iterable
 from ryu.ofproto import ofproto_v1_3 as ofp
 from ryu.ofproto import ofproto_v1_3_parser as parser
 
-from controller.protect import ff_port
+from controller.protect import FF_BASE, ff_port
 
 COOKIE_TAG = 0x4D43 << 48  # "MC"
 COOKIE_MASK = 0xFFFF << 48
@@ -359,7 +359,7 @@ def turn_id(gid: int) -> int:
 
 
 def is_turn(group_id: int) -> bool:
-    return group_id & TURN_BIT != 0 and not group_id >= 0xFFFF0000  # (FF ids: protect.FF_BASE)
+    return group_id & TURN_BIT != 0 and group_id < FF_BASE
 
 
 def flow_to(dpid: int, gid: int, in_port: int, source: str, group: str, target: int) -> Msg:

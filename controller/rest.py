@@ -146,9 +146,15 @@ def validate(schema: str, instance: Any) -> None:
 
 
 # -- helpers -----------------------------------------------------------------------------
-def json_response(status: int, body: Any, headers: dict[str, str] | None = None) -> Response:
+def json_bytes(body: Any) -> bytes:
+    return json.dumps(body, sort_keys=False).encode() + b"\n"
+
+
+def json_response(status: int, body: Any, headers: dict[str, str] | None = None,
+                  raw: bytes | None = None) -> Response:
+    """``raw``: ``body`` already serialised (``json_bytes``)."""
     resp = Response(status=status, content_type="application/json",
-                    body=json.dumps(body, sort_keys=False).encode() + b"\n")
+                    body=raw if raw is not None else json_bytes(body))
     for k, v in (headers or {}).items():
         resp.headers[k] = v
     return resp
@@ -206,10 +212,9 @@ WAIT_MAX_S = 20.0  # the longest ``Prefer: wait`` a GET of a group is held for
 RECHECK_S = 1.0  # a held GET looks at its group again at least this often
 
 
-def etag(body: Any) -> str:
-    """A strong ETag of a JSON answer (as this caller sees it: keys shown or not)."""
-    digest = hashlib.blake2b(json.dumps(body, sort_keys=True).encode(), digest_size=12).hexdigest()
-    return f'"{digest}"'
+def etag(raw: bytes) -> str:
+    """A strong ETag of an answer's bytes (as this caller sees it: keys shown or not)."""
+    return '"' + hashlib.blake2b(raw, digest_size=12).hexdigest() + '"'
 
 
 def if_none_match(req: Any) -> set[str]:
@@ -374,8 +379,8 @@ class RestApi(ControllerBase):
         answer once the group differs from that answer, or 304 after N s (at most
         WAIT_MAX_S): a host agent waiting for a transfer asks once per change."""
         gid = parse_gid(id)
-        body = self.service.get_group(gid, who)
-        tag = etag(body)
+        raw = json_bytes(self.service.get_group(gid, who))  # (once: the body and its ETag)
+        tag = etag(raw)
         known = if_none_match(req)
         if tag in known:
             deadline = time.monotonic() + prefer_wait(req)
@@ -383,13 +388,13 @@ class RestApi(ControllerBase):
                 # a change notifies at once; the recheck bounds what none announces
                 # (a follower's state arriving from the store)
                 self.service.changes.wait(min(left, RECHECK_S))
-                body = self.service.get_group(gid, who)  # (404 once it is deleted)
-                tag = etag(body)
+                raw = json_bytes(self.service.get_group(gid, who))  # (404 once it is deleted)
+                tag = etag(raw)
             if tag in known:
                 resp = Response(status=304)
                 resp.headers["ETag"] = tag
                 return resp
-        return json_response(200, body, {"ETag": tag})
+        return json_response(200, None, {"ETag": tag}, raw=raw)
 
     @route("modelcast_group_rekey", "/v1/groups/{id}/rekey", methods=["POST"])
     @endpoint(mutating=True)
