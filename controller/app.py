@@ -32,7 +32,7 @@ from ryu.ofproto import ofproto_v1_3_parser as parser
 from ryu.topology import event as topo_event
 
 from controller import igmp as igmp_decisions
-from controller import ofmsgs, settings, unicast
+from controller import native, ofmsgs, settings, unicast
 from controller.election import LEADER, MASTER, Election, Status, role_for
 from controller.core import MulticastCore, Plan, tune_gc
 from controller.errors import CoreError
@@ -164,6 +164,7 @@ class ModelcastApp(app_manager.RyuApp):
         if self.service.credentials.open:
             log.warning("no REST token configured (--token or MODELCAST_TOKEN): local callers "
                         "may change groups, and no caller is given a session key")
+        native.warn_if_pure(log)
         log.info("modelcast controller: %d groups restored, algorithm %s, fast-failover protection %s, "
                  "state file %s", len(core.groups), conf.algorithm, "on" if conf.protection else "off",
                  conf.state_file or "(none: groups are not persisted)")

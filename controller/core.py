@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Iterable, Iterator
 
-from controller import ofmsgs
+from controller import native, ofmsgs
 from controller.addressing import check_model, check_ssm, ssm_address
 from controller.errors import Conflict, CoreError, ReceiverIsSource, UnknownGroup
 from controller.protect import IN_PORT_BIT, Detours, ff_buckets, ff_id, ff_port, is_ff, tag
@@ -591,7 +591,18 @@ class MulticastCore:
         self._swap(g, tree, changed)
         return changed
 
-    def _fill(self, g: Group, tree: Tree, source_port: int, outs: dict[int, list[int]]) -> None:
+    def _fill_c(self, g: Group, tree: Tree, source_port: int, outs: dict[int, list[int]]) -> None:
+        """``_fill_py`` with its loop in C (``controller._fastplan``): the pieces made
+        once per topology, link or FF group (``_uplink``, ``_piece``, ``_want_ff``,
+        ``_guard``) are this class's, called back on a miss."""
+        self._pieces_now()
+        gmac = ofmsgs.multicast_mac(g.address)
+        native.module.fill(tree.entries, tree.parent, outs, source_port, g.gid, self.switch_users, self._uplinks,
+                           self._uplink, self.protection, self._pieces, self._piece, self.ff_refs, self._want_ff,
+                           self._guard, (("set_field", "eth_dst", gmac), ("group", g.gid)), SwitchEntry,
+                           _IN_PORT_OUT)
+
+    def _fill_py(self, g: Group, tree: Tree, source_port: int, outs: dict[int, list[int]]) -> None:
         """A group's first tree (``compute_tree``'s ``fill``): each switch's entry made
         once, protected as ``_protect`` makes it, and counted in the usage indexes and
         the FF groups' users as ``_swap`` counts it, in one pass over the switches
@@ -639,6 +650,9 @@ class MulticastCore:
                         self._want_ff(n, f)
                         if f ^ IN_PORT_BIT not in refs:
                             self._guard((n, ff_port(f)), True)
+
+    _fill = _fill_c if native.NATIVE else _fill_py
+    _tree_adds = staticmethod(ofmsgs.tree_adds)  # (the same choice: a class attribute, so a test can pick)
 
     # -- protection (controller.protect) ---------------------------------------------
     def _protect(self, g: Group, tree: Tree, nodes: Iterable[int] | None = None,
@@ -891,7 +905,7 @@ class MulticastCore:
                     todo = [d for d in order if d in live]
                     if todo:
                         plan.groups.add(gid)
-                        ofmsgs.tree_adds(gid, g.source, g.address, todo, want, build)
+                        self._tree_adds(gid, g.source, g.address, todo, want, build)
                         for d in todo:
                             changes[d] += 1
                             installed[d][gid] = want[d]

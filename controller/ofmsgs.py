@@ -12,12 +12,13 @@ from __future__ import annotations
 import ipaddress
 import struct
 import types
-from functools import lru_cache
+from functools import lru_cache, partial
 from typing import Any, Iterable
 
 from ryu.ofproto import ofproto_v1_3 as ofp
 from ryu.ofproto import ofproto_v1_3_parser as parser
 
+from controller import native
 from controller.protect import FF_BASE, ff_port
 
 COOKIE_TAG = 0x4D43 << 48  # "MC"
@@ -432,8 +433,17 @@ def _add_parts(key: tuple) -> tuple[bytes, bytes]:
     return parts
 
 
-def tree_adds(gid: int, source: str, group: str, dpids: Iterable[int], entries: dict[int, tuple],
-              out: list[tuple[int, Msg]]) -> None:
+def tree_adds_c(gid: int, source: str, group: str, dpids: Iterable[int], entries: dict[int, tuple],
+                out: list[tuple[int, Msg]]) -> None:
+    """``tree_adds_py`` with its loop in C (``controller._fastplan``); the pieces made
+    once per entry kind, group or tag are this module's, called back on a miss."""
+    sg_head, sg_tail = _sg_flow(gid, source, group)
+    _native.tree_adds(gid, sg_head, sg_tail, dpids, entries, out, _ADD_PARTS, _add_parts, _TAGS, _tag_tlv,
+                      partial(_rejoin_flow, COOKIE_TAG | gid, source, group), ReadyGroupMod, ReadyFlowMod, _new)
+
+
+def tree_adds_py(gid: int, source: str, group: str, dpids: Iterable[int], entries: dict[int, tuple],
+                 out: list[tuple[int, Msg]]) -> None:
     """Appends to ``out`` what switches holding nothing of group ``gid`` must be sent
     for their ``entries`` (``SwitchEntry`` per dpid; those of ``dpids``, in that order):
     per switch ``group_add``, ``flow_add`` and, with a rejoin, ``detour_flow``, byte for
@@ -468,9 +478,7 @@ def tree_adds(gid: int, source: str, group: str, dpids: Iterable[int], entries: 
                 last = acts
             tlv = tags(link_tag)
             if tlv is None:
-                if len(_TAGS) >= _MAX_PARTS:
-                    _TAGS.clear()
-                tlv = _TAGS[link_tag] = _tag_oxm(link_tag)
+                tlv = _tag_tlv(link_tag)
             m = new(flow_cls)
             m._dpid = dpid
             m._wire = b"".join((head, port(arrival), tlv, tail))
@@ -478,6 +486,18 @@ def tree_adds(gid: int, source: str, group: str, dpids: Iterable[int], entries: 
 
 
 _TAGS: dict[str, bytes] = {}  # link tag -> its eth_dst TLV (one per protected link port)
+
+
+def _tag_tlv(link_tag: str) -> bytes:
+    """A link tag's TLV, kept in ``_TAGS`` (bounded)."""
+    if len(_TAGS) >= _MAX_PARTS:
+        _TAGS.clear()
+    tlv = _TAGS[link_tag] = _tag_oxm(link_tag)
+    return tlv
+
+
+_native = native.module
+tree_adds = tree_adds_c if native.NATIVE else tree_adds_py
 
 
 def detour_flow_delete(dpid: int, cookie_value: int, in_port: int, tag: str,

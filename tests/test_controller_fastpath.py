@@ -6,19 +6,22 @@ the messages Ryu's own constructors build for that tree and its protection."""
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 
 import networkx as nx
+import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from ryu.ofproto import ofproto_v1_3 as ofp
 from ryu.ofproto import ofproto_v1_3_parser as parser
 
 import topologies as T
-from controller import ofmsgs
+from controller import native, ofmsgs
 from controller.core import MulticastCore
 from controller.protect import is_ff, ff_port
 from controller.topoview import LinkKey, TopologyView
+from controller.trees import SwitchEntry
 from tests.support.fabric_checks import topology_strategy
 
 
@@ -340,3 +343,103 @@ def test_cached_protection_pieces_follow_the_topology(topo, data, protection):
         assert in_order(mine) == in_order(theirs)
         assert core_state(cores[0]) == core_state(cores[1])
         cached_pieces_hold(cores[0])
+
+
+# -- controller._fastplan: a new tree's per-switch loops in C (``MulticastCore._fill_c``,
+# ``ofmsgs.tree_adds_c``) give the entries, bookkeeping, callbacks and bytes their Python
+# twins give, on generated topologies and after random changes, and refuse bad input
+# with an exception rather than a crash.
+
+needs_c = pytest.mark.skipif(
+    native.module is None and os.environ.get("CI") != "true",
+    reason=f"controller._fastplan is not built ({native.why}): reinstall with a C compiler and the Python headers")
+
+
+def test_the_c_builder_is_built_in_ci():
+    """CI installs with a compiler: there the C loops must exist and be the default."""
+    assert native.module is not None, native.why
+    if os.environ.get("MODELCAST_PURE_PYTHON", "") in ("", "0"):
+        assert MulticastCore._fill is MulticastCore._fill_c
+        assert MulticastCore._tree_adds is ofmsgs.tree_adds_c
+
+
+class InC(MulticastCore):
+    _fill = MulticastCore._fill_c
+    _tree_adds = staticmethod(ofmsgs.tree_adds_c)
+
+
+class InPython(MulticastCore):
+    _fill = MulticastCore._fill_py
+    _tree_adds = staticmethod(ofmsgs.tree_adds_py)
+
+
+@needs_c
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(topo=topology_strategy, data=st.data(), protection=st.booleans(), balance=st.booleans())
+def test_c_and_python_build_the_same_trees_state_and_bytes(topo, data, protection, balance):
+    """Groups created (their first trees: the C loops), then random link, port, switch,
+    host, join and leave events and more groups: every plan, in sending order and byte
+    for byte, and the whole core state are the same in both."""
+    ips = [h.ip for h in topo.hosts]
+    assume(len(ips) >= 2)
+    cores = [cls(TopologyView.from_topology(topo), protection=protection, balance=balance)
+             for cls in (InC, InPython)]
+    connected(cores, topo)
+    for i in range(data.draw(st.integers(1, 6), label="groups")):
+        source, receivers = draw_group(data, ips)
+        mine, theirs = (c.create_group(f"m{i}", source, receivers)[1] for c in cores)
+        assert in_order(mine) == in_order(theirs)
+        assert core_state(cores[0]) == core_state(cores[1])
+    for i in range(data.draw(st.integers(0, 10), label="events")):
+        mine, theirs = event(data, topo, cores, ips, i)
+        assert in_order(mine) == in_order(theirs)
+        assert core_state(cores[0]) == core_state(cores[1])
+
+
+@needs_c
+def test_many_groups_on_few_links_build_the_same_in_both():
+    """Larger than the generated cases: 800 groups of 6 receivers on a small leaf-spine,
+    so FF groups gain many users, entries repeat across groups and counts pass 256 (no
+    longer the small cached ints); the messages and state agree."""
+    topo = T.leaf_spine(2, 4, 3)
+    ips = [h.ip for h in topo.hosts]
+    cores = [cls(TopologyView.from_topology(topo), protection=True) for cls in (InC, InPython)]
+    connected(cores, topo)
+    for i in range(800):
+        source = ips[(i * 7) % len(ips)]
+        receivers = {ips[(i * 5 + k * 7) % len(ips)] for k in range(6)} - {source}
+        mine, theirs = (c.create_group(f"m{i}", source, receivers)[1] for c in cores)
+        assert [(d, type(m), m._wire) for d, m in mine] == [(d, type(m), m._wire) for d, m in theirs]
+    assert core_state(cores[0]) == core_state(cores[1])
+    assert max(n for refs in cores[0].ff_refs.values() for n in refs.values()) > 256
+
+
+@needs_c
+def test_bad_input_raises_instead_of_crashing():
+    """The loops check what they are given: wrong types raise TypeError (or KeyError for
+    a switch missing from the tree), never a crash of the controller process."""
+    fill, adds = native.module.fill, native.module.tree_adds
+    with pytest.raises(TypeError):
+        fill(1, 2, 3)
+    args = [{}, {}, {1: [2]}, 1, 7, {1: set()}, {}, None, False, {}, None, {}, None, None, (), SwitchEntry, ()]
+    with pytest.raises(KeyError):  # switch 1 has no parent
+        fill(*args)
+    args[1] = {1: None}
+    args[2] = {1: "not a list"}
+    with pytest.raises(TypeError):
+        fill(*args)
+    args[2] = {1: [3, 2]}
+    fill(*args)
+    assert args[0] == {1: SwitchEntry(1, (2, 3), (), ())} and type(args[0][1]) is SwitchEntry
+    assert args[5][1] == {7}
+    out: list = []
+    good = [5, b"h", b"t", [1], {1: SwitchEntry(1, (2,), (), ())}, out, {}, lambda key: (b"a", b"b"), {},
+            lambda t: b"x", lambda acts: (b"r", b"s"), ofmsgs.ReadyGroupMod, ofmsgs.ReadyFlowMod, object.__new__]
+    adds(*good)
+    assert [(d, type(m).__name__, m._wire) for d, m in out] == [
+        (1, "ReadyGroupMod", b"a\x00\x00\x00\x05b"), (1, "ReadyFlowMod", b"h\x00\x00\x00\x01t")]
+    for i, bad in ((0, -1), (3, [2]), (4, {1: (1, 2)}), (7, lambda key: "no bytes"), (4, {1: SwitchEntry(1, (2,), (), (1,))})):
+        wrong = list(good)
+        wrong[i] = bad
+        with pytest.raises((TypeError, KeyError, OverflowError)):
+            adds(*wrong)
