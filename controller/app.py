@@ -52,6 +52,23 @@ log = logging.getLogger("modelcast.app")
 _TRACE: Any = None
 
 
+def _serve_rest(server: Any) -> None:
+    """Ryu's ``hub.WSGIServer.serve_forever`` with our limits on connections: Ryu passes
+    none, and eventlet's default of 1024 is what as many host agents waiting on held
+    GETs would take, leaving none for any other call (``--rest-connections``); and a
+    connection idle between requests, or stalled inside one, for ``--rest-idle`` s is
+    closed (by default eventlet keeps both forever, each holding a connection)."""
+    import eventlet.wsgi
+
+    conf = settings.current
+    server.logger = hub.LoggingWrapper()
+    eventlet.wsgi.server(server.server, server.handle, server.logger, max_size=conf.rest_connections,
+                         keepalive=conf.rest_idle_s, socket_timeout=conf.rest_idle_s)
+
+
+hub.WSGIServer.serve_forever = _serve_rest  # (before Ryu's manager starts the server)
+
+
 def trace(what: str, *args: Any) -> None:
     if _TRACE is not None:
         _TRACE.write(f"{time.time():.4f} {what % args if args else what}\n")
@@ -138,7 +155,7 @@ class ModelcastApp(app_manager.RyuApp):
         self.service = Service(core, installer=self, state_path=conf.state_file, token=conf.token,
                                host_tokens=conf.host_tokens, writer=self._write_state,
                                store=self.store)
-        self.service.changes = Changes(hub.Event)  # (green: a held GET waits on the hub)
+        self.service.changes = Changes(hub.Event, conf.held_max)  # (green: a held GET waits on the hub)
         self._rebind()
         if self.election is not None:
             self.service.cluster = self._cluster

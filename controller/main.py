@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import os
+import resource
 import signal
 import socket
 import sys
@@ -59,6 +60,12 @@ def parse(argv: list[str]) -> tuple[settings.Settings, list[str]]:
     ap.add_argument("--store-prefix", metavar="PREFIX", help="etcd key prefix (default /modelcast/)")
     ap.add_argument("--lease-ttl", type=int, metavar="S", help="seconds of the leader's etcd lease: "
                     "a dead leader is replaced after about this long (default 2; etcd's minimum)")
+    ap.add_argument("--rest-connections", type=int, metavar="N",
+                    help="REST connections served at once (default 4096): host agents waiting for a "
+                    "transfer each keep one, at most 3/4 of them; the open-file limit is raised to fit")
+    ap.add_argument("--rest-idle", type=float, metavar="S",
+                    help="seconds a REST connection may stay idle between requests, or stalled inside "
+                    "one, before it is closed (default 30)")
     ap.add_argument("--advertise-url", metavar="URL", help="this instance's REST URL as the others "
                     "reach it (mutations sent to a follower are forwarded to the leader's); "
                     "default http://WSAPI_HOST:WSAPI_PORT")
@@ -74,7 +81,8 @@ def parse(argv: list[str]) -> tuple[settings.Settings, list[str]]:
     for option, field in (("state_file", "state_file"), ("algorithm", "algorithm"), ("udp_port", "udp_port"),
                           ("host_timeout", "host_timeout_s"), ("audit_interval", "audit_interval_s"),
                           ("store_prefix", "store_prefix"), ("lease_ttl", "lease_ttl_s"),
-                          ("advertise_url", "advertise_url"), ("trace", "trace_file")):
+                          ("advertise_url", "advertise_url"), ("trace", "trace_file"),
+                          ("rest_connections", "rest_connections"), ("rest_idle", "rest_idle_s")):
         if getattr(ours, option) is not None:  # given on the command line: overrides the env
             setattr(conf, field, getattr(ours, option))
     if ours.no_protection:
@@ -106,6 +114,10 @@ def parse(argv: list[str]) -> tuple[settings.Settings, list[str]]:
         ap.error(f"--host-timeout must be 1..65535 s, not {conf.host_timeout_s}")
     if not conf.audit_interval_s >= 0:
         ap.error(f"--audit-interval must be >= 0 s, not {conf.audit_interval_s}")
+    if not 16 <= conf.rest_connections <= 1 << 20:
+        ap.error(f"--rest-connections must be 16..{1 << 20}, not {conf.rest_connections}")
+    if not 0.5 <= conf.rest_idle_s <= 3600:
+        ap.error(f"--rest-idle must be 0.5..3600 s, not {conf.rest_idle_s:g}")
     if conf.trace_file is not None:
         try:
             with open(conf.trace_file, "a"):
@@ -139,9 +151,32 @@ def _on_sigterm(signum: int, frame: object) -> None:
     os.kill(os.getpid(), signal.SIGTERM)
 
 
+OTHER_FILES = 512  # open files besides REST connections: switches, the state file, logs
+
+
+def fit_open_files(conf: settings.Settings) -> str | None:
+    """Raise the soft open-file limit to what ``rest_connections`` needs (up to the hard
+    limit; many systems start processes at 1024); where the hard limit is lower, serve
+    fewer connections. Returns what was done, for the start-up line (None: nothing)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    need = conf.rest_connections + OTHER_FILES
+    if soft != resource.RLIM_INFINITY and soft < need:
+        new = need if hard == resource.RLIM_INFINITY else min(need, hard)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
+        soft = new
+        if soft >= need:
+            return f"open-file limit raised to {soft}"
+    if soft != resource.RLIM_INFINITY and soft < need:
+        conf.rest_connections = max(16, soft - OTHER_FILES)
+        return (f"open-file limit {soft} (hard): REST connections lowered to {conf.rest_connections}; "
+                "raise the hard limit (ulimit -Hn) for more")
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     conf, rest = parse(list(sys.argv[1:] if argv is None else argv))
     settings.current = conf
+    fitted = fit_open_files(conf)
     # Green the standard library before anything creates locks (logging does on import),
     # as ryu-manager would; otherwise eventlet warns about un-greened RLocks.
     import controller.compat  # noqa: F401  (must precede any import of ryu.app.wsgi)
@@ -173,7 +208,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"modelcast-controller: OpenFlow on {cfg.CONF.ofp_listen_host or '0.0.0.0'}:"
           f"{cfg.CONF.ofp_tcp_listen_port}, REST on http://{cfg.CONF.wsapi_host}:"
           f"{cfg.CONF.wsapi_port}/v1, "
-          + (f"store {conf.store_url}" if conf.store_url else f"state file {conf.state_file or '(none)'}"),
+          + (f"store {conf.store_url}" if conf.store_url else f"state file {conf.state_file or '(none)'}")
+          + f", {conf.rest_connections} REST connections" + (f" ({fitted})" if fitted else ""),
           flush=True)
     manager.main(args=args, prog="modelcast-controller")
     return 0

@@ -377,19 +377,23 @@ class RestApi(ControllerBase):
     def get_group(self, req: Any, id: str, who: Principal | None, **_: Any) -> Response:
         """With ``If-None-Match`` (the ETag of an earlier answer) and ``Prefer: wait=N``,
         answer once the group differs from that answer, or 304 after N s (at most
-        WAIT_MAX_S): a host agent waiting for a transfer asks once per change."""
+        WAIT_MAX_S): a host agent waiting for a transfer asks once per change. Past the
+        most that are held at once (``Changes.limit``, 3/4 of the server's connections)
+        it is answered at once: the other calls keep their connections."""
         gid = parse_gid(id)
         raw = json_bytes(self.service.get_group(gid, who))  # (once: the body and its ETag)
         tag = etag(raw)
         known = if_none_match(req)
         if tag in known:
-            deadline = time.monotonic() + prefer_wait(req)
-            while tag in known and (left := deadline - time.monotonic()) > 0:
-                # a change notifies at once; the recheck bounds what none announces
-                # (a follower's state arriving from the store)
-                self.service.changes.wait(min(left, RECHECK_S))
-                raw = json_bytes(self.service.get_group(gid, who))  # (404 once it is deleted)
-                tag = etag(raw)
+            changes = self.service.changes
+            with changes.hold() as held:  # (past the limit: answered at once)
+                deadline = time.monotonic() + (prefer_wait(req) if held else 0.0)
+                while tag in known and (left := deadline - time.monotonic()) > 0:
+                    # a change notifies at once; the recheck bounds what none announces
+                    # (a follower's state arriving from the store)
+                    changes.wait(min(left, RECHECK_S))
+                    raw = json_bytes(self.service.get_group(gid, who))  # (404 once it is deleted)
+                    tag = etag(raw)
             if tag in known:
                 resp = Response(status=304)
                 resp.headers["ETag"] = tag

@@ -18,8 +18,9 @@ import socket
 import threading
 import time
 from collections import Counter
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Iterator, Protocol
 
 import prometheus_client
 from prometheus_client import CollectorRegistry, Counter as PCounter, Gauge, Histogram
@@ -81,6 +82,11 @@ class Metrics:
                                "Switch table audits by result: clean, repaired (the switch had "
                                "drifted from the intended state), void (overtaken by a change)",
                                ["result"], registry=registry)
+        self.held_requests = Gauge("modelcast_rest_held_requests",
+                                   "GETs held until their group changes (Prefer: wait), now", registry=registry)
+        self.holds_refused = Gauge("modelcast_rest_holds_refused",
+                                   "GETs answered at once since start because the most that are held at once were held",
+                                   registry=registry)
         self.install_seconds = Histogram(
             "modelcast_install_seconds", "Time from sending a plan to its last barrier reply",
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
@@ -95,9 +101,29 @@ class Changes:
     ~0.7 ms of CPU, and 100 agents polling at 10 Hz kept one core busy. ``event``
     makes the waitable: the app passes Ryu's ``hub.Event``."""
 
-    def __init__(self, event: Callable[[], Any] = threading.Event) -> None:
+    def __init__(self, event: Callable[[], Any] = threading.Event, limit: int = 3072) -> None:
         self._new = event
         self._event = event()
+        # requests held at once at most (``hold``): each keeps one of the REST server's
+        # connections, and the others must stay free for every other call
+        self.limit = limit
+        self.held = 0
+        self.refused = 0  # holds refused at the limit (answered at once instead)
+
+    @contextmanager
+    def hold(self) -> Iterator[bool]:
+        """A slot for one held request while the block runs: False (nothing held) when
+        ``limit`` are held already; the caller answers at once then, and the client
+        (``ControllerClient.watch_group``) paces its next ask itself."""
+        if self.held >= self.limit:
+            self.refused += 1
+            yield False
+            return
+        self.held += 1
+        try:
+            yield True
+        finally:
+            self.held -= 1
 
     def notify(self) -> None:
         event, self._event = self._event, self._new()
@@ -135,6 +161,9 @@ class Service:
         self.credentials = Credentials(token, host_tokens)
         self.clock = clock
         self.metrics = Metrics(registry if registry is not None else CollectorRegistry())
+        # (read at each scrape from whichever Changes the service has then: the app swaps in its own)
+        self.metrics.held_requests.set_function(lambda: self.changes.held)
+        self.metrics.holds_refused.set_function(lambda: self.changes.refused)
         self.keys: dict[int, str] = {}  # gid -> hex session key for host agents
         # gid -> the transfer its source announced with the key ({"session", "file_digest"})
         self.transfers: dict[int, dict[str, str]] = {}

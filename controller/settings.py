@@ -32,10 +32,22 @@ class Settings:
     store_prefix: str | None = None  # default: the URL's path, else /modelcast/
     lease_ttl_s: int = 2  # a killed leader is replaced this long after its last keepalive
     advertise_url: str | None = None  # this instance's REST URL for the others (forwarding)
+    # the REST server's connections at most (--rest-connections): a held GET keeps one, so
+    # at most 3/4 of them are held (controller.service.Changes); the open-file limit is
+    # raised to fit (controller.main)
+    rest_connections: int = 4096
+    # a REST connection idle between requests, or stalled inside one, this long is closed
+    rest_idle_s: float = 30.0
     # --trace FILE / MODELCAST_TRACE: every plan message, barrier reply, PortStatus and
     # audit with its wall-clock time, appended (controller.app.trace)
     trace_file: Path | None = field(default_factory=lambda: Path(p) if (
         p := os.environ.get("MODELCAST_TRACE")) else None)
+
+
+    @property
+    def held_max(self) -> int:
+        """GETs held at once at most: the rest of the connections stay for other calls."""
+        return max(1, self.rest_connections * 3 // 4)
 
 
 current = Settings()

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     import requests  # imported where used: it is half the CLI's start-up, and most runs need no controller
 
 TOKEN_ENV = "MODELCAST_TOKEN"
+UNHELD_PAUSE_S = 0.5  # after a GET the controller answered at once although asked to wait (watch_group)
 
 
 class ControllerError(Exception):
@@ -98,8 +99,14 @@ class ControllerClient:
             if wait > 0:
                 extra["Prefer"] = f"wait={wait:g}"
         reply: dict[str, Any] = {}
+        start = time.monotonic()
         group = self._call("GET", f"/v1/groups/{group_id}", extra=extra, reply=reply)
         if reply.get("status") == 304:
+            asked = float(extra["Prefer"][5:]) if "Prefer" in extra else 0.0
+            if asked and time.monotonic() - start < asked / 2:
+                # not held: the controller holds as many as it may, or a proxy dropped the
+                # Prefer header; asking again at once would be a busy loop
+                time.sleep(min(UNHELD_PAUSE_S, asked))
             return None, reply.get("etag") or etag
         return group, reply.get("etag")
 

@@ -96,3 +96,33 @@ def test_no_protection_turns_fast_failover_off():
     assert parse([])[0].protection is True
     conf, rest = parse(["--no-protection", "--ofp-tcp-listen-port", "6653"])
     assert conf.protection is False and rest == ["--ofp-tcp-listen-port", "6653"]
+
+
+@pytest.mark.parametrize("limits, connections, raised_to, said", [
+    ((1024, 1 << 20), 4096, 4096 + 512, "raised to 4608"),  # (a common default soft limit)
+    ((1024, 2048), 4096, 2048, "lowered to 1536"),  # the hard limit is too low: fewer connections
+    ((8192, 8192), 4096, None, None),  # enough already: left alone
+])
+def test_the_open_file_limit_is_fitted_to_the_rest_connections(monkeypatch, limits, connections, raised_to, said):
+    """~1000 waiting agents need ~1000 sockets: with the usual soft limit of 1024 open
+    files the controller ran out of descriptors before its connection limit."""
+    import resource
+
+    from controller import main, settings
+
+    set_to = []
+    monkeypatch.setattr(resource, "getrlimit", lambda what: limits)
+    monkeypatch.setattr(resource, "setrlimit", lambda what, value: set_to.append(value))
+    conf = settings.Settings(rest_connections=connections)
+    note = main.fit_open_files(conf)
+    assert (set_to[0][0] if set_to else None) == raised_to and all(v[1] == limits[1] for v in set_to)
+    assert (note is None) if said is None else (said in note)
+    assert conf.rest_connections == (1536 if said and "lowered" in said else connections)
+
+
+def test_bad_rest_limits_are_refused(tmp_path):
+    for args, words in ((["--rest-connections", "3"], "--rest-connections must be 16.."),
+                        (["--rest-idle", "0"], "--rest-idle must be 0.5..3600 s")):
+        out = subprocess.run([sys.executable, "-m", "controller.main", *args], capture_output=True, text=True,
+                             timeout=60)
+        assert out.returncode == 2 and words in out.stderr, out.stderr

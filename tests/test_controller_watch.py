@@ -15,7 +15,7 @@ import pytest
 
 from hostagent.api import _await_announced
 from hostagent.control import ControllerClient
-from tests.support.controller_env import R1, S, TOKEN, real_controller
+from tests.support.controller_env import R1, R2, S, TOKEN, real_controller
 
 
 @pytest.fixture(scope="module")
@@ -92,3 +92,74 @@ def test_an_idle_model_server_asks_about_once_a_second(ctl):
     print(f"\nGETs of an idle model server in 3 s: {asked}")
     assert not loop.is_alive() and not events  # stopped within its wait; no round started
     assert 1 <= asked <= 6, asked  # (polling: ~30)
+
+
+def test_held_gets_never_take_the_connections_other_calls_need(tmp_path):
+    """A controller serving 16 REST connections holds at most 12 GETs (3/4): a 13th
+    waiting GET is answered at once (304), a create and /metrics are answered while the
+    12 are held, the client that was not held pauses instead of asking again at once,
+    and a change answers every held one. (With eventlet's default of 1024 connections
+    and no limit, ~1000 waiting host agents left no connection for any other call.)"""
+    import concurrent.futures
+
+    with real_controller(tmp_path, TOKEN, args=["--rest-connections", "16"]) as ctl:
+        client = ControllerClient(ctl.url, token=TOKEN)
+        g = client.create_group("watch-d", S, [R1])
+        _, tag = client.watch_group(g["id"])
+        path, wait = f"/v1/groups/{g['id']}", {"If-None-Match": tag, "Prefer": "wait=15"}
+
+        def metric(name: str) -> float:
+            text = ctl.api("GET", "/metrics").text
+            return float(re.search(rf"^{name} (\S+)$", text, re.M).group(1))
+
+        with concurrent.futures.ThreadPoolExecutor(12) as pool:
+            held = [pool.submit(ctl.api, "GET", path, headers=dict(wait), timeout=30) for _ in range(12)]
+            deadline = time.monotonic() + 10
+            while metric("modelcast_rest_held_requests") < 12 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert metric("modelcast_rest_held_requests") == 12
+            t0 = time.monotonic()
+            extra = ctl.api("GET", path, headers=dict(wait))
+            answered_s = time.monotonic() - t0
+            assert extra.status_code == 304 and answered_s < 2, answered_s  # not held: at once
+            assert metric("modelcast_rest_holds_refused") == 1
+            t0 = time.monotonic()
+            same, _ = client.watch_group(g["id"], tag, wait=5)  # not held either: paces itself
+            paced_s = time.monotonic() - t0
+            assert same is None and 0.45 <= paced_s < 3, paced_s
+            t0 = time.monotonic()
+            other = client.create_group("watch-e", S, [R1])  # the other calls still get through
+            assert other["id"] != g["id"] and time.monotonic() - t0 < 3
+            assert not any(f.done() for f in held)  # (the create changed another group)
+            client.join(g["id"], R2)  # a change of theirs: every held GET answers it
+            answers = [f.result(timeout=10) for f in held]
+        assert [a.status_code for a in answers] == [200] * 12
+        assert all(a.json()["receivers"].get(R2) for a in answers)
+        assert metric("modelcast_rest_held_requests") == 0
+        print(f"\n12 held, the 13th answered in {answered_s * 1000:.0f} ms; an unheld client paused {paced_s:.2f} s")
+
+
+def test_idle_connections_are_closed_so_they_cannot_take_every_slot(tmp_path):
+    """16 connections each sent one request and then stayed open doing nothing: with
+    eventlet's defaults they kept all 16 of the server's connections forever and every
+    other client waited; with ``--rest-idle 1`` the server closes them after ~1 s and
+    the next call is served."""
+    import socket
+
+    with real_controller(tmp_path, TOKEN, args=["--rest-connections", "16", "--rest-idle", "1"]) as ctl:
+        host, port = ctl.url.split("//")[1].rsplit(":", 1)
+        idle = [socket.create_connection((host, int(port)), timeout=5) for _ in range(16)]
+        try:
+            for s in idle:
+                s.sendall(b"GET /v1/groups HTTP/1.1\r\nHost: x\r\n\r\n")
+            for s in idle:
+                assert s.recv(65536).startswith(b"HTTP/1.1 200")
+            t0 = time.monotonic()
+            served = ctl.api("GET", "/v1/groups", timeout=10)
+            waited = time.monotonic() - t0
+            assert served.status_code == 200 and 0.5 <= waited < 5, waited  # after the idle ones closed
+            assert all(s.recv(1) == b"" for s in idle)  # the server closed them
+        finally:
+            for s in idle:
+                s.close()
+        print(f"\n16 idle connections held every slot; the next call was served after {waited:.2f} s")

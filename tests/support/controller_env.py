@@ -17,7 +17,7 @@ import contextlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 from prometheus_client import CollectorRegistry
 from ryu.app.wsgi import WSGIApplication
@@ -233,11 +233,11 @@ class Api:
 
 
 @contextlib.contextmanager
-def real_controller(workdir: Path, token: str) -> Iterator[Controller]:
-    """A real ``modelcast-controller`` subprocess (no switch connected) that knows
-    ``default_topology()`` from its state file: creates and joins name hosts it knows,
-    so requests reach the core and not only the validator."""
-    ctl = Controller(workdir, token=token)
+def real_controller(workdir: Path, token: str, args: Sequence[str] = ()) -> Iterator[Controller]:
+    """A real ``modelcast-controller`` subprocess (no switch connected; ``args``: more
+    options) that knows ``default_topology()`` from its state file: creates and joins
+    name hosts it knows, so requests reach the core and not only the validator."""
+    ctl = Controller(workdir, token=token, args=args)
     core, _ = core_and_fabric(default_topology())
     ctl.state.write_text(json.dumps(core.to_dict()), encoding="utf-8")
     ctl.start()
