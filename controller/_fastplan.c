@@ -111,7 +111,7 @@ static PyObject *protected_entry(PyObject *n, PyObject *in_port, PyObject *out_p
                                  PyObject *guard, PyObject *to_group, PyTypeObject *entry_type,
                                  PyObject *in_port_out) {
     Py_ssize_t k = PyTuple_GET_SIZE(out_ports), nff = 0;
-    PyObject *result = NULL, *ff = NULL, *rejoin = NULL, *refs = NULL, *at;
+    PyObject *result = NULL, *ff = NULL, *rejoin = NULL, *refs = NULL, *at = NULL;
     PyObject *stack[16];
     PyObject **pcs = k <= 16 ? stack : PyMem_Malloc(sizeof(PyObject *) * (size_t)k);
     Py_ssize_t got = 0;  /* pcs holding a reference */
@@ -127,8 +127,9 @@ static PyObject *protected_entry(PyObject *n, PyObject *in_port, PyObject *out_p
             Py_XDECREF(fresh);
             goto done;
         }
-        Py_DECREF(fresh);  /* (pieces holds it) */
-        at = fresh;
+        at = fresh;  /* (our reference, as below) */
+    } else {
+        Py_INCREF(at);  /* (a callback could drop it from pieces) */
     }
     for (Py_ssize_t i = 0; i < k; i++) {
         PyObject *q = PyTuple_GET_ITEM(out_ports, i);
@@ -238,6 +239,7 @@ done:
     Py_XDECREF(ff);
     Py_XDECREF(rejoin);
     Py_XDECREF(refs);
+    Py_XDECREF(at);
     return result;
 }
 
@@ -403,15 +405,17 @@ static PyObject *tree_adds(PyObject *self, PyObject *const *args, Py_ssize_t nar
     }
     PyObject *seq = PySequence_Fast(dpids, "tree_adds: dpids is a sequence");
     if (seq == NULL) return NULL;
-    PyObject *last = NULL, *rj = NULL;  /* the last rejoin's actions and their flow's bytes */
+    PyObject *last = NULL, *rj = NULL, *e = NULL;  /* the last rejoin's actions and their flow's bytes */
     Py_ssize_t count = PySequence_Fast_GET_SIZE(seq);
     for (Py_ssize_t i = 0; i < count; i++) {
         PyObject *dpid = PySequence_Fast_GET_ITEM(seq, i);
-        PyObject *e = PyDict_GetItemWithError(entries, dpid);
+        Py_CLEAR(e);
+        e = PyDict_GetItemWithError(entries, dpid);
         if (e == NULL) {
             if (!PyErr_Occurred()) PyErr_SetObject(PyExc_KeyError, dpid);
             goto fail;
         }
+        Py_INCREF(e);  /* (held while callbacks run) */
         if (!PyTuple_Check(e) || PyTuple_GET_SIZE(e) != 4) {
             PyErr_SetString(PyExc_TypeError, "a switch entry is a 4-tuple");
             goto fail;
@@ -447,7 +451,8 @@ static PyObject *tree_adds(PyObject *self, PyObject *const *args, Py_ssize_t nar
             rj = PyObject_CallOneArg(rejoin_flow, acts);
             if (rj == NULL) goto fail;
             if (!pair_of_bytes(rj)) goto fail;
-            last = acts;
+            Py_INCREF(acts);
+            Py_XSETREF(last, acts);
         }
         PyObject *link_tag = PyTuple_GET_ITEM(rejoin, 1);
         PyObject *tlv = PyDict_GetItemWithError(tags, link_tag);
@@ -467,10 +472,14 @@ static PyObject *tree_adds(PyObject *self, PyObject *const *args, Py_ssize_t nar
         if (add_msg(out, object_new, flow_cls, dpid, wire) < 0) goto fail;
     }
     Py_XDECREF(rj);
+    Py_XDECREF(last);
+    Py_XDECREF(e);
     Py_DECREF(seq);
     Py_RETURN_NONE;
 fail:
     Py_XDECREF(rj);
+    Py_XDECREF(last);
+    Py_XDECREF(e);
     Py_DECREF(seq);
     return NULL;
 }
