@@ -1,5 +1,6 @@
-/* A new tree's switch entries and messages in C: the two per-switch loops of a group's
- * first tree, MulticastCore._fill (controller/core.py) and ofmsgs.tree_adds.
+/* A new tree's search, switch entries and messages in C: the layered least-loaded search
+ * (trees._spt_vector) and the two per-switch loops of a group's first tree,
+ * MulticastCore._fill (controller/core.py) and ofmsgs.tree_adds.
  *
  * Both loops run once per switch of every new tree (~100 switches, ~300 messages per
  * group on fat-tree:16): in Python they were ~60% of building 1000 trees, the bytecode of
@@ -484,9 +485,181 @@ fail:
     return NULL;
 }
 
+/* A 1- or 2-D buffer of 8-byte integers (numpy intp/int64), read through its strides. */
+typedef struct {
+    Py_buffer view;
+    int held;
+} Ints;
+
+static int ints_get(PyObject *o, Ints *a, int ndim) {
+    a->held = 0;
+    if (PyObject_GetBuffer(o, &a->view, PyBUF_STRIDES | PyBUF_FORMAT) < 0) return -1;
+    a->held = 1;
+    const char *f = a->view.format ? a->view.format : "B";
+    if (*f == '@' || *f == '=') f++;
+    if (a->view.itemsize != 8 || a->view.ndim != ndim || !(f[0] == 'l' || f[0] == 'q' || f[0] == 'n') || f[1]) {
+        PyErr_SetString(PyExc_TypeError, "spt_vector: expected arrays of 8-byte integers");
+        return -1;
+    }
+    return 0;
+}
+
+static void ints_release(Ints *a) {
+    if (a->held) PyBuffer_Release(&a->view);
+    a->held = 0;
+}
+
+static inline int64_t at1(const Ints *a, Py_ssize_t i) {
+    return *(const int64_t *)((const char *)a->view.buf + i * a->view.strides[0]);
+}
+
+static inline int64_t at2(const Ints *a, Py_ssize_t i, Py_ssize_t j) {
+    return *(const int64_t *)((const char *)a->view.buf + i * a->view.strides[0] + j * a->view.strides[1]);
+}
+
+#define FAR ((int64_t)1 << 60)
+
+/* spt_vector(layers, load, size, root, targets, dpids) -> (parent, used links as bytes, deepest)
+ * trees._spt_vector's arithmetic (see there) in one pass per layer instead of numpy calls
+ * on arrays of a few dozen rows, each of which cost more than its work. ``layers``: the
+ * cache's (nodes, preds, links, rows) per hop count; ``load`` the link loads by link
+ * number; ``targets`` node numbers; ``dpids`` node number -> dpid. */
+static PyObject *spt_vector(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "spt_vector takes 6 arguments");
+        return NULL;
+    }
+    PyObject *layers = args[0], *targets = args[4], *dpids = args[5];
+    Py_ssize_t size = PyLong_AsSsize_t(args[2]), root = PyLong_AsSsize_t(args[3]);
+    if (PyErr_Occurred()) return NULL;
+    if (!PyList_Check(layers) || !PyList_Check(dpids) || size < 1 || root < 0 || root >= size ||
+        PyList_GET_SIZE(dpids) < size) {
+        PyErr_SetString(PyExc_ValueError, "spt_vector: bad layers, size, root or dpids");
+        return NULL;
+    }
+    Py_ssize_t nl = PyList_GET_SIZE(layers);
+    Ints load = {0};
+    Ints *views = PyMem_Calloc((size_t)(3 * nl + 1), sizeof(Ints));
+    int64_t *cost = PyMem_Malloc(sizeof(int64_t) * (size_t)size);
+    Py_ssize_t *choice = PyMem_Calloc((size_t)size, sizeof(Py_ssize_t));
+    int64_t *uplink = PyMem_Calloc((size_t)size, sizeof(int64_t));
+    char *mark = PyMem_Calloc((size_t)size, 1);
+    Py_ssize_t *order = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)size);  /* marked, deepest first */
+    Py_ssize_t *ends = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)(nl + 1));  /* per layer, deepest first */
+    PyObject *result = NULL, *parent = NULL, *used = NULL, *deepest = NULL;
+    Py_ssize_t count = 0;
+    if (!views || !cost || !choice || !uplink || !mark || !order || !ends) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    if (ints_get(args[1], &load, 1) < 0) goto done;
+    for (Py_ssize_t i = 0; i < size; i++) cost[i] = FAR;
+    cost[root] = 0;
+    for (Py_ssize_t l = 0; l < nl; l++) {
+        PyObject *t = PyList_GET_ITEM(layers, l);
+        if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) != 4) {
+            PyErr_SetString(PyExc_TypeError, "spt_vector: a layer is (nodes, preds, links, rows)");
+            goto done;
+        }
+        Ints *nodes = &views[3 * l], *preds = &views[3 * l + 1], *links = &views[3 * l + 2];
+        if (ints_get(PyTuple_GET_ITEM(t, 0), nodes, 1) < 0 || ints_get(PyTuple_GET_ITEM(t, 1), preds, 2) < 0 ||
+            ints_get(PyTuple_GET_ITEM(t, 2), links, 2) < 0)
+            goto done;
+        Py_ssize_t rows = nodes->view.shape[0], width = preds->view.shape[1];
+        if (preds->view.shape[0] != rows || links->view.shape[0] != rows || links->view.shape[1] != width ||
+            width < 1) {
+            PyErr_SetString(PyExc_ValueError, "spt_vector: a layer's arrays disagree");
+            goto done;
+        }
+        for (Py_ssize_t r = 0; r < rows; r++) {
+            int64_t node = at1(nodes, r), best = -1, bc = 0, bp = 0, bl = 0;
+            if (node < 0 || node >= size) goto range;
+            for (Py_ssize_t j = 0; j < width; j++) {
+                int64_t p = at2(preds, r, j), k = at2(links, r, j);
+                if (p < 0 || p >= size || k < 0 || k >= load.view.shape[0]) goto range;
+                int64_t c = cost[p] + at1(&load, k);
+                if (best < 0 || c < bc) {
+                    best = j;
+                    bc = c;
+                    bp = p;
+                    bl = k;
+                }
+            }
+            cost[node] = bc;
+            choice[node] = (Py_ssize_t)bp;
+            uplink[node] = bl;
+        }
+    }
+    PyObject *tseq = PySequence_Fast(targets, "spt_vector: targets is a sequence");
+    if (tseq == NULL) goto done;
+    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(tseq); i++) {
+        Py_ssize_t t = PyLong_AsSsize_t(PySequence_Fast_GET_ITEM(tseq, i));
+        if (t < 0 || t >= size) {
+            Py_DECREF(tseq);
+            if (!PyErr_Occurred()) goto range;
+            goto done;
+        }
+        mark[t] = 1;
+    }
+    Py_DECREF(tseq);
+    /* from the deepest layer up: a switch is in the tree when marked; it marks its choice */
+    Py_ssize_t used_layers = 0;
+    for (Py_ssize_t l = nl - 1; l >= 0; l--) {
+        Ints *nodes = &views[3 * l];
+        Py_ssize_t before = count;
+        for (Py_ssize_t r = 0; r < nodes->view.shape[0]; r++) {
+            Py_ssize_t node = (Py_ssize_t)at1(nodes, r);
+            if (mark[node]) order[count++] = node;
+        }
+        for (Py_ssize_t i = before; i < count; i++) mark[choice[order[i]]] = 1;
+        if (count > before) ends[used_layers++] = count;
+    }
+    used = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)sizeof(int64_t) * count);
+    deepest = PyList_New(count + 1);
+    parent = PyDict_New();
+    if (used == NULL || deepest == NULL || parent == NULL) goto done;
+    int64_t *u = (int64_t *)PyBytes_AS_STRING(used);
+    for (Py_ssize_t i = 0; i < count; i++) {
+        u[i] = uplink[order[i]];
+        PyObject *d = PyList_GET_ITEM(dpids, order[i]);
+        Py_INCREF(d);
+        PyList_SET_ITEM(deepest, i, d);
+    }
+    PyObject *rd = PyList_GET_ITEM(dpids, root);
+    Py_INCREF(rd);
+    PyList_SET_ITEM(deepest, count, rd);
+    if (PyDict_SetItem(parent, rd, Py_None) < 0) goto done;
+    /* the root first, then a layer at a time from the top, each in its layer's order */
+    for (Py_ssize_t k = used_layers - 1; k >= 0; k--) {  /* (ends[k]: where layer k ends in order) */
+        for (Py_ssize_t i = k > 0 ? ends[k - 1] : 0; i < ends[k]; i++) {
+            if (PyDict_SetItem(parent, PyList_GET_ITEM(dpids, order[i]), PyList_GET_ITEM(dpids, choice[order[i]])) < 0)
+                goto done;
+        }
+    }
+    result = PyTuple_Pack(3, parent, used, deepest);
+    goto done;
+range:
+    PyErr_SetString(PyExc_IndexError, "spt_vector: a node or link number out of range");
+done:
+    for (Py_ssize_t l = 0; views && l < 3 * nl; l++) ints_release(&views[l]);
+    ints_release(&load);
+    PyMem_Free(views);
+    PyMem_Free(cost);
+    PyMem_Free(choice);
+    PyMem_Free(uplink);
+    PyMem_Free(mark);
+    PyMem_Free(order);
+    PyMem_Free(ends);
+    Py_XDECREF(parent);
+    Py_XDECREF(used);
+    Py_XDECREF(deepest);
+    return result;
+}
+
 static PyMethodDef module_methods[] = {
     {"fill", (PyCFunction)(void (*)(void))fill, METH_FASTCALL, "MulticastCore._fill's loop (see there)"},
     {"tree_adds", (PyCFunction)(void (*)(void))tree_adds, METH_FASTCALL, "ofmsgs.tree_adds's loop (see there)"},
+    {"spt_vector", (PyCFunction)(void (*)(void))spt_vector, METH_FASTCALL, "trees._spt_vector's arithmetic (see there)"},
     {NULL, NULL, 0, NULL},
 };
 

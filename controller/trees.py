@@ -23,6 +23,7 @@ import networkx as nx
 import numpy as np
 from networkx.algorithms.approximation import steiner_tree
 
+from controller import native
 from controller.errors import EmptyReceivers, ReceiverIsSource, Unreachable
 from controller.topoview import TopologyView, check_unicast
 
@@ -674,8 +675,21 @@ def _children(links: dict[int, int | None]) -> dict[int | None, list[int]]:
 _FAR = 1 << 60  # the cost of "no predecessor" (padding): never the least
 
 
-def _spt_vector(root: int, targets: set[int], cache: PathCache, link_load: LinkLoad
-                ) -> tuple[dict[int, int | None], np.ndarray, list[int]]:
+def _spt_vector_c(root: int, targets: set[int], cache: PathCache, link_load: LinkLoad
+                  ) -> tuple[dict[int, int | None], np.ndarray, list[int]]:
+    """``_spt_vector_py`` in C (``controller._fastplan.spt_vector``): the same choices and
+    orders, one pass per layer instead of a dozen numpy calls on arrays of a few dozen
+    rows."""
+    layers = cache.layers(root)
+    load = link_load.vector(cache)  # (after the layers: they may number new links)
+    ids = cache.node_ids
+    parent, used, deepest = native.module.spt_vector(layers, load, len(cache.dpids), ids[root],
+                                                     [ids[t] for t in targets], cache.dpids)
+    return parent, np.frombuffer(used, dtype=np.intp), deepest
+
+
+def _spt_vector_py(root: int, targets: set[int], cache: PathCache, link_load: LinkLoad
+                   ) -> tuple[dict[int, int | None], np.ndarray, list[int]]:
     """``_spt`` without a kept tree, a layer of the DAG at a time as array operations:
     every switch's least-loaded path cost and choice, then the tree's switches marked
     from the deepest layer up (a switch is in it when it is a target or the choice of
@@ -714,6 +728,9 @@ def _spt_vector(root: int, targets: set[int], cache: PathCache, link_load: LinkL
     deepest = [n for kids in below for n in kids]
     deepest.append(root)
     return parent, np.concatenate(used) if used else np.zeros(0, dtype=np.intp), deepest
+
+
+_spt_vector = _spt_vector_c if native.NATIVE else _spt_vector_py
 
 
 def _steiner(graph: nx.Graph, root: int, targets: set[int],

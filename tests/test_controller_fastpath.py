@@ -361,6 +361,9 @@ def test_the_c_builder_is_built_in_ci():
     if os.environ.get("MODELCAST_PURE_PYTHON", "") in ("", "0"):
         assert MulticastCore._fill is MulticastCore._fill_c
         assert MulticastCore._tree_adds is ofmsgs.tree_adds_c
+        from controller import trees
+
+        assert trees._spt_vector is trees._spt_vector_c
 
 
 class InC(MulticastCore):
@@ -443,3 +446,51 @@ def test_bad_input_raises_instead_of_crashing():
         wrong[i] = bad
         with pytest.raises((TypeError, KeyError, OverflowError)):
             adds(*wrong)
+
+
+@needs_c
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(topo=topology_strategy, data=st.data())
+def test_the_search_in_c_makes_the_numpy_searchs_choices(topo, data):
+    """``trees._spt_vector_c`` against ``_spt_vector_py`` under loads left by random
+    groups, also after a link failure: the same tree in the same order (the root, then a
+    layer at a time), the same link numbers and the same deepest-first order."""
+    from controller import trees
+
+    ips = [h.ip for h in topo.hosts]
+    assume(len(ips) >= 2)
+    core = MulticastCore(TopologyView.from_topology(topo))
+    connected([core], topo)
+    for i in range(data.draw(st.integers(0, 6), label="groups")):
+        core.create_group(f"m{i}", *draw_group(data, ips))
+    if topo.links and data.draw(st.booleans(), label="fail a link"):
+        link = data.draw(st.sampled_from(topo.links), label="link")
+        core.link_remove(link.a, link.a_port, link.b, link.b_port)
+    switches = sorted(core.view.switches)
+    root = data.draw(st.sampled_from(switches), label="root")
+    dist, _ = core.cache.dag(root)
+    targets = data.draw(st.sets(st.sampled_from(sorted(dist)), min_size=1), label="targets")
+    a = trees._spt_vector_py(root, targets, core.cache, core.load)
+    b = trees._spt_vector_c(root, targets, core.cache, core.load)
+    assert list(a[0].items()) == list(b[0].items())
+    assert a[1].tolist() == b[1].tolist() and a[2] == b[2]
+
+
+@needs_c
+def test_the_search_in_c_refuses_bad_arrays():
+    """Wrong shapes, types or numbers out of range raise; they never read past an array."""
+    import numpy as np
+
+    spt = native.module.spt_vector
+    load = np.zeros(4, dtype=np.int64)
+    layer = (np.array([1]), np.array([[0]]), np.array([[1]]), np.array([0]))
+    assert spt([layer], load, 2, 0, [1], [10, 11]) == ({10: None, 11: 10}, np.array([1]).tobytes(), [11, 10])
+    for bad in ([(np.array([5]),) + layer[1:]], [(layer[0], np.array([[7]]), layer[2], layer[3])],
+                [(layer[0], layer[1], np.array([[9]]), layer[3])], [(layer[0], np.array([0.5]), layer[2], layer[3])],
+                [layer[:3]], "not a list"):
+        with pytest.raises((TypeError, ValueError, IndexError)):
+            spt(bad, load, 2, 0, [1], [10, 11])
+    with pytest.raises(IndexError):
+        spt([layer], load, 2, 0, [3], [10, 11])
+    with pytest.raises(ValueError):
+        spt([layer], load, 3, 0, [1], [10, 11])  # (fewer dpids than nodes)
