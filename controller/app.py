@@ -62,8 +62,9 @@ def _serve_rest(server: Any) -> None:
 
     conf = settings.current
     server.logger = hub.LoggingWrapper()
+    # (debug=False: no traceback in a 500's body, and no log line per idle connection closed)
     eventlet.wsgi.server(server.server, server.handle, server.logger, max_size=conf.rest_connections,
-                         keepalive=conf.rest_idle_s, socket_timeout=conf.rest_idle_s)
+                         keepalive=conf.rest_idle_s, socket_timeout=conf.rest_idle_s, debug=False)
 
 
 hub.WSGIServer.serve_forever = _serve_rest  # (before Ryu's manager starts the server)
