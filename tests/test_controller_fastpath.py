@@ -284,8 +284,15 @@ def test_first_trees_built_in_one_pass_equal_the_passes_apart(topo, data, protec
     cores = [MulticastCore(TopologyView.from_topology(topo), protection=protection, balance=balance,
                            algorithm=algorithm) for _ in range(2)]
     cores[1].one_pass = False
+    play_alike(data, topo, cores, ips, 5)
+
+
+def play_alike(data, topo: T.Topology, cores: list[MulticastCore], ips: list[str], groups: int) -> None:
+    """1..``groups`` groups created, then up to 10 random events (``event``), the same on
+    both cores: after each, the two plans in sending order, their groups and the whole
+    core state must be the same."""
     connected(cores, topo)
-    for i in range(data.draw(st.integers(1, 5), label="groups")):
+    for i in range(data.draw(st.integers(1, groups), label="groups")):
         source, receivers = draw_group(data, ips)
         mine, theirs = (c.create_group(f"m{i}", source, receivers)[1] for c in cores)
         assert in_order(mine) == in_order(theirs)
@@ -387,16 +394,7 @@ def test_c_and_python_build_the_same_trees_state_and_bytes(topo, data, protectio
     assume(len(ips) >= 2)
     cores = [cls(TopologyView.from_topology(topo), protection=protection, balance=balance)
              for cls in (InC, InPython)]
-    connected(cores, topo)
-    for i in range(data.draw(st.integers(1, 6), label="groups")):
-        source, receivers = draw_group(data, ips)
-        mine, theirs = (c.create_group(f"m{i}", source, receivers)[1] for c in cores)
-        assert in_order(mine) == in_order(theirs)
-        assert core_state(cores[0]) == core_state(cores[1])
-    for i in range(data.draw(st.integers(0, 10), label="events")):
-        mine, theirs = event(data, topo, cores, ips, i)
-        assert in_order(mine) == in_order(theirs)
-        assert core_state(cores[0]) == core_state(cores[1])
+    play_alike(data, topo, cores, ips, 6)
 
 
 @needs_c
