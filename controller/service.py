@@ -109,21 +109,25 @@ class Changes:
         self.limit = limit
         self.held = 0
         self.refused = 0  # holds refused at the limit (answered at once instead)
+        self._count = threading.Lock()  # (green under the app: eventlet patches threading)
 
     @contextmanager
     def hold(self) -> Iterator[bool]:
         """A slot for one held request while the block runs: False (nothing held) when
         ``limit`` are held already; the caller answers at once then, and the client
         (``ControllerClient.watch_group``) paces its next ask itself."""
-        if self.held >= self.limit:
-            self.refused += 1
-            yield False
-            return
-        self.held += 1
+        with self._count:
+            held = self.held < self.limit
+            if held:
+                self.held += 1
+            else:
+                self.refused += 1
         try:
-            yield True
+            yield held
         finally:
-            self.held -= 1
+            if held:
+                with self._count:
+                    self.held -= 1
 
     def notify(self) -> None:
         event, self._event = self._event, self._new()

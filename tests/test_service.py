@@ -400,3 +400,35 @@ def test_a_failed_debounced_save_is_retried(tmp_path):
     svc.save_soon()
     assert not svc.flush_state(0.0) and not state.exists()
     assert svc.flush_state(1.0) and json.loads(state.read_text())["version"] == 1
+
+
+def test_held_requests_are_counted_exactly_from_many_threads():
+    """``Changes.hold``: at most ``limit`` held at once, the rest refused and counted,
+    and the count back at 0 afterwards, however the threads interleave (a lost update
+    would leave a slot taken, or given twice, forever)."""
+    import threading as th
+
+    from controller.service import Changes
+
+    changes = Changes(limit=5)
+    inside, most, gate = [0], [0], th.Barrier(40)
+    lock = th.Lock()
+
+    def one() -> None:
+        gate.wait()
+        for _ in range(200):
+            with changes.hold() as held:
+                if held:
+                    with lock:
+                        inside[0] += 1
+                        most[0] = max(most[0], inside[0])
+                    with lock:
+                        inside[0] -= 1
+
+    threads = [th.Thread(target=one) for _ in range(40)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert changes.held == 0 and 1 <= most[0] <= 5
+    assert changes.refused < 40 * 200
