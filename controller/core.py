@@ -202,6 +202,10 @@ class MulticastCore:
         self._pieces: dict[int, dict[int, tuple]] = {}  # dpid -> port -> _piece, this topology's
         self._uplinks: dict[int, dict[int, tuple]] = {}  # child -> parent -> _uplink, the same
         self._pieces_of: tuple[int, int] | None = None
+        # detours dropped since the pieces were last brought up to date, and the topology
+        # version the detours were caught up at (``_restale``): the pieces forget only those
+        self._stale_keys: set[tuple[int, int]] = set()
+        self._detours_at: tuple[int, int] | None = None
         # dpid -> shared protection entries the switch holds (FF groups, transit flows)
         self.shared: dict[int, dict[tuple, Any]] = {}
         self.ff_refs: defaultdict[int, dict[int, int]] = defaultdict(dict)  # dpid -> FF id -> users
@@ -718,13 +722,48 @@ class MulticastCore:
 
     def _pieces_now(self) -> dict[int, dict[int, tuple]]:
         """The per-port protection pieces (``_piece``) of the current topology; the
-        parent links' pieces (``_uplink``) with them."""
-        version = (self.view.edge_count, self.view.removals)
-        if self._pieces_of != version:
-            self._pieces.clear()
-            self._uplinks.clear()
+        parent links' pieces (``_uplink``) with them. After edge changes whose detours
+        were caught up (``_restale``), only the pieces they touch are forgotten: those of
+        the changed links' switches and of the links whose detour was dropped (a failure
+        used to recompute ~470 pieces, ~5% of a reroute); otherwise all of them."""
+        view = self.view
+        version = (view.edge_count, view.removals)
+        was = self._pieces_of
+        if was != version:
+            changes = view.edge_changes(was[0]) if (
+                was is not None and was[1] == version[1] and self._detours_at == version) else None
+            if changes is None:
+                self._pieces.clear()
+                self._uplinks.clear()
+            else:
+                self._forget(changes, self._stale_keys)
+            self._stale_keys = set()
             self._pieces_of = version
         return self._pieces
+
+    def _forget(self, changes: list[tuple[int, int, bool]], stale: set[tuple[int, int]]) -> None:
+        """Drop the pieces and uplinks that ``changes`` (edges) and ``stale`` (links whose
+        detour was dropped) may have changed; the rest still hold."""
+        pieces, uplinks, nbr = self._pieces, self._uplinks, self.view.nbr_ports
+        for a, b in {s for a, b, _ in changes for s in ((a, b), (b, a))}:
+            pieces.pop(a, None)
+            uplinks.pop(a, None)
+            for x in (*nbr.get(a, ()), b):  # (whose parent link's piece is a port of a's)
+                below = uplinks.get(x)
+                if below is not None:
+                    below.pop(a, None)
+        for d, p in stale:
+            at = pieces.get(d)
+            if at is not None:
+                at.pop(p, None)
+            link = self.view.port_link.get((d, p))
+            if link is not None:
+                below = uplinks.get(link.far_end(d, p))
+                if below is not None:
+                    below.pop(d, None)
+            else:  # (gone: whoever had d as parent)
+                for below in uplinks.values():
+                    below.pop(d, None)
 
     def _piece(self, dpid: int, port: int) -> tuple:
         """What protecting port ``dpid:port`` puts into the entries of every tree using
@@ -823,6 +862,8 @@ class MulticastCore:
         """Detours the topology broke (or made possible): the links in use get their new
         one; returns those links (the entries at their ends need re-protecting)."""
         stale = self.detours.stale()
+        self._stale_keys |= stale  # (their pieces are forgotten by ``_pieces_now``)
+        self._detours_at = (self.view.edge_count, self.view.removals)
         for key in stale:
             if key in self.guards:
                 self._guard(key, True)
