@@ -32,7 +32,7 @@ from ryu.ofproto import ofproto_v1_3_parser as parser
 from ryu.topology import event as topo_event
 
 from controller import igmp as igmp_decisions
-from controller import native, ofmsgs, settings, unicast
+from controller import native, ofmsgs, settings, unicast, webserver
 from controller.election import LEADER, MASTER, Election, Status, role_for
 from controller.core import MulticastCore, Plan, tune_gc
 from controller.errors import CoreError
@@ -52,22 +52,7 @@ log = logging.getLogger("modelcast.app")
 _TRACE: Any = None
 
 
-def _serve_rest(server: Any) -> None:
-    """Ryu's ``hub.WSGIServer.serve_forever`` with our limits on connections: Ryu passes
-    none, and eventlet's default of 1024 is what as many host agents waiting on held
-    GETs would take, leaving none for any other call (``--rest-connections``); and a
-    connection idle between requests, or stalled inside one, for ``--rest-idle`` s is
-    closed (by default eventlet keeps both forever, each holding a connection)."""
-    import eventlet.wsgi
-
-    conf = settings.current
-    server.logger = hub.LoggingWrapper()
-    # (debug=False: no traceback in a 500's body, and no log line per idle connection closed)
-    eventlet.wsgi.server(server.server, server.handle, server.logger, max_size=conf.rest_connections,
-                         keepalive=conf.rest_idle_s, socket_timeout=conf.rest_idle_s, debug=False)
-
-
-hub.WSGIServer.serve_forever = _serve_rest  # (before Ryu's manager starts the server)
+webserver.install()  # our limits on REST connections, before Ryu's manager starts the server
 
 
 def trace(what: str, *args: Any) -> None:
@@ -157,6 +142,9 @@ class ModelcastApp(app_manager.RyuApp):
                                host_tokens=conf.host_tokens, writer=self._write_state,
                                store=self.store)
         self.service.changes = Changes(hub.Event, conf.held_max)  # (green: a held GET waits on the hub)
+        metrics = self.service.metrics
+        metrics.rest_connections.set_function(lambda: sum(webserver.POOL.open.values()) if webserver.POOL else 0)
+        metrics.rest_connections_refused.set_function(lambda: webserver.POOL.refused if webserver.POOL else 0)
         self._rebind()
         if self.election is not None:
             self.service.cluster = self._cluster

@@ -66,6 +66,9 @@ def parse(argv: list[str]) -> tuple[settings.Settings, list[str]]:
     ap.add_argument("--rest-idle", type=float, metavar="S",
                     help="seconds a REST connection may stay idle between requests, or stalled inside "
                     "one, before it is closed (default 30)")
+    ap.add_argument("--rest-per-client", type=int, metavar="N",
+                    help="REST connections one client address may hold at once (default 256: a model "
+                    "server keeps one per model); one more is answered 503")
     ap.add_argument("--advertise-url", metavar="URL", help="this instance's REST URL as the others "
                     "reach it (mutations sent to a follower are forwarded to the leader's); "
                     "default http://WSAPI_HOST:WSAPI_PORT")
@@ -82,7 +85,8 @@ def parse(argv: list[str]) -> tuple[settings.Settings, list[str]]:
                           ("host_timeout", "host_timeout_s"), ("audit_interval", "audit_interval_s"),
                           ("store_prefix", "store_prefix"), ("lease_ttl", "lease_ttl_s"),
                           ("advertise_url", "advertise_url"), ("trace", "trace_file"),
-                          ("rest_connections", "rest_connections"), ("rest_idle", "rest_idle_s")):
+                          ("rest_connections", "rest_connections"), ("rest_idle", "rest_idle_s"),
+                          ("rest_per_client", "rest_per_client")):
         if getattr(ours, option) is not None:  # given on the command line: overrides the env
             setattr(conf, field, getattr(ours, option))
     if ours.no_protection:
@@ -116,6 +120,8 @@ def parse(argv: list[str]) -> tuple[settings.Settings, list[str]]:
         ap.error(f"--audit-interval must be >= 0 s, not {conf.audit_interval_s}")
     if not 16 <= conf.rest_connections <= 1 << 20:
         ap.error(f"--rest-connections must be 16..{1 << 20}, not {conf.rest_connections}")
+    if not 1 <= conf.rest_per_client <= 1 << 20:
+        ap.error(f"--rest-per-client must be 1..{1 << 20}, not {conf.rest_per_client}")
     if not 0.5 <= conf.rest_idle_s <= 3600:
         ap.error(f"--rest-idle must be 0.5..3600 s, not {conf.rest_idle_s:g}")
     if conf.trace_file is not None:

@@ -87,6 +87,13 @@ class Metrics:
         self.holds_refused = Gauge("modelcast_rest_holds_refused",
                                    "GETs answered at once since start because the most that are held at once were held",
                                    registry=registry)
+        # (set by the app from its REST server, controller.webserver)
+        self.rest_connections = Gauge("modelcast_rest_connections", "REST connections being served, now",
+                                      registry=registry)
+        self.rest_connections_refused = Gauge(
+            "modelcast_rest_connections_refused",
+            "REST connections answered 503 since start: their client held the most one client may",
+            registry=registry)
         self.install_seconds = Histogram(
             "modelcast_install_seconds", "Time from sending a plan to its last barrier reply",
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),

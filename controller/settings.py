@@ -38,6 +38,9 @@ class Settings:
     rest_connections: int = 4096
     # a REST connection idle between requests, or stalled inside one, this long is closed
     rest_idle_s: float = 30.0
+    # REST connections from one client address at once at most (one more: 503); a model
+    # server keeps one per model it serves
+    rest_per_client: int = 256
     # --trace FILE / MODELCAST_TRACE: every plan message, barrier reply, PortStatus and
     # audit with its wall-clock time, appended (controller.app.trace)
     trace_file: Path | None = field(default_factory=lambda: Path(p) if (

@@ -126,3 +126,9 @@ def test_bad_rest_limits_are_refused(tmp_path):
         out = subprocess.run([sys.executable, "-m", "controller.main", *args], capture_output=True, text=True,
                              timeout=60)
         assert out.returncode == 2 and words in out.stderr, out.stderr
+
+
+def test_a_bad_per_client_limit_is_refused():
+    out = subprocess.run([sys.executable, "-m", "controller.main", "--rest-per-client", "0"], capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 2 and "--rest-per-client must be 1.." in out.stderr, out.stderr

@@ -163,3 +163,41 @@ def test_idle_connections_are_closed_so_they_cannot_take_every_slot(tmp_path):
             for s in idle:
                 s.close()
         print(f"\n16 idle connections held every slot; the next call was served after {waited:.2f} s")
+
+
+def test_one_client_cannot_take_every_connection(tmp_path):
+    """``--rest-per-client 4``: a client holding 4 connections gets a 503 with a JSON
+    error and ``Retry-After`` for a fifth (counted in /metrics), not a hang; once it
+    closes one, its next call is served. (eventlet's default: one host could hold all.)"""
+    import socket
+
+    with real_controller(tmp_path, TOKEN, args=["--rest-connections", "16", "--rest-per-client", "4"]) as ctl:
+        host, port = ctl.url.split("//")[1].rsplit(":", 1)
+        held = [socket.create_connection((host, int(port)), timeout=5) for _ in range(4)]
+        try:
+            for s in held:
+                s.sendall(b"GET /v1/groups HTTP/1.1\r\nHost: x\r\n\r\n")
+                assert s.recv(65536).startswith(b"HTTP/1.1 200")
+            t0 = time.monotonic()
+            refused = ctl.api("GET", "/v1/groups", timeout=10)
+            answered_s = time.monotonic() - t0
+            assert refused.status_code == 503 and refused.headers["Retry-After"] == "1", refused.text
+            assert "at most 4 at once from one client" in refused.json()["error"] and answered_s < 2
+        finally:
+            closing = held.pop()
+            closing.close()
+        try:
+            deadline = time.monotonic() + 5
+            while (served := ctl.api("GET", "/v1/groups", timeout=10)).status_code == 503 and time.monotonic() < deadline:
+                time.sleep(0.1)  # (until the server has seen the close)
+            assert served.status_code == 200
+        finally:
+            for s in held:
+                s.close()
+        deadline = time.monotonic() + 5
+        while (metrics := ctl.api("GET", "/metrics")).status_code == 503 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        text = metrics.text
+        assert float(re.search(r"^modelcast_rest_connections_refused (\S+)$", text, re.M).group(1)) >= 1
+        assert float(re.search(r"^modelcast_rest_connections (\S+)$", text, re.M).group(1)) >= 1
+        print(f"\nthe fifth connection of one client: 503 in {answered_s * 1000:.0f} ms")

@@ -1,0 +1,95 @@
+"""The REST server's connection limits (a shell: eventlet).
+
+Ryu starts its WSGI server with eventlet's defaults: 1024 connections at most, none ever
+closed for idling, and no limit per client. Each host agent waiting for a transfer keeps
+one connection (a held GET), so ~1000 waiting agents, or as many idle connections from
+anyone, left no connection for any other call, and one host could take them all.
+``serve_rest`` replaces Ryu's ``serve_forever`` with the same server and our limits
+(``controller.settings``: ``rest_connections``, ``rest_idle_s``, ``rest_per_client``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections import Counter
+from typing import Any
+
+import eventlet
+import eventlet.wsgi
+from ryu.lib import hub
+
+from controller import settings
+
+log = logging.getLogger("modelcast.rest")
+
+WARN_EVERY_S = 60.0  # a client refused again within this is not logged again
+
+
+class ClientPool(eventlet.GreenPool):
+    """The server's pool of connections, at most ``per_client`` of them from one address:
+    one more is answered 503 (with ``Retry-After``) and closed instead of being served."""
+
+    def __init__(self, size: int, per_client: int) -> None:
+        super().__init__(size)
+        self.per_client = per_client
+        self.open: Counter[str] = Counter()  # client address -> connections being served
+        self.refused = 0
+        self._warned: dict[str, float] = {}
+
+    def spawn(self, function: Any, connection: Any, *args: Any) -> Any:
+        """(eventlet's server calls this with [address, socket, state] per connection)"""
+        client = str(connection[0][0]) if isinstance(connection[0], tuple) else str(connection[0])
+        if self.open[client] >= self.per_client:
+            self.refused += 1
+            now = time.monotonic()
+            if now - self._warned.get(client, float("-inf")) >= WARN_EVERY_S:
+                self._warned[client] = now
+                log.warning("REST: %s holds %d connections, the most one client may "
+                            "(--rest-per-client); refusing more with 503", client, self.open[client])
+            return super().spawn(self._refuse, connection)
+        self.open[client] += 1
+        thread = super().spawn(function, connection, *args)
+        thread.link(self._closed, client)
+        return thread
+
+    def _closed(self, _thread: Any, client: str) -> None:
+        self.open[client] -= 1
+        if self.open[client] <= 0:
+            del self.open[client]
+
+    def _refuse(self, connection: Any) -> None:
+        """A short 503 with a JSON error, after reading what the client sent (closing on
+        unread data would reset the connection before the answer arrives)."""
+        sock = connection[1]
+        body = json.dumps({"error": f"too many connections from {connection[0][0]}: at most "
+                                    f"{self.per_client} at once from one client"}).encode()
+        try:
+            sock.settimeout(0.5)
+            sock.recv(65536)
+            sock.sendall(b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+                         b"Retry-After: 1\r\nConnection: close\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+        except OSError:
+            pass
+
+
+POOL: ClientPool | None = None  # the running server's (metrics read it)
+
+
+def serve_rest(server: Any) -> None:
+    """Ryu's ``hub.WSGIServer.serve_forever`` with our limits: at most
+    ``rest_connections`` connections, ``rest_per_client`` from one address, and a
+    connection idle between requests, or stalled inside one, for ``rest_idle_s`` closed."""
+    global POOL
+    conf = settings.current
+    POOL = ClientPool(conf.rest_connections, conf.rest_per_client)
+    server.logger = hub.LoggingWrapper()
+    # (debug=False: no traceback in a 500's body, and no log line per idle connection closed)
+    eventlet.wsgi.server(server.server, server.handle, server.logger, custom_pool=POOL,
+                         keepalive=conf.rest_idle_s, socket_timeout=conf.rest_idle_s, debug=False)
+
+
+def install() -> None:
+    """Before Ryu's manager starts the server."""
+    hub.WSGIServer.serve_forever = serve_rest
