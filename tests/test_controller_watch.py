@@ -10,6 +10,7 @@ import re
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -139,24 +140,28 @@ def test_held_gets_never_take_the_connections_other_calls_need(tmp_path):
         print(f"\n12 held, the 13th answered in {answered_s * 1000:.0f} ms; an unheld client paused {paced_s:.2f} s")
 
 
+def kept_open(ctl, n: int) -> list:
+    """``n`` raw connections to the controller, each answered one request (200) and then
+    left open, as a keep-alive client between calls."""
+    import socket
+
+    host, port = ctl.url.split("//")[1].rsplit(":", 1)
+    conns = [socket.create_connection((host, int(port)), timeout=5) for _ in range(n)]
+    for s in conns:
+        s.sendall(b"GET /v1/groups HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert s.recv(65536).startswith(b"HTTP/1.1 200")
+    return conns
+
+
 def test_idle_connections_are_closed_so_they_cannot_take_every_slot(tmp_path):
     """16 connections each sent one request and then stayed open doing nothing: with
     eventlet's defaults they kept all 16 of the server's connections forever and every
     other client waited; with ``--rest-idle 1`` the server closes them after ~1 s and
     the next call is served."""
-    import socket
-
     with real_controller(tmp_path, TOKEN, args=["--rest-connections", "16", "--rest-idle", "1"]) as ctl:
-        host, port = ctl.url.split("//")[1].rsplit(":", 1)
-        idle = [socket.create_connection((host, int(port)), timeout=5) for _ in range(16)]
+        idle = kept_open(ctl, 16)
         try:
-            for s in idle:
-                s.sendall(b"GET /v1/groups HTTP/1.1\r\nHost: x\r\n\r\n")
-            for s in idle:
-                assert s.recv(65536).startswith(b"HTTP/1.1 200")
-            t0 = time.monotonic()
-            served = ctl.api("GET", "/v1/groups", timeout=10)
-            waited = time.monotonic() - t0
+            served, waited = timed_get(ctl, "/v1/groups")
             assert served.status_code == 200 and 0.5 <= waited < 5, waited  # after the idle ones closed
             assert all(s.recv(1) == b"" for s in idle)  # the server closed them
         finally:
@@ -165,39 +170,38 @@ def test_idle_connections_are_closed_so_they_cannot_take_every_slot(tmp_path):
         print(f"\n16 idle connections held every slot; the next call was served after {waited:.2f} s")
 
 
+def timed_get(ctl, path: str) -> tuple[Any, float]:
+    """(the answer to GET ``path``, the seconds it took)"""
+    t0 = time.monotonic()
+    answer = ctl.api("GET", path, timeout=10)
+    return answer, time.monotonic() - t0
+
+
+def until_served(ctl, path: str) -> Any:
+    """GET ``path`` again while it is refused (503) for up to 5 s: the server sees a
+    client's closed connection a moment after the client closed it."""
+    deadline = time.monotonic() + 5
+    while (answer := ctl.api("GET", path, timeout=10)).status_code == 503 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return answer
+
+
 def test_one_client_cannot_take_every_connection(tmp_path):
     """``--rest-per-client 4``: a client holding 4 connections gets a 503 with a JSON
     error and ``Retry-After`` for a fifth (counted in /metrics), not a hang; once it
     closes one, its next call is served. (eventlet's default: one host could hold all.)"""
-    import socket
-
     with real_controller(tmp_path, TOKEN, args=["--rest-connections", "16", "--rest-per-client", "4"]) as ctl:
-        host, port = ctl.url.split("//")[1].rsplit(":", 1)
-        held = [socket.create_connection((host, int(port)), timeout=5) for _ in range(4)]
+        held = kept_open(ctl, 4)
         try:
-            for s in held:
-                s.sendall(b"GET /v1/groups HTTP/1.1\r\nHost: x\r\n\r\n")
-                assert s.recv(65536).startswith(b"HTTP/1.1 200")
-            t0 = time.monotonic()
-            refused = ctl.api("GET", "/v1/groups", timeout=10)
-            answered_s = time.monotonic() - t0
+            refused, answered_s = timed_get(ctl, "/v1/groups")
             assert refused.status_code == 503 and refused.headers["Retry-After"] == "1", refused.text
             assert "at most 4 at once from one client" in refused.json()["error"] and answered_s < 2
-        finally:
-            closing = held.pop()
-            closing.close()
-        try:
-            deadline = time.monotonic() + 5
-            while (served := ctl.api("GET", "/v1/groups", timeout=10)).status_code == 503 and time.monotonic() < deadline:
-                time.sleep(0.1)  # (until the server has seen the close)
-            assert served.status_code == 200
+            held.pop().close()
+            assert until_served(ctl, "/v1/groups").status_code == 200  # one closed: served again
         finally:
             for s in held:
                 s.close()
-        deadline = time.monotonic() + 5
-        while (metrics := ctl.api("GET", "/metrics")).status_code == 503 and time.monotonic() < deadline:
-            time.sleep(0.1)
-        text = metrics.text
+        text = until_served(ctl, "/metrics").text
         assert float(re.search(r"^modelcast_rest_connections_refused (\S+)$", text, re.M).group(1)) >= 1
         assert float(re.search(r"^modelcast_rest_connections (\S+)$", text, re.M).group(1)) >= 1
         print(f"\nthe fifth connection of one client: 503 in {answered_s * 1000:.0f} ms")
