@@ -26,6 +26,7 @@ import prometheus_client
 from prometheus_client import CollectorRegistry, Counter as PCounter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 
+from controller import settings
 from controller.addressing import check_model, check_ssm
 from controller.auth import (ADMIN, Credentials, Principal, check_admin, check_create, check_self,
                              check_source, may_see_key)
@@ -108,12 +109,12 @@ class Changes:
     ~0.7 ms of CPU, and 100 agents polling at 10 Hz kept one core busy. ``event``
     makes the waitable: the app passes Ryu's ``hub.Event``."""
 
-    def __init__(self, event: Callable[[], Any] = threading.Event, limit: int = 3072) -> None:
+    def __init__(self, event: Callable[[], Any] = threading.Event, limit: int | None = None) -> None:
         self._new = event
         self._event = event()
         # requests held at once at most (``hold``): each keeps one of the REST server's
         # connections, and the others must stay free for every other call
-        self.limit = limit
+        self.limit = settings.Settings().held_max if limit is None else limit
         self.held = 0
         self.refused = 0  # holds refused at the limit (answered at once instead)
         self._count = threading.Lock()  # (green under the app: eventlet patches threading)

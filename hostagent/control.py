@@ -93,17 +93,17 @@ class ControllerClient:
         request timeout). Returns (the group, or None when unchanged; its ETag, None
         from a controller that sends none: poll that one instead)."""
         extra = {}
+        asked = 0.0  # the wait asked for (none without an ETag)
         if etag is not None:
             extra["If-None-Match"] = etag
-            wait = min(wait, self.request_timeout / 2)
-            if wait > 0:
-                extra["Prefer"] = f"wait={wait:g}"
+            asked = min(wait, self.request_timeout / 2)
+            if asked > 0:
+                extra["Prefer"] = f"wait={asked:g}"
         reply: dict[str, Any] = {}
         start = time.monotonic()
         group = self._call("GET", f"/v1/groups/{group_id}", extra=extra, reply=reply)
         if reply.get("status") == 304:
-            asked = float(extra["Prefer"][5:]) if "Prefer" in extra else 0.0
-            if asked and time.monotonic() - start < asked / 2:
+            if asked > 0 and time.monotonic() - start < asked / 2:
                 # not held: the controller holds as many as it may, or a proxy dropped the
                 # Prefer header; asking again at once would be a busy loop
                 time.sleep(min(UNHELD_PAUSE_S, asked))
