@@ -101,6 +101,13 @@ class Masters:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        # ovs-vswitchd writes a controller's role into its database lazily (every few
+        # seconds), so a window of a few seconds can end before any bridge shows its
+        # master: sample on until each has (at most 10 s), then stop
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not all(
+                any(s.get(b) for _, s in list(self.samples)) for b in self.bridges):
+            time.sleep(0.1)
         self._stop.set()
         self._thread.join(5)
 
