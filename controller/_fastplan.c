@@ -1,6 +1,8 @@
 /* A new tree's search, switch entries and messages in C: the layered least-loaded search
  * (trees._spt_vector) and the two per-switch loops of a group's first tree,
- * MulticastCore._fill (controller/core.py) and ofmsgs.tree_adds.
+ * MulticastCore._fill (controller/core.py) and ofmsgs.tree_adds; and the searches run
+ * once per topology: a source switch's DAG (trees._bfs_dag) and a link's detour
+ * (protect._path_around).
  *
  * Both loops run once per switch of every new tree (~100 switches, ~300 messages per
  * group on fat-tree:16): in Python they were ~60% of building 1000 trees, the bytecode of
@@ -656,10 +658,343 @@ done:
     return result;
 }
 
+/* -- graph searches of controller.trees and controller.protect, on the view's adjacency
+ * (``nbr_ports``: dpid -> {neighbour dpid: port}) as it is: run once per source switch
+ * and per protected link of a topology, in Python they were ~0.4 x the reference of the
+ * benchmark's 1000 trees before its first tree. */
+
+/* bfs_dag(nbr, root) -> (dist, preds): trees.PathCache.dag's breadth-first search (see
+ * there), the same insertion orders (a frontier at a time, neighbours in ``nbr``'s
+ * order), predecessor lists sorted. */
+static PyObject *bfs_dag(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2 || !PyDict_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "bfs_dag(nbr: dict, root)");
+        return NULL;
+    }
+    PyObject *nbr = args[0], *root = args[1];
+    PyObject *dist = PyDict_New(), *preds = PyDict_New(), *frontier = PyList_New(0), *nxt = NULL;
+    PyObject *result = NULL, *zero = PyLong_FromLong(0), *first = PyList_New(0);
+    if (!dist || !preds || !frontier || !zero || !first) goto done;
+    if (PyDict_SetItem(dist, root, zero) < 0 || PyDict_SetItem(preds, root, first) < 0 ||
+        PyList_Append(frontier, root) < 0)
+        goto done;
+    long level = 0;
+    while (PyList_GET_SIZE(frontier)) {
+        level++;
+        nxt = PyList_New(0);
+        PyObject *du = PyLong_FromLong(level);
+        if (nxt == NULL || du == NULL) {
+            Py_XDECREF(du);
+            goto done;
+        }
+        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(frontier); i++) {
+            PyObject *u = PyList_GET_ITEM(frontier, i);
+            PyObject *adj = PyDict_GetItemWithError(nbr, u);
+            if (adj == NULL || !PyDict_Check(adj)) {
+                if (!PyErr_Occurred()) {
+                    if (adj == NULL) PyErr_SetObject(PyExc_KeyError, u);
+                    else PyErr_SetString(PyExc_TypeError, "bfs_dag: nbr holds dicts");
+                }
+                Py_DECREF(du);
+                goto done;
+            }
+            Py_ssize_t pos = 0;
+            PyObject *v, *port;
+            while (PyDict_Next(adj, &pos, &v, &port)) {
+                PyObject *dv = PyDict_GetItemWithError(dist, v);
+                if (dv == NULL) {
+                    if (PyErr_Occurred()) {
+                        Py_DECREF(du);
+                        goto done;
+                    }
+                    PyObject *lst = PyList_New(1);
+                    if (lst == NULL) {
+                        Py_DECREF(du);
+                        goto done;
+                    }
+                    Py_INCREF(u);
+                    PyList_SET_ITEM(lst, 0, u);
+                    int rc = PyDict_SetItem(dist, v, du) < 0 || PyDict_SetItem(preds, v, lst) < 0 ||
+                             PyList_Append(nxt, v) < 0;
+                    Py_DECREF(lst);
+                    if (rc) {
+                        Py_DECREF(du);
+                        goto done;
+                    }
+                } else if (PyLong_AsLong(dv) == level) {
+                    PyObject *lst = PyDict_GetItemWithError(preds, v);
+                    if (lst == NULL || PyList_Append(lst, u) < 0) {
+                        if (!PyErr_Occurred()) PyErr_SetObject(PyExc_KeyError, v);
+                        Py_DECREF(du);
+                        goto done;
+                    }
+                }
+            }
+        }
+        Py_DECREF(du);
+        Py_SETREF(frontier, nxt);
+        nxt = NULL;
+    }
+    Py_ssize_t pos = 0;
+    PyObject *k, *lst;
+    while (PyDict_Next(preds, &pos, &k, &lst))
+        if (PyList_GET_SIZE(lst) > 1 && PyList_Sort(lst) < 0) goto done;
+    result = PyTuple_Pack(2, dist, preds);
+done:
+    Py_XDECREF(dist);
+    Py_XDECREF(preds);
+    Py_XDECREF(frontier);
+    Py_XDECREF(nxt);
+    Py_XDECREF(zero);
+    Py_XDECREF(first);
+    return result;
+}
+
+/* One side of path_around's search: node -> parent (None at the side's root), node ->
+ * the side's first hop to it (None at the root), node -> depth, and the frontier. */
+typedef struct {
+    PyObject *parent, *hop, *depth, *front;
+} Side;
+
+static void side_clear(Side *s) {
+    Py_CLEAR(s->parent);
+    Py_CLEAR(s->hop);
+    Py_CLEAR(s->depth);
+    Py_CLEAR(s->front);
+}
+
+static int side_init(Side *s, PyObject *root) {
+    s->parent = PyDict_New();
+    s->hop = PyDict_New();
+    s->depth = PyDict_New();
+    s->front = PyList_New(0);
+    PyObject *zero = PyLong_FromLong(0);
+    int rc = (!s->parent || !s->hop || !s->depth || !s->front || !zero ||
+              PyDict_SetItem(s->parent, root, Py_None) < 0 || PyDict_SetItem(s->hop, root, Py_None) < 0 ||
+              PyDict_SetItem(s->depth, root, zero) < 0 || PyList_Append(s->front, root) < 0) ? -1 : 0;
+    Py_XDECREF(zero);
+    return rc;
+}
+
+/* d[k] as a C long (KeyError when absent). */
+static int dict_long(PyObject *d, PyObject *k, long *out) {
+    PyObject *v = PyDict_GetItemWithError(d, k);
+    if (v == NULL) {
+        if (!PyErr_Occurred()) PyErr_SetObject(PyExc_KeyError, k);
+        return -1;
+    }
+    return get_long(v, out);
+}
+
+static int ull_of(PyObject *o, unsigned long long *out) {
+    unsigned long long v = PyLong_AsUnsignedLongLong(o);
+    if (v == (unsigned long long)-1 && PyErr_Occurred()) return -1;
+    *out = v;
+    return 0;
+}
+
+/* ``hop[k] or fallback`` != ``want`` (Python's truth of a dpid: 0 is false) */
+static int hop_differs(PyObject *hop, PyObject *k, PyObject *fallback, PyObject *want) {
+    PyObject *h = PyDict_GetItemWithError(hop, k);
+    if (h == NULL) {
+        if (!PyErr_Occurred()) PyErr_SetObject(PyExc_KeyError, k);
+        return -1;
+    }
+    int truth = PyObject_IsTrue(h);
+    if (truth < 0) return -1;
+    int eq = PyObject_RichCompareBool(truth ? h : fallback, want, Py_EQ);
+    return eq < 0 ? -1 : !eq;
+}
+
+/* path_around(nbr, src, dst, hint) -> list of dpids or None: protect._path_around's
+ * two-sided search (see there), the same choices: a meeting is the least of (length,
+ * hint misses, hash, v, u) over the level's candidates, so the order candidates are
+ * seen in does not matter; a level expands in the frontier's order, neighbours sorted. */
+static PyObject *path_around(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4 || !PyDict_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "path_around(nbr: dict, src, dst, hint)");
+        return NULL;
+    }
+    PyObject *nbr = args[0], *src = args[1], *dst = args[2], *hint = args[3];
+    if (hint != Py_None && (!PyTuple_Check(hint) || PyTuple_GET_SIZE(hint) != 2)) {
+        PyErr_SetString(PyExc_TypeError, "path_around: hint is None or a pair");
+        return NULL;
+    }
+    int has;
+    if ((has = PyDict_Contains(nbr, src)) <= 0) return has < 0 ? NULL : Py_NewRef(Py_None);
+    if ((has = PyDict_Contains(nbr, dst)) <= 0) return has < 0 ? NULL : Py_NewRef(Py_None);
+    unsigned long long s64, d64;
+    if (ull_of(src, &s64) < 0 || ull_of(dst, &d64) < 0) return NULL;
+    uint32_t salt = (uint32_t)s64 * 0x9E3779B1u ^ (uint32_t)d64 * 0x85EBCA77u;
+    Side sides[2] = {{0}, {0}};
+    PyObject *result = NULL, *sorted = NULL, *nxt = NULL;
+    if (side_init(&sides[0], src) < 0 || side_init(&sides[1], dst) < 0) goto done;
+    while (PyList_GET_SIZE(sides[0].front) && PyList_GET_SIZE(sides[1].front)) {
+        int side = PyList_GET_SIZE(sides[0].front) <= PyList_GET_SIZE(sides[1].front) ? 0 : 1;
+        Side *mine = &sides[side], *other = &sides[1 - side];
+        long level;
+        if (dict_long(mine->depth, PyList_GET_ITEM(mine->front, 0), &level) < 0) goto done;
+        level += 1;
+        int found = 0;
+        long m_len = 0, m_miss = 0;
+        uint32_t m_hash = 0;
+        unsigned long long m_v = 0, m_u = 0;
+        PyObject *mv = NULL, *mu = NULL;  /* (borrowed: keys of nbr's dicts) */
+        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(mine->front); i++) {
+            PyObject *u = PyList_GET_ITEM(mine->front, i);
+            PyObject *adj = PyDict_GetItemWithError(nbr, u);
+            if (adj == NULL || !PyDict_Check(adj)) {
+                if (!PyErr_Occurred()) {
+                    if (adj == NULL) PyErr_SetObject(PyExc_KeyError, u);
+                    else PyErr_SetString(PyExc_TypeError, "path_around: nbr holds dicts");
+                }
+                goto done;
+            }
+            unsigned long long u64;
+            if (ull_of(u, &u64) < 0) goto done;
+            Py_ssize_t pos = 0;
+            PyObject *v, *port;
+            while (PyDict_Next(adj, &pos, &v, &port)) {
+                if ((has = PyDict_Contains(other->parent, v)) <= 0) {
+                    if (has < 0) goto done;
+                    continue;
+                }
+                unsigned long long v64;
+                if (ull_of(v, &v64) < 0) goto done;
+                if ((u64 == s64 && v64 == d64) || (u64 == d64 && v64 == s64)) continue;
+                if ((has = PyDict_Contains(mine->parent, v)) != 0) {
+                    if (has < 0) goto done;
+                    continue;
+                }
+                long miss = 0, far;
+                if (hint != Py_None) {
+                    PyObject *a = side == 0 ? u : v, *b = side == 0 ? v : u;
+                    int m1 = hop_differs(sides[1].hop, b, a, PyTuple_GET_ITEM(hint, 1));
+                    int m0 = m1 < 0 ? -1 : hop_differs(sides[0].hop, a, b, PyTuple_GET_ITEM(hint, 0));
+                    if (m0 < 0) goto done;
+                    miss = 2 * m1 + m0;
+                }
+                if (dict_long(other->depth, v, &far) < 0) goto done;
+                long len = level + far;
+                uint32_t h = (((uint32_t)v64 * 0xC2B2AE3Du) ^ ((uint32_t)u64 * 0x27D4EB2Fu) ^ salt) * 0x2C1B3C6Du;
+                h >>= 8;
+                if (!found || len < m_len ||
+                    (len == m_len && (miss < m_miss ||
+                     (miss == m_miss && (h < m_hash ||
+                      (h == m_hash && (v64 < m_v || (v64 == m_v && u64 < m_u)))))))) {
+                    found = 1;
+                    m_len = len;
+                    m_miss = miss;
+                    m_hash = h;
+                    m_v = v64;
+                    m_u = u64;
+                    mv = v;
+                    mu = u;
+                }
+            }
+        }
+        if (found) {
+            if (PyDict_SetItem(mine->parent, mv, mu) < 0) goto done;
+            PyObject *path = PyList_New(0);
+            if (path == NULL) goto done;
+            PyObject *n = mv;
+            while (n != Py_None) {  /* back to src, then reversed */
+                if (PyList_Append(path, n) < 0) {
+                    Py_DECREF(path);
+                    goto done;
+                }
+                n = PyDict_GetItemWithError(sides[0].parent, n);
+                if (n == NULL) {
+                    if (!PyErr_Occurred()) PyErr_SetString(PyExc_RuntimeError, "path_around: broken parents");
+                    Py_DECREF(path);
+                    goto done;
+                }
+            }
+            if (PyList_Reverse(path) < 0) {
+                Py_DECREF(path);
+                goto done;
+            }
+            n = PyDict_GetItemWithError(sides[1].parent, mv);
+            while (n != NULL && n != Py_None) {  /* on to dst */
+                if (PyList_Append(path, n) < 0) {
+                    Py_DECREF(path);
+                    goto done;
+                }
+                n = PyDict_GetItemWithError(sides[1].parent, n);
+            }
+            if (n == NULL) {
+                if (!PyErr_Occurred()) PyErr_SetString(PyExc_RuntimeError, "path_around: broken parents");
+                Py_DECREF(path);
+                goto done;
+            }
+            result = path;
+            goto done;
+        }
+        nxt = PyList_New(0);
+        PyObject *lv = PyLong_FromLong(level);
+        if (nxt == NULL || lv == NULL) {
+            Py_XDECREF(lv);
+            goto done;
+        }
+        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(mine->front); i++) {
+            PyObject *u = PyList_GET_ITEM(mine->front, i);
+            PyObject *adj = PyDict_GetItemWithError(nbr, u);  /* (checked above) */
+            unsigned long long u64;
+            if (adj == NULL || ull_of(u, &u64) < 0) {
+                if (!PyErr_Occurred()) PyErr_SetObject(PyExc_KeyError, u);
+                Py_DECREF(lv);
+                goto done;
+            }
+            Py_XSETREF(sorted, PyDict_Keys(adj));
+            if (sorted == NULL || PyList_Sort(sorted) < 0) {
+                Py_DECREF(lv);
+                goto done;
+            }
+            PyObject *pu = PyDict_GetItemWithError(mine->parent, u);
+            PyObject *hu = pu == NULL ? NULL : PyDict_GetItemWithError(mine->hop, u);
+            if (hu == NULL) {
+                if (!PyErr_Occurred()) PyErr_SetObject(PyExc_KeyError, u);
+                Py_DECREF(lv);
+                goto done;
+            }
+            for (Py_ssize_t j = 0; j < PyList_GET_SIZE(sorted); j++) {
+                PyObject *v = PyList_GET_ITEM(sorted, j);
+                unsigned long long v64;
+                if ((has = PyDict_Contains(mine->parent, v)) != 0 || ull_of(v, &v64) < 0) {
+                    if (has < 0 || PyErr_Occurred()) {
+                        Py_DECREF(lv);
+                        goto done;
+                    }
+                    continue;
+                }
+                if ((u64 == s64 && v64 == d64) || (u64 == d64 && v64 == s64)) continue;
+                if (PyDict_SetItem(mine->parent, v, u) < 0 ||
+                    PyDict_SetItem(mine->hop, v, pu == Py_None ? v : hu) < 0 ||
+                    PyDict_SetItem(mine->depth, v, lv) < 0 || PyList_Append(nxt, v) < 0) {
+                    Py_DECREF(lv);
+                    goto done;
+                }
+            }
+        }
+        Py_DECREF(lv);
+        Py_SETREF(mine->front, nxt);
+        nxt = NULL;
+    }
+    result = Py_NewRef(Py_None);
+done:
+    side_clear(&sides[0]);
+    side_clear(&sides[1]);
+    Py_XDECREF(sorted);
+    Py_XDECREF(nxt);
+    return result;
+}
+
 static PyMethodDef module_methods[] = {
     {"fill", (PyCFunction)(void (*)(void))fill, METH_FASTCALL, "MulticastCore._fill's loop (see there)"},
     {"tree_adds", (PyCFunction)(void (*)(void))tree_adds, METH_FASTCALL, "ofmsgs.tree_adds's loop (see there)"},
     {"spt_vector", (PyCFunction)(void (*)(void))spt_vector, METH_FASTCALL, "trees._spt_vector's arithmetic (see there)"},
+    {"bfs_dag", (PyCFunction)(void (*)(void))bfs_dag, METH_FASTCALL, "trees.PathCache.dag's search (see there)"},
+    {"path_around", (PyCFunction)(void (*)(void))path_around, METH_FASTCALL, "protect._path_around (see there)"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -302,27 +302,41 @@ class PathCache:
         self.refresh()
         hit = self._dags.get(root)
         if hit is None:
-            adj = self.view.nbr_ports
-            dist = {root: 0}
-            preds: dict[int, list[int]] = {root: []}
-            frontier = [root]
-            while frontier:
-                nxt = []
-                for u in frontier:
-                    du = dist[u] + 1
-                    for v in adj[u]:
-                        dv = dist.get(v)
-                        if dv is None:
-                            dist[v] = du
-                            preds[v] = [u]
-                            nxt.append(v)
-                        elif dv == du:
-                            preds[v].append(u)
-                frontier = nxt
-            for p in preds.values():
-                p.sort()  # deterministic tie-breaks
-            hit = self._dags[root] = (dist, preds)
+            hit = self._dags[root] = _bfs_dag(self.view.nbr_ports, root)
         return hit
+
+
+def _bfs_dag_py(adj: dict[int, dict[int, int]], root: int) -> tuple[dict[int, int], dict[int, list[int]]]:
+    """(distance, predecessors on some shortest path, sorted) of every switch reachable
+    from ``root``, in breadth-first order."""
+    dist = {root: 0}
+    preds: dict[int, list[int]] = {root: []}
+    frontier = [root]
+    while frontier:
+        nxt = []
+        for u in frontier:
+            du = dist[u] + 1
+            for v in adj[u]:
+                dv = dist.get(v)
+                if dv is None:
+                    dist[v] = du
+                    preds[v] = [u]
+                    nxt.append(v)
+                elif dv == du:
+                    preds[v].append(u)
+        frontier = nxt
+    for p in preds.values():
+        p.sort()  # deterministic tie-breaks
+    return dist, preds
+
+
+def _bfs_dag_c(adj: dict[int, dict[int, int]], root: int) -> tuple[dict[int, int], dict[int, list[int]]]:
+    """``_bfs_dag_py`` in C (``controller._fastplan.bfs_dag``): the same dicts in the
+    same orders; one per source switch of a topology."""
+    return native.module.bfs_dag(adj, root)
+
+
+_bfs_dag = _bfs_dag_c if native.NATIVE else _bfs_dag_py
 
 
 def _patch(dist: dict[int, int], preds: dict[int, list[int]], a: int, b: int, added: bool,

@@ -371,6 +371,10 @@ def test_the_c_builder_is_built_in_ci():
         from controller import trees
 
         assert trees._spt_vector is trees._spt_vector_c
+        assert trees._bfs_dag is trees._bfs_dag_c
+        from controller import protect
+
+        assert protect._path_around is protect._path_around_c
 
 
 class InC(MulticastCore):
@@ -492,3 +496,73 @@ def test_the_search_in_c_refuses_bad_arrays():
         spt([layer], load, 2, 0, [3], [10, 11])
     with pytest.raises(ValueError):
         spt([layer], load, 3, 0, [1], [10, 11])  # (fewer dpids than nodes)
+
+
+# -- the graph searches done once per topology: a source switch's DAG (``PathCache.dag``)
+# and a protected link's detour (``protect._path_around``)
+
+adjacency = st.integers(1, 14).flatmap(lambda n: st.tuples(
+    st.just(n),
+    st.lists(st.tuples(st.integers(1, n), st.integers(1, n), st.integers(1, 48)), max_size=3 * n),
+    st.randoms(use_true_random=False)))
+
+
+def draw_adjacency(spec) -> dict[int, dict[int, int]]:
+    """``nbr_ports`` as a view holds it (dpid -> {neighbour: port}), insertion orders
+    shuffled: the searches must follow the dicts' own orders, not sorted ones."""
+    n, edges, rng = spec
+    nbr: dict[int, dict[int, int]] = {d: {} for d in rng.sample(range(1, n + 1), n)}
+    for a, b, port in edges:
+        if a != b:
+            nbr[a][b] = port
+            nbr[b][a] = port + 1
+    return {d: dict(rng.sample(list(p.items()), len(p))) for d, p in nbr.items()}
+
+
+@needs_c
+@settings(max_examples=300, deadline=None)
+@given(spec=adjacency, data=st.data())
+def test_the_searches_in_c_find_the_pythons_dags_and_detours(spec, data):
+    """Every switch's DAG (distances and sorted predecessors, in the same insertion
+    orders: the layers are built in that order) and the detour around every link and
+    around some non-links, with and without a hint of a replaced detour: the same in C
+    as in Python."""
+    from controller import protect, trees
+
+    nbr = draw_adjacency(spec)
+    for root in nbr:
+        a, b = trees._bfs_dag_py(nbr, root), trees._bfs_dag_c(nbr, root)
+        assert list(a[0].items()) == list(b[0].items()) and list(a[1].items()) == list(b[1].items())
+    switches = sorted(nbr)
+    for u in nbr:
+        for v in [*nbr[u], data.draw(st.sampled_from(switches), label="any other")]:
+            hint = data.draw(st.none() | st.tuples(st.sampled_from(switches), st.sampled_from(switches)), label="hint")
+            assert protect._path_around_c(nbr, u, v, hint) == protect._path_around_py(nbr, u, v, hint)
+
+
+@needs_c
+def test_the_searches_in_c_agree_on_a_fat_tree_and_refuse_bad_input():
+    """fat-tree:8 whole (its detours are all equally long: the hash decides), then
+    input a view never holds: errors, not crashes."""
+    from controller import protect, trees
+
+    nbr = TopologyView.from_topology(T.fat_tree(8)).nbr_ports
+    for u in nbr:
+        assert trees._bfs_dag_c(nbr, u) == trees._bfs_dag_py(nbr, u)
+        for v in nbr[u]:
+            assert protect._path_around_c(nbr, u, v) == protect._path_around_py(nbr, u, v)
+    dag, around = native.module.bfs_dag, native.module.path_around
+    with pytest.raises(TypeError):
+        dag([], 1)
+    with pytest.raises(KeyError):  # a neighbour that is no switch
+        dag({1: {2: 1}}, 1)
+    with pytest.raises(TypeError):
+        dag({1: {2: 1}, 2: [1]}, 1)
+    assert dag({1: {}}, 1) == ({1: 0}, {1: []})
+    assert around({1: {2: 1}, 2: {1: 1}}, 1, 3, None) is None  # (no such switch)
+    assert around({1: {2: 1}, 2: {1: 1}}, 1, 2, None) is None  # (a bridge)
+    for bad in ((1, 2), "x", (1, 2, 3)):
+        with pytest.raises(TypeError):
+            around({1: {2: 1}, 2: {1: 1}}, 1, 2, bad if bad != (1, 2) else [1, 2])
+    with pytest.raises((OverflowError, TypeError)):
+        around({-1: {2: 1}, 2: {-1: 1}}, -1, 2, None)
