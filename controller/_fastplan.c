@@ -500,7 +500,7 @@ static int ints_get(PyObject *o, Ints *a, int ndim) {
     const char *f = a->view.format ? a->view.format : "B";
     if (*f == '@' || *f == '=') f++;
     if (a->view.itemsize != 8 || a->view.ndim != ndim || !(f[0] == 'l' || f[0] == 'q' || f[0] == 'n') || f[1]) {
-        PyErr_SetString(PyExc_TypeError, "spt_vector: expected arrays of 8-byte integers");
+        PyErr_SetString(PyExc_TypeError, "expected arrays of 8-byte integers");
         return -1;
     }
     return 0;
@@ -647,6 +647,164 @@ done:
     ints_release(&load);
     PyMem_Free(views);
     PyMem_Free(cost);
+    PyMem_Free(choice);
+    PyMem_Free(uplink);
+    PyMem_Free(mark);
+    PyMem_Free(order);
+    PyMem_Free(ends);
+    Py_XDECREF(parent);
+    Py_XDECREF(used);
+    Py_XDECREF(deepest);
+    return result;
+}
+
+/* spt_grid(nodes, hops, around, links, load, size, root, targets, dpids)
+ *     -> (parent, used links as bytes, deepest)
+ * spt_vector's search without a root's cached layers: ``nodes``/``hops`` are the root's
+ * switches in its DAG's (breadth-first) order and their hop counts, ``around``/``links``
+ * every switch's neighbours in dpid order (0-padded) and the links from them, shared by
+ * all roots. A switch's predecessors are its neighbours one hop nearer, in dpid order:
+ * the layers' rows, so the same choices. The layers were ~60 KB per source switch,
+ * read cold by every new tree (half the benchmark's last-level cache misses); the grid
+ * is one array for all of them and stays in cache. */
+static PyObject *spt_grid(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 9) {
+        PyErr_SetString(PyExc_TypeError, "spt_grid takes 9 arguments");
+        return NULL;
+    }
+    PyObject *targets = args[7], *dpids = args[8];
+    Py_ssize_t size = PyLong_AsSsize_t(args[5]), root = PyLong_AsSsize_t(args[6]);
+    if (PyErr_Occurred()) return NULL;
+    if (!PyList_Check(dpids) || size < 1 || root < 0 || root >= size || PyList_GET_SIZE(dpids) < size) {
+        PyErr_SetString(PyExc_ValueError, "spt_grid: bad size, root or dpids");
+        return NULL;
+    }
+    Ints nodes = {0}, hops = {0}, around = {0}, links = {0}, load = {0};
+    int64_t *cost = NULL, *uplink = NULL, *at = NULL;
+    Py_ssize_t *choice = NULL, *order = NULL, *ends = NULL;
+    char *mark = NULL;
+    PyObject *result = NULL, *parent = NULL, *used = NULL, *deepest = NULL;
+    Py_ssize_t count = 0, used_layers = 0;
+    if (ints_get(args[0], &nodes, 1) < 0 || ints_get(args[1], &hops, 1) < 0 || ints_get(args[2], &around, 2) < 0 ||
+        ints_get(args[3], &links, 2) < 0 || ints_get(args[4], &load, 1) < 0)
+        goto done;
+    Py_ssize_t n_nodes = nodes.view.shape[0], width = around.view.shape[1];
+    if (hops.view.shape[0] != n_nodes || around.view.shape[0] < size || links.view.shape[0] != around.view.shape[0] ||
+        links.view.shape[1] != width || n_nodes < 1 || at1(&nodes, 0) != root || at1(&hops, 0) != 0) {
+        PyErr_SetString(PyExc_ValueError, "spt_grid: the arrays disagree, or the order does not start at the root");
+        goto done;
+    }
+    cost = PyMem_Malloc(sizeof(int64_t) * (size_t)size);
+    at = PyMem_Malloc(sizeof(int64_t) * (size_t)size);
+    choice = PyMem_Calloc((size_t)size, sizeof(Py_ssize_t));
+    uplink = PyMem_Calloc((size_t)size, sizeof(int64_t));
+    mark = PyMem_Calloc((size_t)size, 1);
+    order = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)n_nodes);
+    ends = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)(n_nodes + 1));
+    if (!cost || !at || !choice || !uplink || !mark || !order || !ends) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < size; i++) {
+        cost[i] = FAR;
+        at[i] = -2;
+    }
+    int64_t last_hop = 0;
+    for (Py_ssize_t i = 0; i < n_nodes; i++) {
+        int64_t n = at1(&nodes, i), h = at1(&hops, i);
+        if (n < 0 || n >= size) goto range;
+        if (h < last_hop || h > last_hop + 1 || (i > 0 && h == 0)) {
+            PyErr_SetString(PyExc_ValueError, "spt_grid: hop counts are not in breadth-first order");
+            goto done;
+        }
+        last_hop = h;
+        at[n] = h;
+    }
+    cost[root] = 0;
+    for (Py_ssize_t i = 1; i < n_nodes; i++) {
+        int64_t n = at1(&nodes, i), want = at1(&hops, i) - 1, best = -1, bc = 0, bp = 0, bl = 0;
+        for (Py_ssize_t j = 0; j < width; j++) {
+            int64_t p = at2(&around, n, j);
+            if (p == 0) break;  /* (padding: node numbers start at 1) */
+            if (p < 0 || p >= size) goto range;
+            if (at[p] != want) continue;
+            int64_t k = at2(&links, n, j);
+            if (k < 0 || k >= load.view.shape[0]) goto range;
+            int64_t c = cost[p] + at1(&load, k);
+            if (best < 0 || c < bc) {
+                best = j;
+                bc = c;
+                bp = p;
+                bl = k;
+            }
+        }
+        if (best < 0) {
+            PyErr_SetString(PyExc_ValueError, "spt_grid: a switch without a neighbour one hop nearer");
+            goto done;
+        }
+        cost[n] = bc;
+        choice[n] = (Py_ssize_t)bp;
+        uplink[n] = bl;
+    }
+    PyObject *tseq = PySequence_Fast(targets, "spt_grid: targets is a sequence");
+    if (tseq == NULL) goto done;
+    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(tseq); i++) {
+        Py_ssize_t t = PyLong_AsSsize_t(PySequence_Fast_GET_ITEM(tseq, i));
+        if (t < 0 || t >= size) {
+            Py_DECREF(tseq);
+            if (!PyErr_Occurred()) goto range;
+            goto done;
+        }
+        mark[t] = 1;
+    }
+    Py_DECREF(tseq);
+    /* from the deepest layer (a run of equal hops) up: a switch is in the tree when
+     * marked; it marks its choice */
+    for (Py_ssize_t hi = n_nodes; hi > 1;) {
+        Py_ssize_t lo = hi - 1;
+        while (lo > 1 && at1(&hops, lo - 1) == at1(&hops, hi - 1)) lo--;
+        Py_ssize_t before = count;
+        for (Py_ssize_t r = lo; r < hi; r++) {
+            Py_ssize_t node = (Py_ssize_t)at1(&nodes, r);
+            if (mark[node]) order[count++] = node;
+        }
+        for (Py_ssize_t i = before; i < count; i++) mark[choice[order[i]]] = 1;
+        if (count > before) ends[used_layers++] = count;
+        hi = lo;
+    }
+    used = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)sizeof(int64_t) * count);
+    deepest = PyList_New(count + 1);
+    parent = PyDict_New();
+    if (used == NULL || deepest == NULL || parent == NULL) goto done;
+    int64_t *u = (int64_t *)PyBytes_AS_STRING(used);
+    for (Py_ssize_t i = 0; i < count; i++) {
+        u[i] = uplink[order[i]];
+        PyObject *d = PyList_GET_ITEM(dpids, order[i]);
+        Py_INCREF(d);
+        PyList_SET_ITEM(deepest, i, d);
+    }
+    PyObject *rd = PyList_GET_ITEM(dpids, root);
+    Py_INCREF(rd);
+    PyList_SET_ITEM(deepest, count, rd);
+    if (PyDict_SetItem(parent, rd, Py_None) < 0) goto done;
+    for (Py_ssize_t k = used_layers - 1; k >= 0; k--) {
+        for (Py_ssize_t i = k > 0 ? ends[k - 1] : 0; i < ends[k]; i++) {
+            if (PyDict_SetItem(parent, PyList_GET_ITEM(dpids, order[i]), PyList_GET_ITEM(dpids, choice[order[i]])) < 0)
+                goto done;
+        }
+    }
+    result = PyTuple_Pack(3, parent, used, deepest);
+    goto done;
+range:
+    PyErr_SetString(PyExc_IndexError, "spt_grid: a node or link number out of range");
+done:
+    ints_release(&nodes);
+    ints_release(&hops);
+    ints_release(&around);
+    ints_release(&links);
+    ints_release(&load);
+    PyMem_Free(cost);
+    PyMem_Free(at);
     PyMem_Free(choice);
     PyMem_Free(uplink);
     PyMem_Free(mark);
@@ -993,6 +1151,7 @@ static PyMethodDef module_methods[] = {
     {"fill", (PyCFunction)(void (*)(void))fill, METH_FASTCALL, "MulticastCore._fill's loop (see there)"},
     {"tree_adds", (PyCFunction)(void (*)(void))tree_adds, METH_FASTCALL, "ofmsgs.tree_adds's loop (see there)"},
     {"spt_vector", (PyCFunction)(void (*)(void))spt_vector, METH_FASTCALL, "trees._spt_vector's arithmetic (see there)"},
+    {"spt_grid", (PyCFunction)(void (*)(void))spt_grid, METH_FASTCALL, "trees._spt_vector's search on the grid (see there)"},
     {"bfs_dag", (PyCFunction)(void (*)(void))bfs_dag, METH_FASTCALL, "trees.PathCache.dag's search (see there)"},
     {"path_around", (PyCFunction)(void (*)(void))path_around, METH_FASTCALL, "protect._path_around (see there)"},
     {NULL, NULL, 0, NULL},

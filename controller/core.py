@@ -922,7 +922,10 @@ class MulticastCore:
         build, switch, remove = plan.phases
         cut: list[tuple[int, Any]] = []  # phase 1, after ``switch``
         installed, changes, add = self.installed, self.changes, build.append
-        live = self.view.switches & installed.keys()
+        switches = self.view.switches
+        # the live switches (known and connected), as a set only where one is needed: a
+        # new set of every switch per call was a quarter of the benchmark's cache misses
+        live: set[int] | None = None
         group_add, flow_add, detour_flow = ofmsgs.group_add, ofmsgs.flow_add, ofmsgs.detour_flow
         for gid in gids:
             g = self.groups[gid]
@@ -930,6 +933,8 @@ class MulticastCore:
             placed = self.placed[gid]
             if placed:
                 at = within.get(gid) if within else None
+                if live is None:
+                    live = switches & installed.keys()
                 if at is not None:
                     dpids = at & live if only is None else at & live & only
                     have = {dpid: installed[dpid][gid] for dpid in dpids & placed}
@@ -943,7 +948,7 @@ class MulticastCore:
                 have = _NOTHING
                 order = g.tree.leaves_first if g.tree is not None else None
                 if order is not None and only is None and self.one_pass:  # (the search's order)
-                    todo = [d for d in order if d in live]
+                    todo = [d for d in order if d in installed and d in switches]
                     if todo:
                         plan.groups.add(gid)
                         self._tree_adds(gid, g.source, g.address, todo, want, build)
@@ -952,7 +957,7 @@ class MulticastCore:
                             installed[d][gid] = want[d]
                         placed.update(todo)
                     continue
-                changed = [d for d in want if d in live and (only is None or d in only)]
+                changed = [d for d in want if d in installed and d in switches and (only is None or d in only)]
             if not changed:
                 continue
             plan.groups.add(gid)
@@ -1032,7 +1037,7 @@ class MulticastCore:
         remove[:0] = cut  # first in phase 2: after phase 1's feeds are confirmed
         if shared and self._dirty:
             ready = {d: self._dirty.pop(d) for d in list(self._dirty)
-                     if d in live and (only is None or d in only)}
+                     if d in installed and d in switches and (only is None or d in only)}
             for d in [d for d in self._dirty if d not in self.view.switches]:
                 del self._dirty[d]  # (a switch that returns is synced whole)
             self._diff_shared(ready, plan)
