@@ -50,6 +50,19 @@ static int get_long(PyObject *o, long *out) {
     return 0;
 }
 
+/* ``shapes.setdefault(t, t)`` (stealing t): one tuple object for every equal out-port or
+ * FF list, whichever switch and group it is of (a tree holds ~100 of each, mostly the
+ * same few); emptied past MAX_SHAPES, as it only saves memory. */
+#define MAX_SHAPES (1 << 16)
+static PyObject *shape_of(PyObject *shapes, PyObject *t) {
+    if (t == NULL || shapes == Py_None) return t;
+    if (PyDict_GET_SIZE(shapes) >= MAX_SHAPES) PyDict_Clear(shapes);
+    PyObject *got = PyDict_SetDefault(shapes, t, t);
+    Py_XINCREF(got);
+    Py_DECREF(t);
+    return got;
+}
+
 /* The piece of a protected port: () or (first, ff id, in-port ff id, arrival, tag). */
 static int piece_ok(PyObject *pc) {
     if (!PyTuple_Check(pc) || (PyTuple_GET_SIZE(pc) != 0 && PyTuple_GET_SIZE(pc) < 5)) {
@@ -111,8 +124,8 @@ static int count_ff(PyObject *refs, PyObject *f, PyObject *n, PyObject *want_ff,
  * the FF users counted as _fill counts them. Returns the entry (new reference). */
 static PyObject *protected_entry(PyObject *n, PyObject *in_port, PyObject *out_ports, PyObject *up,
                                  PyObject *pieces, PyObject *piece, PyObject *ff_refs, PyObject *want_ff,
-                                 PyObject *guard, PyObject *to_group, PyTypeObject *entry_type,
-                                 PyObject *in_port_out) {
+                                 PyObject *guard, PyObject *to_own, PyTypeObject *entry_type,
+                                 PyObject *in_port_out, PyObject *shapes) {
     Py_ssize_t k = PyTuple_GET_SIZE(out_ports), nff = 0;
     PyObject *result = NULL, *ff = NULL, *rejoin = NULL, *refs = NULL, *at = NULL;
     PyObject *stack[16];
@@ -162,8 +175,8 @@ static PyObject *protected_entry(PyObject *n, PyObject *in_port, PyObject *out_p
         rejoin = empty;
         Py_INCREF(rejoin);
     } else {
-        if (PyTuple_GET_SIZE(up) < 5 || !PyTuple_Check(to_group) || PyTuple_GET_SIZE(to_group) < 1) {
-            PyErr_SetString(PyExc_TypeError, "an uplink piece is a 5-tuple and to_group a tuple");
+        if (PyTuple_GET_SIZE(up) < 6 || !PyTuple_Check(PyTuple_GET_ITEM(up, 5))) {
+            PyErr_SetString(PyExc_TypeError, "an uplink piece is a 6-tuple ending in its rejoin");
             goto done;
         }
         PyObject *arr = PyTuple_GET_ITEM(up, 3), *link_tag = PyTuple_GET_ITEM(up, 4);
@@ -174,14 +187,12 @@ static PyObject *protected_entry(PyObject *n, PyObject *in_port, PyObject *out_p
             if (get_long(PyTuple_GET_ITEM(out_ports, i), &q) < 0) goto done;
             if (q == arr_c) hit = i;
         }
-        if (hit < 0) {
-            rejoin = PyTuple_Pack(3, arr, link_tag, to_group);
+        if (hit < 0) {  /* into the group's ALL group: the piece's rejoin, shared */
+            rejoin = PyTuple_GET_ITEM(up, 5);
+            Py_INCREF(rejoin);
         } else {  /* the detour arrives over one of the outputs: each output listed */
-            PyObject *acts = PyTuple_New(k + 1);
+            PyObject *acts = PyTuple_New(k);
             if (acts == NULL) goto done;
-            PyObject *first = PyTuple_GET_ITEM(to_group, 0);
-            Py_INCREF(first);
-            PyTuple_SET_ITEM(acts, 0, first);
             for (Py_ssize_t i = 0; i < k; i++) {
                 PyObject *a;
                 if (i == hit) {
@@ -197,17 +208,19 @@ static PyObject *protected_entry(PyObject *n, PyObject *in_port, PyObject *out_p
                     Py_DECREF(acts);
                     goto done;
                 }
-                PyTuple_SET_ITEM(acts, i + 1, a);
+                PyTuple_SET_ITEM(acts, i, a);
             }
             rejoin = PyTuple_Pack(3, arr, link_tag, acts);
             Py_DECREF(acts);
         }
         if (rejoin == NULL) goto done;
     }
+    ff = shape_of(shapes, ff);
+    if (ff == NULL) goto done;
     result = make_entry(entry_type, in_port, out_ports, ff, rejoin);
     if (result == NULL) goto done;
     /* the FF groups' users (``_fill``'s count: a rejoin listing outputs may use some) */
-    if (nff || (PyTuple_GET_SIZE(rejoin) && PyTuple_GET_SIZE(PyTuple_GET_ITEM(rejoin, 2)) > 2)) {
+    if (nff || (PyTuple_GET_SIZE(rejoin) && PyTuple_GET_ITEM(rejoin, 2) != to_own)) {
         refs = PyObject_GetItem(ff_refs, n);
         if (refs == NULL || !PyDict_Check(refs)) {
             if (refs != NULL) PyErr_SetString(PyExc_TypeError, "ff_refs[n] is a dict");
@@ -217,7 +230,7 @@ static PyObject *protected_entry(PyObject *n, PyObject *in_port, PyObject *out_p
             if (count_ff(refs, PyTuple_GET_ITEM(ff, i), n, want_ff, guard) < 0) goto fail;
         if (PyTuple_GET_SIZE(rejoin)) {
             PyObject *acts = PyTuple_GET_ITEM(rejoin, 2);
-            if (PyTuple_GET_SIZE(acts) > 2) {
+            if (acts != to_own) {
                 for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(acts); i++) {
                     PyObject *a = PyTuple_GET_ITEM(acts, i);
                     if (!PyTuple_Check(a) || PyTuple_GET_SIZE(a) < 2) continue;
@@ -247,24 +260,24 @@ done:
 }
 
 /* fill(entries, parent, outs, source_port, gid, switch_users, uplinks, uplink, protect,
- *      pieces, piece, ff_refs, want_ff, guard, to_group, entry_type, in_port_out)
+ *      pieces, piece, ff_refs, want_ff, guard, to_own, entry_type, in_port_out, shapes)
  * MulticastCore._fill's loop: see there. */
 static PyObject *fill(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 17) {
-        PyErr_SetString(PyExc_TypeError, "fill takes 17 arguments");
+    if (nargs != 18) {
+        PyErr_SetString(PyExc_TypeError, "fill takes 18 arguments");
         return NULL;
     }
     PyObject *entries = args[0], *parent = args[1], *outs = args[2], *source_port = args[3], *gid = args[4],
              *switch_users = args[5], *uplinks = args[6], *uplink = args[7], *pieces = args[9],
              *piece = args[10], *ff_refs = args[11], *want_ff = args[12], *guard = args[13],
-             *to_group = args[14], *in_port_out = args[16];
+             *to_own = args[14], *in_port_out = args[16], *shapes = args[17];
     int protect = PyObject_IsTrue(args[8]);
     if (protect < 0) return NULL;
     if (!PyDict_Check(entries) || !PyDict_Check(parent) || !PyDict_Check(outs) || !PyDict_Check(uplinks) ||
         !PyDict_Check(pieces) || !PyType_Check(args[15]) ||
-        !PyType_IsSubtype((PyTypeObject *)args[15], &PyTuple_Type)) {
+        !PyType_IsSubtype((PyTypeObject *)args[15], &PyTuple_Type) || (shapes != Py_None && !PyDict_Check(shapes))) {
         PyErr_SetString(PyExc_TypeError, "fill: entries, parent, outs, uplinks and pieces are dicts, "
-                                         "entry_type a tuple type");
+                                         "entry_type a tuple type, shapes a dict or None");
         return NULL;
     }
     PyTypeObject *entry_type = (PyTypeObject *)args[15];
@@ -280,7 +293,7 @@ static PyObject *fill(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
             if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "fill: outs holds lists");
             return NULL;
         }
-        PyObject *out_ports = PyList_AsTuple(ports);
+        PyObject *out_ports = shape_of(shapes, PyList_AsTuple(ports));
         if (out_ports == NULL) return NULL;
         PyObject *users = PyObject_GetItem(switch_users, n);
         if (users == NULL || PySet_Add(users, gid) < 0) {
@@ -321,7 +334,7 @@ static PyObject *fill(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
             }
         }
         PyObject *entry = protect ? protected_entry(n, in_port, out_ports, up, pieces, piece, ff_refs, want_ff,
-                                                    guard, to_group, entry_type, in_port_out)
+                                                    guard, to_own, entry_type, in_port_out, shapes)
                                   : make_entry(entry_type, in_port, out_ports, empty, empty);
         Py_XDECREF(u);  /* (the uplinks dict keeps in_port and up alive) */
         Py_DECREF(out_ports);

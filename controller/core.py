@@ -21,7 +21,7 @@ from typing import Any, Iterable, Iterator
 from controller import native, ofmsgs
 from controller.addressing import check_model, check_ssm, ssm_address
 from controller.errors import Conflict, CoreError, ReceiverIsSource, UnknownGroup
-from controller.protect import IN_PORT_BIT, Detours, ff_buckets, ff_id, ff_port, is_ff, tag
+from controller.protect import IN_PORT_BIT, TO_OWN_GROUP, Detours, ff_buckets, ff_id, ff_port, is_ff, tag
 from controller.topoview import TopologyView, check_unicast
 from controller.trees import ALGORITHMS, LinkLoad, PathCache, SwitchEntry, Tree, compute_tree, regraft
 
@@ -32,6 +32,18 @@ UNKNOWN_PORT = -1  # in a believed entry: "whatever is there is wrong", never se
 _ABSENT = object()
 _IN_PORT_OUT = ("output", ofmsgs.ofp.OFPP_IN_PORT)  # a rejoin output back where the packet came in
 _NOTHING: dict = {}  # (never written)
+# one tuple object for every equal out-port or FF list of an entry (``_shape``): a tree
+# holds ~100 of each, mostly the same few, so every tree used to hold its own copies
+_SHAPES: dict[tuple, tuple] = {}
+_MAX_SHAPES = 1 << 16
+
+
+def _shape(t: tuple) -> tuple:
+    """The one ``t`` of all equal tuples (``_SHAPES``; emptied when full: it only saves
+    memory)."""
+    if len(_SHAPES) >= _MAX_SHAPES:
+        _SHAPES.clear()
+    return _SHAPES.setdefault(t, t)
 
 
 def tune_gc() -> None:
@@ -223,7 +235,8 @@ class MulticastCore:
         self.link_users: defaultdict[tuple[int, int], set[int]] = defaultdict(set)  # (lo, hi)
         self.cache = PathCache(self.view)
         # indexes, so that a request costs the same with 10 or 10,000 groups
-        self.placed: defaultdict[int, set[int]] = defaultdict(set)  # gid -> dpids in installed
+        # gid -> dpids in installed (a dict used as an ordered set: half a set's memory)
+        self.placed: defaultdict[int, dict[int, None]] = defaultdict(dict)
         self._by_key: dict[tuple[str, str], int] = {}  # (model, source) -> gid
         self._by_model: defaultdict[str, set[int]] = defaultdict(set)
         self._by_addr: defaultdict[str, set[int]] = defaultdict(set)
@@ -299,6 +312,8 @@ class MulticastCore:
         self._set_tree(g, None)
         plan = self._diff([g.gid])
         self._remove(g)
+        if not self.placed.get(gid, True):  # (an empty leftover per deleted group, otherwise)
+            del self.placed[gid]
         return plan
 
     def join(self, gid: int, ip: str) -> Plan:
@@ -337,12 +352,17 @@ class MulticastCore:
                     stale.phases[2].append((dpid, ofmsgs.group_delete(dpid, gid)))
                     continue
                 ins = sorted(ingress.get(gid, ()))
+                rejoin = entry.rejoin if entry is not None else ()
+                if rejoin:  # (kept as the trees keep it; actions not the group's stay as read: wrong)
+                    kept = ofmsgs.rejoin_kept(rejoin[2], g.address, gid)
+                    if kept is not None:
+                        rejoin = (rejoin[0], rejoin[1], TO_OWN_GROUP if kept == TO_OWN_GROUP else kept)
                 # An unreadable entry or several flows: believe "wrong", so the diff rewrites it.
                 self.installed[dpid][gid] = SwitchEntry(
                     ins[0] if len(ins) == 1 else UNKNOWN_PORT,
                     entry.out_ports if entry is not None else (UNKNOWN_PORT,),
-                    entry.ff if entry is not None else (), entry.rejoin if entry is not None else ())
-                self.placed[gid].add(dpid)
+                    entry.ff if entry is not None else (), rejoin)
+                self.placed[gid][dpid] = None
             self.shared[dpid] = dict(present.shared)
         plan = Plan()
         if present is not None:  # before anything might add one of the same id again
@@ -433,7 +453,7 @@ class MulticastCore:
     def _forget_installed(self, dpid: int) -> None:
         """Drop the belief about one switch (it left, or it reports afresh)."""
         for gid in self.installed.pop(dpid, {}):
-            self.placed[gid].discard(dpid)
+            self.placed[gid].pop(dpid, None)
         self.shared.pop(dpid, None)
 
     def _address_for(self, model: str) -> str:
@@ -600,11 +620,9 @@ class MulticastCore:
         once per topology, link or FF group (``_uplink``, ``_piece``, ``_want_ff``,
         ``_guard``) are this class's, called back on a miss."""
         self._pieces_now()
-        gmac = ofmsgs.multicast_mac(g.address)
         native.module.fill(tree.entries, tree.parent, outs, source_port, g.gid, self.switch_users, self._uplinks,
                            self._uplink, self.protection, self._pieces, self._piece, self.ff_refs, self._want_ff,
-                           self._guard, (("set_field", "eth_dst", gmac), ("group", g.gid)), SwitchEntry,
-                           _IN_PORT_OUT)
+                           self._guard, TO_OWN_GROUP, SwitchEntry, _IN_PORT_OUT, _SHAPES)
 
     def _fill_py(self, g: Group, tree: Tree, source_port: int, outs: dict[int, list[int]]) -> None:
         """A group's first tree (``compute_tree``'s ``fill``): each switch's entry made
@@ -622,12 +640,11 @@ class MulticastCore:
         uplinks, uplink = self._uplinks, self._uplink
         if protect:
             protection, ff_refs = self._protection, self.ff_refs
-            to_group = (("set_field", "eth_dst", ofmsgs.multicast_mac(g.address)), ("group", gid))
         up: tuple = ()
         for n, ports in outs.items():
             par = parent[n]
             ports.sort()
-            out_ports = tuple(ports)
+            out_ports = _shape(tuple(ports))
             switch_users[n].add(gid)
             if par is None:
                 in_port, up = source_port, ()
@@ -640,9 +657,10 @@ class MulticastCore:
             if not protect:
                 entries[n] = entry(SwitchEntry, (in_port, out_ports, (), ()))
                 continue
-            ff, rejoin = protection(n, in_port, out_ports, up, to_group)
+            ff, rejoin = protection(n, in_port, out_ports, up)
+            ff = _shape(ff)
             counted = ff
-            if rejoin and len(rejoin[2]) > 2:  # (as ``_count`` counts a rejoin listing outputs)
+            if rejoin and rejoin[2] is not TO_OWN_GROUP:  # (as ``_count`` counts a rejoin listing outputs)
                 counted = ff + tuple(a[1] for a in rejoin[2] if a[0] == "group" and is_ff(a[1]))
             entries[n] = entry(SwitchEntry, (in_port, out_ports, ff, rejoin))
             if counted:  # (``_count``)
@@ -669,8 +687,6 @@ class MulticastCore:
         entries, parent = tree.entries, tree.parent
         self._pieces_now()
         uplinks, uplink, protection = self._uplinks, self._uplink, self._protection
-        gmac = ofmsgs.multicast_mac(g.address)
-        to_group = (("set_field", "eth_dst", gmac), ("group", g.gid))  # the usual rejoin actions
         was, was_parent = (old.entries, old.parent) if old is not None else ({}, {})
         at = {d for d, _ in stale}  # (a stale detour's link starts at one of these)
         entry = tuple.__new__  # SwitchEntry(...) without its Python-level __new__
@@ -687,19 +703,18 @@ class MulticastCore:
             if par is not None:
                 u = uplinks.get(n, _NOTHING).get(par)
                 up = (u if u is not None else uplink(n, par))[2]
-            ff, rejoin = protection(n, in_port, out_ports, up, to_group)
+            ff, rejoin = protection(n, in_port, out_ports, up)
             if ff != e[2] or rejoin != e[3]:
                 entries[n] = entry(SwitchEntry, (in_port, out_ports, ff, rejoin))
 
-    def _protection(self, n: int, in_port: int, out_ports: tuple[int, ...], up: tuple,
-                    to_group: tuple) -> tuple[tuple, tuple]:
+    def _protection(self, n: int, in_port: int, out_ports: tuple[int, ...], up: tuple) -> tuple[tuple, tuple]:
         """(FF group ids, rejoin) of switch ``n``'s entry: an FF group on each output with
         a detour (the in-port variant where the detour leaves by the ingress port), and a
         rejoin flow where its parent link has a detour (``up``: the piece of the
-        parent's port towards ``n``, () for none) -- to the group's ALL group
-        (``to_group``), or, where the detour arrives over one of ``n``'s own outputs, to
-        each output (the arrival port as IN_PORT, protected ones through their FF
-        group)."""
+        parent's port towards ``n``, () for none) -- into the group's ALL group (the
+        piece's own rejoin, ``TO_OWN_GROUP``: shared by every tree crossing the link),
+        or, where the detour arrives over one of ``n``'s own outputs, to each output (the
+        arrival port as IN_PORT, protected ones through their FF group)."""
         at = self._pieces.get(n)
         if at is None:
             at = self._pieces[n] = {}
@@ -714,11 +729,11 @@ class MulticastCore:
             return ff, ()
         arr = up[3]
         if arr not in out_ports:
-            return ff, (arr, up[4], to_group)
+            return ff, up[5]
         outs = tuple(_IN_PORT_OUT if q == arr
                      else ("group", at[q][2] if at[q][0] == arr else at[q][1]) if at[q]
                      else ("output", q) for q in out_ports)
-        return ff, (arr, up[4], (to_group[0],) + outs)
+        return ff, (arr, up[4], outs)
 
     def _pieces_now(self) -> dict[int, dict[int, tuple]]:
         """The per-port protection pieces (``_piece``) of the current topology; the
@@ -769,13 +784,16 @@ class MulticastCore:
         """What protecting port ``dpid:port`` puts into the entries of every tree using
         it, computed once per topology: () when it is no link or has no detour, else
         (the detour's first port, the FF group id, the id when the detour leaves by the
-        ingress port, the arrival port at the far end, the link's tag). The caller has
+        ingress port, the arrival port at the far end, the link's tag, the rejoin of a
+        tree below the link into its group's ALL group). The caller has
         run ``_restale`` (or ``_pieces_now``) for this topology."""
         pc: tuple = ()
         if (dpid, port) in self.view.port_link:
             d = self.detours.get(dpid, port)
             if d is not None:
-                pc = (d.first, ff_id(port, False), ff_id(port, True), d.arrival, tag(dpid, port))
+                link_tag = tag(dpid, port)
+                pc = (d.first, ff_id(port, False), ff_id(port, True), d.arrival, link_tag,
+                      (d.arrival, link_tag, TO_OWN_GROUP))
         at = self._pieces.get(dpid)
         if at is None:
             at = self._pieces[dpid] = {}
@@ -808,7 +826,7 @@ class MulticastCore:
         appear = 1 if step > 0 else 0
         for dpid, e in entries.items():
             ffs, rejoin = e[2], e[3]
-            if rejoin and len(rejoin[2]) > 2:  # a rejoin listing outputs may go through FF groups
+            if rejoin and rejoin[2] is not TO_OWN_GROUP:  # a rejoin listing outputs may go through FF groups
                 ffs = ffs + tuple(a[1] for a in rejoin[2] if a[0] == "group" and is_ff(a[1]))
             if not ffs:
                 continue
@@ -937,9 +955,9 @@ class MulticastCore:
                     live = switches & installed.keys()
                 if at is not None:
                     dpids = at & live if only is None else at & live & only
-                    have = {dpid: installed[dpid][gid] for dpid in dpids & placed}
+                    have = {dpid: installed[dpid][gid] for dpid in dpids & placed.keys()}
                 else:
-                    have = {dpid: installed[dpid][gid] for dpid in (placed if only is None else placed & only)}
+                    have = {dpid: installed[dpid][gid] for dpid in (placed if only is None else placed.keys() & only)}
                     dpids = (want.keys() | have.keys()) & live
                     if only is not None:
                         dpids &= only
@@ -955,7 +973,7 @@ class MulticastCore:
                         for d in todo:
                             changes[d] += 1
                             installed[d][gid] = want[d]
-                        placed.update(todo)
+                        self.placed[gid] = dict.fromkeys(todo)  # (it held none of them)
                     continue
                 changed = [d for d in want if d in installed and d in switches and (only is None or d in only)]
             if not changed:
@@ -977,7 +995,7 @@ class MulticastCore:
                         arrival, link_tag, acts = new[3]
                         add((dpid, detour_flow(dpid, ck, arrival, link_tag, acts, source, address)))
                     installed[dpid][gid] = new
-                    placed.add(dpid)
+                    placed[dpid] = None
                     continue
                 if new is None:  # deleting the group deletes the flows that point to it
                     if old.rejoin:  # (a rejoin listing its outputs itself may not)
@@ -1030,10 +1048,10 @@ class MulticastCore:
                         remove.append((dpid, ofmsgs.group_delete(dpid, tid)))
                 if new is None:
                     installed[dpid].pop(gid, None)
-                    placed.discard(dpid)
+                    placed.pop(dpid, None)
                 else:
                     installed[dpid][gid] = new
-                    placed.add(dpid)
+                    placed[dpid] = None
         remove[:0] = cut  # first in phase 2: after phase 1's feeds are confirmed
         if shared and self._dirty:
             ready = {d: self._dirty.pop(d) for d in list(self._dirty)

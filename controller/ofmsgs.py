@@ -19,7 +19,7 @@ from ryu.ofproto import ofproto_v1_3 as ofp
 from ryu.ofproto import ofproto_v1_3_parser as parser
 
 from controller import native
-from controller.protect import FF_BASE, ff_port
+from controller.protect import FF_BASE, OWN_GROUP, ff_port
 
 COOKIE_TAG = 0x4D43 << 48  # "MC"
 COOKIE_MASK = 0xFFFF << 48
@@ -395,10 +395,28 @@ def _detour_match(in_port: int, tag: str, source: str | None, group: str | None)
     return _match_in_port(in_port, _tag_oxm(tag) + (_TRANSIT_OXM if source is None else _sg_oxm(source, group)))
 
 
+def rejoin_actions(acts: tuple, group: str, gid: int) -> tuple:
+    """A rejoin flow's whole actions for group ``gid`` (address ``group``) from the kept
+    ones (``protect.TO_OWN_GROUP`` or outputs): restore the group's MAC first, then
+    ``OWN_GROUP`` is the group's ALL group."""
+    return (("set_field", "eth_dst", multicast_mac(group)),) + tuple(
+        ("group", gid) if a[0] == "group" and a[1] == OWN_GROUP else a for a in acts)
+
+
+def rejoin_kept(acts: tuple, group: str, gid: int) -> tuple | None:
+    """``rejoin_actions`` backwards (actions read off a switch): the kept form, or None
+    when they are not what the group's rejoin would do."""
+    if not acts or acts[0] != ("set_field", "eth_dst", multicast_mac(group)):
+        return None
+    return tuple(("group", OWN_GROUP) if a == ("group", gid) else a for a in acts[1:])
+
+
 @lru_cache(maxsize=65536)
 def _rejoin_flow(cookie_value: int, source: str, group: str, acts: tuple) -> tuple[bytes, bytes]:
     """A group's rejoin flow add around its in_port and tag (what differs per link): ~10^5
-    of them for 1000 groups, mostly with the same actions per group."""
+    of them for 1000 groups, mostly with the same actions. ``acts`` as kept
+    (``rejoin_actions``)."""
+    acts = rejoin_actions(acts, group, cookie_value & ~COOKIE_MASK)
     wire = _flow_add(0, cookie_value, PRIO_DETOUR, 0, _tag_oxm("00:00:00:00:00:00"),
                      _sg_oxm(source, group), _apply(acts))._wire
     return wire[:_IN_PORT_AT], wire[_IN_PORT_AT + 4 + len(_OXM_ETH_DST) + 6:]
@@ -407,7 +425,8 @@ def _rejoin_flow(cookie_value: int, source: str, group: str, acts: tuple) -> tup
 def detour_flow(dpid: int, cookie_value: int, in_port: int, tag: str, acts: tuple,
                 source: str | None = None, group: str | None = None) -> Msg:
     """A transit flow (``source`` None: shared, cookie ``COOKIE_DETOUR``) or a group's
-    rejoin flow (cookie of the group) for copies tagged ``tag`` arriving on ``in_port``."""
+    rejoin flow (cookie of the group, ``acts`` as kept: ``rejoin_actions``) for copies
+    tagged ``tag`` arriving on ``in_port``."""
     if source is None:
         return _flow_add(dpid, cookie_value, PRIO_DETOUR, in_port, _tag_oxm(tag), _TRANSIT_OXM, _apply(acts))
     head, tail = _rejoin_flow(cookie_value, source, group, acts)

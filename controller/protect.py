@@ -17,7 +17,8 @@ never match the (S,G) flows' forwarding (detour entries are matched first, on
 * a *transit* flow on each switch in between (in_port from the previous hop + tag, in
   232/8) outputs toward the next hop, shared by all groups, one per protected link;
 * a *rejoin* flow at ``c`` per group (in_port from the last hop + tag + (S,G)) restores
-  the group's multicast MAC and continues exactly as ``c``'s ALL group would: every
+  the group's multicast MAC and continues exactly as ``c``'s ALL group would (its
+  actions are kept as ``TO_OWN_GROUP`` or the outputs, the same for every group): every
   receiver still gets one copy. When the detour arrives over one of ``c``'s own tree
   ports the rejoin lists ``c``'s outputs itself with ``OFPP_IN_PORT`` for that port
   (a switch never outputs a packet where it came in otherwise).
@@ -60,6 +61,14 @@ class Detour(NamedTuple):
     transit: tuple[tuple[int, int, int], ...]
     rejoin: int
     arrival: int
+
+
+# A rejoin flow's actions are kept without what is the group's own (its multicast MAC,
+# restored first, and its ALL group's id): the same for every group, so the entries of
+# all trees crossing a link share them. ``OWN_GROUP`` stands for the group's ALL group;
+# ``ofmsgs.rejoin_actions`` makes them whole for one group.
+OWN_GROUP = -1
+TO_OWN_GROUP = (("group", OWN_GROUP),)  # the usual rejoin: on into the group's ALL group
 
 
 def protectable(dpid: int, port: int) -> bool:

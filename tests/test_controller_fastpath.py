@@ -19,7 +19,7 @@ from ryu.ofproto import ofproto_v1_3_parser as parser
 import topologies as T
 from controller import native, ofmsgs
 from controller.core import MulticastCore
-from controller.protect import is_ff, ff_port
+from controller.protect import OWN_GROUP, TO_OWN_GROUP, ff_port, is_ff
 from controller.topoview import LinkKey, TopologyView
 from controller.trees import SwitchEntry
 from tests.support.fabric_checks import topology_strategy
@@ -74,6 +74,9 @@ def plain_messages(core: MulticastCore, gid: int) -> list[bytes]:
             instructions=[parser.OFPInstructionActions(ofp.OFPIT_APPLY_ACTIONS, [parser.OFPActionGroup(gid)])])))
         if e.rejoin:
             arrival, tag, acts = e.rejoin
+            # (kept without what is the group's: its MAC restored first, OWN_GROUP its ALL group)
+            acts = (("set_field", "eth_dst", ofmsgs.multicast_mac(g.address)),) + tuple(
+                ("group", gid) if a == ("group", OWN_GROUP) else a for a in acts)
             out.append(wire(parser.OFPFlowMod(
                 dp, cookie=ofmsgs.cookie(gid), table_id=ofmsgs.TABLE, command=ofp.OFPFC_ADD,
                 priority=ofmsgs.PRIO_DETOUR, flags=ofp.OFPFF_SEND_FLOW_REM,
@@ -321,7 +324,8 @@ def cached_pieces_hold(core: MulticastCore) -> None:
     for dpid, ports in core._pieces.items():
         for port, pc in ports.items():
             d = core.detours.known.get((dpid, port)) if (dpid, port) in core.view.port_link else None
-            assert pc == (() if d is None else (d.first, pc[1], pc[2], d.arrival, pc[4]))
+            assert pc == (() if d is None else (d.first, pc[1], pc[2], d.arrival, pc[4],
+                                                (d.arrival, pc[4], TO_OWN_GROUP)))
     for n, ups in core._uplinks.items():
         for par, (in_port, users, pc) in ups.items():
             assert in_port == nbr[n][par]
@@ -426,7 +430,8 @@ def test_bad_input_raises_instead_of_crashing():
     fill, adds = native.module.fill, native.module.tree_adds
     with pytest.raises(TypeError):
         fill(1, 2, 3)
-    args = [{}, {}, {1: [2]}, 1, 7, {1: set()}, {}, None, False, {}, None, {}, None, None, (), SwitchEntry, ()]
+    args = [{}, {}, {1: [2]}, 1, 7, {1: set()}, {}, None, False, {}, None, {}, None, None, TO_OWN_GROUP,
+            SwitchEntry, (), {}]
     with pytest.raises(KeyError):  # switch 1 has no parent
         fill(*args)
     args[1] = {1: None}

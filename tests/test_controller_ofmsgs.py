@@ -13,7 +13,7 @@ from ryu.ofproto import ofproto_v1_3 as ofp
 from ryu.ofproto import ofproto_v1_3_parser as parser
 
 from controller import ofmsgs
-from controller.protect import MAX_PORT, ff_id, ff_port
+from controller.protect import MAX_PORT, OWN_GROUP, TO_OWN_GROUP, ff_id, ff_port
 from controller.reconnect import normalise_actions
 
 
@@ -81,7 +81,9 @@ def test_protection_messages_serialise_like_ryus_constructor() -> None:
             dp, cookie=ofmsgs.cookie(42), table_id=ofmsgs.TABLE, command=ofp.OFPFC_ADD,
             priority=ofmsgs.PRIO_DETOUR, flags=ofp.OFPFF_SEND_FLOW_REM, match=parser.OFPMatch(**match),
             instructions=[parser.OFPInstructionActions(ofp.OFPIT_APPLY_ACTIONS, ofmsgs.actions(acts))])
-        msg = ofmsgs.detour_flow(9, ofmsgs.cookie(42), 2, tag, acts, source, group)
+        # (a group's rejoin is given its actions as kept: the group's MAC and ALL group implied)
+        msg = ofmsgs.detour_flow(9, ofmsgs.cookie(42), 2, tag, acts if source is None else TO_OWN_GROUP,
+                                 source, group)
         assert wire(msg) == wire(ref)
         parsed = parser.OFPFlowMod.parser(dp, ofp.OFP_VERSION, ofp.OFPT_FLOW_MOD, len(msg.buf), 7, msg.buf)
         assert normalise_actions(parsed.instructions[0].actions) == acts
@@ -191,7 +193,8 @@ def test_protection_entries_are_what_ryu_sends(dpid, ck, in_port, tag, actions, 
     source, group = sg or (None, None)
     fields = dict(in_port=in_port, eth_dst=tag, eth_type=0x0800)
     fields.update(ipv4_dst=ofmsgs.SSM_NET) if sg is None else fields.update(ipv4_src=source, ipv4_dst=group)
-    inst = [parser.OFPInstructionActions(ofp.OFPIT_APPLY_ACTIONS, ofmsgs.actions(actions))]
+    whole = actions if sg is None else ofmsgs.rejoin_actions(actions, group, ck & ~ofmsgs.COOKIE_MASK)
+    inst = [parser.OFPInstructionActions(ofp.OFPIT_APPLY_ACTIONS, ofmsgs.actions(whole))]
     _same_as_ryu(ofmsgs.detour_flow(dpid, ck, in_port, tag, actions, source, group),
                  _flow(dp, ck, ofmsgs.PRIO_DETOUR, parser.OFPMatch(**fields), inst))
     _same_as_ryu(ofmsgs.detour_flow_delete(dpid, ck, in_port, tag, source, group),
@@ -227,15 +230,13 @@ def test_a_new_trees_adds_are_the_builders_messages(gid, sg, data, switches) -> 
     messages of ``group_add``, ``flow_add`` and ``detour_flow``, byte for byte and sent
     by Ryu's path; rejoins that share one action list and ones that list outputs."""
     source, group = sg
-    to_group = (("set_field", "eth_dst", ofmsgs.multicast_mac(group)), ("group", gid))
     entries, want = {}, []
     for dpid, in_port, outs, protected, rejoin in switches:
         outs = tuple(sorted(set(outs)))
         ff = tuple(sorted(ff_id(p, data.draw(st.booleans())) for p in protected if p in outs and p <= MAX_PORT))
         if rejoin is not None:
             arrival, tag, kind = rejoin
-            rejoin = (arrival, tag, to_group if kind == "group" else (to_group[0],) + tuple(
-                ("output", p) for p in outs))
+            rejoin = (arrival, tag, TO_OWN_GROUP if kind == "group" else tuple(("output", p) for p in outs))
         entries[dpid] = e = (in_port, outs, ff, rejoin or ())
         want += [(dpid, ofmsgs.group_add(dpid, gid, in_port, outs, ff)),
                  (dpid, ofmsgs.flow_add(dpid, gid, in_port, source, group))]
@@ -247,3 +248,24 @@ def test_a_new_trees_adds_are_the_builders_messages(gid, sg, data, switches) -> 
     ofmsgs.tree_adds(gid, source, group, order, entries, got)
     assert [(d, type(m), _sent_by_ryu(m)) for d, m in got] == [(d, type(m), _sent_by_ryu(m)) for d, m in want]
     assert all(m.datapath.id == d for d, m in got)
+
+
+kept_acts = st.one_of(st.just(TO_OWN_GROUP), st.lists(st.one_of(
+    st.tuples(st.just("output"), st.one_of(ports, st.just(ofp.OFPP_IN_PORT))),
+    st.tuples(st.just("group"), st.integers(0xFFFF0000, 0xFFFFFFFF)),
+    st.just(("group", OWN_GROUP))), min_size=1, max_size=5).map(tuple))
+
+
+@settings(max_examples=150, deadline=None)
+@given(acts=kept_acts, group=ssm, other=ssm, gid=st.integers(1, 0x7FFEFFFF))
+def test_a_rejoin_kept_without_its_group_is_made_whole_and_read_back(acts, group, other, gid) -> None:
+    """Rejoin actions are kept the same for every group; made whole for one they restore
+    its multicast MAC first and go on into its ALL group; read back off a switch they
+    give the kept form again, and None when the MAC is another group's."""
+    whole = ofmsgs.rejoin_actions(acts, group, gid)
+    assert whole[0] == ("set_field", "eth_dst", ofmsgs.multicast_mac(group))
+    assert [a for a in whole[1:] if a == ("group", OWN_GROUP)] == []
+    assert len(whole) == len(acts) + 1
+    assert ofmsgs.rejoin_kept(whole, group, gid) == acts
+    if ofmsgs.multicast_mac(other) != ofmsgs.multicast_mac(group):
+        assert ofmsgs.rejoin_kept(ofmsgs.rejoin_actions(acts, other, gid), group, gid) is None

@@ -75,7 +75,7 @@ def assert_exact(core: MulticastCore, fabric: FakeFabric) -> None:
             want[dpid] |= {("group", g.gid), ("sg", g.gid, e.in_port)}
             ffs = list(e.ff)
             if e.rejoin:
-                want[dpid].add(("rejoin", g.gid, e.rejoin))
+                want[dpid].add(("rejoin", g.gid, e.rejoin[:2] + (ofmsgs.rejoin_actions(e.rejoin[2], g.address, g.gid),)))
                 ffs += [a[1] for a in e.rejoin[2] if a[0] == "group" and is_ff(a[1])]
             for f in ffs:
                 d = core.detours.get(dpid, ff_port(f))
