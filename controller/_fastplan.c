@@ -21,6 +21,7 @@
 #include <Python.h>
 #include <stdint.h>
 #include <string.h>
+#include <structmember.h>
 
 #define IN_PORT_BIT (1L << 15)
 #define MAX_PORT (IN_PORT_BIT - 1)
@@ -373,22 +374,157 @@ static int be32_of(PyObject *o, char out[4]) {
     return 0;
 }
 
-/* A message object as ofmsgs._new(cls) with _dpid and _wire set, appended as (dpid, msg). */
-static int add_msg(PyObject *out, PyObject *object_new, PyObject *cls, PyObject *dpid, PyObject *wire) {
+/* Where a Ready message class keeps ``_dpid`` and ``_wire``: its two slots. */
+typedef struct {
+    PyTypeObject *type;
+    Py_ssize_t dpid_at, wire_at;
+} Slots;
+
+static int slot_offset(PyObject *cls, PyObject *name, Py_ssize_t *at) {
+    PyObject *d = PyObject_GetAttr(cls, name);
+    if (d == NULL) {
+        if (PyErr_ExceptionMatches(PyExc_AttributeError)) {
+            PyErr_Clear();
+            PyErr_Format(PyExc_TypeError, "%R has no slot %U: not a ready message class", cls, name);
+        }
+        return -1;
+    }
+    int ok = Py_IS_TYPE(d, &PyMemberDescr_Type) && ((PyMemberDescrObject *)d)->d_member->type == T_OBJECT_EX;
+    if (ok) *at = ((PyMemberDescrObject *)d)->d_member->offset;
+    Py_DECREF(d);
+    if (!ok) PyErr_Format(PyExc_TypeError, "%R: %U is not an object slot", cls, name);
+    return ok ? 0 : -1;
+}
+
+static int slots_of(PyObject *cls, Slots *s) {
+    if (!PyType_Check(cls)) {
+        PyErr_SetString(PyExc_TypeError, "a message class is a type");
+        return -1;
+    }
+    s->type = (PyTypeObject *)cls;
+    return slot_offset(cls, str_dpid, &s->dpid_at) < 0 || slot_offset(cls, str_wire, &s->wire_at) < 0 ? -1 : 0;
+}
+
+/* A message of class ``s`` (as object.__new__ makes it) with its slots _dpid and _wire
+ * set, appended to ``out`` as (dpid, msg). Steals ``wire``. */
+static int add_msg(PyObject *out, const Slots *s, PyObject *dpid, PyObject *wire) {
     if (wire == NULL) return -1;
-    PyObject *m = PyObject_CallOneArg(object_new, cls);
-    if (m == NULL || PyObject_SetAttr(m, str_dpid, dpid) < 0 || PyObject_SetAttr(m, str_wire, wire) < 0) {
-        Py_XDECREF(m);
+    PyObject *m = s->type->tp_alloc(s->type, 0);
+    if (m == NULL) {
         Py_DECREF(wire);
         return -1;
     }
-    Py_DECREF(wire);
+    Py_INCREF(dpid);
+    *(PyObject **)((char *)m + s->dpid_at) = dpid;
+    *(PyObject **)((char *)m + s->wire_at) = wire;  /* (the reference given) */
     PyObject *pair = PyTuple_Pack(2, dpid, m);
     Py_DECREF(m);
     if (pair == NULL) return -1;
     int rc = PyList_Append(out, pair);
     Py_DECREF(pair);
     return rc;
+}
+
+static inline void put16(unsigned char *p, unsigned v) {
+    p[0] = (unsigned char)(v >> 8);
+    p[1] = (unsigned char)v;
+}
+
+static inline void put32(unsigned char *p, unsigned long v) {
+    p[0] = (unsigned char)(v >> 24);
+    p[1] = (unsigned char)(v >> 16);
+    p[2] = (unsigned char)(v >> 8);
+    p[3] = (unsigned char)v;
+}
+
+#define OFP_VERSION 4
+#define OFPT_GROUP_MOD 15
+#define OFPAT_OUTPUT 0
+#define OFPAT_GROUP 22
+#define OFPP_IN_PORT 0xfffffff8UL
+#define OFPP_ANY 0xffffffffUL
+#define OFPG_ANY 0xffffffffUL
+#define MAX_BUCKETS 4096
+
+/* An ALL group add (OFPGC_ADD, OFPGT_ALL, xid 0) of group ``gid`` for an entry's
+ * in_port, sorted out_ports and FF ids, as ofmsgs.buckets packs it: one bucket per
+ * output (watch port and group ANY), through the port's FF group when one protects
+ * it (the last FF id of a port wins, as the dict there), else OFPP_IN_PORT for the
+ * ingress port, else the port. */
+static PyObject *group_add_wire(unsigned long gid, PyObject *in_port, PyObject *out_ports, PyObject *ff) {
+    if (!PyTuple_Check(out_ports) || !PyTuple_Check(ff)) {
+        PyErr_SetString(PyExc_TypeError, "an entry's out_ports and ff are tuples");
+        return NULL;
+    }
+    Py_ssize_t k = PyTuple_GET_SIZE(out_ports), nf = PyTuple_GET_SIZE(ff);
+    if (k > MAX_BUCKETS) {
+        PyErr_SetString(PyExc_ValueError, "too many buckets for one group");
+        return NULL;
+    }
+    long in_c;
+    if (get_long(in_port, &in_c) < 0) return NULL;
+    unsigned long ports[64], *port = ports, *via = NULL;
+    unsigned long vias[64];
+    if (k > 64) {
+        port = PyMem_Malloc(sizeof(unsigned long) * 2 * (size_t)k);
+        if (port == NULL) return PyErr_NoMemory();
+        via = port + k;
+    } else {
+        via = vias;
+    }
+    PyObject *wire = NULL;
+    Py_ssize_t size = 16;
+    for (Py_ssize_t i = 0; i < k; i++) {
+        long q;
+        if (get_long(PyTuple_GET_ITEM(out_ports, i), &q) < 0) goto done;
+        if (q < 0 || (unsigned long)q > 0xffffffffUL || (i > 0 && (unsigned long)q <= port[i - 1])) {
+            PyErr_SetString(PyExc_ValueError, "out_ports are distinct 32-bit ports in order");
+            goto done;
+        }
+        port[i] = (unsigned long)q;
+        via[i] = 0;
+        for (Py_ssize_t j = 0; j < nf; j++) {  /* (a few ids: the last for the port wins) */
+            long f;
+            if (get_long(PyTuple_GET_ITEM(ff, j), &f) < 0) goto done;
+            if (f < 0 || (unsigned long)f > 0xffffffffUL) {
+                PyErr_SetString(PyExc_ValueError, "an FF group id is 32 bits");
+                goto done;
+            }
+            if ((f & MAX_PORT) == q) via[i] = (unsigned long)f;
+        }
+        size += via[i] ? 24 : 32;
+    }
+    if (size > 0xffff) {
+        PyErr_SetString(PyExc_ValueError, "a group-mod longer than 64 KB");
+        goto done;
+    }
+    wire = PyBytes_FromStringAndSize(NULL, size);
+    if (wire == NULL) goto done;
+    unsigned char *p = (unsigned char *)PyBytes_AS_STRING(wire);
+    memset(p, 0, (size_t)size);
+    p[0] = OFP_VERSION;
+    p[1] = OFPT_GROUP_MOD;
+    put16(p + 2, (unsigned)size);  /* xid 0, command ADD (0), type ALL (0), pad */
+    put32(p + 12, gid);
+    p += 16;
+    for (Py_ssize_t i = 0; i < k; i++) {
+        unsigned blen = via[i] ? 24 : 32;
+        put16(p, blen);  /* weight 0 */
+        put32(p + 4, OFPP_ANY);
+        put32(p + 8, OFPG_ANY);
+        if (via[i]) {
+            put16(p + 16, OFPAT_GROUP);
+            put16(p + 18, 8);
+            put32(p + 20, via[i]);
+        } else {  /* OFPAT_OUTPUT (0), max_len 0, pad */
+            put16(p + 18, 16);
+            put32(p + 20, (long)port[i] == in_c ? OFPP_IN_PORT : port[i]);
+        }
+        p += blen;
+    }
+done:
+    if (port != ports) PyMem_Free(port);
+    return wire;
 }
 
 static int pair_of_bytes(PyObject *t) {
@@ -400,25 +536,31 @@ static int pair_of_bytes(PyObject *t) {
     return 1;
 }
 
-/* tree_adds(gid, sg_head, sg_tail, dpids, entries, out, add_parts, make_parts, tags, make_tag,
- *           rejoin_flow, group_cls, flow_cls, object_new)
+/* tree_adds(gid, sg_head, sg_tail, dpids, entries, out, tags, make_tag, rejoin_flow,
+ *           group_cls, flow_cls)
  * ofmsgs.tree_adds's loop: see there. ``rejoin_flow(acts)`` gives a rejoin flow's bytes
  * around its in_port and tag. */
 static PyObject *tree_adds(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 14) {
-        PyErr_SetString(PyExc_TypeError, "tree_adds takes 14 arguments");
+    if (nargs != 11) {
+        PyErr_SetString(PyExc_TypeError, "tree_adds takes 11 arguments");
         return NULL;
     }
     PyObject *sg_head = args[1], *sg_tail = args[2], *dpids = args[3], *entries = args[4], *out = args[5],
-             *add_parts = args[6], *make_parts = args[7], *tags = args[8], *make_tag = args[9],
-             *rejoin_flow = args[10], *group_cls = args[11], *flow_cls = args[12], *object_new = args[13];
-    char gid_bytes[4], port[4];
-    if (be32_of(args[0], gid_bytes) < 0) return NULL;
+             *tags = args[6], *make_tag = args[7], *rejoin_flow = args[8];
+    char port[4];
+    long gid;
+    Slots group_cls, flow_cls;
+    if (get_long(args[0], &gid) < 0) return NULL;
+    if (gid < 0 || gid > 0xFFFFFFFFL) {
+        PyErr_SetString(PyExc_OverflowError, "a group id is 32 bits");
+        return NULL;
+    }
     if (!PyBytes_Check(sg_head) || !PyBytes_Check(sg_tail) || !PyDict_Check(entries) || !PyList_Check(out) ||
-        !PyDict_Check(add_parts) || !PyDict_Check(tags)) {
+        !PyDict_Check(tags)) {
         PyErr_SetString(PyExc_TypeError, "tree_adds: bad argument types");
         return NULL;
     }
+    if (slots_of(args[9], &group_cls) < 0 || slots_of(args[10], &flow_cls) < 0) return NULL;
     PyObject *seq = PySequence_Fast(dpids, "tree_adds: dpids is a sequence");
     if (seq == NULL) return NULL;
     PyObject *last = NULL, *rj = NULL, *e = NULL;  /* the last rejoin's actions and their flow's bytes */
@@ -436,25 +578,11 @@ static PyObject *tree_adds(PyObject *self, PyObject *const *args, Py_ssize_t nar
             PyErr_SetString(PyExc_TypeError, "a switch entry is a 4-tuple");
             goto fail;
         }
-        PyObject *key = PyTuple_GetSlice(e, 0, 3);
-        if (key == NULL) goto fail;
-        PyObject *parts = PyDict_GetItemWithError(add_parts, key);
-        if (parts != NULL) {
-            Py_INCREF(parts);
-        } else if (!PyErr_Occurred()) {
-            parts = PyObject_CallOneArg(make_parts, key);
-        }
-        Py_DECREF(key);
-        if (parts == NULL) goto fail;
-        if (!pair_of_bytes(parts)) {
-            Py_DECREF(parts);
-            goto fail;
-        }
-        PyObject *wire = join4(PyTuple_GET_ITEM(parts, 0), gid_bytes, 4, PyTuple_GET_ITEM(parts, 1), NULL);
-        Py_DECREF(parts);
-        if (add_msg(out, object_new, group_cls, dpid, wire) < 0) goto fail;
+        PyObject *wire = group_add_wire((unsigned long)gid, PyTuple_GET_ITEM(e, 0), PyTuple_GET_ITEM(e, 1),
+                                        PyTuple_GET_ITEM(e, 2));
+        if (add_msg(out, &group_cls, dpid, wire) < 0) goto fail;
         if (be32_of(PyTuple_GET_ITEM(e, 0), port) < 0) goto fail;
-        if (add_msg(out, object_new, flow_cls, dpid, join4(sg_head, port, 4, sg_tail, NULL)) < 0) goto fail;
+        if (add_msg(out, &flow_cls, dpid, join4(sg_head, port, 4, sg_tail, NULL)) < 0) goto fail;
         PyObject *rejoin = PyTuple_GET_ITEM(e, 3);
         if (!PyTuple_Check(rejoin) || PyTuple_GET_SIZE(rejoin) == 0) continue;
         if (PyTuple_GET_SIZE(rejoin) != 3) {
@@ -485,7 +613,7 @@ static PyObject *tree_adds(PyObject *self, PyObject *const *args, Py_ssize_t nar
         }
         wire = join4(PyTuple_GET_ITEM(rj, 0), port, 4, tlv, PyTuple_GET_ITEM(rj, 1));
         Py_DECREF(tlv);
-        if (add_msg(out, object_new, flow_cls, dpid, wire) < 0) goto fail;
+        if (add_msg(out, &flow_cls, dpid, wire) < 0) goto fail;
     }
     Py_XDECREF(rj);
     Py_XDECREF(last);

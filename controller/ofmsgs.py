@@ -101,13 +101,15 @@ class _Ready:
     """A message whose wire bytes (``_wire``, xid 0) were packed by the builders below.
 
     ``serialize`` (what ``Datapath.send_msg`` calls after giving it an xid) copies them
-    with the xid set; every other message attribute is decoded from them on first read."""
+    with the xid set; every other message attribute is decoded from them on first read.
+    ``_dpid`` and ``_wire`` are slots of the concrete classes: a message is built with no
+    attribute dict (~300 per new tree; the dict was most of building one)."""
 
     xid = None  # until sent (``send_msg`` asks, then sets it)
 
     def serialize(self) -> None:
         d = self.__dict__
-        buf = bytearray(d["_wire"])
+        buf = bytearray(self._wire)
         xid = d.get("xid") or 0
         _XID.pack_into(buf, 4, xid)
         d["version"], d["msg_type"], d["msg_len"], d["xid"], d["buf"] = buf[0], buf[1], len(buf), xid, buf
@@ -115,7 +117,7 @@ class _Ready:
     def __getattr__(self, name: str) -> Any:
         d = self.__dict__
         if name == "datapath":
-            dp = d["datapath"] = datapath(d["_dpid"])
+            dp = d["datapath"] = datapath(self._dpid)
             return dp
         if name.startswith("_") or "_decoded" in d:
             raise AttributeError(name)
@@ -128,7 +130,7 @@ class _Ready:
         d = self.__dict__
         if "_decoded" not in d:
             d["_decoded"] = True
-            for key, value in _decode(d["_wire"], self.datapath).__dict__.items():
+            for key, value in _decode(self._wire, self.datapath).__dict__.items():
                 if key not in d and key != "xid":
                     d[key] = value
 
@@ -140,9 +142,13 @@ class _Ready:
 class ReadyFlowMod(_Ready, parser.OFPFlowMod):
     """An ``OFPFlowMod`` built as bytes (see ``_Ready``)."""
 
+    __slots__ = ("_dpid", "_wire")
+
 
 class ReadyGroupMod(_Ready, parser.OFPGroupMod):
     """An ``OFPGroupMod`` built as bytes (see ``_Ready``)."""
+
+    __slots__ = ("_dpid", "_wire")
 
 
 _new = object.__new__
@@ -454,11 +460,12 @@ def _add_parts(key: tuple) -> tuple[bytes, bytes]:
 
 def tree_adds_c(gid: int, source: str, group: str, dpids: Iterable[int], entries: dict[int, tuple],
                 out: list[tuple[int, Msg]]) -> None:
-    """``tree_adds_py`` with its loop in C (``controller._fastplan``); the pieces made
-    once per entry kind, group or tag are this module's, called back on a miss."""
+    """``tree_adds_py`` with its loop in C (``controller._fastplan``): each ALL group's
+    buckets packed there (as ``buckets`` packs them), the pieces made once per group or
+    tag are this module's, called back on a miss."""
     sg_head, sg_tail = _sg_flow(gid, source, group)
-    _native.tree_adds(gid, sg_head, sg_tail, dpids, entries, out, _ADD_PARTS, _add_parts, _TAGS, _tag_tlv,
-                      partial(_rejoin_flow, COOKIE_TAG | gid, source, group), ReadyGroupMod, ReadyFlowMod, _new)
+    _native.tree_adds(gid, sg_head, sg_tail, dpids, entries, out, _TAGS, _tag_tlv,
+                      partial(_rejoin_flow, COOKIE_TAG | gid, source, group), ReadyGroupMod, ReadyFlowMod)
 
 
 def tree_adds_py(gid: int, source: str, group: str, dpids: Iterable[int], entries: dict[int, tuple],

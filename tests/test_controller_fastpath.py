@@ -443,15 +443,21 @@ def test_bad_input_raises_instead_of_crashing():
     assert args[0] == {1: SwitchEntry(1, (2, 3), (), ())} and type(args[0][1]) is SwitchEntry
     assert args[5][1] == {7}
     out: list = []
-    good = [5, b"h", b"t", [1], {1: SwitchEntry(1, (2,), (), ())}, out, {}, lambda key: (b"a", b"b"), {},
-            lambda t: b"x", lambda acts: (b"r", b"s"), ofmsgs.ReadyGroupMod, ofmsgs.ReadyFlowMod, object.__new__]
+    good = [5, b"h", b"t", [1], {1: SwitchEntry(1, (2, 3), (0xFFFF0003,), ())}, out, {},
+            lambda t: b"x", lambda acts: (b"r", b"s"), ofmsgs.ReadyGroupMod, ofmsgs.ReadyFlowMod]
     adds(*good)
     assert [(d, type(m).__name__, m._wire) for d, m in out] == [
-        (1, "ReadyGroupMod", b"a\x00\x00\x00\x05b"), (1, "ReadyFlowMod", b"h\x00\x00\x00\x01t")]
-    for i, bad in ((0, -1), (3, [2]), (4, {1: (1, 2)}), (7, lambda key: "no bytes"), (4, {1: SwitchEntry(1, (2,), (), (1,))})):
+        (1, "ReadyGroupMod", ofmsgs.group_add(1, 5, 1, (2, 3), (0xFFFF0003,))._wire),
+        (1, "ReadyFlowMod", b"h\x00\x00\x00\x01t")]
+    for i, bad in ((0, -1), (3, [2]), (4, {1: (1, 2)}), (4, {1: SwitchEntry(1, (3, 2), (), ())}),
+                   (4, {1: SwitchEntry(1, (2,), (-5,), ())}), (4, {1: SwitchEntry(1, [2], (), ())}),
+                   (7, lambda key: "no bytes"), (4, {1: SwitchEntry(1, (2,), (), (1,))}), (9, object),
+                   (10, ofmsgs.ReadyFlowMod.__mro__[1])):
         wrong = list(good)
         wrong[i] = bad
-        with pytest.raises((TypeError, KeyError, OverflowError)):
+        if i == 7:  # (the tag callback is asked only for a rejoin)
+            wrong[4] = {1: SwitchEntry(1, (2,), (), (4, "02:00:00:00:00:01", ()))}
+        with pytest.raises((TypeError, KeyError, OverflowError, ValueError)):
             adds(*wrong)
 
 
