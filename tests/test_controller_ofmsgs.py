@@ -269,3 +269,18 @@ def test_a_rejoin_kept_without_its_group_is_made_whole_and_read_back(acts, group
     assert ofmsgs.rejoin_kept(whole, group, gid) == acts
     if ofmsgs.multicast_mac(other) != ofmsgs.multicast_mac(group):
         assert ofmsgs.rejoin_kept(ofmsgs.rejoin_actions(acts, other, gid), group, gid) is None
+
+
+@settings(max_examples=150, deadline=None)
+@given(dpid=st.integers(1, 1 << 48), ffid=st.integers(0, ofp.OFPG_MAX), port=ports, first=ports, tag=macs,
+       via=st.booleans(), command=st.sampled_from([ofp.OFPGC_ADD, ofp.OFPGC_MODIFY]))
+def test_an_ff_group_of_the_usual_shape_is_what_ryu_sends(dpid, ffid, port, first, tag, via, command) -> None:
+    """The link's bucket then the detour's (tag, then output: the first port, or
+    IN_PORT), packed in one go: the bytes Ryu's constructors give."""
+    out = ofp.OFPP_IN_PORT if via else first
+    spec = ((port, (("output", port),)), (first, (("set_field", "eth_dst", tag), ("output", out))))
+    ref = parser.OFPGroupMod(ofmsgs.datapath(dpid), command, ofp.OFPGT_FF, ffid, [
+        parser.OFPBucket(watch_port=port, actions=[parser.OFPActionOutput(port, 0)]),
+        parser.OFPBucket(watch_port=first, actions=[parser.OFPActionSetField(eth_dst=tag),
+                                                    parser.OFPActionOutput(out, 0)])])
+    _same_as_ryu(ofmsgs.ff_group(dpid, ffid, spec, command), ref)
