@@ -957,6 +957,104 @@ done:
     return result;
 }
 
+/* outs(parent, nbr, ends) -> {switch: [its output ports]}: trees._fill_entries's loop
+ * (see there): for each switch of ``parent`` (in its order) the port towards each child,
+ * then the receivers' ports of ``ends`` ((switch, port) pairs). */
+static PyObject *outs(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3 || !PyDict_Check(args[0]) || !PyDict_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "outs(parent: dict, nbr: dict, ends)");
+        return NULL;
+    }
+    PyObject *parent = args[0], *nbr = args[1], *result = PyDict_New(), *it = NULL, *pair = NULL;
+    if (result == NULL) return NULL;
+    Py_ssize_t pos = 0;
+    PyObject *c, *p;
+    while (PyDict_Next(parent, &pos, &c, &p)) {
+        PyObject *lst = PyList_New(0);
+        if (lst == NULL || PyDict_SetItem(result, c, lst) < 0) {
+            Py_XDECREF(lst);
+            goto fail;
+        }
+        Py_DECREF(lst);
+    }
+    pos = 0;
+    while (PyDict_Next(parent, &pos, &c, &p)) {
+        if (p == Py_None) continue;
+        PyObject *to = PyDict_GetItemWithError(nbr, p), *port = NULL, *lst = NULL;
+        if (to != NULL && PyDict_Check(to)) port = PyDict_GetItemWithError(to, c);
+        if (port != NULL) lst = PyDict_GetItemWithError(result, p);
+        if (lst == NULL) {
+            if (!PyErr_Occurred()) PyErr_Format(PyExc_KeyError, "no port from %R to %R in the tree", p, c);
+            goto fail;
+        }
+        if (PyList_Append(lst, port) < 0) goto fail;
+    }
+    it = PyObject_GetIter(args[2]);
+    if (it == NULL) goto fail;
+    while ((pair = PyIter_Next(it)) != NULL) {
+        if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2) {
+            PyErr_SetString(PyExc_TypeError, "an end is (switch, port)");
+            goto fail;
+        }
+        PyObject *lst = PyDict_GetItemWithError(result, PyTuple_GET_ITEM(pair, 0));
+        if (lst == NULL) {
+            if (!PyErr_Occurred()) PyErr_SetObject(PyExc_KeyError, PyTuple_GET_ITEM(pair, 0));
+            goto fail;
+        }
+        if (PyList_Append(lst, PyTuple_GET_ITEM(pair, 1)) < 0) goto fail;
+        Py_CLEAR(pair);
+    }
+    if (PyErr_Occurred()) goto fail;
+    Py_DECREF(it);
+    return result;
+fail:
+    Py_XDECREF(pair);
+    Py_XDECREF(it);
+    Py_DECREF(result);
+    return NULL;
+}
+
+/* bump(into, links, step): trees.LinkLoad.add_links's loop (see there): the load of each
+ * link child <- parent of ``links`` (None: no link) changed by ``step``, kept per child
+ * as {parent: count}. */
+static PyObject *bump(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3 || !PyDict_Check(args[0]) || !PyDict_Check(args[1]) || !PyLong_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "bump(into: dict, links: dict, step: int)");
+        return NULL;
+    }
+    PyObject *into = args[0], *links = args[1], *step = args[2];
+    Py_ssize_t pos = 0;
+    PyObject *c, *p;
+    while (PyDict_Next(links, &pos, &c, &p)) {
+        if (p == Py_None) continue;
+        PyObject *loads = PyDict_GetItemWithError(into, c);
+        if (loads == NULL) {
+            if (PyErr_Occurred()) return NULL;
+            loads = PyDict_New();
+            if (loads == NULL || PyDict_SetItem(into, c, loads) < 0) {
+                Py_XDECREF(loads);
+                return NULL;
+            }
+            Py_DECREF(loads);  /* (into holds it) */
+        } else if (!PyDict_Check(loads)) {
+            PyErr_SetString(PyExc_TypeError, "bump: into holds dicts");
+            return NULL;
+        }
+        PyObject *n = PyDict_GetItemWithError(loads, p), *sum;
+        if (n == NULL) {
+            if (PyErr_Occurred()) return NULL;
+            sum = Py_NewRef(step);
+        } else {
+            sum = PyNumber_Add(n, step);
+        }
+        if (sum == NULL) return NULL;
+        int rc = PyDict_SetItem(loads, p, sum);
+        Py_DECREF(sum);
+        if (rc < 0) return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
 /* -- graph searches of controller.trees and controller.protect, on the view's adjacency
  * (``nbr_ports``: dpid -> {neighbour dpid: port}) as it is: run once per source switch
  * and per protected link of a topology, in Python they were ~0.4 x the reference of the
@@ -1293,6 +1391,8 @@ static PyMethodDef module_methods[] = {
     {"tree_adds", (PyCFunction)(void (*)(void))tree_adds, METH_FASTCALL, "ofmsgs.tree_adds's loop (see there)"},
     {"spt_vector", (PyCFunction)(void (*)(void))spt_vector, METH_FASTCALL, "trees._spt_vector's arithmetic (see there)"},
     {"spt_grid", (PyCFunction)(void (*)(void))spt_grid, METH_FASTCALL, "trees._spt_vector's search on the grid (see there)"},
+    {"outs", (PyCFunction)(void (*)(void))outs, METH_FASTCALL, "trees._fill_entries's loop (see there)"},
+    {"bump", (PyCFunction)(void (*)(void))bump, METH_FASTCALL, "trees.LinkLoad.add_links's loop (see there)"},
     {"bfs_dag", (PyCFunction)(void (*)(void))bfs_dag, METH_FASTCALL, "trees.PathCache.dag's search (see there)"},
     {"path_around", (PyCFunction)(void (*)(void))path_around, METH_FASTCALL, "protect._path_around (see there)"},
     {NULL, NULL, 0, NULL},

@@ -1,7 +1,8 @@
 """Whether this process uses the controller's C extension (``controller._fastplan``: the
 per-switch loops of a group's first tree, ``MulticastCore._fill`` and
-``ofmsgs.tree_adds``, the layered least-loaded search, ``trees._spt_vector``, and the
-searches done once per topology, ``trees._bfs_dag`` and ``protect._path_around``): built
+``ofmsgs.tree_adds``, the layered least-loaded search, ``trees._spt_vector``, a tree's
+output ports and link loads, ``trees._outs`` and ``trees._bump``, and the searches done
+once per topology, ``trees._bfs_dag`` and ``protect._path_around``): built
 by pip with the system compiler where it can be, and used
 then unless ``MODELCAST_PURE_PYTHON=1`` asks for the pure-Python path (the benchmark's
 and the tests' way to run both; the agent's ``hostagent.native`` follows the same

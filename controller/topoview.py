@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 
 import networkx as nx
@@ -20,6 +20,11 @@ class HostLoc:
     mac: str
     dpid: int
     port: int
+    # (dpid, port) made once: every tree reaching the host holds it among its ends
+    at: tuple[int, int] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "at", (self.dpid, self.port))
 
 
 @dataclass(frozen=True, order=True)

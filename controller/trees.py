@@ -126,13 +126,7 @@ class LinkLoad:
     def add_links(self, links: dict[int, int | None], step: int, numbered: tuple | None = None) -> None:
         """Add (1) or take off (-1) links given as child -> parent (None: no link), each
         once: a tree's, or the part of one that a ``regraft`` changed."""
-        into = self.into
-        for c, p in links.items():
-            if p is not None:
-                loads = into.get(c)
-                if loads is None:
-                    loads = into[c] = {}
-                loads[p] = loads.get(p, 0) + step
+        _bump(self.into, links, step)
         if self._vec is not None and links:
             if len(self.pending) >= _MAX_PENDING:  # (no new tree for a long while)
                 self._vec = None  # counted afresh from ``into`` when next asked
@@ -177,6 +171,17 @@ class LinkLoad:
         return (n for ps in self.into.values() for n in ps.values())
 
 
+def _bump_py(into: dict[int, dict[int, int]], links: dict[int, int | None], step: int) -> None:
+    """``into[child][parent] += step`` for each link of ``links`` (child -> parent or None)."""
+    for c, p in links.items():
+        if p is not None:
+            loads = into.get(c)
+            if loads is None:
+                loads = into[c] = {}
+            loads[p] = loads.get(p, 0) + step
+
+
+_bump = native.module.bump if native.NATIVE else _bump_py  # (the same loop in C: ~10^5 links per 1000 groups)
 _NO_LOAD: dict[int, int] = {}
 _MAX_PENDING = 1 << 14  # link changes waiting for the vector: reroutes alone would grow it forever
 
@@ -813,16 +818,27 @@ def _deepest_first(parent: dict[int, int | None], dist: dict[int, int]) -> list[
     return [n for level in reversed(by) for n in level]
 
 
-def _fill_entries(view: TopologyView, tree: Tree, source_port: int, receivers: Iterable,
-                  fill: Callable[[Tree, int, dict[int, list[int]]], None] | None = None) -> None:
-    nbr, parent = view.nbr_ports, tree.parent
+def _outs_py(parent: dict[int, int | None], nbr: dict[int, dict[int, int]],
+             ends: Iterable[tuple[int, int]]) -> dict[int, list[int]]:
+    """Each switch of the tree (in ``parent``'s order) -> its output ports, unsorted: the
+    port towards each child, then the receivers' (switch, port) ``ends``."""
     outs: dict[int, list[int]] = {n: [] for n in parent}
     for child, par in parent.items():
         if par is not None:
             outs[par].append(nbr[par][child])  # (one port per child)
-    tree.ends = frozenset((loc.dpid, loc.port) for loc in receivers)  # (hosts may share a port)
-    for dpid, port in tree.ends:
+    for dpid, port in ends:
         outs[dpid].append(port)
+    return outs
+
+
+_outs = native.module.outs if native.NATIVE else _outs_py  # (the same loop in C)
+
+
+def _fill_entries(view: TopologyView, tree: Tree, source_port: int, receivers: Iterable,
+                  fill: Callable[[Tree, int, dict[int, list[int]]], None] | None = None) -> None:
+    nbr, parent = view.nbr_ports, tree.parent
+    tree.ends = frozenset([loc.at for loc in receivers])  # (hosts may share a port)
+    outs = _outs(parent, nbr, tree.ends)
     if fill is not None:
         fill(tree, source_port, outs)
         return

@@ -376,6 +376,7 @@ def test_the_c_builder_is_built_in_ci():
 
         assert trees._spt_vector is trees._spt_vector_c
         assert trees._bfs_dag is trees._bfs_dag_c
+        assert trees._outs is native.module.outs and trees._bump is native.module.bump
         from controller import protect
 
         assert protect._path_around is protect._path_around_c
@@ -577,3 +578,36 @@ def test_the_searches_in_c_agree_on_a_fat_tree_and_refuse_bad_input():
             around({1: {2: 1}, 2: {1: 1}}, 1, 2, bad if bad != (1, 2) else [1, 2])
     with pytest.raises((OverflowError, TypeError)):
         around({-1: {2: 1}, 2: {-1: 1}}, -1, 2, None)
+
+
+@needs_c
+@settings(max_examples=200, deadline=None)
+@given(spec=adjacency, data=st.data())
+def test_the_outputs_and_load_loops_in_c_are_the_pythons(spec, data):
+    """A tree's output ports per switch (``trees._outs``) and the link load counts
+    (``trees._bump``, adding and taking off) on trees drawn from generated graphs: the
+    same dicts, in the same orders, in C as in Python; what a tree cannot hold raises."""
+    from controller import trees
+
+    nbr = draw_adjacency(spec)
+    root = data.draw(st.sampled_from(sorted(nbr)), label="root")
+    dist, preds = trees._bfs_dag_py(nbr, root)
+    parent = {n: (data.draw(st.sampled_from(preds[n]), label="parent") if preds[n] else None) for n in dist}
+    ends = frozenset(data.draw(st.lists(st.tuples(st.sampled_from(sorted(dist)), st.integers(50, 60)),
+                                        max_size=6), label="ends"))
+    a, b = trees._outs_py(parent, nbr, ends), native.module.outs(parent, nbr, ends)
+    assert list(a.items()) == list(b.items())
+    into_py: dict = {}
+    into_c: dict = {}
+    for step in data.draw(st.lists(st.sampled_from([1, -1, 3]), min_size=1, max_size=4), label="steps"):
+        trees._bump_py(into_py, parent, step)
+        native.module.bump(into_c, parent, step)
+        assert list(into_py.items()) == list(into_c.items())
+    with pytest.raises(KeyError):
+        native.module.outs({1: None, 2: 1}, {1: {}}, ())  # (no port from 1 to 2)
+    with pytest.raises(KeyError):
+        native.module.outs({1: None}, {1: {}}, [(9, 1)])  # (an end off the tree)
+    with pytest.raises(TypeError):
+        native.module.outs({1: None}, {1: {}}, [(1, 2, 3)])
+    with pytest.raises(TypeError):
+        native.module.bump({2: [1]}, {2: 1}, 1)
