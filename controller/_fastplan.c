@@ -662,152 +662,16 @@ static inline int64_t at2(const Ints *a, Py_ssize_t i, Py_ssize_t j) {
 
 #define FAR ((int64_t)1 << 60)
 
-/* spt_vector(layers, load, size, root, targets, dpids) -> (parent, used links as bytes, deepest)
- * trees._spt_vector's arithmetic (see there) in one pass per layer instead of numpy calls
- * on arrays of a few dozen rows, each of which cost more than its work. ``layers``: the
- * cache's (nodes, preds, links, rows) per hop count; ``load`` the link loads by link
- * number; ``targets`` node numbers; ``dpids`` node number -> dpid. */
-static PyObject *spt_vector(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 6) {
-        PyErr_SetString(PyExc_TypeError, "spt_vector takes 6 arguments");
-        return NULL;
-    }
-    PyObject *layers = args[0], *targets = args[4], *dpids = args[5];
-    Py_ssize_t size = PyLong_AsSsize_t(args[2]), root = PyLong_AsSsize_t(args[3]);
-    if (PyErr_Occurred()) return NULL;
-    if (!PyList_Check(layers) || !PyList_Check(dpids) || size < 1 || root < 0 || root >= size ||
-        PyList_GET_SIZE(dpids) < size) {
-        PyErr_SetString(PyExc_ValueError, "spt_vector: bad layers, size, root or dpids");
-        return NULL;
-    }
-    Py_ssize_t nl = PyList_GET_SIZE(layers);
-    Ints load = {0};
-    Ints *views = PyMem_Calloc((size_t)(3 * nl + 1), sizeof(Ints));
-    int64_t *cost = PyMem_Malloc(sizeof(int64_t) * (size_t)size);
-    Py_ssize_t *choice = PyMem_Calloc((size_t)size, sizeof(Py_ssize_t));
-    int64_t *uplink = PyMem_Calloc((size_t)size, sizeof(int64_t));
-    char *mark = PyMem_Calloc((size_t)size, 1);
-    Py_ssize_t *order = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)size);  /* marked, deepest first */
-    Py_ssize_t *ends = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)(nl + 1));  /* per layer, deepest first */
-    PyObject *result = NULL, *parent = NULL, *used = NULL, *deepest = NULL;
-    Py_ssize_t count = 0;
-    if (!views || !cost || !choice || !uplink || !mark || !order || !ends) {
-        PyErr_NoMemory();
-        goto done;
-    }
-    if (ints_get(args[1], &load, 1) < 0) goto done;
-    for (Py_ssize_t i = 0; i < size; i++) cost[i] = FAR;
-    cost[root] = 0;
-    for (Py_ssize_t l = 0; l < nl; l++) {
-        PyObject *t = PyList_GET_ITEM(layers, l);
-        if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) != 4) {
-            PyErr_SetString(PyExc_TypeError, "spt_vector: a layer is (nodes, preds, links, rows)");
-            goto done;
-        }
-        Ints *nodes = &views[3 * l], *preds = &views[3 * l + 1], *links = &views[3 * l + 2];
-        if (ints_get(PyTuple_GET_ITEM(t, 0), nodes, 1) < 0 || ints_get(PyTuple_GET_ITEM(t, 1), preds, 2) < 0 ||
-            ints_get(PyTuple_GET_ITEM(t, 2), links, 2) < 0)
-            goto done;
-        Py_ssize_t rows = nodes->view.shape[0], width = preds->view.shape[1];
-        if (preds->view.shape[0] != rows || links->view.shape[0] != rows || links->view.shape[1] != width ||
-            width < 1) {
-            PyErr_SetString(PyExc_ValueError, "spt_vector: a layer's arrays disagree");
-            goto done;
-        }
-        for (Py_ssize_t r = 0; r < rows; r++) {
-            int64_t node = at1(nodes, r), best = -1, bc = 0, bp = 0, bl = 0;
-            if (node < 0 || node >= size) goto range;
-            for (Py_ssize_t j = 0; j < width; j++) {
-                int64_t p = at2(preds, r, j), k = at2(links, r, j);
-                if (p < 0 || p >= size || k < 0 || k >= load.view.shape[0]) goto range;
-                int64_t c = cost[p] + at1(&load, k);
-                if (best < 0 || c < bc) {
-                    best = j;
-                    bc = c;
-                    bp = p;
-                    bl = k;
-                }
-            }
-            cost[node] = bc;
-            choice[node] = (Py_ssize_t)bp;
-            uplink[node] = bl;
-        }
-    }
-    PyObject *tseq = PySequence_Fast(targets, "spt_vector: targets is a sequence");
-    if (tseq == NULL) goto done;
-    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(tseq); i++) {
-        Py_ssize_t t = PyLong_AsSsize_t(PySequence_Fast_GET_ITEM(tseq, i));
-        if (t < 0 || t >= size) {
-            Py_DECREF(tseq);
-            if (!PyErr_Occurred()) goto range;
-            goto done;
-        }
-        mark[t] = 1;
-    }
-    Py_DECREF(tseq);
-    /* from the deepest layer up: a switch is in the tree when marked; it marks its choice */
-    Py_ssize_t used_layers = 0;
-    for (Py_ssize_t l = nl - 1; l >= 0; l--) {
-        Ints *nodes = &views[3 * l];
-        Py_ssize_t before = count;
-        for (Py_ssize_t r = 0; r < nodes->view.shape[0]; r++) {
-            Py_ssize_t node = (Py_ssize_t)at1(nodes, r);
-            if (mark[node]) order[count++] = node;
-        }
-        for (Py_ssize_t i = before; i < count; i++) mark[choice[order[i]]] = 1;
-        if (count > before) ends[used_layers++] = count;
-    }
-    used = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)sizeof(int64_t) * count);
-    deepest = PyList_New(count + 1);
-    parent = PyDict_New();
-    if (used == NULL || deepest == NULL || parent == NULL) goto done;
-    int64_t *u = (int64_t *)PyBytes_AS_STRING(used);
-    for (Py_ssize_t i = 0; i < count; i++) {
-        u[i] = uplink[order[i]];
-        PyObject *d = PyList_GET_ITEM(dpids, order[i]);
-        Py_INCREF(d);
-        PyList_SET_ITEM(deepest, i, d);
-    }
-    PyObject *rd = PyList_GET_ITEM(dpids, root);
-    Py_INCREF(rd);
-    PyList_SET_ITEM(deepest, count, rd);
-    if (PyDict_SetItem(parent, rd, Py_None) < 0) goto done;
-    /* the root first, then a layer at a time from the top, each in its layer's order */
-    for (Py_ssize_t k = used_layers - 1; k >= 0; k--) {  /* (ends[k]: where layer k ends in order) */
-        for (Py_ssize_t i = k > 0 ? ends[k - 1] : 0; i < ends[k]; i++) {
-            if (PyDict_SetItem(parent, PyList_GET_ITEM(dpids, order[i]), PyList_GET_ITEM(dpids, choice[order[i]])) < 0)
-                goto done;
-        }
-    }
-    result = PyTuple_Pack(3, parent, used, deepest);
-    goto done;
-range:
-    PyErr_SetString(PyExc_IndexError, "spt_vector: a node or link number out of range");
-done:
-    for (Py_ssize_t l = 0; views && l < 3 * nl; l++) ints_release(&views[l]);
-    ints_release(&load);
-    PyMem_Free(views);
-    PyMem_Free(cost);
-    PyMem_Free(choice);
-    PyMem_Free(uplink);
-    PyMem_Free(mark);
-    PyMem_Free(order);
-    PyMem_Free(ends);
-    Py_XDECREF(parent);
-    Py_XDECREF(used);
-    Py_XDECREF(deepest);
-    return result;
-}
-
 /* spt_grid(nodes, hops, around, links, load, size, root, targets, dpids)
  *     -> (parent, used links as bytes, deepest)
- * spt_vector's search without a root's cached layers: ``nodes``/``hops`` are the root's
- * switches in its DAG's (breadth-first) order and their hop counts, ``around``/``links``
- * every switch's neighbours in dpid order (0-padded) and the links from them, shared by
- * all roots. A switch's predecessors are its neighbours one hop nearer, in dpid order:
- * the layers' rows, so the same choices. The layers were ~60 KB per source switch,
- * read cold by every new tree (half the benchmark's last-level cache misses); the grid
- * is one array for all of them and stays in cache. */
+ * trees._spt_vector's layered least-loaded search (see there), in one pass over the
+ * root's switches: ``nodes``/``hops`` are them in its DAG's (breadth-first) order and
+ * their hop counts, ``around``/``links`` every switch's neighbours in dpid order
+ * (0-padded) and the links from them, shared by all roots. A switch's predecessors are
+ * its neighbours one hop nearer, in dpid order, so the choices are the layers' of
+ * _spt_vector_py. Those layers were ~60 KB per source switch, read cold by every new
+ * tree (half the benchmark's last-level cache misses); the grid is one array for all
+ * roots and stays in cache. */
 static PyObject *spt_grid(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 9) {
         PyErr_SetString(PyExc_TypeError, "spt_grid takes 9 arguments");
@@ -915,7 +779,7 @@ static PyObject *spt_grid(PyObject *self, PyObject *const *args, Py_ssize_t narg
     }
     used = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)sizeof(int64_t) * count);
     deepest = PyList_New(count + 1);
-    parent = PyDict_New();
+    parent = _PyDict_NewPresized(count + 1);  /* (sized once: ~100 switches per tree) */
     if (used == NULL || deepest == NULL || parent == NULL) goto done;
     int64_t *u = (int64_t *)PyBytes_AS_STRING(used);
     for (Py_ssize_t i = 0; i < count; i++) {
@@ -965,7 +829,7 @@ static PyObject *outs(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
         PyErr_SetString(PyExc_TypeError, "outs(parent: dict, nbr: dict, ends)");
         return NULL;
     }
-    PyObject *parent = args[0], *nbr = args[1], *result = PyDict_New(), *it = NULL, *pair = NULL;
+    PyObject *parent = args[0], *nbr = args[1], *result = _PyDict_NewPresized(PyDict_GET_SIZE(args[0])), *it = NULL, *pair = NULL;
     if (result == NULL) return NULL;
     Py_ssize_t pos = 0;
     PyObject *c, *p;
@@ -1389,7 +1253,6 @@ done:
 static PyMethodDef module_methods[] = {
     {"fill", (PyCFunction)(void (*)(void))fill, METH_FASTCALL, "MulticastCore._fill's loop (see there)"},
     {"tree_adds", (PyCFunction)(void (*)(void))tree_adds, METH_FASTCALL, "ofmsgs.tree_adds's loop (see there)"},
-    {"spt_vector", (PyCFunction)(void (*)(void))spt_vector, METH_FASTCALL, "trees._spt_vector's arithmetic (see there)"},
     {"spt_grid", (PyCFunction)(void (*)(void))spt_grid, METH_FASTCALL, "trees._spt_vector's search on the grid (see there)"},
     {"outs", (PyCFunction)(void (*)(void))outs, METH_FASTCALL, "trees._fill_entries's loop (see there)"},
     {"bump", (PyCFunction)(void (*)(void))bump, METH_FASTCALL, "trees.LinkLoad.add_links's loop (see there)"},

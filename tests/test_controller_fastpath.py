@@ -492,22 +492,27 @@ def test_the_search_in_c_makes_the_numpy_searchs_choices(topo, data):
 
 @needs_c
 def test_the_search_in_c_refuses_bad_arrays():
-    """Wrong shapes, types or numbers out of range raise; they never read past an array."""
+    """Wrong shapes, types, orders or numbers out of range raise; they never read past an
+    array."""
     import numpy as np
 
-    spt = native.module.spt_vector
+    grid = native.module.spt_grid
+    # switches 10 (node 1, the root) and 11 (node 2), one link 10 -> 11 numbered 1
+    nodes, hops = np.array([1, 2]), np.array([0, 1])
+    around, links = np.array([[0], [2], [1]]), np.array([[0], [1], [1]])
     load = np.zeros(4, dtype=np.int64)
-    layer = (np.array([1]), np.array([[0]]), np.array([[1]]), np.array([0]))
-    assert spt([layer], load, 2, 0, [1], [10, 11]) == ({10: None, 11: 10}, np.array([1]).tobytes(), [11, 10])
-    for bad in ([(np.array([5]),) + layer[1:]], [(layer[0], np.array([[7]]), layer[2], layer[3])],
-                [(layer[0], layer[1], np.array([[9]]), layer[3])], [(layer[0], np.array([0.5]), layer[2], layer[3])],
-                [layer[:3]], "not a list"):
+    assert grid(nodes, hops, around, links, load, 3, 1, [2], [0, 10, 11]) == (
+        {10: None, 11: 10}, np.array([1]).tobytes(), [11, 10])
+    for bad in ((np.array([1, 7]), hops, around, links), (nodes, np.array([0, 2]), around, links),
+                (nodes, hops, np.array([[0], [9], [9]]), links), (nodes, hops, around, np.array([[0], [9], [9]])),
+                (nodes, np.array([0.5, 1.0]), around, links), (np.array([2, 1]), hops, around, links),
+                (nodes, hops, around[:2], links[:2]), (nodes, hops, np.array([[0], [0], [0]]), links)):
         with pytest.raises((TypeError, ValueError, IndexError)):
-            spt(bad, load, 2, 0, [1], [10, 11])
+            grid(*bad, load, 3, 1, [2], [0, 10, 11])
     with pytest.raises(IndexError):
-        spt([layer], load, 2, 0, [3], [10, 11])
+        grid(nodes, hops, around, links, load, 3, 1, [5], [0, 10, 11])
     with pytest.raises(ValueError):
-        spt([layer], load, 3, 0, [1], [10, 11])  # (fewer dpids than nodes)
+        grid(nodes, hops, around, links, load, 3, 1, [2], [0, 10])  # (fewer dpids than nodes)
 
 
 # -- the graph searches done once per topology: a source switch's DAG (``PathCache.dag``)
