@@ -260,28 +260,28 @@ done:
     return result;
 }
 
-/* fill(entries, parent, outs, source_port, gid, switch_users, uplinks, uplink, protect,
- *      pieces, piece, ff_refs, want_ff, guard, to_own, entry_type, in_port_out, shapes)
+/* fill(entries, parent, outs, source_port, gid, uplinks, uplink, protect, pieces, piece,
+ *      ff_refs, want_ff, guard, to_own, entry_type, in_port_out, shapes)
  * MulticastCore._fill's loop: see there. */
 static PyObject *fill(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 18) {
-        PyErr_SetString(PyExc_TypeError, "fill takes 18 arguments");
+    if (nargs != 17) {
+        PyErr_SetString(PyExc_TypeError, "fill takes 17 arguments");
         return NULL;
     }
     PyObject *entries = args[0], *parent = args[1], *outs = args[2], *source_port = args[3], *gid = args[4],
-             *switch_users = args[5], *uplinks = args[6], *uplink = args[7], *pieces = args[9],
-             *piece = args[10], *ff_refs = args[11], *want_ff = args[12], *guard = args[13],
-             *to_own = args[14], *in_port_out = args[16], *shapes = args[17];
-    int protect = PyObject_IsTrue(args[8]);
+             *uplinks = args[5], *uplink = args[6], *pieces = args[8], *piece = args[9], *ff_refs = args[10],
+             *want_ff = args[11], *guard = args[12], *to_own = args[13], *in_port_out = args[15],
+             *shapes = args[16];
+    int protect = PyObject_IsTrue(args[7]);
     if (protect < 0) return NULL;
     if (!PyDict_Check(entries) || !PyDict_Check(parent) || !PyDict_Check(outs) || !PyDict_Check(uplinks) ||
-        !PyDict_Check(pieces) || !PyType_Check(args[15]) ||
-        !PyType_IsSubtype((PyTypeObject *)args[15], &PyTuple_Type) || (shapes != Py_None && !PyDict_Check(shapes))) {
+        !PyDict_Check(pieces) || !PyType_Check(args[14]) ||
+        !PyType_IsSubtype((PyTypeObject *)args[14], &PyTuple_Type) || (shapes != Py_None && !PyDict_Check(shapes))) {
         PyErr_SetString(PyExc_TypeError, "fill: entries, parent, outs, uplinks and pieces are dicts, "
                                          "entry_type a tuple type, shapes a dict or None");
         return NULL;
     }
-    PyTypeObject *entry_type = (PyTypeObject *)args[15];
+    PyTypeObject *entry_type = (PyTypeObject *)args[14];
     Py_ssize_t pos = 0;
     PyObject *n, *ports;
     while (PyDict_Next(outs, &pos, &n, &ports)) {
@@ -296,13 +296,6 @@ static PyObject *fill(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
         }
         PyObject *out_ports = shape_of(shapes, PyList_AsTuple(ports));
         if (out_ports == NULL) return NULL;
-        PyObject *users = PyObject_GetItem(switch_users, n);
-        if (users == NULL || PySet_Add(users, gid) < 0) {
-            Py_XDECREF(users);
-            Py_DECREF(out_ports);
-            return NULL;
-        }
-        Py_DECREF(users);
         PyObject *in_port, *up, *u = NULL;
         if (par == Py_None) {
             in_port = source_port;

@@ -231,7 +231,6 @@ class MulticastCore:
         # until one does, nothing is sent to it and nothing of it is torn down.
         self.installed: dict[int, dict[int, SwitchEntry]] = {}
         self.load = LinkLoad()  # directed link -> groups crossing it
-        self.switch_users: defaultdict[int, set[int]] = defaultdict(set)  # dpid -> gids
         self.link_users: defaultdict[tuple[int, int], set[int]] = defaultdict(set)  # (lo, hi)
         self.cache = PathCache(self.view)
         # indexes, so that a request costs the same with 10 or 10,000 groups
@@ -392,7 +391,10 @@ class MulticastCore:
         self._forget_installed(dpid)
         if not self.view.remove_switch(dpid):
             return Plan()
-        return self._after_down(self.switch_users[dpid])
+        # (the groups whose tree crosses it, found by a scan: a switch leaving is rare, and
+        # an index of them cost a set insertion per switch of every new tree)
+        return self._after_down({gid for gid, g in self.groups.items()
+                                 if g.tree is not None and dpid in g.tree.parent})
 
     def link_add(self, a: int, a_port: int, b: int, b_port: int) -> Plan:
         return self._after_up() if self.view.add_link(a, a_port, b, b_port) else Plan()
@@ -512,14 +514,11 @@ class MulticastCore:
             if was:
                 self._count({n: e for n, e in was.items() if now.get(n) != e}, -1)
             self._count({n: e for n, e in now.items() if was.get(n) != e} if was else now, 1)
-        gid, link_users, switch_users = g.gid, self.link_users, self.switch_users
+        gid, link_users = g.gid, self.link_users
         for was, now, users in ((old, new, set.discard), (new, old, set.add)):
             for c, p in was.items():
-                if now.get(c, _ABSENT) != p:
-                    if c not in now:
-                        users(switch_users[c], gid)
-                    if p is not None:
-                        users(link_users[(p, c) if p < c else (c, p)], gid)
+                if p is not None and now.get(c, _ABSENT) != p:
+                    users(link_users[(p, c) if p < c else (c, p)], gid)
         g.tree = tree
 
     def _sync(self, gids: Iterable[int]) -> Plan:
@@ -622,7 +621,7 @@ class MulticastCore:
         self._pieces_now()
         if not tree.entries:  # (sized once, in the same order: every switch of outs gets one)
             tree.entries = dict.fromkeys(outs)
-        native.module.fill(tree.entries, tree.parent, outs, source_port, g.gid, self.switch_users, self._uplinks,
+        native.module.fill(tree.entries, tree.parent, outs, source_port, g.gid, self._uplinks,
                            self._uplink, self.protection, self._pieces, self._piece, self.ff_refs, self._want_ff,
                            self._guard, TO_OWN_GROUP, SwitchEntry, _IN_PORT_OUT, _SHAPES)
 
@@ -637,7 +636,7 @@ class MulticastCore:
         if not tree.entries:  # (sized once, in the same order: every switch of outs gets one)
             tree.entries = dict.fromkeys(outs)
         entries, parent = tree.entries, tree.parent
-        gid, switch_users = g.gid, self.switch_users
+        gid = g.gid
         entry = tuple.__new__  # SwitchEntry(...) without its Python-level __new__
         protect = self.protection
         self._pieces_now()
@@ -649,7 +648,6 @@ class MulticastCore:
             par = parent[n]
             ports.sort()
             out_ports = _shape(tuple(ports))
-            switch_users[n].add(gid)
             if par is None:
                 in_port, up = source_port, ()
             else:
