@@ -410,9 +410,14 @@ static int add_msg(PyObject *out, const Slots *s, PyObject *dpid, PyObject *wire
     Py_INCREF(dpid);
     *(PyObject **)((char *)m + s->dpid_at) = dpid;
     *(PyObject **)((char *)m + s->wire_at) = wire;  /* (the reference given) */
+    /* Neither the message nor the pair can be part of a reference cycle (an int, bytes,
+     * and later only what is decoded from the bytes): the collector need not visit the
+     * ~300 of each that a new tree's plan holds while it is alive. */
+    PyObject_GC_UnTrack(m);
     PyObject *pair = PyTuple_Pack(2, dpid, m);
     Py_DECREF(m);
     if (pair == NULL) return -1;
+    PyObject_GC_UnTrack(pair);
     int rc = PyList_Append(out, pair);
     Py_DECREF(pair);
     return rc;

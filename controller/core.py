@@ -963,7 +963,7 @@ class MulticastCore:
                     dpids = (want.keys() | have.keys()) & live
                     if only is not None:
                         dpids &= only
-                changed = [d for d in dpids if have.get(d) != want.get(d)]
+                changed = [d for d in sorted(dpids) if have.get(d) != want.get(d)]  # (an order of their own)
             else:  # a new tree (or one whose switches all came back empty): all of it
                 have = _NOTHING
                 order = g.tree.leaves_first if g.tree is not None else None
