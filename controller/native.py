@@ -7,7 +7,7 @@ by pip with the system compiler where it can be, and used
 then unless ``MODELCAST_PURE_PYTHON=1`` asks for the pure-Python path (the benchmark's
 and the tests' way to run both; the agent's ``hostagent.native`` follows the same
 variable). The two give the same entries, bookkeeping and bytes
-(tests/test_controller_fastpath.py); without the C one a new tree costs ~1.4x the CPU.
+(tests/test_controller_fastpath.py); without the C one a new tree costs ~1.7x the CPU.
 """
 
 from __future__ import annotations
@@ -32,5 +32,5 @@ def warn_if_pure(log: logging.Logger) -> None:
     """Say at start-up that new trees are built in Python, and why."""
     if not NATIVE:
         reason = "MODELCAST_PURE_PYTHON is set" if module is not None else f"controller._fastplan is not built ({why})"
-        log.warning("the pure-Python tree builder is in use (%s): the same trees and messages, ~1.4x the CPU per "
+        log.warning("the pure-Python tree builder is in use (%s): the same trees and messages, ~1.7x the CPU per "
                     "new tree; reinstall with a C compiler and the Python headers to build it", reason)
