@@ -1065,6 +1065,19 @@ static int hop_differs(PyObject *hop, PyObject *k, PyObject *fallback, PyObject 
     return eq < 0 ? -1 : !eq;
 }
 
+/* Append n, its parent, theirs... up to the side's root (whose parent is None). */
+static int chain(PyObject *path, PyObject *parent, PyObject *n) {
+    while (n != Py_None) {
+        if (PyList_Append(path, n) < 0) return -1;
+        n = PyDict_GetItemWithError(parent, n);
+        if (n == NULL) {
+            if (!PyErr_Occurred()) PyErr_SetString(PyExc_RuntimeError, "path_around: broken parents");
+            return -1;
+        }
+    }
+    return 0;
+}
+
 /* path_around(nbr, src, dst, hint) -> list of dpids or None: protect._path_around's
  * two-sided search (see there), the same choices: a meeting is the least of (length,
  * hint misses, hash, v, u) over the level's candidates, so the order candidates are
@@ -1154,34 +1167,10 @@ static PyObject *path_around(PyObject *self, PyObject *const *args, Py_ssize_t n
         }
         if (found) {
             if (PyDict_SetItem(mine->parent, mv, mu) < 0) goto done;
-            PyObject *path = PyList_New(0);
+            PyObject *path = PyList_New(0), *n = NULL;
             if (path == NULL) goto done;
-            PyObject *n = mv;
-            while (n != Py_None) {  /* back to src, then reversed */
-                if (PyList_Append(path, n) < 0) {
-                    Py_DECREF(path);
-                    goto done;
-                }
-                n = PyDict_GetItemWithError(sides[0].parent, n);
-                if (n == NULL) {
-                    if (!PyErr_Occurred()) PyErr_SetString(PyExc_RuntimeError, "path_around: broken parents");
-                    Py_DECREF(path);
-                    goto done;
-                }
-            }
-            if (PyList_Reverse(path) < 0) {
-                Py_DECREF(path);
-                goto done;
-            }
-            n = PyDict_GetItemWithError(sides[1].parent, mv);
-            while (n != NULL && n != Py_None) {  /* on to dst */
-                if (PyList_Append(path, n) < 0) {
-                    Py_DECREF(path);
-                    goto done;
-                }
-                n = PyDict_GetItemWithError(sides[1].parent, n);
-            }
-            if (n == NULL) {
+            if (chain(path, sides[0].parent, mv) < 0 || PyList_Reverse(path) < 0 ||  /* src .. mv */
+                (n = PyDict_GetItemWithError(sides[1].parent, mv)) == NULL || chain(path, sides[1].parent, n) < 0) {
                 if (!PyErr_Occurred()) PyErr_SetString(PyExc_RuntimeError, "path_around: broken parents");
                 Py_DECREF(path);
                 goto done;
