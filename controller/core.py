@@ -355,7 +355,7 @@ class MulticastCore:
                 if rejoin:  # (kept as the trees keep it; actions not the group's stay as read: wrong)
                     kept = ofmsgs.rejoin_kept(rejoin[2], g.address, gid)
                     if kept is not None:
-                        rejoin = (rejoin[0], rejoin[1], TO_OWN_GROUP if kept == TO_OWN_GROUP else kept)
+                        rejoin = (rejoin[0], rejoin[1], kept)
                 # An unreadable entry or several flows: believe "wrong", so the diff rewrites it.
                 self.installed[dpid][gid] = SwitchEntry(
                     ins[0] if len(ins) == 1 else UNKNOWN_PORT,

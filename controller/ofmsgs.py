@@ -19,7 +19,7 @@ from ryu.ofproto import ofproto_v1_3 as ofp
 from ryu.ofproto import ofproto_v1_3_parser as parser
 
 from controller import native
-from controller.protect import FF_BASE, OWN_GROUP, ff_port
+from controller.protect import FF_BASE, OWN_GROUP, TO_OWN_GROUP, ff_port
 
 COOKIE_TAG = 0x4D43 << 48  # "MC"
 COOKIE_MASK = 0xFFFF << 48
@@ -388,7 +388,7 @@ def flow_delete(dpid: int, gid: int, in_port: int, source: str, group: str) -> M
 # An FF group as ``protect.ff_buckets`` makes every one: the link's bucket (output to the
 # watched port), then the detour's (set eth_dst to the link's tag, output): one pack.
 _FF_PAIR = struct.Struct(f"!{_BUCKET.format[1:]}{_OUTPUT.format[1:]}{_BUCKET.format[1:]}"
-                         f"{_SET_FIELD.format[1:]}4s6s2x{_OUTPUT.format[1:]}")
+                         f"{_SET_FIELD.format[1:]}10s2x{_OUTPUT.format[1:]}")
 _FF_SECOND = ofp.OFP_BUCKET_SIZE + 16 + ofp.OFP_ACTION_OUTPUT_SIZE  # the detour bucket's length
 
 
@@ -400,12 +400,10 @@ def _ff_buckets(bucket_specs: tuple) -> bytes:
         (w1, a1), (w2, a2) = bucket_specs
         if len(a1) == 1 and a1[0][0] == "output" and len(a2) == 2 and a2[0][:2] == ("set_field", "eth_dst") \
                 and a2[1][0] == "output":
-            mac = bytes.fromhex(a2[0][2].replace(":", ""))
-            if len(mac) == 6 and len(a2[0][2]) == 17:
-                return _FF_PAIR.pack(ofp.OFP_BUCKET_SIZE + ofp.OFP_ACTION_OUTPUT_SIZE, 0, w1, ofp.OFPG_ANY,
-                                     ofp.OFPAT_OUTPUT, ofp.OFP_ACTION_OUTPUT_SIZE, a1[0][1], 0,
-                                     _FF_SECOND, 0, w2, ofp.OFPG_ANY, ofp.OFPAT_SET_FIELD, 16, _OXM_ETH_DST, mac,
-                                     ofp.OFPAT_OUTPUT, ofp.OFP_ACTION_OUTPUT_SIZE, a2[1][1], 0)
+            return _FF_PAIR.pack(ofp.OFP_BUCKET_SIZE + ofp.OFP_ACTION_OUTPUT_SIZE, 0, w1, ofp.OFPG_ANY,
+                                 ofp.OFPAT_OUTPUT, ofp.OFP_ACTION_OUTPUT_SIZE, a1[0][1], 0,
+                                 _FF_SECOND, 0, w2, ofp.OFPG_ANY, ofp.OFPAT_SET_FIELD, 16, _tag_oxm(a2[0][2]),
+                                 ofp.OFPAT_OUTPUT, ofp.OFP_ACTION_OUTPUT_SIZE, a2[1][1], 0)
     return b"".join([_bucket(w, acts) for w, acts in bucket_specs])
 
 
@@ -429,11 +427,13 @@ def rejoin_actions(acts: tuple, group: str, gid: int) -> tuple:
 
 
 def rejoin_kept(acts: tuple, group: str, gid: int) -> tuple | None:
-    """``rejoin_actions`` backwards (actions read off a switch): the kept form, or None
-    when they are not what the group's rejoin would do."""
+    """``rejoin_actions`` backwards (actions read off a switch): the kept form (the one
+    ``TO_OWN_GROUP`` when it is that, as the trees hold it), or None when they are not
+    what the group's rejoin would do."""
     if not acts or acts[0] != ("set_field", "eth_dst", multicast_mac(group)):
         return None
-    return tuple(("group", OWN_GROUP) if a == ("group", gid) else a for a in acts[1:])
+    kept = tuple(("group", OWN_GROUP) if a == ("group", gid) else a for a in acts[1:])
+    return TO_OWN_GROUP if kept == TO_OWN_GROUP else kept
 
 
 @lru_cache(maxsize=65536)
