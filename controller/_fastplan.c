@@ -121,13 +121,14 @@ static int count_ff(PyObject *refs, PyObject *f, PyObject *n, PyObject *want_ff,
     return 0;
 }
 
-/* One switch's protected entry: (ff, rejoin) as MulticastCore._protection makes them.
- * Returns the entry (new reference); its FF users are counted by count_entry. */
+/* One switch of a protected entry: (ff, rejoin) as MulticastCore._protection makes them,
+ * the FF users counted as _fill counts them. Returns the entry (new reference). */
 static PyObject *protected_entry(PyObject *n, PyObject *in_port, PyObject *out_ports, PyObject *up,
-                                 PyObject *pieces, PyObject *piece, PyTypeObject *entry_type,
+                                 PyObject *pieces, PyObject *piece, PyObject *ff_refs, PyObject *want_ff,
+                                 PyObject *guard, PyObject *to_own, PyTypeObject *entry_type,
                                  PyObject *in_port_out, PyObject *shapes) {
     Py_ssize_t k = PyTuple_GET_SIZE(out_ports), nff = 0;
-    PyObject *result = NULL, *ff = NULL, *rejoin = NULL, *at = NULL;
+    PyObject *result = NULL, *ff = NULL, *rejoin = NULL, *refs = NULL, *at = NULL;
     PyObject *stack[16];
     PyObject **pcs = k <= 16 ? stack : PyMem_Malloc(sizeof(PyObject *) * (size_t)k);
     Py_ssize_t got = 0;  /* pcs holding a reference */
@@ -218,88 +219,69 @@ static PyObject *protected_entry(PyObject *n, PyObject *in_port, PyObject *out_p
     ff = shape_of(shapes, ff);
     if (ff == NULL) goto done;
     result = make_entry(entry_type, in_port, out_ports, ff, rejoin);
+    if (result == NULL) goto done;
+    /* the FF groups' users (``_fill``'s count: a rejoin listing outputs may use some) */
+    if (nff || (PyTuple_GET_SIZE(rejoin) && PyTuple_GET_ITEM(rejoin, 2) != to_own)) {
+        refs = PyObject_GetItem(ff_refs, n);
+        if (refs == NULL || !PyDict_Check(refs)) {
+            if (refs != NULL) PyErr_SetString(PyExc_TypeError, "ff_refs[n] is a dict");
+            goto fail;
+        }
+        for (Py_ssize_t i = 0; i < nff; i++)
+            if (count_ff(refs, PyTuple_GET_ITEM(ff, i), n, want_ff, guard) < 0) goto fail;
+        if (PyTuple_GET_SIZE(rejoin)) {
+            PyObject *acts = PyTuple_GET_ITEM(rejoin, 2);
+            if (acts != to_own) {
+                for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(acts); i++) {
+                    PyObject *a = PyTuple_GET_ITEM(acts, i);
+                    if (!PyTuple_Check(a) || PyTuple_GET_SIZE(a) < 2) continue;
+                    int is_group = PyObject_RichCompareBool(PyTuple_GET_ITEM(a, 0), str_group, Py_EQ);
+                    if (is_group < 0) goto fail;
+                    if (!is_group || !PyLong_Check(PyTuple_GET_ITEM(a, 1))) continue;
+                    long f;
+                    if (get_long(PyTuple_GET_ITEM(a, 1), &f) < 0) goto fail;
+                    if (f >= FF_BASE && f < FF_BASE + 2 * IN_PORT_BIT &&
+                        count_ff(refs, PyTuple_GET_ITEM(a, 1), n, want_ff, guard) < 0)
+                        goto fail;
+                }
+            }
+        }
+    }
+    goto done;
+fail:
+    Py_CLEAR(result);
 done:
     for (Py_ssize_t i = 0; i < got; i++) Py_DECREF(pcs[i]);
     if (pcs != stack) PyMem_Free(pcs);
     Py_XDECREF(ff);
     Py_XDECREF(rejoin);
+    Py_XDECREF(refs);
     Py_XDECREF(at);
     return result;
 }
 
-/* One more user of entry e's FF groups at switch n (``_fill``'s count: a rejoin listing
- * outputs may use some). */
-static int count_entry(PyObject *e, PyObject *n, PyObject *ff_refs, PyObject *want_ff, PyObject *guard,
-                       PyObject *to_own) {
-    PyObject *ff = PyTuple_GET_ITEM(e, 2), *rejoin = PyTuple_GET_ITEM(e, 3);
-    Py_ssize_t nff = PyTuple_GET_SIZE(ff);
-    if (!nff && (!PyTuple_GET_SIZE(rejoin) || PyTuple_GET_ITEM(rejoin, 2) == to_own)) return 0;
-    PyObject *refs = PyObject_GetItem(ff_refs, n);
-    if (refs == NULL || !PyDict_Check(refs)) {
-        if (refs != NULL) PyErr_SetString(PyExc_TypeError, "ff_refs[n] is a dict");
-        goto fail;
-    }
-    for (Py_ssize_t i = 0; i < nff; i++)
-        if (count_ff(refs, PyTuple_GET_ITEM(ff, i), n, want_ff, guard) < 0) goto fail;
-    if (PyTuple_GET_SIZE(rejoin)) {
-        PyObject *acts = PyTuple_GET_ITEM(rejoin, 2);
-        if (acts != to_own) {
-            for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(acts); i++) {
-                PyObject *a = PyTuple_GET_ITEM(acts, i);
-                if (!PyTuple_Check(a) || PyTuple_GET_SIZE(a) < 2) continue;
-                int is_group = PyObject_RichCompareBool(PyTuple_GET_ITEM(a, 0), str_group, Py_EQ);
-                if (is_group < 0) goto fail;
-                if (!is_group || !PyLong_Check(PyTuple_GET_ITEM(a, 1))) continue;
-                long f;
-                if (get_long(PyTuple_GET_ITEM(a, 1), &f) < 0) goto fail;
-                if (f >= FF_BASE && f < FF_BASE + 2 * IN_PORT_BIT &&
-                    count_ff(refs, PyTuple_GET_ITEM(a, 1), n, want_ff, guard) < 0)
-                    goto fail;
-            }
-        }
-    }
-    Py_DECREF(refs);
-    return 0;
-fail:
-    Py_XDECREF(refs);
-    return -1;
-}
-
-/* An entry as count_entry and the memo may hold it: (in_port, out_ports, ff, rejoin). */
-static int entry_ok(PyObject *e) {
-    if (!PyTuple_Check(e) || PyTuple_GET_SIZE(e) != 4 || !PyTuple_Check(PyTuple_GET_ITEM(e, 2)) ||
-        !PyTuple_Check(PyTuple_GET_ITEM(e, 3)) ||
-        (PyTuple_GET_SIZE(PyTuple_GET_ITEM(e, 3)) != 0 && PyTuple_GET_SIZE(PyTuple_GET_ITEM(e, 3)) != 3)) {
-        PyErr_SetString(PyExc_TypeError, "an entry is (in_port, out_ports, ff, rejoin)");
-        return 0;
-    }
-    return 1;
-}
-
-#define MAX_MEMO 1024  /* entries remembered per parent link (emptied when full: only saves work) */
-
-/* fill(entries, parent, outs, source_port, uplinks, uplink, protect, pieces, piece,
+/* fill(entries, parent, outs, source_port, gid, uplinks, uplink, protect, pieces, piece,
  *      ff_refs, want_ff, guard, to_own, entry_type, in_port_out, shapes)
  * MulticastCore._fill's loop: see there. */
 static PyObject *fill(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 16) {
-        PyErr_SetString(PyExc_TypeError, "fill takes 16 arguments");
+    if (nargs != 17) {
+        PyErr_SetString(PyExc_TypeError, "fill takes 17 arguments");
         return NULL;
     }
-    PyObject *entries = args[0], *parent = args[1], *outs = args[2], *source_port = args[3],
-             *uplinks = args[4], *uplink = args[5], *pieces = args[7], *piece = args[8], *ff_refs = args[9],
-             *want_ff = args[10], *guard = args[11], *to_own = args[12], *in_port_out = args[14],
-             *shapes = args[15];
-    int protect = PyObject_IsTrue(args[6]);
+    PyObject *entries = args[0], *parent = args[1], *outs = args[2], *source_port = args[3], *gid = args[4],
+             *uplinks = args[5], *uplink = args[6], *pieces = args[8], *piece = args[9], *ff_refs = args[10],
+             *want_ff = args[11], *guard = args[12], *to_own = args[13], *in_port_out = args[15],
+             *shapes = args[16];
+    int protect = PyObject_IsTrue(args[7]);
     if (protect < 0) return NULL;
     if (!PyDict_Check(entries) || !PyDict_Check(parent) || !PyDict_Check(outs) || !PyDict_Check(uplinks) ||
-        !PyDict_Check(pieces) || !PyType_Check(args[13]) ||
-        !PyType_IsSubtype((PyTypeObject *)args[13], &PyTuple_Type) || (shapes != Py_None && !PyDict_Check(shapes))) {
+        !PyDict_Check(pieces) || !PyType_Check(args[14]) ||
+        !PyType_IsSubtype((PyTypeObject *)args[14], &PyTuple_Type) || (shapes != Py_None && !PyDict_Check(shapes))) {
         PyErr_SetString(PyExc_TypeError, "fill: entries, parent, outs, uplinks and pieces are dicts, "
                                          "entry_type a tuple type, shapes a dict or None");
         return NULL;
     }
-    PyTypeObject *entry_type = (PyTypeObject *)args[13];
+    PyTypeObject *entry_type = (PyTypeObject *)args[14];
     Py_ssize_t pos = 0;
     PyObject *n, *ports;
     while (PyDict_Next(outs, &pos, &n, &ports)) {
@@ -312,9 +294,9 @@ static PyObject *fill(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
             if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "fill: outs holds lists");
             return NULL;
         }
-        PyObject *key = PyList_AsTuple(ports);
-        if (key == NULL) return NULL;
-        PyObject *in_port, *up, *u = NULL, *memo = NULL, *entry = NULL;
+        PyObject *out_ports = shape_of(shapes, PyList_AsTuple(ports));
+        if (out_ports == NULL) return NULL;
+        PyObject *in_port, *up, *u = NULL;
         if (par == Py_None) {
             in_port = source_port;
             up = empty;
@@ -327,57 +309,33 @@ static PyObject *fill(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
             if (u == NULL) {
                 if (PyErr_Occurred() ||
                     (u = PyObject_CallFunctionObjArgs(uplink, n, par, NULL)) == NULL) {
-                    Py_DECREF(key);
+                    Py_DECREF(out_ports);
                     return NULL;
                 }
             }
-            if (!PyTuple_Check(u) || PyTuple_GET_SIZE(u) != 3 || !PyTuple_Check(PyTuple_GET_ITEM(u, 1)) ||
-                !PyDict_Check(PyTuple_GET_ITEM(u, 2))) {
-                PyErr_SetString(PyExc_TypeError, "an uplink is (in_port, piece, memo)");
-                goto fail;
+            if (!PyTuple_Check(u) || PyTuple_GET_SIZE(u) != 3 || !PyTuple_Check(PyTuple_GET_ITEM(u, 2))) {
+                PyErr_SetString(PyExc_TypeError, "an uplink is (in_port, users, piece)");
+                Py_DECREF(u);
+                Py_DECREF(out_ports);
+                return NULL;
             }
             in_port = PyTuple_GET_ITEM(u, 0);
-            up = PyTuple_GET_ITEM(u, 1);
-            memo = PyTuple_GET_ITEM(u, 2);
-            /* every tree entering n from par with these outputs has the same entry */
-            entry = PyDict_GetItemWithError(memo, key);
-            if (entry != NULL) {
-                if (!entry_ok(entry)) goto fail;
-                Py_INCREF(entry);
-            } else if (PyErr_Occurred()) {
-                goto fail;
+            up = PyTuple_GET_ITEM(u, 2);
+            if (PySet_Add(PyTuple_GET_ITEM(u, 1), gid) < 0) {
+                Py_DECREF(u);
+                Py_DECREF(out_ports);
+                return NULL;
             }
         }
-        if (entry == NULL) {
-            PyObject *out_ports = shape_of(shapes, key);
-            key = NULL;  /* (shape_of took it) */
-            if (out_ports == NULL) goto fail;
-            entry = protect ? protected_entry(n, in_port, out_ports, up, pieces, piece, entry_type, in_port_out,
-                                              shapes)
-                            : make_entry(entry_type, in_port, out_ports, empty, empty);
-            if (entry != NULL && memo != NULL) {
-                if (PyDict_GET_SIZE(memo) >= MAX_MEMO) PyDict_Clear(memo);
-                if (PyDict_SetItem(memo, out_ports, entry) < 0) Py_CLEAR(entry);
-            }
-            Py_DECREF(out_ports);
-            if (entry == NULL) goto fail;
-        }
-        Py_XDECREF(key);
-        key = NULL;
+        PyObject *entry = protect ? protected_entry(n, in_port, out_ports, up, pieces, piece, ff_refs, want_ff,
+                                                    guard, to_own, entry_type, in_port_out, shapes)
+                                  : make_entry(entry_type, in_port, out_ports, empty, empty);
         Py_XDECREF(u);  /* (the uplinks dict keeps in_port and up alive) */
-        u = NULL;
-        if (protect && count_entry(entry, n, ff_refs, want_ff, guard, to_own) < 0) {
-            Py_DECREF(entry);
-            return NULL;
-        }
+        Py_DECREF(out_ports);
+        if (entry == NULL) return NULL;
         int rc = PyDict_SetItem(entries, n, entry);
         Py_DECREF(entry);
         if (rc < 0) return NULL;
-        continue;
-    fail:
-        Py_XDECREF(key);
-        Py_XDECREF(u);
-        return NULL;
     }
     Py_RETURN_NONE;
 }

@@ -36,7 +36,6 @@ _NOTHING: dict = {}  # (never written)
 # holds ~100 of each, mostly the same few, so every tree used to hold its own copies
 _SHAPES: dict[tuple, tuple] = {}
 _MAX_SHAPES = 1 << 16
-_MAX_MEMO = 1024  # entries kept per parent link (``_uplink``; emptied when full: they only save work)
 
 
 def _shape(t: tuple) -> tuple:
@@ -232,6 +231,7 @@ class MulticastCore:
         # until one does, nothing is sent to it and nothing of it is torn down.
         self.installed: dict[int, dict[int, SwitchEntry]] = {}
         self.load = LinkLoad()  # directed link -> groups crossing it
+        self.link_users: defaultdict[tuple[int, int], set[int]] = defaultdict(set)  # (lo, hi)
         self.cache = PathCache(self.view)
         # indexes, so that a request costs the same with 10 or 10,000 groups
         # gid -> dpids in installed (a dict used as an ordered set: half a set's memory)
@@ -402,8 +402,9 @@ class MulticastCore:
     def link_remove(self, a: int, a_port: int, b: int, b_port: int) -> Plan:
         if not self.view.remove_link(a, a_port, b, b_port):
             return Plan()
-        # every tree crossing the link crosses something no longer live
-        return self._sync(sorted(self._crossing(((a, b), (b, a)))))
+        # every tree crossing the link crosses something no longer live: no scan
+        return self._sync(sorted(gid for gid in self.link_users[(min(a, b), max(a, b))]
+                                 if self.groups[gid].tree is not None))
 
     def port_down(self, dpid: int, port: int) -> Plan:
         return self.ports_down(dpid, [port])
@@ -422,7 +423,7 @@ class MulticastCore:
             went = True
             link = self.view.port_link.get((dpid, port))
             if link is not None:
-                affected.update(self._crossing(((link.a, link.b), (link.b, link.a))))
+                affected |= self.link_users[(link.a, link.b) if link.a < link.b else (link.b, link.a)]
             else:
                 hosts.update(self.view.hosts_at(dpid, port))
         if hosts:
@@ -497,20 +498,27 @@ class MulticastCore:
         self._swap(g, tree)
 
     def _swap(self, g: Group, tree: Tree | None, changed: set[int] | None = None) -> None:
-        """Install ``tree`` as the group's, its old tree's load already taken off: the FF
-        groups' users change only where the trees differ (a reroute keeps most of a tree).
+        """Install ``tree`` as the group's, its old tree's load already taken off: the usage
+        indexes change only where the trees differ (a reroute keeps most of a tree).
         ``changed``: the only switches where the two trees may differ, and ``load``
         counts the new tree already (``trees.regraft``)."""
         was = g.tree.entries if g.tree is not None else {}
         now = tree.entries if tree is not None else {}
+        old = g.tree.parent if g.tree is not None else {}
+        new = tree.parent if tree is not None else {}
         if changed is not None:  # the same comparisons, on those switches alone
-            was, now = ({n: d[n] for n in changed if n in d} for d in (was, now))
+            was, now, old, new = ({n: d[n] for n in changed if n in d} for d in (was, now, old, new))
         elif tree is not None:
             self.load.add_tree(tree, 1)
         if self.protection:  # only the entries that differ (a reroute keeps most)
             if was:
                 self._count({n: e for n, e in was.items() if now.get(n) != e}, -1)
             self._count({n: e for n, e in now.items() if was.get(n) != e} if was else now, 1)
+        gid, link_users = g.gid, self.link_users
+        for was, now, users in ((old, new, set.discard), (new, old, set.add)):
+            for c, p in was.items():
+                if p is not None and now.get(c, _ABSENT) != p:
+                    users(link_users[(p, c) if p < c else (c, p)], gid)
         g.tree = tree
 
     def _sync(self, gids: Iterable[int]) -> Plan:
@@ -556,11 +564,14 @@ class MulticastCore:
         # trees unchanged, but a detour of their links changed: only the link's two ends
         again: dict[int, set[int]] = defaultdict(set)
         done = set(gids)
-        port_link = self.view.port_link
-        down = [(p, port_link[(p, port)].far_end(p, port)) for p, port in reguard if (p, port) in port_link]
-        for gid, links in self._crossing(down).items():
-            if gid not in done:
-                for p, c in links:
+        for p, port in reguard:
+            link = self.view.port_link.get((p, port))
+            if link is None:
+                continue
+            c = link.far_end(p, port)
+            for gid in self.link_users.get((p, c) if p < c else (c, p), ()):
+                t = self.groups[gid].tree
+                if gid not in done and t is not None and t.parent.get(c) == p:
                     again[gid] |= {p, c}
         nodes: set[int] = set()
         for gid, at in list(again.items()):
@@ -577,34 +588,6 @@ class MulticastCore:
         # the shared entries with the first diff: their adds go before everything else
         return self._diff(gids, within=within).extend(self._diff(sorted(again), only=nodes, shared=False,
                                                                  within=again))
-
-    def _crossing(self, links: Iterable[tuple[int, int]]) -> dict[int, list[tuple[int, int]]]:
-        """Group id -> those of ``links`` (parent, child) its tree crosses. Found by a scan
-        of the trees (one dict read per tree and loaded link), not kept as an index: a
-        failure or a changed detour is rare next to new trees, and an index of each link's
-        groups cost every new tree a set insertion per switch (~0.2 x the benchmark's
-        reference, against ~0.3 ms per scan of 1000 trees)."""
-        below: dict[int, list[int]] = {}
-        load = self.load
-        for p, c in links:
-            if load[(p, c)]:  # (no tree crosses an unloaded link)
-                below.setdefault(c, []).append(p)
-        found: dict[int, list[tuple[int, int]]] = {}
-        if not below:
-            return found
-        for gid, g in self.groups.items():
-            t = g.tree
-            if t is None:
-                continue
-            get = t.parent.get
-            for c, ps in below.items():
-                p = get(c)
-                if p is not None and p in ps:
-                    if gid in found:
-                        found[gid].append((p, c))
-                    else:
-                        found[gid] = [(p, c)]
-        return found
 
     def _regraft(self, g: Group, stale: set[tuple[int, int]]) -> set[int] | None:
         """Give the group the tree a new search keeping its tree would give, by changing
@@ -638,56 +621,50 @@ class MulticastCore:
         self._pieces_now()
         if not tree.entries:  # (sized once, in the same order: every switch of outs gets one)
             tree.entries = dict.fromkeys(outs)
-        native.module.fill(tree.entries, tree.parent, outs, source_port, self._uplinks,
+        native.module.fill(tree.entries, tree.parent, outs, source_port, g.gid, self._uplinks,
                            self._uplink, self.protection, self._pieces, self._piece, self.ff_refs, self._want_ff,
                            self._guard, TO_OWN_GROUP, SwitchEntry, _IN_PORT_OUT, _SHAPES)
 
     def _fill_py(self, g: Group, tree: Tree, source_port: int, outs: dict[int, list[int]]) -> None:
         """A group's first tree (``compute_tree``'s ``fill``): each switch's entry made
-        once, protected as ``_protect`` makes it, and its FF groups' users counted as
-        ``_swap`` counts them, in one pass over the switches instead of four. Those
-        passes cost more than the tree's ~300 messages (bench, fat-tree:16: ~1.7 x the
-        reference against ~0.6 x; one pass ~1.6 x). What a switch's parent link gives
-        every tree crossing it (``_uplink``) is looked up by two ints, not hashed as a
-        pair per entry, and with it the entry already made for the same outputs."""
+        once, protected as ``_protect`` makes it, and counted in the usage indexes and
+        the FF groups' users as ``_swap`` counts it, in one pass over the switches
+        instead of four. Those passes cost more than the tree's ~300 messages (bench,
+        fat-tree:16: ~1.7 x the reference against ~0.6 x; one pass ~1.6 x). What a
+        switch's parent link gives every tree crossing it (``_uplink``) is looked up by
+        two ints, not hashed as a pair per entry."""
         if not tree.entries:  # (sized once, in the same order: every switch of outs gets one)
             tree.entries = dict.fromkeys(outs)
         entries, parent = tree.entries, tree.parent
+        gid = g.gid
         entry = tuple.__new__  # SwitchEntry(...) without its Python-level __new__
         protect = self.protection
         self._pieces_now()
         uplinks, uplink = self._uplinks, self._uplink
         if protect:
             protection, ff_refs = self._protection, self.ff_refs
+        up: tuple = ()
         for n, ports in outs.items():
             par = parent[n]
             ports.sort()
-            key = tuple(ports)
+            out_ports = _shape(tuple(ports))
             if par is None:
-                in_port, up, memo, e = source_port, (), None, None
+                in_port, up = source_port, ()
             else:
                 u = uplinks.get(n, _NOTHING).get(par)
                 if u is None:
                     u = uplink(n, par)
-                in_port, up, memo = u
-                e = memo.get(key)
-            if e is None:
-                out_ports = _shape(key)
-                if protect:
-                    ff, rejoin = protection(n, in_port, out_ports, up)
-                    e = entry(SwitchEntry, (in_port, out_ports, _shape(ff), rejoin))
-                else:
-                    e = entry(SwitchEntry, (in_port, out_ports, (), ()))
-                if memo is not None:
-                    if len(memo) >= _MAX_MEMO:
-                        memo.clear()
-                    memo[out_ports] = e
-            entries[n] = e
+                in_port, users, up = u
+                users.add(gid)
             if not protect:
+                entries[n] = entry(SwitchEntry, (in_port, out_ports, (), ()))
                 continue
-            counted, rejoin = e[2], e[3]
+            ff, rejoin = protection(n, in_port, out_ports, up)
+            ff = _shape(ff)
+            counted = ff
             if rejoin and rejoin[2] is not TO_OWN_GROUP:  # (as ``_count`` counts a rejoin listing outputs)
-                counted = counted + tuple(a[1] for a in rejoin[2] if a[0] == "group" and is_ff(a[1]))
+                counted = ff + tuple(a[1] for a in rejoin[2] if a[0] == "group" and is_ff(a[1]))
+            entries[n] = entry(SwitchEntry, (in_port, out_ports, ff, rejoin))
             if counted:  # (``_count``)
                 refs = ff_refs[n]
                 for f in counted:
@@ -727,7 +704,7 @@ class MulticastCore:
             up: tuple = ()
             if par is not None:
                 u = uplinks.get(n, _NOTHING).get(par)
-                up = (u if u is not None else uplink(n, par))[1]
+                up = (u if u is not None else uplink(n, par))[2]
             ff, rejoin = protection(n, in_port, out_ports, up)
             if ff != e[2] or rejoin != e[3]:
                 entries[n] = entry(SwitchEntry, (in_port, out_ports, ff, rejoin))
@@ -796,8 +773,6 @@ class MulticastCore:
             at = pieces.get(d)
             if at is not None:
                 at.pop(p, None)
-            for u in uplinks.get(d, _NOTHING).values():  # (entries at d made with that piece)
-                u[2].clear()
             link = self.view.port_link.get((d, p))
             if link is not None:
                 below = uplinks.get(link.far_end(d, p))
@@ -829,18 +804,15 @@ class MulticastCore:
 
     def _uplink(self, n: int, par: int) -> tuple:
         """What the live link from ``par`` down to ``n`` gives every tree entry at ``n``
-        below it, once per topology: (``n``'s port towards ``par``, the piece (``_piece``)
-        of ``par``'s port towards ``n``, () without protection, and the entries made so far
-        for trees entering ``n`` over it: out-port tuple -> entry). An entry is a function
-        of those and the pieces of ``n``'s ports, so each tree with the same outputs there
-        shares one (1000 trees of fat-tree:16 made ~10^5 entries, few of them different).
-        The caller has run ``_pieces_now`` for this topology."""
+        below it, once per topology: (``n``'s port towards ``par``, the link's users in
+        ``link_users``, the piece (``_piece``) of ``par``'s port towards ``n``, () without
+        protection). The caller has run ``_pieces_now`` for this topology."""
         down = self.view.nbr_ports[par][n]
         at = self._pieces.get(par)
         pc = at.get(down) if at is not None else None
         if pc is None:
             pc = self._piece(par, down) if self.protection else ()
-        u = (self.view.nbr_ports[n][par], pc, {})
+        u = (self.view.nbr_ports[n][par], self.link_users[(par, n) if par < n else (n, par)], pc)
         got = self._uplinks.get(n)
         if got is None:
             got = self._uplinks[n] = {}

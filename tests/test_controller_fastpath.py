@@ -184,7 +184,8 @@ def core_state(core: MulticastCore) -> tuple:
              (g.tree.root, g.tree.parent, g.tree.entries, g.tree.reached, g.tree.unreachable)
              for gid, g in core.groups.items()}
     nonempty = lambda d: {k: v for k, v in d.items() if v}  # noqa: E731
-    return (trees, nonempty(dict(core.load.items())), nonempty(core.ff_refs), core.guards, nonempty(core.shared_want), core.shared,
+    return (trees, nonempty(dict(core.load.items())), nonempty(core.link_users),
+            nonempty(core.ff_refs), core.guards, nonempty(core.shared_want), core.shared,
             core.installed, nonempty(core.placed))
 
 
@@ -326,12 +327,10 @@ def cached_pieces_hold(core: MulticastCore) -> None:
             assert pc == (() if d is None else (d.first, pc[1], pc[2], d.arrival, pc[4],
                                                 (d.arrival, pc[4], TO_OWN_GROUP)))
     for n, ups in core._uplinks.items():
-        for par, (in_port, pc, memo) in ups.items():
+        for par, (in_port, users, pc) in ups.items():
             assert in_port == nbr[n][par]
+            assert users is core.link_users[(min(n, par), max(n, par))]
             assert pc == (core._pieces[par][nbr[par][n]] if core.protection else ())
-            for out_ports, e in memo.items():  # each remembered entry is what it would be now
-                ff, rejoin = core._protection(n, in_port, out_ports, pc) if core.protection else ((), ())
-                assert e == SwitchEntry(in_port, out_ports, ff, rejoin)
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -432,7 +431,7 @@ def test_bad_input_raises_instead_of_crashing():
     fill, adds = native.module.fill, native.module.tree_adds
     with pytest.raises(TypeError):
         fill(1, 2, 3)
-    args = [{}, {}, {1: [2]}, 1, {}, None, False, {}, None, {}, None, None, TO_OWN_GROUP,
+    args = [{}, {}, {1: [2]}, 1, 7, {}, None, False, {}, None, {}, None, None, TO_OWN_GROUP,
             SwitchEntry, (), {}]
     with pytest.raises(KeyError):  # switch 1 has no parent
         fill(*args)
@@ -443,18 +442,6 @@ def test_bad_input_raises_instead_of_crashing():
     args[2] = {1: [3, 2]}
     fill(*args)
     assert args[0] == {1: SwitchEntry(1, (2, 3), (), ())} and type(args[0][1]) is SwitchEntry
-    args[1], args[2] = {1: None, 2: 1}, {1: [3], 2: [4]}
-    for up in ((1, (), "no memo"), (1, ()), (1, (), {(4,): "no entry"}), (1, (), {(4,): (1, (4,), (), (9,))})):
-        args[4] = {2: {1: up}}  # a parent link's (in_port, piece, memo) that is not one
-        with pytest.raises(TypeError):
-            fill(*args)
-    memo: dict = {}
-    args[4] = {2: {1: (5, (), memo)}}
-    fill(*args)  # the entry made for switch 2 entering from 1 is remembered, and used next time
-    assert args[0][2] == SwitchEntry(5, (4,), (), ()) and memo == {(4,): args[0][2]}
-    args[0], args[2] = {}, {1: [3], 2: [4]}
-    fill(*args)
-    assert args[0][2] is memo[(4,)]
     out: list = []
     good = [5, b"h", b"t", [1], {1: SwitchEntry(1, (2, 3), (0xFFFF0003,), ())}, out, {},
             lambda t: b"x", lambda acts: (b"r", b"s"), ofmsgs.ReadyGroupMod, ofmsgs.ReadyFlowMod]
