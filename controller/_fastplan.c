@@ -27,7 +27,7 @@
 #define MAX_PORT (IN_PORT_BIT - 1)
 #define FF_BASE 0xFFFF0000L
 
-static PyObject *str_group, *str_output, *str_dpid, *str_wire, *empty;
+static PyObject *str_group, *str_output, *str_dpid, *str_wire, *str_tree, *str_parent, *empty;
 
 /* A tuple subclass (SwitchEntry) of four items, as tuple.__new__(cls, (a, b, c, d)) makes it. */
 static PyObject *make_entry(PyTypeObject *type, PyObject *a, PyObject *b, PyObject *c, PyObject *d) {
@@ -260,28 +260,28 @@ done:
     return result;
 }
 
-/* fill(entries, parent, outs, source_port, gid, uplinks, uplink, protect, pieces, piece,
+/* fill(entries, parent, outs, source_port, uplinks, uplink, protect, pieces, piece,
  *      ff_refs, want_ff, guard, to_own, entry_type, in_port_out, shapes)
  * MulticastCore._fill's loop: see there. */
 static PyObject *fill(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 17) {
-        PyErr_SetString(PyExc_TypeError, "fill takes 17 arguments");
+    if (nargs != 16) {
+        PyErr_SetString(PyExc_TypeError, "fill takes 16 arguments");
         return NULL;
     }
-    PyObject *entries = args[0], *parent = args[1], *outs = args[2], *source_port = args[3], *gid = args[4],
-             *uplinks = args[5], *uplink = args[6], *pieces = args[8], *piece = args[9], *ff_refs = args[10],
-             *want_ff = args[11], *guard = args[12], *to_own = args[13], *in_port_out = args[15],
-             *shapes = args[16];
-    int protect = PyObject_IsTrue(args[7]);
+    PyObject *entries = args[0], *parent = args[1], *outs = args[2], *source_port = args[3],
+             *uplinks = args[4], *uplink = args[5], *pieces = args[7], *piece = args[8], *ff_refs = args[9],
+             *want_ff = args[10], *guard = args[11], *to_own = args[12], *in_port_out = args[14],
+             *shapes = args[15];
+    int protect = PyObject_IsTrue(args[6]);
     if (protect < 0) return NULL;
     if (!PyDict_Check(entries) || !PyDict_Check(parent) || !PyDict_Check(outs) || !PyDict_Check(uplinks) ||
-        !PyDict_Check(pieces) || !PyType_Check(args[14]) ||
-        !PyType_IsSubtype((PyTypeObject *)args[14], &PyTuple_Type) || (shapes != Py_None && !PyDict_Check(shapes))) {
+        !PyDict_Check(pieces) || !PyType_Check(args[13]) ||
+        !PyType_IsSubtype((PyTypeObject *)args[13], &PyTuple_Type) || (shapes != Py_None && !PyDict_Check(shapes))) {
         PyErr_SetString(PyExc_TypeError, "fill: entries, parent, outs, uplinks and pieces are dicts, "
                                          "entry_type a tuple type, shapes a dict or None");
         return NULL;
     }
-    PyTypeObject *entry_type = (PyTypeObject *)args[14];
+    PyTypeObject *entry_type = (PyTypeObject *)args[13];
     Py_ssize_t pos = 0;
     PyObject *n, *ports;
     while (PyDict_Next(outs, &pos, &n, &ports)) {
@@ -313,19 +313,14 @@ static PyObject *fill(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
                     return NULL;
                 }
             }
-            if (!PyTuple_Check(u) || PyTuple_GET_SIZE(u) != 3 || !PyTuple_Check(PyTuple_GET_ITEM(u, 2))) {
-                PyErr_SetString(PyExc_TypeError, "an uplink is (in_port, users, piece)");
+            if (!PyTuple_Check(u) || PyTuple_GET_SIZE(u) != 2 || !PyTuple_Check(PyTuple_GET_ITEM(u, 1))) {
+                PyErr_SetString(PyExc_TypeError, "an uplink is (in_port, piece)");
                 Py_DECREF(u);
                 Py_DECREF(out_ports);
                 return NULL;
             }
             in_port = PyTuple_GET_ITEM(u, 0);
-            up = PyTuple_GET_ITEM(u, 2);
-            if (PySet_Add(PyTuple_GET_ITEM(u, 1), gid) < 0) {
-                Py_DECREF(u);
-                Py_DECREF(out_ports);
-                return NULL;
-            }
+            up = PyTuple_GET_ITEM(u, 1);
         }
         PyObject *entry = protect ? protected_entry(n, in_port, out_ports, up, pieces, piece, ff_refs, want_ff,
                                                     guard, to_own, entry_type, in_port_out, shapes)
@@ -917,6 +912,83 @@ static PyObject *bump(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     Py_RETURN_NONE;
 }
 
+/* crossing(groups, below) -> {gid: [(parent, child), ...]}: trees._crossing_py's scan (see
+ * there), in the same orders. */
+static PyObject *crossing(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2 || !PyDict_Check(args[0]) || !PyDict_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "crossing(groups: dict, below: dict)");
+        return NULL;
+    }
+    PyObject *groups = args[0], *below = args[1], *found = PyDict_New(), *gid, *g;
+    if (found == NULL) return NULL;
+    Py_ssize_t pos = 0;
+    while (PyDict_Next(groups, &pos, &gid, &g)) {
+        PyObject *tree = PyObject_GetAttr(g, str_tree);
+        if (tree == NULL) goto fail;
+        if (tree == Py_None) {
+            Py_DECREF(tree);
+            continue;
+        }
+        PyObject *parent = PyObject_GetAttr(tree, str_parent), *lst = NULL, *c, *ps;
+        Py_DECREF(tree);
+        if (parent == NULL) goto fail;
+        if (!PyDict_Check(parent)) {
+            PyErr_SetString(PyExc_TypeError, "crossing: a tree's parent is a dict");
+            goto fail_parent;
+        }
+        Py_ssize_t at = 0;
+        while (PyDict_Next(below, &at, &c, &ps)) {
+            PyObject *p = PyDict_GetItemWithError(parent, c);
+            if (p == NULL) {
+                if (PyErr_Occurred()) goto fail_parent;
+                continue;
+            }
+            if (p == Py_None) continue;
+            if (!PyList_Check(ps)) {
+                PyErr_SetString(PyExc_TypeError, "crossing: below maps a child to a list of parents");
+                goto fail_parent;
+            }
+            int hit = 0;
+            Py_INCREF(p);
+            for (Py_ssize_t i = 0; i < PyList_GET_SIZE(ps) && !hit; i++) {
+                hit = PyObject_RichCompareBool(p, PyList_GET_ITEM(ps, i), Py_EQ);
+                if (hit < 0) {
+                    Py_DECREF(p);
+                    goto fail_parent;
+                }
+            }
+            if (hit) {
+                if (lst == NULL) {
+                    lst = PyList_New(0);
+                    if (lst == NULL || PyDict_SetItem(found, gid, lst) < 0) {
+                        Py_XDECREF(lst);
+                        Py_DECREF(p);
+                        goto fail_parent;
+                    }
+                    Py_DECREF(lst);  /* (found holds it) */
+                }
+                PyObject *pair = PyTuple_Pack(2, p, c);
+                if (pair == NULL || PyList_Append(lst, pair) < 0) {
+                    Py_XDECREF(pair);
+                    Py_DECREF(p);
+                    goto fail_parent;
+                }
+                Py_DECREF(pair);
+            }
+            Py_DECREF(p);
+        }
+        Py_DECREF(parent);
+        continue;
+    fail_parent:
+        Py_DECREF(parent);
+        goto fail;
+    }
+    return found;
+fail:
+    Py_DECREF(found);
+    return NULL;
+}
+
 /* -- graph searches of controller.trees and controller.protect, on the view's adjacency
  * (``nbr_ports``: dpid -> {neighbour dpid: port}) as it is: run once per source switch
  * and per protected link of a topology, in Python they were ~0.4 x the reference of the
@@ -1243,6 +1315,7 @@ static PyMethodDef module_methods[] = {
     {"spt_grid", (PyCFunction)(void (*)(void))spt_grid, METH_FASTCALL, "trees._spt_vector's search on the grid (see there)"},
     {"outs", (PyCFunction)(void (*)(void))outs, METH_FASTCALL, "trees._fill_entries's loop (see there)"},
     {"bump", (PyCFunction)(void (*)(void))bump, METH_FASTCALL, "trees.LinkLoad.add_links's loop (see there)"},
+    {"crossing", (PyCFunction)(void (*)(void))crossing, METH_FASTCALL, "trees._crossing_py's scan (see there)"},
     {"bfs_dag", (PyCFunction)(void (*)(void))bfs_dag, METH_FASTCALL, "trees.PathCache.dag's search (see there)"},
     {"path_around", (PyCFunction)(void (*)(void))path_around, METH_FASTCALL, "protect._path_around (see there)"},
     {NULL, NULL, 0, NULL},
@@ -1258,6 +1331,8 @@ PyMODINIT_FUNC PyInit__fastplan(void) {
     str_output = PyUnicode_InternFromString("output");
     str_dpid = PyUnicode_InternFromString("_dpid");
     str_wire = PyUnicode_InternFromString("_wire");
+    str_tree = PyUnicode_InternFromString("tree");
+    str_parent = PyUnicode_InternFromString("parent");
     empty = PyTuple_New(0);
     if (!str_group || !str_output || !str_dpid || !str_wire || !empty) return NULL;
     return PyModule_Create(&moduledef);

@@ -23,7 +23,7 @@ from controller.addressing import check_model, check_ssm, ssm_address
 from controller.errors import Conflict, CoreError, ReceiverIsSource, UnknownGroup
 from controller.protect import IN_PORT_BIT, TO_OWN_GROUP, Detours, ff_buckets, ff_id, ff_port, is_ff, tag
 from controller.topoview import TopologyView, check_unicast
-from controller.trees import ALGORITHMS, LinkLoad, PathCache, SwitchEntry, Tree, compute_tree, regraft
+from controller.trees import ALGORITHMS, LinkLoad, PathCache, SwitchEntry, Tree, compute_tree, crossing as _crossing, regraft
 
 log = logging.getLogger("modelcast.core")
 DEFAULT_PORT = 5500
@@ -231,7 +231,6 @@ class MulticastCore:
         # until one does, nothing is sent to it and nothing of it is torn down.
         self.installed: dict[int, dict[int, SwitchEntry]] = {}
         self.load = LinkLoad()  # directed link -> groups crossing it
-        self.link_users: defaultdict[tuple[int, int], set[int]] = defaultdict(set)  # (lo, hi)
         self.cache = PathCache(self.view)
         # indexes, so that a request costs the same with 10 or 10,000 groups
         # gid -> dpids in installed (a dict used as an ordered set: half a set's memory)
@@ -402,9 +401,8 @@ class MulticastCore:
     def link_remove(self, a: int, a_port: int, b: int, b_port: int) -> Plan:
         if not self.view.remove_link(a, a_port, b, b_port):
             return Plan()
-        # every tree crossing the link crosses something no longer live: no scan
-        return self._sync(sorted(gid for gid in self.link_users[(min(a, b), max(a, b))]
-                                 if self.groups[gid].tree is not None))
+        # every tree crossing the link crosses something no longer live
+        return self._sync(sorted(self._crossing(((a, b), (b, a)))))
 
     def port_down(self, dpid: int, port: int) -> Plan:
         return self.ports_down(dpid, [port])
@@ -423,7 +421,7 @@ class MulticastCore:
             went = True
             link = self.view.port_link.get((dpid, port))
             if link is not None:
-                affected |= self.link_users[(link.a, link.b) if link.a < link.b else (link.b, link.a)]
+                affected.update(self._crossing(((link.a, link.b), (link.b, link.a))))
             else:
                 hosts.update(self.view.hosts_at(dpid, port))
         if hosts:
@@ -498,27 +496,20 @@ class MulticastCore:
         self._swap(g, tree)
 
     def _swap(self, g: Group, tree: Tree | None, changed: set[int] | None = None) -> None:
-        """Install ``tree`` as the group's, its old tree's load already taken off: the usage
-        indexes change only where the trees differ (a reroute keeps most of a tree).
+        """Install ``tree`` as the group's, its old tree's load already taken off: the FF
+        groups' users change only where the trees differ (a reroute keeps most of a tree).
         ``changed``: the only switches where the two trees may differ, and ``load``
         counts the new tree already (``trees.regraft``)."""
         was = g.tree.entries if g.tree is not None else {}
         now = tree.entries if tree is not None else {}
-        old = g.tree.parent if g.tree is not None else {}
-        new = tree.parent if tree is not None else {}
         if changed is not None:  # the same comparisons, on those switches alone
-            was, now, old, new = ({n: d[n] for n in changed if n in d} for d in (was, now, old, new))
+            was, now = ({n: d[n] for n in changed if n in d} for d in (was, now))
         elif tree is not None:
             self.load.add_tree(tree, 1)
         if self.protection:  # only the entries that differ (a reroute keeps most)
             if was:
                 self._count({n: e for n, e in was.items() if now.get(n) != e}, -1)
             self._count({n: e for n, e in now.items() if was.get(n) != e} if was else now, 1)
-        gid, link_users = g.gid, self.link_users
-        for was, now, users in ((old, new, set.discard), (new, old, set.add)):
-            for c, p in was.items():
-                if p is not None and now.get(c, _ABSENT) != p:
-                    users(link_users[(p, c) if p < c else (c, p)], gid)
         g.tree = tree
 
     def _sync(self, gids: Iterable[int]) -> Plan:
@@ -564,14 +555,11 @@ class MulticastCore:
         # trees unchanged, but a detour of their links changed: only the link's two ends
         again: dict[int, set[int]] = defaultdict(set)
         done = set(gids)
-        for p, port in reguard:
-            link = self.view.port_link.get((p, port))
-            if link is None:
-                continue
-            c = link.far_end(p, port)
-            for gid in self.link_users.get((p, c) if p < c else (c, p), ()):
-                t = self.groups[gid].tree
-                if gid not in done and t is not None and t.parent.get(c) == p:
+        port_link = self.view.port_link
+        down = [(p, port_link[(p, port)].far_end(p, port)) for p, port in reguard if (p, port) in port_link]
+        for gid, links in self._crossing(down).items():
+            if gid not in done:
+                for p, c in links:
                     again[gid] |= {p, c}
         nodes: set[int] = set()
         for gid, at in list(again.items()):
@@ -588,6 +576,19 @@ class MulticastCore:
         # the shared entries with the first diff: their adds go before everything else
         return self._diff(gids, within=within).extend(self._diff(sorted(again), only=nodes, shared=False,
                                                                  within=again))
+
+    def _crossing(self, links: Iterable[tuple[int, int]]) -> dict[int, list[tuple[int, int]]]:
+        """Group id -> those of ``links`` (parent, child) its tree crosses, by a scan of the
+        trees (``trees.crossing``: one dict read per tree and loaded link's child) rather
+        than an index: a failure or a changed detour is rare next to new trees, and the
+        index of each link's groups cost every new tree a set insertion per switch,
+        ~300,000 of the benchmark build's 3.2 million last-level cache misses."""
+        below: dict[int, list[int]] = {}
+        load = self.load
+        for p, c in links:
+            if load[(p, c)]:  # (no tree crosses an unloaded link)
+                below.setdefault(c, []).append(p)
+        return _crossing(self.groups, below) if below else {}
 
     def _regraft(self, g: Group, stale: set[tuple[int, int]]) -> set[int] | None:
         """Give the group the tree a new search keeping its tree would give, by changing
@@ -621,22 +622,20 @@ class MulticastCore:
         self._pieces_now()
         if not tree.entries:  # (sized once, in the same order: every switch of outs gets one)
             tree.entries = dict.fromkeys(outs)
-        native.module.fill(tree.entries, tree.parent, outs, source_port, g.gid, self._uplinks,
+        native.module.fill(tree.entries, tree.parent, outs, source_port, self._uplinks,
                            self._uplink, self.protection, self._pieces, self._piece, self.ff_refs, self._want_ff,
                            self._guard, TO_OWN_GROUP, SwitchEntry, _IN_PORT_OUT, _SHAPES)
 
     def _fill_py(self, g: Group, tree: Tree, source_port: int, outs: dict[int, list[int]]) -> None:
         """A group's first tree (``compute_tree``'s ``fill``): each switch's entry made
-        once, protected as ``_protect`` makes it, and counted in the usage indexes and
-        the FF groups' users as ``_swap`` counts it, in one pass over the switches
-        instead of four. Those passes cost more than the tree's ~300 messages (bench,
+        once, protected as ``_protect`` makes it, and its FF groups' users counted as
+        ``_swap`` counts them, in one pass over the switches instead of four. Those passes cost more than the tree's ~300 messages (bench,
         fat-tree:16: ~1.7 x the reference against ~0.6 x; one pass ~1.6 x). What a
         switch's parent link gives every tree crossing it (``_uplink``) is looked up by
         two ints, not hashed as a pair per entry."""
         if not tree.entries:  # (sized once, in the same order: every switch of outs gets one)
             tree.entries = dict.fromkeys(outs)
         entries, parent = tree.entries, tree.parent
-        gid = g.gid
         entry = tuple.__new__  # SwitchEntry(...) without its Python-level __new__
         protect = self.protection
         self._pieces_now()
@@ -654,8 +653,7 @@ class MulticastCore:
                 u = uplinks.get(n, _NOTHING).get(par)
                 if u is None:
                     u = uplink(n, par)
-                in_port, users, up = u
-                users.add(gid)
+                in_port, up = u
             if not protect:
                 entries[n] = entry(SwitchEntry, (in_port, out_ports, (), ()))
                 continue
@@ -704,7 +702,7 @@ class MulticastCore:
             up: tuple = ()
             if par is not None:
                 u = uplinks.get(n, _NOTHING).get(par)
-                up = (u if u is not None else uplink(n, par))[2]
+                up = (u if u is not None else uplink(n, par))[1]
             ff, rejoin = protection(n, in_port, out_ports, up)
             if ff != e[2] or rejoin != e[3]:
                 entries[n] = entry(SwitchEntry, (in_port, out_ports, ff, rejoin))
@@ -804,15 +802,15 @@ class MulticastCore:
 
     def _uplink(self, n: int, par: int) -> tuple:
         """What the live link from ``par`` down to ``n`` gives every tree entry at ``n``
-        below it, once per topology: (``n``'s port towards ``par``, the link's users in
-        ``link_users``, the piece (``_piece``) of ``par``'s port towards ``n``, () without
-        protection). The caller has run ``_pieces_now`` for this topology."""
+        below it, once per topology: (``n``'s port towards ``par``, the piece (``_piece``)
+        of ``par``'s port towards ``n``, () without protection). The caller has run
+        ``_pieces_now`` for this topology."""
         down = self.view.nbr_ports[par][n]
         at = self._pieces.get(par)
         pc = at.get(down) if at is not None else None
         if pc is None:
             pc = self._piece(par, down) if self.protection else ()
-        u = (self.view.nbr_ports[n][par], self.link_users[(par, n) if par < n else (n, par)], pc)
+        u = (self.view.nbr_ports[n][par], pc)
         got = self._uplinks.get(n)
         if got is None:
             got = self._uplinks[n] = {}

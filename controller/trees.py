@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from heapq import heapify, heappop, heappush
 from itertools import repeat
 from operator import add, itemgetter
-from typing import Callable, Iterable, Iterator, NamedTuple
+from typing import Any, Callable, Iterable, Iterator, NamedTuple
 
 import networkx as nx
 import numpy as np
@@ -832,6 +832,30 @@ def _outs_py(parent: dict[int, int | None], nbr: dict[int, dict[int, int]],
 
 
 _outs = native.module.outs if native.NATIVE else _outs_py  # (the same loop in C)
+
+
+def _crossing_py(groups: dict[int, Any], below: dict[int, list[int]]) -> dict[int, list[DirectedLink]]:
+    """Group id -> the links (parent, child) of ``below`` (child -> its parents) that the
+    group's tree (``groups``: id -> an object with ``tree``) crosses, in ``groups``' order
+    and each group's in ``below``'s. What the core asks on a failure instead of keeping
+    an index of each link's groups."""
+    found: dict[int, list[DirectedLink]] = {}
+    for gid, g in groups.items():
+        t = g.tree
+        if t is None:
+            continue
+        get = t.parent.get
+        for c, ps in below.items():
+            p = get(c)
+            if p is not None and p in ps:
+                if gid in found:
+                    found[gid].append((p, c))
+                else:
+                    found[gid] = [(p, c)]
+    return found
+
+
+crossing = native.module.crossing if native.NATIVE else _crossing_py  # (the same scan in C)
 
 
 def _fill_entries(view: TopologyView, tree: Tree, source_port: int, receivers: Iterable,

@@ -184,8 +184,7 @@ def core_state(core: MulticastCore) -> tuple:
              (g.tree.root, g.tree.parent, g.tree.entries, g.tree.reached, g.tree.unreachable)
              for gid, g in core.groups.items()}
     nonempty = lambda d: {k: v for k, v in d.items() if v}  # noqa: E731
-    return (trees, nonempty(dict(core.load.items())), nonempty(core.link_users),
-            nonempty(core.ff_refs), core.guards, nonempty(core.shared_want), core.shared,
+    return (trees, nonempty(dict(core.load.items())), nonempty(core.ff_refs), core.guards, nonempty(core.shared_want), core.shared,
             core.installed, nonempty(core.placed))
 
 
@@ -327,9 +326,8 @@ def cached_pieces_hold(core: MulticastCore) -> None:
             assert pc == (() if d is None else (d.first, pc[1], pc[2], d.arrival, pc[4],
                                                 (d.arrival, pc[4], TO_OWN_GROUP)))
     for n, ups in core._uplinks.items():
-        for par, (in_port, users, pc) in ups.items():
+        for par, (in_port, pc) in ups.items():
             assert in_port == nbr[n][par]
-            assert users is core.link_users[(min(n, par), max(n, par))]
             assert pc == (core._pieces[par][nbr[par][n]] if core.protection else ())
 
 
@@ -431,7 +429,7 @@ def test_bad_input_raises_instead_of_crashing():
     fill, adds = native.module.fill, native.module.tree_adds
     with pytest.raises(TypeError):
         fill(1, 2, 3)
-    args = [{}, {}, {1: [2]}, 1, 7, {}, None, False, {}, None, {}, None, None, TO_OWN_GROUP,
+    args = [{}, {}, {1: [2]}, 1, {}, None, False, {}, None, {}, None, None, TO_OWN_GROUP,
             SwitchEntry, (), {}]
     with pytest.raises(KeyError):  # switch 1 has no parent
         fill(*args)
@@ -615,3 +613,40 @@ def test_the_outputs_and_load_loops_in_c_are_the_pythons(spec, data):
         native.module.outs({1: None}, {1: {}}, [(1, 2, 3)])
     with pytest.raises(TypeError):
         native.module.bump({2: [1]}, {2: 1}, 1)
+
+
+@needs_c
+@settings(max_examples=200, deadline=None)
+@given(spec=adjacency, data=st.data())
+def test_the_scan_for_a_links_groups_in_c_is_the_pythons(spec, data):
+    """Which groups' trees cross which of a set of links (``trees.crossing``, asked on a
+    failure instead of an index): trees drawn on generated graphs, some groups without
+    one; C and Python give the same dict in the same orders, and it is exactly the
+    groups whose tree has the link in that direction."""
+    from types import SimpleNamespace
+
+    from controller import trees
+
+    nbr = draw_adjacency(spec)
+    groups = {}
+    for gid in data.draw(st.lists(st.integers(1, 50), unique=True, max_size=6), label="gids"):
+        if data.draw(st.booleans(), label="no tree"):
+            groups[gid] = SimpleNamespace(tree=None)
+            continue
+        root = data.draw(st.sampled_from(sorted(nbr)), label="root")
+        dist, preds = trees._bfs_dag_py(nbr, root)
+        parent = {n: (data.draw(st.sampled_from(preds[n]), label="parent") if preds[n] else None) for n in dist}
+        groups[gid] = SimpleNamespace(tree=SimpleNamespace(parent=parent))
+    links = data.draw(st.lists(st.sampled_from(sorted((a, b) for a in nbr for b in nbr[a])), max_size=5)
+                      if any(nbr.values()) else st.just([]), label="links")
+    below: dict = {}
+    for p, c in links:
+        below.setdefault(c, []).append(p)
+    a, b = trees._crossing_py(groups, below), native.module.crossing(groups, below)
+    assert list(a.items()) == list(b.items())
+    assert {gid for gid in a} == {gid for gid, g in groups.items() if g.tree is not None and any(
+        g.tree.parent.get(c) == p for p, c in links)}
+    for bad in (([], {}), ({1: SimpleNamespace(tree=SimpleNamespace(parent=[]))}, {1: [2]}),
+                ({1: SimpleNamespace(tree=SimpleNamespace(parent={1: 2}))}, {1: (2,)}), ({1: object()}, {1: [2]})):
+        with pytest.raises((TypeError, AttributeError)):
+            native.module.crossing(*bad)
