@@ -27,7 +27,7 @@
 #define MAX_PORT (IN_PORT_BIT - 1)
 #define FF_BASE 0xFFFF0000L
 
-static PyObject *str_group, *str_output, *str_dpid, *str_wire, *str_tree, *str_parent, *empty;
+static PyObject *str_group, *str_output, *str_dpid, *str_wire, *empty;
 
 /* A tuple subclass (SwitchEntry) of four items, as tuple.__new__(cls, (a, b, c, d)) makes it. */
 static PyObject *make_entry(PyTypeObject *type, PyObject *a, PyObject *b, PyObject *c, PyObject *d) {
@@ -912,76 +912,55 @@ static PyObject *bump(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     Py_RETURN_NONE;
 }
 
-/* crossing(groups, below) -> {gid: [(parent, child), ...]}: trees._crossing_py's scan (see
- * there), in the same orders. */
+/* crossing(parents, below) -> {gid: [(parent, child), ...]}: trees._crossing_py's scan
+ * (see there), in the same orders. */
 static PyObject *crossing(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 2 || !PyDict_Check(args[0]) || !PyDict_Check(args[1])) {
-        PyErr_SetString(PyExc_TypeError, "crossing(groups: dict, below: dict)");
+        PyErr_SetString(PyExc_TypeError, "crossing(parents: dict, below: dict)");
         return NULL;
     }
-    PyObject *groups = args[0], *below = args[1], *found = PyDict_New(), *gid, *g;
+    PyObject *parents = args[0], *below = args[1], *found = PyDict_New(), *gid, *parent;
     if (found == NULL) return NULL;
     Py_ssize_t pos = 0;
-    while (PyDict_Next(groups, &pos, &gid, &g)) {
-        PyObject *tree = PyObject_GetAttr(g, str_tree);
-        if (tree == NULL) goto fail;
-        if (tree == Py_None) {
-            Py_DECREF(tree);
-            continue;
-        }
-        PyObject *parent = PyObject_GetAttr(tree, str_parent), *lst = NULL, *c, *ps;
-        Py_DECREF(tree);
-        if (parent == NULL) goto fail;
+    while (PyDict_Next(parents, &pos, &gid, &parent)) {
         if (!PyDict_Check(parent)) {
-            PyErr_SetString(PyExc_TypeError, "crossing: a tree's parent is a dict");
-            goto fail_parent;
+            PyErr_SetString(PyExc_TypeError, "crossing: parents holds dicts");
+            goto fail;
         }
+        PyObject *lst = NULL, *c, *ps;
         Py_ssize_t at = 0;
         while (PyDict_Next(below, &at, &c, &ps)) {
             PyObject *p = PyDict_GetItemWithError(parent, c);
             if (p == NULL) {
-                if (PyErr_Occurred()) goto fail_parent;
+                if (PyErr_Occurred()) goto fail;
                 continue;
             }
             if (p == Py_None) continue;
             if (!PyList_Check(ps)) {
                 PyErr_SetString(PyExc_TypeError, "crossing: below maps a child to a list of parents");
-                goto fail_parent;
+                goto fail;
             }
             int hit = 0;
             Py_INCREF(p);
-            for (Py_ssize_t i = 0; i < PyList_GET_SIZE(ps) && !hit; i++) {
+            for (Py_ssize_t i = 0; i < PyList_GET_SIZE(ps) && !hit; i++)
                 hit = PyObject_RichCompareBool(p, PyList_GET_ITEM(ps, i), Py_EQ);
-                if (hit < 0) {
-                    Py_DECREF(p);
-                    goto fail_parent;
-                }
-            }
-            if (hit) {
-                if (lst == NULL) {
-                    lst = PyList_New(0);
-                    if (lst == NULL || PyDict_SetItem(found, gid, lst) < 0) {
-                        Py_XDECREF(lst);
-                        Py_DECREF(p);
-                        goto fail_parent;
-                    }
+            if (hit > 0 && lst == NULL) {
+                lst = PyList_New(0);
+                if (lst == NULL || PyDict_SetItem(found, gid, lst) < 0) {
+                    Py_XDECREF(lst);
+                    hit = -1;
+                } else {
                     Py_DECREF(lst);  /* (found holds it) */
                 }
+            }
+            if (hit > 0) {
                 PyObject *pair = PyTuple_Pack(2, p, c);
-                if (pair == NULL || PyList_Append(lst, pair) < 0) {
-                    Py_XDECREF(pair);
-                    Py_DECREF(p);
-                    goto fail_parent;
-                }
-                Py_DECREF(pair);
+                if (pair == NULL || PyList_Append(lst, pair) < 0) hit = -1;
+                Py_XDECREF(pair);
             }
             Py_DECREF(p);
+            if (hit < 0) goto fail;
         }
-        Py_DECREF(parent);
-        continue;
-    fail_parent:
-        Py_DECREF(parent);
-        goto fail;
     }
     return found;
 fail:
@@ -1331,8 +1310,6 @@ PyMODINIT_FUNC PyInit__fastplan(void) {
     str_output = PyUnicode_InternFromString("output");
     str_dpid = PyUnicode_InternFromString("_dpid");
     str_wire = PyUnicode_InternFromString("_wire");
-    str_tree = PyUnicode_InternFromString("tree");
-    str_parent = PyUnicode_InternFromString("parent");
     empty = PyTuple_New(0);
     if (!str_group || !str_output || !str_dpid || !str_wire || !empty) return NULL;
     return PyModule_Create(&moduledef);

@@ -226,6 +226,9 @@ class MulticastCore:
         self.shared_want: defaultdict[int, dict[tuple, Any]] = defaultdict(dict)  # ... they must hold
         self._dirty: defaultdict[int, set[tuple]] = defaultdict(set)  # dpid -> keys that may differ
         self.groups: dict[int, Group] = {}
+        # gid -> its tree's parent map (groups with a tree): what a failure scans for the
+        # groups crossing a link (``_crossing``), without visiting each group and tree
+        self._parents: dict[int, dict[int, int | None]] = {}
         # dpid -> gid -> entry, for switches with a live control channel: messages go only
         # to these. A restored controller knows the topology before switches reconnect;
         # until one does, nothing is sent to it and nothing of it is torn down.
@@ -263,6 +266,7 @@ class MulticastCore:
 
     def _remove(self, g: Group) -> None:
         del self.groups[g.gid]
+        self._parents.pop(g.gid, None)
         del self._by_key[(g.model, g.source)]
         for index, key in ((self._by_model, g.model), (self._by_addr, g.address)):
             index[key].discard(g.gid)
@@ -510,7 +514,14 @@ class MulticastCore:
             if was:
                 self._count({n: e for n, e in was.items() if now.get(n) != e}, -1)
             self._count({n: e for n, e in now.items() if was.get(n) != e} if was else now, 1)
+        self._tree(g, tree)
+
+    def _tree(self, g: Group, tree: Tree | None) -> None:
         g.tree = tree
+        if tree is None:
+            self._parents.pop(g.gid, None)
+        else:
+            self._parents[g.gid] = tree.parent
 
     def _sync(self, gids: Iterable[int]) -> Plan:
         gids = list(gids)
@@ -545,7 +556,7 @@ class MulticastCore:
             if fill is not None:  # (``_fill`` did what ``_protect`` and ``_swap`` do)
                 if tree is not None:
                     self.load.add_tree(tree, 1)
-                g.tree = tree
+                self._tree(g, tree)
                 continue
             if tree is not None and self.protection:
                 self._protect(g, tree, old=g.tree, stale=reguard)
@@ -588,7 +599,7 @@ class MulticastCore:
         for p, c in links:
             if load[(p, c)]:  # (no tree crosses an unloaded link)
                 below.setdefault(c, []).append(p)
-        return _crossing(self.groups, below) if below else {}
+        return _crossing(self._parents, below) if below else {}
 
     def _regraft(self, g: Group, stale: set[tuple[int, int]]) -> set[int] | None:
         """Give the group the tree a new search keeping its tree would give, by changing

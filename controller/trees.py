@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from heapq import heapify, heappop, heappush
 from itertools import repeat
 from operator import add, itemgetter
-from typing import Any, Callable, Iterable, Iterator, NamedTuple
+from typing import Callable, Iterable, Iterator, NamedTuple
 
 import networkx as nx
 import numpy as np
@@ -834,17 +834,15 @@ def _outs_py(parent: dict[int, int | None], nbr: dict[int, dict[int, int]],
 _outs = native.module.outs if native.NATIVE else _outs_py  # (the same loop in C)
 
 
-def _crossing_py(groups: dict[int, Any], below: dict[int, list[int]]) -> dict[int, list[DirectedLink]]:
+def _crossing_py(parents: dict[int, dict[int, int | None]], below: dict[int, list[int]]
+                 ) -> dict[int, list[DirectedLink]]:
     """Group id -> the links (parent, child) of ``below`` (child -> its parents) that the
-    group's tree (``groups``: id -> an object with ``tree``) crosses, in ``groups``' order
-    and each group's in ``below``'s. What the core asks on a failure instead of keeping
-    an index of each link's groups."""
+    group's tree crosses (``parents``: group id -> its tree's child -> parent), in
+    ``parents``' order and each group's in ``below``'s. What the core asks on a failure
+    instead of keeping an index of each link's groups."""
     found: dict[int, list[DirectedLink]] = {}
-    for gid, g in groups.items():
-        t = g.tree
-        if t is None:
-            continue
-        get = t.parent.get
+    for gid, parent in parents.items():
+        get = parent.get
         for c, ps in below.items():
             p = get(c)
             if p is not None and p in ps:
