@@ -405,8 +405,13 @@ class MulticastCore:
     def link_remove(self, a: int, a_port: int, b: int, b_port: int) -> Plan:
         if not self.view.remove_link(a, a_port, b, b_port):
             return Plan()
-        # every tree crossing the link crosses something no longer live
-        return self._sync(sorted(self._crossing(((a, b), (b, a)))))
+        # every tree crossing the link crosses something no longer live; the trees that
+        # cross a link whose detour the failure changed are found in the same scan
+        reguard = self._restale() if self.protection else set()
+        lost = ((a, b), (b, a))
+        crossing = self._crossing(lost + tuple(self._stale_links(reguard)))
+        return self._sync(sorted(gid for gid, links in crossing.items() if lost[0] in links or lost[1] in links),
+                          (reguard, crossing))
 
     def port_down(self, dpid: int, port: int) -> Plan:
         return self.ports_down(dpid, [port])
@@ -523,9 +528,14 @@ class MulticastCore:
         else:
             self._parents[g.gid] = tree.parent
 
-    def _sync(self, gids: Iterable[int]) -> Plan:
+    def _sync(self, gids: Iterable[int], stale: tuple[set[tuple[int, int]], dict[int, list[tuple[int, int]]]]
+              | None = None) -> Plan:
+        """Bring ``gids``' trees up to date and diff them. ``stale``: what the caller
+        already asked of ``_restale`` (the protected ports whose detour changed) and of
+        ``_crossing`` for those ports' links (``_stale_links``), so that a failure scans
+        the trees once."""
         gids = list(gids)
-        reguard = self._restale() if self.protection else set()
+        reguard, crossing = stale if stale is not None else (self._restale() if self.protection else set(), None)
         within: dict[int, set[int]] = {}  # regrafted group -> the switches where it changed
         for gid in gids:
             g = self.groups[gid]
@@ -566,12 +576,15 @@ class MulticastCore:
         # trees unchanged, but a detour of their links changed: only the link's two ends
         again: dict[int, set[int]] = defaultdict(set)
         done = set(gids)
-        port_link = self.view.port_link
-        down = [(p, port_link[(p, port)].far_end(p, port)) for p, port in reguard if (p, port) in port_link]
-        for gid, links in self._crossing(down).items():
+        down = self._stale_links(reguard)
+        if crossing is None:
+            crossing = self._crossing(down)
+        down_set = set(down)
+        for gid, links in crossing.items():
             if gid not in done:
                 for p, c in links:
-                    again[gid] |= {p, c}
+                    if (p, c) in down_set:
+                        again[gid] |= {p, c}
         nodes: set[int] = set()
         for gid, at in list(again.items()):
             g = self.groups[gid]
@@ -587,6 +600,11 @@ class MulticastCore:
         # the shared entries with the first diff: their adds go before everything else
         return self._diff(gids, within=within).extend(self._diff(sorted(again), only=nodes, shared=False,
                                                                  within=again))
+
+    def _stale_links(self, reguard: set[tuple[int, int]]) -> list[tuple[int, int]]:
+        """The links (parent, child) leaving the protected ports ``reguard``."""
+        port_link = self.view.port_link
+        return [(p, port_link[(p, port)].far_end(p, port)) for p, port in reguard if (p, port) in port_link]
 
     def _crossing(self, links: Iterable[tuple[int, int]]) -> dict[int, list[tuple[int, int]]]:
         """Group id -> those of ``links`` (parent, child) its tree crosses, by a scan of the
