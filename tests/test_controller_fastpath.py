@@ -378,6 +378,7 @@ def test_the_c_builder_is_built_in_ci():
         assert trees._spt_vector is trees._spt_vector_c
         assert trees._bfs_dag is trees._bfs_dag_c
         assert trees._outs is native.module.outs and trees._bump is native.module.bump
+        assert trees.crossing is native.module.crossing
         from controller import protect
 
         assert protect._path_around is protect._path_around_c
