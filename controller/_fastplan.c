@@ -90,23 +90,31 @@ static PyObject *piece_ff(PyObject *pc, long in_port, int *err) {
     return PyTuple_GET_ITEM(pc, first == in_port ? 2 : 1);
 }
 
-static int count_ff(PyObject *refs, PyObject *f, PyObject *n, PyObject *want_ff, PyObject *guard) {
+/* One user more (step 1) or fewer (-1) of FF group f at switch n (its users: refs), as
+ * MulticastCore._count_py counts them: at the first user (or when the last is gone) the
+ * switch's want of the group is updated, and, unless the port's other FF group is in
+ * use, its protected link's. */
+static int count_ff(PyObject *refs, PyObject *f, PyObject *n, long step, PyObject *want_ff, PyObject *guard) {
     long fv;
     if (get_long(f, &fv) < 0) return -1;
     PyObject *old = PyDict_GetItemWithError(refs, f);
     if (old == NULL && PyErr_Occurred()) return -1;
-    long c = 1;
+    long c = step;
     if (old != NULL) {
         if (get_long(old, &c) < 0) return -1;
-        c += 1;
+        c += step;
     }
-    PyObject *cv = PyLong_FromLong(c);
-    if (cv == NULL || PyDict_SetItem(refs, f, cv) < 0) {
-        Py_XDECREF(cv);
+    if (c != 0) {
+        PyObject *cv = PyLong_FromLong(c);
+        if (cv == NULL || PyDict_SetItem(refs, f, cv) < 0) {
+            Py_XDECREF(cv);
+            return -1;
+        }
+        Py_DECREF(cv);
+    } else if (PyDict_DelItem(refs, f) < 0) {
         return -1;
     }
-    Py_DECREF(cv);
-    if (c != 1) return 0;
+    if (c != (step > 0 ? 1 : 0)) return 0;
     PyObject *r = PyObject_CallFunctionObjArgs(want_ff, n, f, NULL);
     if (r == NULL) return -1;
     Py_DECREF(r);
@@ -121,11 +129,55 @@ static int count_ff(PyObject *refs, PyObject *f, PyObject *n, PyObject *want_ff,
     PyObject *key = PyTuple_Pack(2, n, port);
     Py_DECREF(port);
     if (key == NULL) return -1;
-    r = PyObject_CallFunctionObjArgs(guard, key, Py_True, NULL);
+    r = PyObject_CallFunctionObjArgs(guard, key, step > 0 ? Py_True : Py_False, NULL);
     Py_DECREF(key);
     if (r == NULL) return -1;
     Py_DECREF(r);
     return 0;
+}
+
+/* One user more (step 1) or fewer (-1) of entry e's FF groups at switch n (a rejoin
+ * listing outputs may use some). */
+static int count_entry(PyObject *e, PyObject *n, long step, PyObject *ff_refs, PyObject *want_ff, PyObject *guard,
+                       PyObject *to_own) {
+    if (!PyTuple_Check(e) || PyTuple_GET_SIZE(e) != 4 || !PyTuple_Check(PyTuple_GET_ITEM(e, 2)) ||
+        !PyTuple_Check(PyTuple_GET_ITEM(e, 3)) ||
+        (PyTuple_GET_SIZE(PyTuple_GET_ITEM(e, 3)) != 0 && (PyTuple_GET_SIZE(PyTuple_GET_ITEM(e, 3)) != 3 ||
+                                                          !PyTuple_Check(PyTuple_GET_ITEM(PyTuple_GET_ITEM(e, 3), 2))))) {
+        PyErr_SetString(PyExc_TypeError, "an entry is (in_port, out_ports, ff, rejoin)");
+        return -1;
+    }
+    PyObject *ff = PyTuple_GET_ITEM(e, 2), *rejoin = PyTuple_GET_ITEM(e, 3);
+    Py_ssize_t nff = PyTuple_GET_SIZE(ff);
+    int listed = PyTuple_GET_SIZE(rejoin) && PyTuple_GET_ITEM(rejoin, 2) != to_own;
+    if (!nff && !listed) return 0;
+    PyObject *refs = PyObject_GetItem(ff_refs, n);
+    if (refs == NULL || !PyDict_Check(refs)) {
+        if (refs != NULL) PyErr_SetString(PyExc_TypeError, "ff_refs[n] is a dict");
+        goto fail;
+    }
+    for (Py_ssize_t i = 0; i < nff; i++)
+        if (count_ff(refs, PyTuple_GET_ITEM(ff, i), n, step, want_ff, guard) < 0) goto fail;
+    if (listed) {
+        PyObject *acts = PyTuple_GET_ITEM(rejoin, 2);
+        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(acts); i++) {
+            PyObject *a = PyTuple_GET_ITEM(acts, i);
+            if (!PyTuple_Check(a) || PyTuple_GET_SIZE(a) < 2) continue;
+            int is_group = PyObject_RichCompareBool(PyTuple_GET_ITEM(a, 0), str_group, Py_EQ);
+            if (is_group < 0) goto fail;
+            if (!is_group || !PyLong_Check(PyTuple_GET_ITEM(a, 1))) continue;
+            long f;
+            if (get_long(PyTuple_GET_ITEM(a, 1), &f) < 0) goto fail;
+            if (f >= FF_BASE && f < FF_BASE + 2 * IN_PORT_BIT &&
+                count_ff(refs, PyTuple_GET_ITEM(a, 1), n, step, want_ff, guard) < 0)
+                goto fail;
+        }
+    }
+    Py_DECREF(refs);
+    return 0;
+fail:
+    Py_XDECREF(refs);
+    return -1;
 }
 
 /* One switch of a protected entry: (ff, rejoin) as MulticastCore._protection makes them,
@@ -135,7 +187,7 @@ static PyObject *protected_entry(PyObject *n, PyObject *in_port, PyObject *out_p
                                  PyObject *guard, PyObject *to_own, PyTypeObject *entry_type,
                                  PyObject *in_port_out, PyObject *shapes) {
     Py_ssize_t k = PyTuple_GET_SIZE(out_ports), nff = 0;
-    PyObject *result = NULL, *ff = NULL, *rejoin = NULL, *refs = NULL, *at = NULL;
+    PyObject *result = NULL, *ff = NULL, *rejoin = NULL, *at = NULL;
     PyObject *stack[16];
     PyObject **pcs = k <= 16 ? stack : PyMem_Malloc(sizeof(PyObject *) * (size_t)k);
     Py_ssize_t got = 0;  /* pcs holding a reference */
@@ -227,33 +279,8 @@ static PyObject *protected_entry(PyObject *n, PyObject *in_port, PyObject *out_p
     if (ff == NULL) goto done;
     result = make_entry(entry_type, in_port, out_ports, ff, rejoin);
     if (result == NULL) goto done;
-    /* the FF groups' users (``_fill``'s count: a rejoin listing outputs may use some) */
-    if (nff || (PyTuple_GET_SIZE(rejoin) && PyTuple_GET_ITEM(rejoin, 2) != to_own)) {
-        refs = PyObject_GetItem(ff_refs, n);
-        if (refs == NULL || !PyDict_Check(refs)) {
-            if (refs != NULL) PyErr_SetString(PyExc_TypeError, "ff_refs[n] is a dict");
-            goto fail;
-        }
-        for (Py_ssize_t i = 0; i < nff; i++)
-            if (count_ff(refs, PyTuple_GET_ITEM(ff, i), n, want_ff, guard) < 0) goto fail;
-        if (PyTuple_GET_SIZE(rejoin)) {
-            PyObject *acts = PyTuple_GET_ITEM(rejoin, 2);
-            if (acts != to_own) {
-                for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(acts); i++) {
-                    PyObject *a = PyTuple_GET_ITEM(acts, i);
-                    if (!PyTuple_Check(a) || PyTuple_GET_SIZE(a) < 2) continue;
-                    int is_group = PyObject_RichCompareBool(PyTuple_GET_ITEM(a, 0), str_group, Py_EQ);
-                    if (is_group < 0) goto fail;
-                    if (!is_group || !PyLong_Check(PyTuple_GET_ITEM(a, 1))) continue;
-                    long f;
-                    if (get_long(PyTuple_GET_ITEM(a, 1), &f) < 0) goto fail;
-                    if (f >= FF_BASE && f < FF_BASE + 2 * IN_PORT_BIT &&
-                        count_ff(refs, PyTuple_GET_ITEM(a, 1), n, want_ff, guard) < 0)
-                        goto fail;
-                }
-            }
-        }
-    }
+    /* the FF groups' users (``_fill``'s count) */
+    if (count_entry(result, n, 1, ff_refs, want_ff, guard, to_own) < 0) goto fail;
     goto done;
 fail:
     Py_CLEAR(result);
@@ -262,9 +289,32 @@ done:
     if (pcs != stack) PyMem_Free(pcs);
     Py_XDECREF(ff);
     Py_XDECREF(rejoin);
-    Py_XDECREF(refs);
     Py_XDECREF(at);
     return result;
+}
+
+/* count(entries, step, ff_refs, want_ff, guard, to_own): MulticastCore._count_py's loop
+ * (see there). */
+static PyObject *count(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 6 || !PyDict_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "count(entries: dict, step, ff_refs, want_ff, guard, to_own)");
+        return NULL;
+    }
+    long step;
+    if (get_long(args[1], &step) < 0) return NULL;
+    if (step != 1 && step != -1) {
+        PyErr_SetString(PyExc_ValueError, "count: step is 1 or -1");
+        return NULL;
+    }
+    Py_ssize_t pos = 0;
+    PyObject *n, *e;
+    while (PyDict_Next(args[0], &pos, &n, &e)) {
+        Py_INCREF(e);  /* (callbacks run) */
+        int rc = count_entry(e, n, step, args[2], args[3], args[4], args[5]);
+        Py_DECREF(e);
+        if (rc < 0) return NULL;
+    }
+    Py_RETURN_NONE;
 }
 
 /* fill(entries, parent, outs, source_port, uplinks, uplink, protect, pieces, piece,
@@ -444,6 +494,7 @@ static inline void put32(unsigned char *p, unsigned long v) {
 
 #define OFP_VERSION 4
 #define OFPT_GROUP_MOD 15
+#define OFPGC_ADD 0
 #define OFPAT_OUTPUT 0
 #define OFPAT_GROUP 22
 #define OFPP_IN_PORT 0xfffffff8UL
@@ -456,7 +507,12 @@ static inline void put32(unsigned char *p, unsigned long v) {
  * output (watch port and group ANY), through the port's FF group when one protects
  * it (the last FF id of a port wins, as the dict there), else OFPP_IN_PORT for the
  * ingress port, else the port. */
-static PyObject *group_add_wire(unsigned long gid, PyObject *in_port, PyObject *out_ports, PyObject *ff) {
+/* A group-mod of an ALL group (command ``command``): a bucket per output port, through
+ * its FF group where ``ff`` has one for the port (the last for it), OFPP_IN_PORT for
+ * the ingress port itself; ofmsgs.buckets's bytes. ``out_ports`` must be in order
+ * (an entry's are) unless ``sort``, when they are put in order here as buckets sorts them. */
+static PyObject *group_wire(unsigned command, unsigned long gid, PyObject *in_port, PyObject *out_ports,
+                            PyObject *ff, int sort) {
     if (!PyTuple_Check(out_ports) || !PyTuple_Check(ff)) {
         PyErr_SetString(PyExc_TypeError, "an entry's out_ports and ff are tuples");
         return NULL;
@@ -482,12 +538,17 @@ static PyObject *group_add_wire(unsigned long gid, PyObject *in_port, PyObject *
     for (Py_ssize_t i = 0; i < k; i++) {
         long q;
         if (get_long(PyTuple_GET_ITEM(out_ports, i), &q) < 0) goto done;
-        if (q < 0 || (unsigned long)q > 0xffffffffUL || (i > 0 && (unsigned long)q <= port[i - 1])) {
+        if (q < 0 || (unsigned long)q > 0xffffffffUL || (!sort && i > 0 && (unsigned long)q <= port[i - 1])) {
             PyErr_SetString(PyExc_ValueError, "out_ports are distinct 32-bit ports in order");
             goto done;
         }
-        port[i] = (unsigned long)q;
-        via[i] = 0;
+        Py_ssize_t at = i;  /* (in order already, unless sort: insertion) */
+        for (; at > 0 && port[at - 1] > (unsigned long)q; at--) {
+            port[at] = port[at - 1];
+            via[at] = via[at - 1];
+        }
+        port[at] = (unsigned long)q;
+        via[at] = 0;
         for (Py_ssize_t j = 0; j < nf; j++) {  /* (a few ids: the last for the port wins) */
             long f;
             if (get_long(PyTuple_GET_ITEM(ff, j), &f) < 0) goto done;
@@ -495,10 +556,10 @@ static PyObject *group_add_wire(unsigned long gid, PyObject *in_port, PyObject *
                 PyErr_SetString(PyExc_ValueError, "an FF group id is 32 bits");
                 goto done;
             }
-            if ((f & MAX_PORT) == q) via[i] = (unsigned long)f;
+            if ((f & MAX_PORT) == q) via[at] = (unsigned long)f;
         }
-        size += via[i] ? 24 : 32;
     }
+    for (Py_ssize_t i = 0; i < k; i++) size += via[i] ? 24 : 32;
     if (size > 0xffff) {
         PyErr_SetString(PyExc_ValueError, "a group-mod longer than 64 KB");
         goto done;
@@ -509,7 +570,8 @@ static PyObject *group_add_wire(unsigned long gid, PyObject *in_port, PyObject *
     memset(p, 0, (size_t)size);
     p[0] = OFP_VERSION;
     p[1] = OFPT_GROUP_MOD;
-    put16(p + 2, (unsigned)size);  /* xid 0, command ADD (0), type ALL (0), pad */
+    put16(p + 2, (unsigned)size);  /* xid 0 */
+    put16(p + 8, command);  /* type ALL (0), pad */
     put32(p + 12, gid);
     p += 16;
     for (Py_ssize_t i = 0; i < k; i++) {
@@ -530,6 +592,22 @@ static PyObject *group_add_wire(unsigned long gid, PyObject *in_port, PyObject *
 done:
     if (port != ports) PyMem_Free(port);
     return wire;
+}
+
+/* group_mod(command, gid, in_port, out_ports, ff) -> bytes: ofmsgs._group_mod's ALL group
+ * (see group_wire), out_ports and ff as tuples in any order. */
+static PyObject *group_mod(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "group_mod(command, gid, in_port, out_ports, ff)");
+        return NULL;
+    }
+    long command, gid;
+    if (get_long(args[0], &command) < 0 || get_long(args[1], &gid) < 0) return NULL;
+    if (command < 0 || command > 0xffff || gid < 0 || gid > 0xFFFFFFFFL) {
+        PyErr_SetString(PyExc_OverflowError, "a command is 16 bits and a group id 32");
+        return NULL;
+    }
+    return group_wire((unsigned)command, (unsigned long)gid, args[2], args[3], args[4], 1);
 }
 
 static int pair_of_bytes(PyObject *t) {
@@ -595,8 +673,8 @@ static PyObject *tree_adds(PyObject *self, PyObject *const *args, Py_ssize_t nar
             PyErr_SetString(PyExc_TypeError, "a switch entry is a 4-tuple");
             goto fail;
         }
-        PyObject *wire = group_add_wire((unsigned long)gid, PyTuple_GET_ITEM(e, 0), PyTuple_GET_ITEM(e, 1),
-                                        PyTuple_GET_ITEM(e, 2));
+        PyObject *wire = group_wire(OFPGC_ADD, (unsigned long)gid, PyTuple_GET_ITEM(e, 0), PyTuple_GET_ITEM(e, 1),
+                                    PyTuple_GET_ITEM(e, 2), 0);
         if (add_msg(made, &group_cls, dpid, wire, &k) < 0) goto fail;
         if (be32_of(PyTuple_GET_ITEM(e, 0), port) < 0) goto fail;
         if (add_msg(made, &flow_cls, dpid, join4(sg_head, port, 4, sg_tail, NULL), &k) < 0) goto fail;
@@ -1327,6 +1405,8 @@ static PyMethodDef module_methods[] = {
     {"outs", (PyCFunction)(void (*)(void))outs, METH_FASTCALL, "trees._fill_entries's loop (see there)"},
     {"bump", (PyCFunction)(void (*)(void))bump, METH_FASTCALL, "trees.LinkLoad.add_links's loop (see there)"},
     {"crossing", (PyCFunction)(void (*)(void))crossing, METH_FASTCALL, "trees._crossing_py's scan (see there)"},
+    {"count", (PyCFunction)(void (*)(void))count, METH_FASTCALL, "MulticastCore._count_py's loop (see there)"},
+    {"group_mod", (PyCFunction)(void (*)(void))group_mod, METH_FASTCALL, "ofmsgs._group_mod_py's bytes (see there)"},
     {"bfs_dag", (PyCFunction)(void (*)(void))bfs_dag, METH_FASTCALL, "trees.PathCache.dag's search (see there)"},
     {"path_around", (PyCFunction)(void (*)(void))path_around, METH_FASTCALL, "protect._path_around (see there)"},
     {NULL, NULL, 0, NULL},

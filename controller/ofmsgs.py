@@ -319,12 +319,30 @@ def _group_mod(dpid: int, command: int, gid: int, body: bytes, gtype: int = ofp.
     return m
 
 
+def _all_group_py(dpid: int, command: int, gid: int, in_port: int, out_ports: Iterable[int],
+                  ff: Iterable[int]) -> Msg:
+    """An ALL group's add or modify (``buckets``)."""
+    return _group_mod(dpid, command, gid, _group_buckets(in_port, out_ports, ff))
+
+
+def _all_group_c(dpid: int, command: int, gid: int, in_port: int, out_ports: Iterable[int],
+                 ff: Iterable[int]) -> Msg:
+    """``_all_group_py`` packed in C (``_fastplan.group_mod``, the bytes of a new tree's
+    adds): a reroute's group changes have port sets the bytes cache has mostly not seen
+    (on leaf-spine:8,32,16 packing them was ~10% of a reroute)."""
+    m = _new(ReadyGroupMod)
+    m._dpid = dpid
+    m._wire = _native.group_mod(command, gid, in_port, out_ports if type(out_ports) is tuple else tuple(out_ports),
+                                ff if type(ff) is tuple else tuple(ff))
+    return m
+
+
 def group_add(dpid: int, gid: int, in_port: int, out_ports: Iterable[int], ff: Iterable[int] = ()) -> Msg:
-    return _group_mod(dpid, ofp.OFPGC_ADD, gid, _group_buckets(in_port, out_ports, ff))
+    return _all_group(dpid, ofp.OFPGC_ADD, gid, in_port, out_ports, ff)
 
 
 def group_modify(dpid: int, gid: int, in_port: int, out_ports: Iterable[int], ff: Iterable[int] = ()) -> Msg:
-    return _group_mod(dpid, ofp.OFPGC_MODIFY, gid, _group_buckets(in_port, out_ports, ff))
+    return _all_group(dpid, ofp.OFPGC_MODIFY, gid, in_port, out_ports, ff)
 
 
 def group_delete(dpid: int, gid: int) -> Msg:
@@ -543,6 +561,7 @@ def _tag_tlv(link_tag: str) -> bytes:
 
 _native = native.module
 tree_adds = tree_adds_c if native.NATIVE else tree_adds_py
+_all_group = _all_group_c if native.NATIVE else _all_group_py
 
 
 def detour_flow_delete(dpid: int, cookie_value: int, in_port: int, tag: str,

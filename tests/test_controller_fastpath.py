@@ -379,6 +379,7 @@ def test_the_c_builder_is_built_in_ci():
         assert trees._bfs_dag is trees._bfs_dag_c
         assert trees._outs is native.module.outs and trees._bump is native.module.bump
         assert trees.crossing is native.module.crossing
+        assert MulticastCore._count is MulticastCore._count_c and ofmsgs._all_group is ofmsgs._all_group_c
         from controller import protect
 
         assert protect._path_around is protect._path_around_c
@@ -386,11 +387,13 @@ def test_the_c_builder_is_built_in_ci():
 
 class InC(MulticastCore):
     _fill = MulticastCore._fill_c
+    _count = MulticastCore._count_c
     _tree_adds = staticmethod(ofmsgs.tree_adds_c)
 
 
 class InPython(MulticastCore):
     _fill = MulticastCore._fill_py
+    _count = MulticastCore._count_py
     _tree_adds = staticmethod(ofmsgs.tree_adds_py)
 
 
@@ -647,3 +650,51 @@ def test_the_scan_for_a_links_groups_in_c_is_the_pythons(spec, data):
     for bad in (([], {}), ({1: []}, {1: [2]}), ({1: {1: 2}}, {1: (2,)})):
         with pytest.raises(TypeError):
             native.module.crossing(*bad)
+
+
+@needs_c
+@settings(max_examples=300, deadline=None)
+@given(command=st.sampled_from([ofmsgs.ofp.OFPGC_ADD, ofmsgs.ofp.OFPGC_MODIFY]),
+       gid=st.integers(1, 0x7FFEFFFF), in_port=st.integers(1, 40),
+       ports=st.lists(st.integers(1, 40), unique=True, max_size=20), data=st.data())
+def test_an_all_group_packed_in_c_is_the_pythons(command, gid, in_port, ports, data):
+    """An ALL group's add or modify (``ofmsgs._all_group_c``, what a reroute's group
+    changes use) is byte for byte ``_all_group_py``'s for out-ports in any order, some
+    through FF groups (either variant), the ingress port among them or not."""
+    from controller.protect import ff_id
+
+    ff = tuple(ff_id(p, data.draw(st.booleans(), label="via in_port"))
+               for p in data.draw(st.lists(st.sampled_from(ports), unique=True), label="protected")) if ports else ()
+    out_ports = tuple(data.draw(st.permutations(ports), label="order"))
+    mine = ofmsgs._all_group_c(7, command, gid, in_port, out_ports, ff)
+    theirs = ofmsgs._all_group_py(7, command, gid, in_port, out_ports, ff)
+    assert (type(mine), mine._dpid, mine._wire) == (type(theirs), theirs._dpid, theirs._wire)
+    assert ofmsgs._all_group_c(7, command, gid, in_port, list(out_ports), list(ff))._wire == mine._wire
+    for bad in ((-1, (1,)), (2 ** 32, (1,)), (1, (-2,)), (1, ("x",))):
+        with pytest.raises((ValueError, TypeError, OverflowError)):
+            native.module.group_mod(command, gid if bad[0] == 1 else bad[0], in_port, bad[1], ())
+
+
+@needs_c
+def test_counting_ff_users_in_c_refuses_bad_input():
+    """``_fastplan.count`` (``MulticastCore._count_c``) raises on what is not an entry or a
+    step, and counts up and back down to nothing, asking for the FF group and its link
+    at the first user and at the last."""
+    count = native.module.count
+    calls: list = []
+    args = (lambda n, f: calls.append(("want", n, f)), lambda key, on: calls.append(("guard", key, on)),
+            TO_OWN_GROUP)
+    from collections import defaultdict
+
+    ff_refs: defaultdict = defaultdict(dict)
+    e = SwitchEntry(1, (2, 3), (0xFFFF0003,), ())
+    for bad in (({1: (1, 2)}, 1), ({1: SwitchEntry(1, (2,), [5], ())}, 1), ({1: e}, 2), ({1: e}, "1"),
+                ({1: SwitchEntry(1, (2,), (), (4, "t", "acts"))}, 1), ([], 1)):
+        with pytest.raises((TypeError, ValueError)):
+            count(*bad, ff_refs, *args)
+    count({9: e}, 1, ff_refs, *args)
+    count({9: e}, 1, ff_refs, *args)
+    assert ff_refs[9] == {0xFFFF0003: 2} and calls == [("want", 9, 0xFFFF0003), ("guard", (9, 3), True)]
+    count({9: e}, -1, ff_refs, *args)
+    count({9: e}, -1, ff_refs, *args)
+    assert ff_refs[9] == {} and calls[2:] == [("want", 9, 0xFFFF0003), ("guard", (9, 3), False)]
