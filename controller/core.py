@@ -23,7 +23,8 @@ from controller.addressing import check_model, check_ssm, ssm_address
 from controller.errors import Conflict, CoreError, ReceiverIsSource, UnknownGroup
 from controller.protect import IN_PORT_BIT, TO_OWN_GROUP, Detours, ff_buckets, ff_id, ff_port, is_ff, tag
 from controller.topoview import TopologyView, check_unicast
-from controller.trees import ALGORITHMS, LinkLoad, PathCache, SwitchEntry, Tree, compute_tree, crossing as _crossing, regraft
+from controller.trees import ALGORITHMS, LinkLoad, PathCache, SwitchEntry, Tree, compute_tree, regraft
+from controller.trees import crossing as _crossing
 
 log = logging.getLogger("modelcast.core")
 DEFAULT_PORT = 5500
@@ -658,10 +659,11 @@ class MulticastCore:
     def _fill_py(self, g: Group, tree: Tree, source_port: int, outs: dict[int, list[int]]) -> None:
         """A group's first tree (``compute_tree``'s ``fill``): each switch's entry made
         once, protected as ``_protect`` makes it, and its FF groups' users counted as
-        ``_swap`` counts them, in one pass over the switches instead of four. Those passes cost more than the tree's ~300 messages (bench,
-        fat-tree:16: ~1.7 x the reference against ~0.6 x; one pass ~1.6 x). What a
-        switch's parent link gives every tree crossing it (``_uplink``) is looked up by
-        two ints, not hashed as a pair per entry."""
+        ``_swap`` counts them, in one pass over the switches instead of four. Those
+        passes cost more than the tree's ~300 messages (bench, fat-tree:16: ~1.7 x the
+        reference against ~0.6 x; one pass ~1.6 x). What a switch's parent link gives
+        every tree crossing it (``_uplink``) is looked up by two ints, not hashed as a
+        pair per entry."""
         if not tree.entries:  # (sized once, in the same order: every switch of outs gets one)
             tree.entries = dict.fromkeys(outs)
         entries, parent = tree.entries, tree.parent

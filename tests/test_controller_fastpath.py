@@ -187,8 +187,8 @@ def core_state(core: MulticastCore) -> tuple:
     # (what a failure scans for the groups crossing a link: every tree's own parent map)
     assert {gid: id(p) for gid, p in core._parents.items()} == {
         gid: id(g.tree.parent) for gid, g in core.groups.items() if g.tree is not None}
-    return (trees, nonempty(dict(core.load.items())), nonempty(core.ff_refs), core.guards, nonempty(core.shared_want), core.shared,
-            core.installed, nonempty(core.placed))
+    return (trees, nonempty(dict(core.load.items())), nonempty(core.ff_refs), core.guards,
+            nonempty(core.shared_want), core.shared, core.installed, nonempty(core.placed))
 
 
 def event(data, topo: T.Topology, cores: list[MulticastCore], ips: list[str], i: int):
