@@ -397,8 +397,7 @@ class MulticastCore:
             return Plan()
         # (the groups whose tree crosses it, found by a scan: a switch leaving is rare, and
         # an index of them cost a set insertion per switch of every new tree)
-        return self._after_down({gid for gid, g in self.groups.items()
-                                 if g.tree is not None and dpid in g.tree.parent})
+        return self._after_down({gid for gid, parent in self._parents.items() if dpid in parent})
 
     def link_add(self, a: int, a_port: int, b: int, b_port: int) -> Plan:
         return self._after_up() if self.view.add_link(a, a_port, b, b_port) else Plan()
@@ -422,7 +421,7 @@ class MulticastCore:
         at once): one reroute for all of them. One per port would be wrong in a single
         plan: plans run phase by phase together, so a tree moved by the first port and
         moved back by the next would have phase 2 delete the flows it is back on."""
-        affected: set[int] = set()
+        lost: list[tuple[int, int]] = []  # (both directions of each link: one scan for all)
         hosts: set[str] = set()
         went = False
         for port in ports:
@@ -431,9 +430,10 @@ class MulticastCore:
             went = True
             link = self.view.port_link.get((dpid, port))
             if link is not None:
-                affected.update(self._crossing(((link.a, link.b), (link.b, link.a))))
+                lost += ((link.a, link.b), (link.b, link.a))
             else:
                 hosts.update(self.view.hosts_at(dpid, port))
+        affected = set(self._crossing(lost))
         if hosts:
             affected |= {g.gid for g in self.groups.values() if g.source in hosts or hosts & g.receivers}
         return self._after_down(affected) if went else Plan()
