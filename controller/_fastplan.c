@@ -180,20 +180,26 @@ fail:
     return -1;
 }
 
-/* One switch of a protected entry: (ff, rejoin) as MulticastCore._protection makes them,
- * the FF users counted as _fill counts them. Returns the entry (new reference). */
-static PyObject *protected_entry(PyObject *n, PyObject *in_port, PyObject *out_ports, PyObject *up,
-                                 PyObject *pieces, PyObject *piece, PyObject *ff_refs, PyObject *want_ff,
-                                 PyObject *guard, PyObject *to_own, PyTypeObject *entry_type,
-                                 PyObject *in_port_out, PyObject *shapes) {
+/* (ff, rejoin) of switch n's entry as MulticastCore._protection makes them (ff shaped):
+ * new references in *ff_out and *rejoin_out, or -1 with an exception set. */
+static int protection_of(PyObject *n, PyObject *in_port, PyObject *out_ports, PyObject *up, PyObject *pieces,
+                         PyObject *piece, PyObject *in_port_out, PyObject *shapes, PyObject **ff_out,
+                         PyObject **rejoin_out) {
+    if (!PyTuple_Check(out_ports) || !PyTuple_Check(up)) {
+        PyErr_SetString(PyExc_TypeError, "out_ports and the uplink piece are tuples");
+        return -1;
+    }
     Py_ssize_t k = PyTuple_GET_SIZE(out_ports), nff = 0;
-    PyObject *result = NULL, *ff = NULL, *rejoin = NULL, *at = NULL;
+    PyObject *ff = NULL, *rejoin = NULL, *at = NULL;
     PyObject *stack[16];
     PyObject **pcs = k <= 16 ? stack : PyMem_Malloc(sizeof(PyObject *) * (size_t)k);
     Py_ssize_t got = 0;  /* pcs holding a reference */
     long in_c, arr_c = 0;
-    int err = 0;
-    if (pcs == NULL) return PyErr_NoMemory();
+    int err = 0, rc = -1;
+    if (pcs == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
     if (get_long(in_port, &in_c) < 0) goto done;
     at = PyDict_GetItemWithError(pieces, n);
     if (at == NULL) {
@@ -204,6 +210,10 @@ static PyObject *protected_entry(PyObject *n, PyObject *in_port, PyObject *out_p
             goto done;
         }
         at = fresh;  /* (our reference, as below) */
+    } else if (!PyDict_Check(at)) {
+        PyErr_SetString(PyExc_TypeError, "pieces[n] is a dict");
+        at = NULL;
+        goto done;
     } else {
         Py_INCREF(at);  /* (a callback could drop it from pieces) */
     }
@@ -277,19 +287,32 @@ static PyObject *protected_entry(PyObject *n, PyObject *in_port, PyObject *out_p
     }
     ff = shape_of(shapes, ff);
     if (ff == NULL) goto done;
-    result = make_entry(entry_type, in_port, out_ports, ff, rejoin);
-    if (result == NULL) goto done;
-    /* the FF groups' users (``_fill``'s count) */
-    if (count_entry(result, n, 1, ff_refs, want_ff, guard, to_own) < 0) goto fail;
-    goto done;
-fail:
-    Py_CLEAR(result);
+    *ff_out = ff;
+    *rejoin_out = rejoin;
+    ff = rejoin = NULL;
+    rc = 0;
 done:
     for (Py_ssize_t i = 0; i < got; i++) Py_DECREF(pcs[i]);
     if (pcs != stack) PyMem_Free(pcs);
     Py_XDECREF(ff);
     Py_XDECREF(rejoin);
     Py_XDECREF(at);
+    return rc;
+}
+
+/* One switch of a protected entry (protection_of), the FF users counted as _fill counts
+ * them. Returns the entry (new reference). */
+static PyObject *protected_entry(PyObject *n, PyObject *in_port, PyObject *out_ports, PyObject *up,
+                                 PyObject *pieces, PyObject *piece, PyObject *ff_refs, PyObject *want_ff,
+                                 PyObject *guard, PyObject *to_own, PyTypeObject *entry_type,
+                                 PyObject *in_port_out, PyObject *shapes) {
+    PyObject *ff, *rejoin;
+    if (protection_of(n, in_port, out_ports, up, pieces, piece, in_port_out, shapes, &ff, &rejoin) < 0)
+        return NULL;
+    PyObject *result = make_entry(entry_type, in_port, out_ports, ff, rejoin);
+    Py_DECREF(ff);
+    Py_DECREF(rejoin);
+    if (result != NULL && count_entry(result, n, 1, ff_refs, want_ff, guard, to_own) < 0) Py_CLEAR(result);
     return result;
 }
 
@@ -315,6 +338,24 @@ static PyObject *count(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
         if (rc < 0) return NULL;
     }
     Py_RETURN_NONE;
+}
+
+/* uplinks[n][par], or uplink(n, par) on a miss (MulticastCore._uplink): (n's port towards
+ * par, the piece of par's port towards n). New reference. */
+static PyObject *uplink_of(PyObject *uplinks, PyObject *uplink, PyObject *n, PyObject *par) {
+    PyObject *u = NULL, *at = PyDict_GetItemWithError(uplinks, n);
+    if (at != NULL) {
+        u = PyDict_Check(at) ? PyDict_GetItemWithError(at, par) : NULL;
+        Py_XINCREF(u);
+    }
+    if (u == NULL && (PyErr_Occurred() || (u = PyObject_CallFunctionObjArgs(uplink, n, par, NULL)) == NULL))
+        return NULL;
+    if (!PyTuple_Check(u) || PyTuple_GET_SIZE(u) != 2 || !PyTuple_Check(PyTuple_GET_ITEM(u, 1))) {
+        PyErr_SetString(PyExc_TypeError, "an uplink is (in_port, piece)");
+        Py_DECREF(u);
+        return NULL;
+    }
+    return u;
 }
 
 /* fill(entries, parent, outs, source_port, uplinks, uplink, protect, pieces, piece,
@@ -358,21 +399,8 @@ static PyObject *fill(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
             in_port = source_port;
             up = empty;
         } else {
-            PyObject *at = PyDict_GetItemWithError(uplinks, n);
-            if (at != NULL) {
-                u = PyDict_Check(at) ? PyDict_GetItemWithError(at, par) : NULL;
-                Py_XINCREF(u);
-            }
+            u = uplink_of(uplinks, uplink, n, par);
             if (u == NULL) {
-                if (PyErr_Occurred() ||
-                    (u = PyObject_CallFunctionObjArgs(uplink, n, par, NULL)) == NULL) {
-                    Py_DECREF(out_ports);
-                    return NULL;
-                }
-            }
-            if (!PyTuple_Check(u) || PyTuple_GET_SIZE(u) != 2 || !PyTuple_Check(PyTuple_GET_ITEM(u, 1))) {
-                PyErr_SetString(PyExc_TypeError, "an uplink is (in_port, piece)");
-                Py_DECREF(u);
                 Py_DECREF(out_ports);
                 return NULL;
             }
@@ -389,6 +417,127 @@ static PyObject *fill(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
         Py_DECREF(entry);
         if (rc < 0) return NULL;
     }
+    Py_RETURN_NONE;
+}
+
+/* protect(entries, parent, nodes, was, was_parent, at, stale, touches, uplinks, uplink, pieces,
+ *         piece, entry_type, in_port_out, shapes)
+ * MulticastCore._protect_py's loop (see there): each switch of nodes (None: of entries)
+ * keeps its entry of the old tree (was) where its ports and parent are the same and no
+ * detour of theirs is stale (touches(n, par, out_ports, stale) asked only when n or par
+ * is in at), else gets its protection (protection_of) and a new entry if that differs. */
+static PyObject *protect(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 15) {
+        PyErr_SetString(PyExc_TypeError, "protect takes 15 arguments");
+        return NULL;
+    }
+    PyObject *entries = args[0], *parent = args[1], *nodes = args[2], *was = args[3], *was_parent = args[4],
+             *at = args[5], *stale = args[6], *touches = args[7], *uplinks = args[8], *uplink = args[9],
+             *pieces = args[10], *piece = args[11], *in_port_out = args[13], *shapes = args[14];
+    if (!PyDict_Check(entries) || !PyDict_Check(parent) || !PyDict_Check(was) || !PyDict_Check(was_parent) ||
+        !PyAnySet_Check(at) || !PyDict_Check(uplinks) || !PyDict_Check(pieces) || !PyType_Check(args[12]) ||
+        !PyType_IsSubtype((PyTypeObject *)args[12], &PyTuple_Type) || (shapes != Py_None && !PyDict_Check(shapes))) {
+        PyErr_SetString(PyExc_TypeError, "protect: entries, parent, was, was_parent, uplinks and pieces are dicts, "
+                                         "at a set, entry_type a tuple type, shapes a dict or None");
+        return NULL;
+    }
+    PyTypeObject *entry_type = (PyTypeObject *)args[12];
+    PyObject *it = nodes == Py_None ? NULL : PyObject_GetIter(nodes), *keys = NULL;
+    if (nodes == Py_None) {
+        keys = PyDict_Keys(entries);  /* (entries are replaced while walked) */
+        if (keys == NULL) return NULL;
+        it = PyObject_GetIter(keys);
+    }
+    if (it == NULL) {
+        Py_XDECREF(keys);
+        return NULL;
+    }
+    PyObject *n;
+    while ((n = PyIter_Next(it)) != NULL) {
+        PyObject *e = PyDict_GetItemWithError(entries, n), *par = NULL, *ff = NULL, *rejoin = NULL, *u = NULL;
+        int rc = -1;
+        if (e == NULL) {
+            if (!PyErr_Occurred()) PyErr_SetObject(PyExc_KeyError, n);
+            goto next;
+        }
+        Py_INCREF(e);
+        if (!PyTuple_Check(e) || PyTuple_GET_SIZE(e) != 4) {
+            PyErr_SetString(PyExc_TypeError, "an entry is (in_port, out_ports, ff, rejoin)");
+            goto next;
+        }
+        PyObject *in_port = PyTuple_GET_ITEM(e, 0), *out_ports = PyTuple_GET_ITEM(e, 1);
+        par = PyDict_GetItemWithError(parent, n);
+        if (par == NULL) {
+            if (!PyErr_Occurred()) PyErr_SetObject(PyExc_KeyError, n);
+            goto next;
+        }
+        Py_INCREF(par);
+        PyObject *o = PyDict_GetItemWithError(was, n);
+        if (o == NULL && PyErr_Occurred()) goto next;
+        if (o != NULL && PyTuple_Check(o) && PyTuple_GET_SIZE(o) == 4) {
+            int same = PyObject_RichCompareBool(PyTuple_GET_ITEM(o, 0), in_port, Py_EQ);
+            if (same > 0) same = PyObject_RichCompareBool(PyTuple_GET_ITEM(o, 1), out_ports, Py_EQ);
+            if (same > 0) {
+                PyObject *wp = PyDict_GetItemWithError(was_parent, n);
+                if (wp == NULL)
+                    same = PyErr_Occurred() ? -1 : 0;
+                else
+                    same = PyObject_RichCompareBool(wp, par, Py_EQ);
+            }
+            if (same > 0) {  /* unless a detour of its ports or parent link is stale */
+                int near = PySet_Contains(at, n);
+                if (near == 0) near = PySet_Contains(at, par);
+                if (near < 0) goto next;
+                if (near) {
+                    PyObject *r = PyObject_CallFunctionObjArgs(touches, n, par, out_ports, stale, NULL);
+                    if (r == NULL) goto next;
+                    int t = PyObject_IsTrue(r);
+                    Py_DECREF(r);
+                    if (t < 0) goto next;
+                    same = !t;
+                }
+            }
+            if (same < 0) goto next;
+            if (same) {
+                rc = o == e ? 0 : PyDict_SetItem(entries, n, o);
+                goto next;
+            }
+        }
+        PyObject *up = empty;
+        if (par != Py_None) {
+            u = uplink_of(uplinks, uplink, n, par);
+            if (u == NULL) goto next;
+            up = PyTuple_GET_ITEM(u, 1);
+        }
+        if (protection_of(n, in_port, out_ports, up, pieces, piece, in_port_out, shapes, &ff, &rejoin) < 0)
+            goto next;
+        int same = PyObject_RichCompareBool(ff, PyTuple_GET_ITEM(e, 2), Py_EQ);
+        if (same > 0) same = PyObject_RichCompareBool(rejoin, PyTuple_GET_ITEM(e, 3), Py_EQ);
+        if (same < 0) goto next;
+        if (same) {
+            rc = 0;
+            goto next;
+        }
+        PyObject *fresh = make_entry(entry_type, in_port, out_ports, ff, rejoin);
+        if (fresh == NULL) goto next;
+        rc = PyDict_SetItem(entries, n, fresh);
+        Py_DECREF(fresh);
+    next:
+        Py_XDECREF(ff);
+        Py_XDECREF(rejoin);
+        Py_XDECREF(u);
+        Py_XDECREF(par);
+        Py_XDECREF(e);
+        Py_DECREF(n);
+        if (rc < 0) {
+            Py_DECREF(it);
+            Py_XDECREF(keys);
+            return NULL;
+        }
+    }
+    Py_DECREF(it);
+    Py_XDECREF(keys);
+    if (PyErr_Occurred()) return NULL;
     Py_RETURN_NONE;
 }
 
@@ -984,41 +1133,46 @@ fail:
 /* bump(into, links, step): trees.LinkLoad.add_links's loop (see there): the load of each
  * link child <- parent of ``links`` (None: no link) changed by ``step``, kept per child
  * as {parent: count}. */
-static PyObject *bump(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 3 || !PyDict_Check(args[0]) || !PyDict_Check(args[1]) || !PyLong_Check(args[2])) {
-        PyErr_SetString(PyExc_TypeError, "bump(into: dict, links: dict, step: int)");
-        return NULL;
-    }
-    PyObject *into = args[0], *links = args[1], *step = args[2];
+/* into[c][p] += step for each link c -> p of links (p None: no link), as LinkLoad.add_links. */
+static int bump_links(PyObject *into, PyObject *links, PyObject *step) {
     Py_ssize_t pos = 0;
     PyObject *c, *p;
     while (PyDict_Next(links, &pos, &c, &p)) {
         if (p == Py_None) continue;
         PyObject *loads = PyDict_GetItemWithError(into, c);
         if (loads == NULL) {
-            if (PyErr_Occurred()) return NULL;
+            if (PyErr_Occurred()) return -1;
             loads = PyDict_New();
             if (loads == NULL || PyDict_SetItem(into, c, loads) < 0) {
                 Py_XDECREF(loads);
-                return NULL;
+                return -1;
             }
             Py_DECREF(loads);  /* (into holds it) */
         } else if (!PyDict_Check(loads)) {
             PyErr_SetString(PyExc_TypeError, "bump: into holds dicts");
-            return NULL;
+            return -1;
         }
         PyObject *n = PyDict_GetItemWithError(loads, p), *sum;
         if (n == NULL) {
-            if (PyErr_Occurred()) return NULL;
+            if (PyErr_Occurred()) return -1;
             sum = Py_NewRef(step);
         } else {
             sum = PyNumber_Add(n, step);
         }
-        if (sum == NULL) return NULL;
+        if (sum == NULL) return -1;
         int rc = PyDict_SetItem(loads, p, sum);
         Py_DECREF(sum);
-        if (rc < 0) return NULL;
+        if (rc < 0) return -1;
     }
+    return 0;
+}
+
+static PyObject *bump(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3 || !PyDict_Check(args[0]) || !PyDict_Check(args[1]) || !PyLong_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "bump(into: dict, links: dict, step: int)");
+        return NULL;
+    }
+    if (bump_links(args[0], args[1], args[2]) < 0) return NULL;
     Py_RETURN_NONE;
 }
 
@@ -1082,6 +1236,453 @@ fail:
  * (``nbr_ports``: dpid -> {neighbour dpid: port}) as it is: run once per source switch
  * and per protected link of a topology, in Python they were ~0.4 x the reference of the
  * benchmark's 1000 trees before its first tree. */
+
+/* parent -> [children] of a child -> parent dict, as trees._children. New reference. */
+static PyObject *children_of(PyObject *links) {
+    PyObject *kids = PyDict_New(), *c, *p;
+    Py_ssize_t pos = 0;
+    if (kids == NULL) return NULL;
+    while (PyDict_Next(links, &pos, &c, &p)) {
+        PyObject *got = PyDict_GetItemWithError(kids, p);
+        if (got == NULL) {
+            if (PyErr_Occurred()) goto fail;
+            PyObject *one = PyList_New(1);
+            if (one == NULL) goto fail;
+            PyList_SET_ITEM(one, 0, Py_NewRef(c));
+            int rc = PyDict_SetItem(kids, p, one);
+            Py_DECREF(one);
+            if (rc < 0) goto fail;
+        } else if (PyList_Append(got, c) < 0) {
+            goto fail;
+        }
+    }
+    return kids;
+fail:
+    Py_DECREF(kids);
+    return NULL;
+}
+
+/* d[k] as a C integer; a missing key is 0 when dflt, else a KeyError. */
+static int dict_ll(PyObject *d, PyObject *k, int dflt, long long *out) {
+    PyObject *v = PyDict_GetItemWithError(d, k);
+    if (v == NULL) {
+        if (PyErr_Occurred()) return -1;
+        if (!dflt) {
+            PyErr_SetObject(PyExc_KeyError, k);
+            return -1;
+        }
+        *out = 0;
+        return 0;
+    }
+    long long x = PyLong_AsLongLong(v);
+    if (x == -1 && PyErr_Occurred()) return -1;
+    *out = x;
+    return 0;
+}
+
+static int set_ll(PyObject *d, PyObject *k, long long v) {
+    PyObject *o = PyLong_FromLongLong(v);
+    if (o == NULL) return -1;
+    int rc = PyDict_SetItem(d, k, o);
+    Py_DECREF(o);
+    return rc;
+}
+
+typedef struct {
+    long long dist;
+    Py_ssize_t at;
+} ByDist;
+
+static int by_dist(const void *a, const void *b) {
+    const ByDist *x = a, *y = b;
+    if (x->dist != y->dist) return x->dist < y->dist ? -1 : 1;
+    return x->at < y->at ? -1 : x->at > y->at;
+}
+
+/* trees._settle (see there): least-loaded choices for the switches of todo (a list,
+ * grown here) and their ancestors not in cost, nearest the root first. */
+static int settle(PyObject *todo, PyObject *cost, PyObject *choice, PyObject *preds, PyObject *dist,
+                  PyObject *into) {
+    int rc = -1;
+    ByDist *order = NULL;
+    PyObject *seen = PySet_New(todo), *ps, *p, *k, *v;
+    Py_ssize_t pos = 0;
+    if (seen == NULL) return -1;
+    while (PyDict_Next(cost, &pos, &k, &v))
+        if (PySet_Add(seen, k) < 0) goto done;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(todo); i++) {  /* (grows while walked) */
+        ps = PyDict_GetItemWithError(preds, PyList_GET_ITEM(todo, i));
+        if (ps == NULL) {
+            if (!PyErr_Occurred()) PyErr_SetObject(PyExc_KeyError, PyList_GET_ITEM(todo, i));
+            goto done;
+        }
+        if (!PyList_Check(ps)) {
+            PyErr_SetString(PyExc_TypeError, "preds holds lists");
+            goto done;
+        }
+        for (Py_ssize_t j = 0; j < PyList_GET_SIZE(ps); j++) {
+            p = PyList_GET_ITEM(ps, j);
+            int has = PySet_Contains(seen, p);
+            if (has < 0) goto done;
+            if (!has && (PySet_Add(seen, p) < 0 || PyList_Append(todo, p) < 0)) goto done;
+        }
+    }
+    Py_ssize_t m = PyList_GET_SIZE(todo);
+    order = PyMem_Malloc(sizeof(ByDist) * (size_t)(m ? m : 1));
+    if (order == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < m; i++) {
+        if (dict_ll(dist, PyList_GET_ITEM(todo, i), 0, &order[i].dist) < 0) goto done;
+        order[i].at = i;
+    }
+    qsort(order, (size_t)m, sizeof(ByDist), by_dist);  /* (as a stable sort by distance) */
+    for (Py_ssize_t i = 0; i < m; i++) {
+        PyObject *n = PyList_GET_ITEM(todo, order[i].at);
+        ps = PyDict_GetItemWithError(preds, n);
+        if (ps == NULL) {
+            if (!PyErr_Occurred()) PyErr_SetObject(PyExc_KeyError, n);
+            goto done;
+        }
+        if (!PyList_Check(ps) || PyList_GET_SIZE(ps) == 0) {
+            PyErr_SetString(PyExc_ValueError, "settle: a switch to settle has no predecessor");
+            goto done;
+        }
+        PyObject *loads = PyDict_GetItemWithError(into, n), *best_p = NULL;
+        if (loads == NULL && PyErr_Occurred()) goto done;
+        if (loads != NULL && !PyDict_Check(loads)) {
+            PyErr_SetString(PyExc_TypeError, "into holds dicts");
+            goto done;
+        }
+        long long best = 0;
+        for (Py_ssize_t j = 0; j < PyList_GET_SIZE(ps); j++) {
+            long long c, l = 0;
+            p = PyList_GET_ITEM(ps, j);
+            if (dict_ll(cost, p, 0, &c) < 0 || (loads != NULL && dict_ll(loads, p, 1, &l) < 0)) goto done;
+            if (best_p == NULL || c + l < best) {  /* (the first of equal costs: preds are sorted) */
+                best = c + l;
+                best_p = p;
+            }
+        }
+        if (set_ll(cost, n, best) < 0 || PyDict_SetItem(choice, n, best_p) < 0) goto done;
+    }
+    rc = 0;
+done:
+    PyMem_Free(order);
+    Py_DECREF(seen);
+    return rc;
+}
+
+/* regraft(was, entries, ends, preds, dist, into, nbr, root, entry_type)
+ * trees.regraft_py's steps after its checks (see there), on a tree's parent map (was),
+ * entries and ends, the root's DAG (dist, preds), the loads (into: counted here, as
+ * LinkLoad.add_links counts) and the neighbours' ports (nbr). Returns None when a receiver
+ * is cut off (loads untouched), () when no switch lost its shortest path, else
+ * (parent, entries, changed, taken, walked, pruned): the new tree's, the switches where
+ * it may differ, and the links taken off, added and taken off (child -> parent). */
+static PyObject *regraft(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 9) {
+        PyErr_SetString(PyExc_TypeError, "regraft takes 9 arguments");
+        return NULL;
+    }
+    PyObject *was = args[0], *old_entries = args[1], *ends = args[2], *preds = args[3], *dist = args[4],
+             *into = args[5], *nbr = args[6], *root = args[7];
+    if (!PyDict_Check(was) || !PyDict_Check(old_entries) || !PyAnySet_Check(ends) || !PyDict_Check(preds) ||
+        !PyDict_Check(dist) || !PyDict_Check(into) || !PyDict_Check(nbr) || !PyType_Check(args[8]) ||
+        !PyType_IsSubtype((PyTypeObject *)args[8], &PyTuple_Type)) {
+        PyErr_SetString(PyExc_TypeError, "regraft: was, entries, preds, dist, into and nbr are dicts, ends a "
+                                         "set, entry_type a tuple type");
+        return NULL;
+    }
+    PyTypeObject *entry_type = (PyTypeObject *)args[8];
+    PyObject *broken = NULL, *kids = NULL, *cut = NULL, *targets = NULL, *lost = NULL, *taken = NULL,
+             *parent = NULL, *cost = NULL, *choice = NULL, *walked = NULL, *pruned = NULL, *cuts0 = NULL,
+             *cuts = NULL, *below = NULL, *changed = NULL, *entries = NULL, *adopted = NULL, *redo = NULL,
+             *result = NULL, *it = NULL, *x = NULL, *lists[4] = {NULL, NULL, NULL, NULL}, *n, *p, *ps;
+    PyObject *minus = PyLong_FromLong(-1), *plus = PyLong_FromLong(1);
+    Py_ssize_t pos = 0;
+    if (minus == NULL || plus == NULL) goto done;
+    /* the switches whose parent link is no longer a shortest-path link, and all below them */
+    if ((broken = PyList_New(0)) == NULL) goto done;
+    while (PyDict_Next(was, &pos, &n, &p)) {
+        if (p == Py_None) continue;
+        ps = PyDict_GetItemWithError(preds, n);
+        int in = 0;
+        if (ps == NULL) {
+            if (PyErr_Occurred()) goto done;
+        } else if ((in = PySequence_Contains(ps, p)) < 0) {
+            goto done;
+        }
+        if (!in && PyList_Append(broken, n) < 0) goto done;
+    }
+    if (PyList_GET_SIZE(broken) == 0) {
+        result = Py_NewRef(empty);
+        goto done;
+    }
+    if ((kids = children_of(was)) == NULL || (cut = PySet_New(broken)) == NULL) goto done;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(broken); i++) {  /* (grows while walked) */
+        PyObject *ks = PyDict_GetItemWithError(kids, PyList_GET_ITEM(broken, i));
+        if (ks == NULL) {
+            if (PyErr_Occurred()) goto done;
+            continue;
+        }
+        for (Py_ssize_t j = 0; j < PyList_GET_SIZE(ks); j++) {
+            PyObject *c = PyList_GET_ITEM(ks, j);
+            int has = PySet_Contains(cut, c);
+            if (has < 0 || (!has && (PySet_Add(cut, c) < 0 || PyList_Append(broken, c) < 0))) goto done;
+        }
+    }
+    if ((targets = PySet_New(NULL)) == NULL || (it = PyObject_GetIter(ends)) == NULL) goto done;
+    while ((x = PyIter_Next(it)) != NULL) {
+        if (!PyTuple_Check(x) || PyTuple_GET_SIZE(x) != 2) {
+            PyErr_SetString(PyExc_TypeError, "ends holds (switch, port) pairs");
+            goto done;
+        }
+        if (PySet_Add(targets, PyTuple_GET_ITEM(x, 0)) < 0) goto done;
+        Py_CLEAR(x);
+    }
+    Py_CLEAR(it);
+    if (PyErr_Occurred()) goto done;
+    if ((lost = PyList_New(0)) == NULL || (it = PyObject_GetIter(targets)) == NULL) goto done;
+    while ((x = PyIter_Next(it)) != NULL) {
+        int has = PySet_Contains(cut, x);
+        if (has < 0 || (has && PyList_Append(lost, x) < 0)) goto done;
+        Py_CLEAR(x);
+    }
+    Py_CLEAR(it);
+    if (PyErr_Occurred()) goto done;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(lost); i++) {
+        int has = PyDict_Contains(dist, PyList_GET_ITEM(lost, i));
+        if (has < 0) goto done;
+        if (!has) {  /* cut off: unreachable now */
+            result = Py_NewRef(Py_None);
+            goto done;
+        }
+    }
+    /* the cut part's links off the loads; the kept part starts the tree */
+    if ((taken = PyDict_New()) == NULL || (parent = PyDict_Copy(was)) == NULL) goto done;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(broken); i++) {
+        n = PyList_GET_ITEM(broken, i);
+        p = PyDict_GetItemWithError(was, n);
+        if (p == NULL) {
+            if (!PyErr_Occurred()) PyErr_SetObject(PyExc_KeyError, n);
+            goto done;
+        }
+        if (PyDict_SetItem(taken, n, p) < 0 || PyDict_DelItem(parent, n) < 0) goto done;
+    }
+    if (bump_links(into, taken, minus) < 0) goto done;
+    if ((cost = PyDict_New()) == NULL || (choice = PyDict_New()) == NULL) goto done;
+    pos = 0;
+    while (PyDict_Next(parent, &pos, &n, &p))
+        if (set_ll(cost, n, 0) < 0) goto done;
+    PyObject *todo = PyList_GetSlice(lost, 0, PyList_GET_SIZE(lost));
+    if (todo == NULL) goto done;
+    int settled = settle(todo, cost, choice, preds, dist, into);
+    Py_DECREF(todo);
+    if (settled < 0) goto done;
+    /* the lost targets walk up their choices to the kept tree */
+    if (PyList_Sort(lost) < 0 || (walked = PyDict_New()) == NULL) goto done;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(lost); i++) {
+        n = PyList_GET_ITEM(lost, i);
+        for (;;) {
+            int has = PyDict_Contains(parent, n);
+            if (has < 0) goto done;
+            if (has) break;
+            p = PyDict_GetItemWithError(choice, n);
+            if (p == NULL) {
+                if (!PyErr_Occurred()) PyErr_SetObject(PyExc_KeyError, n);
+                goto done;
+            }
+            if (PyDict_SetItem(parent, n, p) < 0 || PyDict_SetItem(walked, n, p) < 0) goto done;
+            n = p;  /* (parent holds it) */
+        }
+    }
+    /* kept switches left with no target below are peeled off from the cut upwards */
+    if ((pruned = PyDict_New()) == NULL || (cuts0 = PySet_New(NULL)) == NULL) goto done;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(broken); i++) {
+        p = PyDict_GetItem(was, PyList_GET_ITEM(broken, i));  /* (all there: taken above) */
+        int has = PySet_Contains(cut, p);
+        if (has < 0 || (!has && PySet_Add(cuts0, p) < 0)) goto done;
+    }
+    if ((cuts = PyNumber_Subtract(cuts0, targets)) == NULL || PySet_Discard(cuts, root) < 0) goto done;
+    if (PySet_GET_SIZE(cuts)) {
+        if ((below = PyDict_New()) == NULL) goto done;
+        pos = 0;
+        while (PyDict_Next(parent, &pos, &n, &p)) {
+            long long c;
+            if (dict_ll(below, p, 1, &c) < 0 || set_ll(below, p, c + 1) < 0) goto done;
+        }
+        if ((it = PyObject_GetIter(cuts)) == NULL) goto done;
+        while ((x = PyIter_Next(it)) != NULL) {
+            PyObject *m = Py_NewRef(x);
+            for (;;) {
+                long long c;
+                int has = PyDict_Contains(parent, m), is_root = 0, is_target = 0;
+                if (has > 0 && dict_ll(below, m, 1, &c) < 0) has = -1;
+                if (has > 0 && c) has = 0;
+                if (has > 0 && (is_root = PyObject_RichCompareBool(m, root, Py_EQ)) != 0) has = is_root < 0 ? -1 : 0;
+                if (has > 0 && (is_target = PySet_Contains(targets, m)) != 0) has = is_target < 0 ? -1 : 0;
+                if (has <= 0) {
+                    Py_DECREF(m);
+                    if (has < 0) goto done;
+                    break;
+                }
+                p = PyDict_GetItem(parent, m);
+                Py_INCREF(p);
+                long long pc;
+                if (PyDict_DelItem(parent, m) < 0 || PyDict_SetItem(pruned, m, p) < 0 ||
+                    dict_ll(below, p, 1, &pc) < 0 || set_ll(below, p, pc - 1) < 0) {
+                    Py_DECREF(p);
+                    Py_DECREF(m);
+                    goto done;
+                }
+                Py_DECREF(m);
+                m = p;
+            }
+            Py_CLEAR(x);
+        }
+        Py_CLEAR(it);
+        if (PyErr_Occurred()) goto done;
+    }
+    if (bump_links(into, walked, plus) < 0 || bump_links(into, pruned, minus) < 0) goto done;
+    /* what may differ: switches gone or moved, and those that lost or gained a child */
+    for (int i = 0; i < 4; i++)
+        if ((lists[i] = PyList_New(0)) == NULL) goto done;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(broken); i++) {  /* gone; the old parents of the cut */
+        n = PyList_GET_ITEM(broken, i);
+        int has = PyDict_Contains(walked, n);
+        if (has < 0 || (!has && PyList_Append(lists[0], n) < 0) ||
+            PyList_Append(lists[2], PyDict_GetItem(was, n)) < 0)
+            goto done;
+    }
+    pos = 0;
+    while (PyDict_Next(pruned, &pos, &n, &p))
+        if (PyList_Append(lists[0], n) < 0 || PyList_Append(lists[3], p) < 0) goto done;
+    pos = 0;
+    while (PyDict_Next(walked, &pos, &n, &p))
+        if (PyList_Append(lists[1], p) < 0) goto done;
+    {
+        PyObject *start = PySet_New(walked);  /* set(walked).union(gone, walked's parents, ...) */
+        if (start == NULL) goto done;
+        static PyObject *str_union = NULL;
+        if (str_union == NULL && (str_union = PyUnicode_InternFromString("union")) == NULL) {
+            Py_DECREF(start);
+            goto done;
+        }
+        changed = PyObject_CallMethodObjArgs(start, str_union, lists[0], lists[1], lists[2], lists[3], NULL);
+        Py_DECREF(start);
+        if (changed == NULL) goto done;
+    }
+    if ((entries = PyDict_Copy(old_entries)) == NULL) goto done;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(lists[0]); i++)
+        if (PyDict_DelItem(entries, PyList_GET_ITEM(lists[0], i)) < 0) goto done;
+    /* the changed switches still in the tree: their output ports anew */
+    if ((adopted = children_of(walked)) == NULL || (redo = PyDict_New()) == NULL ||
+        (it = PyObject_GetIter(changed)) == NULL)
+        goto done;
+    while ((x = PyIter_Next(it)) != NULL) {
+        int has = PyDict_Contains(parent, x);
+        if (has < 0) goto done;
+        if (has) {
+            PyObject *to = PyDict_GetItemWithError(nbr, x), *ports = PyList_New(0);
+            if (ports == NULL) goto done;
+            if (to == NULL || PyDict_SetItem(redo, x, ports) < 0) {
+                if (to == NULL && !PyErr_Occurred()) PyErr_SetObject(PyExc_KeyError, x);
+                Py_DECREF(ports);
+                goto done;
+            }
+            Py_DECREF(ports);  /* (redo holds it) */
+            for (int pass = 0; pass < 2; pass++) {
+                PyObject *ks = PyDict_GetItemWithError(pass ? adopted : kids, x);
+                if (ks == NULL) {
+                    if (PyErr_Occurred()) goto done;
+                    continue;
+                }
+                for (Py_ssize_t j = 0; j < PyList_GET_SIZE(ks); j++) {
+                    PyObject *c = PyList_GET_ITEM(ks, j);
+                    if (!pass) {  /* kept children: still in the tree and not walked anew */
+                        int in = PyDict_Contains(parent, c), w = in > 0 ? PyDict_Contains(walked, c) : 0;
+                        if (in < 0 || w < 0) goto done;
+                        if (!in || w) continue;
+                    }
+                    PyObject *q = PyDict_Check(to) ? PyDict_GetItemWithError(to, c) : NULL;
+                    if (q == NULL) {
+                        if (!PyErr_Occurred()) PyErr_SetObject(PyExc_KeyError, c);
+                        goto done;
+                    }
+                    if (PyList_Append(ports, q) < 0) goto done;
+                }
+            }
+        }
+        Py_CLEAR(x);
+    }
+    Py_CLEAR(it);
+    if (PyErr_Occurred() || (it = PyObject_GetIter(ends)) == NULL) goto done;
+    while ((x = PyIter_Next(it)) != NULL) {  /* (checked above: pairs) */
+        PyObject *ports = PyDict_GetItemWithError(redo, PyTuple_GET_ITEM(x, 0));
+        if ((ports == NULL && PyErr_Occurred()) || (ports != NULL && PyList_Append(ports, PyTuple_GET_ITEM(x, 1)) < 0))
+            goto done;
+        Py_CLEAR(x);
+    }
+    Py_CLEAR(it);
+    if (PyErr_Occurred()) goto done;
+    pos = 0;
+    PyObject *ports;
+    while (PyDict_Next(redo, &pos, &n, &ports)) {
+        PyObject *in_port, *par = PyDict_GetItem(parent, n);  /* (redo's switches are parent's) */
+        if (PyList_Sort(ports) < 0) goto done;
+        if (par == Py_None) {
+            PyObject *re = PyDict_GetItemWithError(old_entries, root);
+            if (re == NULL || !PyTuple_Check(re) || PyTuple_GET_SIZE(re) < 1) {
+                if (!PyErr_Occurred()) PyErr_SetString(PyExc_KeyError, "regraft: the root has no entry");
+                goto done;
+            }
+            in_port = PyTuple_GET_ITEM(re, 0);
+        } else {
+            PyObject *to = PyDict_GetItem(nbr, n);
+            in_port = PyDict_Check(to) ? PyDict_GetItemWithError(to, par) : NULL;
+            if (in_port == NULL) {
+                if (!PyErr_Occurred()) PyErr_SetObject(PyExc_KeyError, par);
+                goto done;
+            }
+        }
+        PyObject *out_ports = PyList_AsTuple(ports);
+        if (out_ports == NULL) goto done;
+        PyObject *e = make_entry(entry_type, in_port, out_ports, empty, empty);
+        Py_DECREF(out_ports);
+        if (e == NULL) goto done;
+        int rc = PyDict_SetItem(entries, n, e);
+        Py_DECREF(e);
+        if (rc < 0) goto done;
+    }
+    result = PyTuple_Pack(6, parent, entries, changed, taken, walked, pruned);
+done:
+    Py_XDECREF(x);
+    Py_XDECREF(it);
+    for (int i = 0; i < 4; i++) Py_XDECREF(lists[i]);
+    Py_XDECREF(minus);
+    Py_XDECREF(plus);
+    Py_XDECREF(broken);
+    Py_XDECREF(kids);
+    Py_XDECREF(cut);
+    Py_XDECREF(targets);
+    Py_XDECREF(lost);
+    Py_XDECREF(taken);
+    Py_XDECREF(parent);
+    Py_XDECREF(cost);
+    Py_XDECREF(choice);
+    Py_XDECREF(walked);
+    Py_XDECREF(pruned);
+    Py_XDECREF(cuts0);
+    Py_XDECREF(cuts);
+    Py_XDECREF(below);
+    Py_XDECREF(changed);
+    Py_XDECREF(entries);
+    Py_XDECREF(adopted);
+    Py_XDECREF(redo);
+    return result;
+}
 
 /* bfs_dag(nbr, root) -> (dist, preds): trees.PathCache.dag's breadth-first search (see
  * there), the same insertion orders (a frontier at a time, neighbours in ``nbr``'s
@@ -1405,6 +2006,8 @@ static PyMethodDef module_methods[] = {
     {"outs", (PyCFunction)(void (*)(void))outs, METH_FASTCALL, "trees._fill_entries's loop (see there)"},
     {"bump", (PyCFunction)(void (*)(void))bump, METH_FASTCALL, "trees.LinkLoad.add_links's loop (see there)"},
     {"crossing", (PyCFunction)(void (*)(void))crossing, METH_FASTCALL, "trees._crossing_py's scan (see there)"},
+    {"regraft", (PyCFunction)(void (*)(void))regraft, METH_FASTCALL, "trees.regraft_py's steps (see there)"},
+    {"protect", (PyCFunction)(void (*)(void))protect, METH_FASTCALL, "MulticastCore._protect_py's loop (see there)"},
     {"count", (PyCFunction)(void (*)(void))count, METH_FASTCALL, "MulticastCore._count_py's loop (see there)"},
     {"group_mod", (PyCFunction)(void (*)(void))group_mod, METH_FASTCALL, "ofmsgs._group_mod_py's bytes (see there)"},
     {"bfs_dag", (PyCFunction)(void (*)(void))bfs_dag, METH_FASTCALL, "trees.PathCache.dag's search (see there)"},

@@ -17,7 +17,7 @@ from ryu.ofproto import ofproto_v1_3 as ofp
 from ryu.ofproto import ofproto_v1_3_parser as parser
 
 import topologies as T
-from controller import native, ofmsgs
+from controller import native, ofmsgs, trees
 from controller.core import MulticastCore
 from controller.protect import OWN_GROUP, TO_OWN_GROUP, ff_port, is_ff
 from controller.topoview import LinkKey, TopologyView
@@ -373,13 +373,14 @@ def test_the_c_builder_is_built_in_ci():
     if os.environ.get("MODELCAST_PURE_PYTHON", "") in ("", "0"):
         assert MulticastCore._fill is MulticastCore._fill_c
         assert MulticastCore._tree_adds is ofmsgs.tree_adds_c
-        from controller import trees
 
         assert trees._spt_vector is trees._spt_vector_c
         assert trees._bfs_dag is trees._bfs_dag_c
         assert trees._outs is native.module.outs and trees._bump is native.module.bump
         assert trees.crossing is native.module.crossing
         assert MulticastCore._count is MulticastCore._count_c and ofmsgs._all_group is ofmsgs._all_group_c
+        assert MulticastCore._protect is MulticastCore._protect_c
+        assert trees.regraft is trees.regraft_c and MulticastCore._regraft_tree is trees.regraft_c
         from controller import protect
 
         assert protect._path_around is protect._path_around_c
@@ -388,12 +389,16 @@ def test_the_c_builder_is_built_in_ci():
 class InC(MulticastCore):
     _fill = MulticastCore._fill_c
     _count = MulticastCore._count_c
+    _protect = MulticastCore._protect_c
+    _regraft_tree = staticmethod(trees.regraft_c)
     _tree_adds = staticmethod(ofmsgs.tree_adds_c)
 
 
 class InPython(MulticastCore):
     _fill = MulticastCore._fill_py
     _count = MulticastCore._count_py
+    _protect = MulticastCore._protect_py
+    _regraft_tree = staticmethod(trees.regraft_py)
     _tree_adds = staticmethod(ofmsgs.tree_adds_py)
 
 
@@ -473,7 +478,6 @@ def test_the_search_in_c_makes_the_numpy_searchs_choices(topo, data):
     """``trees._spt_vector_c`` against ``_spt_vector_py`` under loads left by random
     groups, also after a link failure: the same tree in the same order (the root, then a
     layer at a time), the same link numbers and the same deepest-first order."""
-    from controller import trees
 
     ips = [h.ip for h in topo.hosts]
     assume(len(ips) >= 2)
@@ -596,7 +600,6 @@ def test_the_outputs_and_load_loops_in_c_are_the_pythons(spec, data):
     """A tree's output ports per switch (``trees._outs``) and the link load counts
     (``trees._bump``, adding and taking off) on trees drawn from generated graphs: the
     same dicts, in the same orders, in C as in Python; what a tree cannot hold raises."""
-    from controller import trees
 
     nbr = draw_adjacency(spec)
     root = data.draw(st.sampled_from(sorted(nbr)), label="root")
@@ -630,7 +633,6 @@ def test_the_scan_for_a_links_groups_in_c_is_the_pythons(spec, data):
     failure instead of an index): trees drawn on generated graphs; C and Python give the
     same dict in the same orders, and it is exactly the groups whose tree has the link
     in that direction."""
-    from controller import trees
 
     nbr = draw_adjacency(spec)
     parents = {}
@@ -698,3 +700,91 @@ def test_counting_ff_users_in_c_refuses_bad_input():
     count({9: e}, -1, ff_refs, *args)
     count({9: e}, -1, ff_refs, *args)
     assert ff_refs[9] == {} and calls[2:] == [("want", 9, 0xFFFF0003), ("guard", (9, 3), False)]
+
+
+@needs_c
+def test_protecting_in_c_reuses_recomputes_and_refuses_bad_input():
+    """``_fastplan.protect`` (``MulticastCore._protect_c``): a switch gets its FF group and
+    the rejoin its parent link's detour gives; it keeps the old tree's entry (the same
+    object) where its ports and parent are unchanged, unless a detour there is stale;
+    and what is not an entry, a parent or a piece raises instead of crashing."""
+    protect = native.module.protect
+    tag_rejoin = (7, "02:00:00:00:00:09", TO_OWN_GROUP)
+    piece3 = (5, 0xFFFF0003, 0xFFFF8003, 7, "02:00:00:00:00:03", tag_rejoin)
+    up = (4, (9, 0xFFFF0004, 0xFFFF8004, 8, "02:00:00:00:00:09", tag_rejoin))
+    asked: list = []
+
+    def run(entries, parent, nodes=None, was=None, was_parent=None, at=frozenset(), touches=None,
+            pieces=None, piece=lambda n, q: asked.append((n, q)) or (), uplinks=None):
+        pieces = {1: {2: (), 3: piece3}} if pieces is None else pieces
+        protect(entries, parent, nodes, was or {}, was_parent or {}, set(at), set(),
+                touches or (lambda *a: True), {1: {6: up}} if uplinks is None else uplinks,
+                lambda n, par: (1, ()), pieces, piece, SwitchEntry, ("output", 0xFFFFFFF8), {})
+        return entries
+
+    got = run({1: SwitchEntry(1, (2, 3), (), ())}, {1: 6})
+    assert got == {1: SwitchEntry(1, (2, 3), (0xFFFF0003,), tag_rejoin)} and type(got[1]) is SwitchEntry
+    old = SwitchEntry(1, (2, 3), (0xFFFF0003,), ("kept",))
+    kept = run({1: SwitchEntry(1, (2, 3), (), ())}, {1: 6}, was={1: old}, was_parent={1: 6})
+    assert kept[1] is old  # (no detour of its is stale: the old entry as it was)
+    again = run({1: SwitchEntry(1, (2, 3), (), ())}, {1: 6}, was={1: old}, was_parent={1: 6}, at={1})
+    assert again[1] == got[1]  # (stale there: protected anew)
+    moved = run({1: SwitchEntry(1, (2, 3), (), ())}, {1: 6}, was={1: old}, was_parent={1: 8})
+    assert moved[1] == got[1]  # (another parent)
+    assert run({1: SwitchEntry(1, (2, 4), (), ())}, {1: None})[1] == SwitchEntry(1, (2, 4), (), ())
+    assert asked == [(1, 4)]  # (a port not asked about yet: the piece callback)
+    for bad in (dict(entries=[]), dict(parent={}), dict(entries={1: (1, 2)}), dict(nodes=[5]),
+                dict(piece=lambda n, q: "no piece", entries={1: SwitchEntry(1, (7,), (), ())}),
+                dict(uplinks={1: {6: (1, 2, 3)}}), dict(pieces={1: "no dict"})):
+        kwargs = {"entries": {1: SwitchEntry(1, (2, 3), (), ())}, "parent": {1: 6}} | bad
+        with pytest.raises((TypeError, KeyError)):
+            run(**kwargs)
+
+
+@needs_c
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(topo=topology_strategy, data=st.data())
+def test_regrafting_in_c_is_the_pythons(topo, data):
+    """``trees.regraft_c`` against ``regraft_py`` on every tree of random groups after a
+    random link failure: the same tree (its parent map and entries in the same orders),
+    the same changed switches in the same order, the same loads and pending links, or
+    None from both (a receiver cut off)."""
+    import copy
+
+    ips = [h.ip for h in topo.hosts]
+    assume(len(ips) >= 2 and topo.links)
+    core = MulticastCore(TopologyView.from_topology(topo), protection=False)
+    connected([core], topo)
+    for i in range(data.draw(st.integers(1, 6), label="groups")):
+        core.create_group(f"m{i}", *draw_group(data, ips))
+    k = data.draw(st.sampled_from(sorted(topo.links, key=lambda k: (k.a, k.b, k.a_port))), label="link")
+    core.view.remove_link(k.a, k.a_port, k.b, k.b_port)
+    core.load.vector(core.cache)  # (so that the links are noted as pending)
+    for g in core.groups.values():
+        if g.tree is None:
+            continue
+        loads = [copy.deepcopy(core.load) for _ in range(2)]
+        got = [f(core.view, g.tree, g.receivers, load, core.cache)
+               for f, load in zip((trees.regraft_c, trees.regraft_py), loads)]
+        assert (got[0] is None) == (got[1] is None)
+        assert loads[0].into == loads[1].into
+        assert [(d, s) for d, _, s in loads[0].pending] == [(d, s) for d, _, s in loads[1].pending]
+        if got[0] is None:
+            continue
+        (a, changed_a), (b, changed_b) = got
+        assert list(a.parent.items()) == list(b.parent.items())
+        assert list(a.entries.items()) == list(b.entries.items())
+        assert all(type(e) is SwitchEntry for e in a.entries.values())
+        assert list(changed_a) == list(changed_b)
+    with pytest.raises(TypeError):
+        native.module.regraft({}, {}, [], {}, {}, {}, {}, 1, SwitchEntry)
+    # switch 2's parent link (from 1) is no longer a shortest-path link: it goes via 3
+    args = [{1: None, 2: 1}, {1: SwitchEntry(1, (2,), (), ())}, frozenset({(2, 5)}), {1: [], 2: [3], 3: [1]},
+            {1: 0, 3: 1, 2: 2}, {}, {1: {3: 4}, 3: {1: 6, 2: 7}, 2: {3: 8}}, 1, SwitchEntry]
+    parent, entries, changed, taken, walked, pruned = native.module.regraft(*args)
+    assert parent == {1: None, 2: 3, 3: 1} and taken == {2: 1} and walked == {2: 3, 3: 1} and not pruned
+    assert entries == {1: (1, (4,), (), ()), 2: (8, (5,), (), ()), 3: (6, (7,), (), ())} and changed == {1, 2, 3}
+    assert args[5] == {2: {1: -1, 3: 1}, 3: {1: 1}}  # (the loads: counted in ``into``)
+    args[5], args[6] = {}, {1: {3: 4}, 2: {3: 8}}
+    with pytest.raises(KeyError):  # (switch 3's ports are unknown)
+        native.module.regraft(*args)
