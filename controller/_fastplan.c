@@ -1130,10 +1130,8 @@ fail:
     return NULL;
 }
 
-/* bump(into, links, step): trees.LinkLoad.add_links's loop (see there): the load of each
- * link child <- parent of ``links`` (None: no link) changed by ``step``, kept per child
- * as {parent: count}. */
-/* into[c][p] += step for each link c -> p of links (p None: no link), as LinkLoad.add_links. */
+/* into[c][p] += step for each link c -> p of links (p None: no link): the load of each
+ * link child <- parent changed by step, kept per child as {parent: count}. */
 static int bump_links(PyObject *into, PyObject *links, PyObject *step) {
     Py_ssize_t pos = 0;
     PyObject *c, *p;
@@ -1167,6 +1165,7 @@ static int bump_links(PyObject *into, PyObject *links, PyObject *step) {
     return 0;
 }
 
+/* bump(into, links, step): trees.LinkLoad.add_links's loop (see there). */
 static PyObject *bump(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 3 || !PyDict_Check(args[0]) || !PyDict_Check(args[1]) || !PyLong_Check(args[2])) {
         PyErr_SetString(PyExc_TypeError, "bump(into: dict, links: dict, step: int)");
@@ -1288,6 +1287,30 @@ static int set_ll(PyObject *d, PyObject *k, long long v) {
     return rc;
 }
 
+/* x in lst (a list of switch ids), ints compared by value without a rich comparison. */
+static int list_has(PyObject *lst, PyObject *x) {
+    if (!PyList_Check(lst)) return PySequence_Contains(lst, x);
+    int overflow = 0;
+    long xv = PyLong_CheckExact(x) ? PyLong_AsLongAndOverflow(x, &overflow) : -1;
+    int by_value = PyLong_CheckExact(x) && !overflow && !(xv == -1 && PyErr_Occurred());
+    PyErr_Clear();
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(lst); i++) {
+        PyObject *y = PyList_GET_ITEM(lst, i);
+        if (y == x) return 1;
+        if (by_value && PyLong_CheckExact(y)) {
+            long yv = PyLong_AsLongAndOverflow(y, &overflow);
+            if (!overflow && yv == xv) return 1;
+            if (!(yv == -1 && PyErr_Occurred())) continue;
+            PyErr_Clear();
+        }
+        Py_INCREF(y);
+        int eq = PyObject_RichCompareBool(y, x, Py_EQ);
+        Py_DECREF(y);
+        if (eq != 0) return eq;
+    }
+    return 0;
+}
+
 typedef struct {
     long long dist;
     Py_ssize_t at;
@@ -1299,17 +1322,15 @@ static int by_dist(const void *a, const void *b) {
     return x->at < y->at ? -1 : x->at > y->at;
 }
 
-/* trees._settle (see there): least-loaded choices for the switches of todo (a list,
- * grown here) and their ancestors not in cost, nearest the root first. */
-static int settle(PyObject *todo, PyObject *cost, PyObject *choice, PyObject *preds, PyObject *dist,
-                  PyObject *into) {
+/* trees._settle (see there) with cost = dict.fromkeys(kept, 0): least-loaded choices for
+ * the switches of todo (a list, grown here) and their ancestors not in kept, nearest the
+ * root first; cost gets theirs. */
+static int settle(PyObject *todo, PyObject *kept, PyObject *cost, PyObject *choice, PyObject *preds,
+                  PyObject *dist, PyObject *into) {
     int rc = -1;
     ByDist *order = NULL;
-    PyObject *seen = PySet_New(todo), *ps, *p, *k, *v;
-    Py_ssize_t pos = 0;
+    PyObject *seen = PySet_New(todo), *ps, *p;
     if (seen == NULL) return -1;
-    while (PyDict_Next(cost, &pos, &k, &v))
-        if (PySet_Add(seen, k) < 0) goto done;
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(todo); i++) {  /* (grows while walked) */
         ps = PyDict_GetItemWithError(preds, PyList_GET_ITEM(todo, i));
         if (ps == NULL) {
@@ -1322,7 +1343,8 @@ static int settle(PyObject *todo, PyObject *cost, PyObject *choice, PyObject *pr
         }
         for (Py_ssize_t j = 0; j < PyList_GET_SIZE(ps); j++) {
             p = PyList_GET_ITEM(ps, j);
-            int has = PySet_Contains(seen, p);
+            int has = PyDict_Contains(kept, p);
+            if (has == 0) has = PySet_Contains(seen, p);
             if (has < 0) goto done;
             if (!has && (PySet_Add(seen, p) < 0 || PyList_Append(todo, p) < 0)) goto done;
         }
@@ -1359,7 +1381,13 @@ static int settle(PyObject *todo, PyObject *cost, PyObject *choice, PyObject *pr
         for (Py_ssize_t j = 0; j < PyList_GET_SIZE(ps); j++) {
             long long c, l = 0;
             p = PyList_GET_ITEM(ps, j);
-            if (dict_ll(cost, p, 0, &c) < 0 || (loads != NULL && dict_ll(loads, p, 1, &l) < 0)) goto done;
+            int is_kept = PyDict_Contains(kept, p);
+            if (is_kept < 0) goto done;
+            if (is_kept)
+                c = 0;
+            else if (dict_ll(cost, p, 0, &c) < 0)
+                goto done;
+            if (loads != NULL && dict_ll(loads, p, 1, &l) < 0) goto done;
             if (best_p == NULL || c + l < best) {  /* (the first of equal costs: preds are sorted) */
                 best = c + l;
                 best_p = p;
@@ -1372,6 +1400,36 @@ done:
     PyMem_Free(order);
     Py_DECREF(seen);
     return rc;
+}
+
+/* Whether switch m has a child in the tree being regrafted (parent): a kept child of its
+ * old ones (kids, not walked anew) or one that walked to it (adopted). (The count
+ * Counter(parent.values()) keeps in trees.regraft_py, asked only where it is read.)
+ * 1 yes, 0 no; on an error 1 with the error set (the caller checks PyErr_Occurred). */
+static int has_child(PyObject *parent, PyObject *kids, PyObject *adopted, PyObject *walked, PyObject *m) {
+    for (int pass = 0; pass < 2; pass++) {
+        PyObject *ks = PyDict_GetItemWithError(pass ? adopted : kids, m);
+        if (ks == NULL) {
+            if (PyErr_Occurred()) return 1;
+            continue;
+        }
+        for (Py_ssize_t j = 0; j < PyList_GET_SIZE(ks); j++) {
+            PyObject *c = PyList_GET_ITEM(ks, j);
+            if (!pass) {
+                int w = PyDict_Contains(walked, c);
+                if (w < 0) return 1;
+                if (w) continue;
+            }
+            PyObject *pc = PyDict_GetItemWithError(parent, c);
+            if (pc == NULL) {
+                if (PyErr_Occurred()) return 1;
+                continue;
+            }
+            int eq = PyObject_RichCompareBool(pc, m, Py_EQ);
+            if (eq != 0) return 1;  /* (an error: yes, with it set) */
+        }
+    }
+    return 0;
 }
 
 /* regraft(was, entries, ends, preds, dist, into, nbr, root, entry_type)
@@ -1398,7 +1456,7 @@ static PyObject *regraft(PyObject *self, PyObject *const *args, Py_ssize_t nargs
     PyTypeObject *entry_type = (PyTypeObject *)args[8];
     PyObject *broken = NULL, *kids = NULL, *cut = NULL, *targets = NULL, *lost = NULL, *taken = NULL,
              *parent = NULL, *cost = NULL, *choice = NULL, *walked = NULL, *pruned = NULL, *cuts0 = NULL,
-             *cuts = NULL, *below = NULL, *changed = NULL, *entries = NULL, *adopted = NULL, *redo = NULL,
+             *cuts = NULL, *changed = NULL, *entries = NULL, *adopted = NULL, *redo = NULL,
              *result = NULL, *it = NULL, *x = NULL, *lists[4] = {NULL, NULL, NULL, NULL}, *n, *p, *ps;
     PyObject *minus = PyLong_FromLong(-1), *plus = PyLong_FromLong(1);
     Py_ssize_t pos = 0;
@@ -1411,7 +1469,7 @@ static PyObject *regraft(PyObject *self, PyObject *const *args, Py_ssize_t nargs
         int in = 0;
         if (ps == NULL) {
             if (PyErr_Occurred()) goto done;
-        } else if ((in = PySequence_Contains(ps, p)) < 0) {
+        } else if ((in = list_has(ps, p)) < 0) {
             goto done;
         }
         if (!in && PyList_Append(broken, n) < 0) goto done;
@@ -1473,12 +1531,9 @@ static PyObject *regraft(PyObject *self, PyObject *const *args, Py_ssize_t nargs
     }
     if (bump_links(into, taken, minus) < 0) goto done;
     if ((cost = PyDict_New()) == NULL || (choice = PyDict_New()) == NULL) goto done;
-    pos = 0;
-    while (PyDict_Next(parent, &pos, &n, &p))
-        if (set_ll(cost, n, 0) < 0) goto done;
     PyObject *todo = PyList_GetSlice(lost, 0, PyList_GET_SIZE(lost));
     if (todo == NULL) goto done;
-    int settled = settle(todo, cost, choice, preds, dist, into);
+    int settled = settle(todo, parent, cost, choice, preds, dist, into);
     Py_DECREF(todo);
     if (settled < 0) goto done;
     /* the lost targets walk up their choices to the kept tree */
@@ -1506,33 +1561,29 @@ static PyObject *regraft(PyObject *self, PyObject *const *args, Py_ssize_t nargs
         if (has < 0 || (!has && PySet_Add(cuts0, p) < 0)) goto done;
     }
     if ((cuts = PyNumber_Subtract(cuts0, targets)) == NULL || PySet_Discard(cuts, root) < 0) goto done;
+    if ((adopted = children_of(walked)) == NULL) goto done;
     if (PySet_GET_SIZE(cuts)) {
-        if ((below = PyDict_New()) == NULL) goto done;
-        pos = 0;
-        while (PyDict_Next(parent, &pos, &n, &p)) {
-            long long c;
-            if (dict_ll(below, p, 1, &c) < 0 || set_ll(below, p, c + 1) < 0) goto done;
-        }
         if ((it = PyObject_GetIter(cuts)) == NULL) goto done;
         while ((x = PyIter_Next(it)) != NULL) {
             PyObject *m = Py_NewRef(x);
             for (;;) {
-                long long c;
-                int has = PyDict_Contains(parent, m), is_root = 0, is_target = 0;
-                if (has > 0 && dict_ll(below, m, 1, &c) < 0) has = -1;
-                if (has > 0 && c) has = 0;
-                if (has > 0 && (is_root = PyObject_RichCompareBool(m, root, Py_EQ)) != 0) has = is_root < 0 ? -1 : 0;
-                if (has > 0 && (is_target = PySet_Contains(targets, m)) != 0) has = is_target < 0 ? -1 : 0;
+                int has = PyDict_Contains(parent, m);
+                if (has > 0) has = has_child(parent, kids, adopted, walked, m) ? (PyErr_Occurred() ? -1 : 0) : 1;
+                if (has > 0) {
+                    int is_root = PyObject_RichCompareBool(m, root, Py_EQ);
+                    has = is_root < 0 ? -1 : !is_root;
+                }
+                if (has > 0) {
+                    int is_target = PySet_Contains(targets, m);
+                    has = is_target < 0 ? -1 : !is_target;
+                }
                 if (has <= 0) {
                     Py_DECREF(m);
                     if (has < 0) goto done;
                     break;
                 }
-                p = PyDict_GetItem(parent, m);
-                Py_INCREF(p);
-                long long pc;
-                if (PyDict_DelItem(parent, m) < 0 || PyDict_SetItem(pruned, m, p) < 0 ||
-                    dict_ll(below, p, 1, &pc) < 0 || set_ll(below, p, pc - 1) < 0) {
+                p = Py_NewRef(PyDict_GetItem(parent, m));
+                if (PyDict_DelItem(parent, m) < 0 || PyDict_SetItem(pruned, m, p) < 0) {
                     Py_DECREF(p);
                     Py_DECREF(m);
                     goto done;
@@ -1578,7 +1629,7 @@ static PyObject *regraft(PyObject *self, PyObject *const *args, Py_ssize_t nargs
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(lists[0]); i++)
         if (PyDict_DelItem(entries, PyList_GET_ITEM(lists[0], i)) < 0) goto done;
     /* the changed switches still in the tree: their output ports anew */
-    if ((adopted = children_of(walked)) == NULL || (redo = PyDict_New()) == NULL ||
+    if ((redo = PyDict_New()) == NULL ||
         (it = PyObject_GetIter(changed)) == NULL)
         goto done;
     while ((x = PyIter_Next(it)) != NULL) {
@@ -1676,7 +1727,6 @@ done:
     Py_XDECREF(pruned);
     Py_XDECREF(cuts0);
     Py_XDECREF(cuts);
-    Py_XDECREF(below);
     Py_XDECREF(changed);
     Py_XDECREF(entries);
     Py_XDECREF(adopted);

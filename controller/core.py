@@ -154,6 +154,9 @@ class Group:
     algorithm: str
     receivers: set[str] = field(default_factory=set)
     tree: Tree | None = None
+    # bumped at every change of ``receivers``: a tree computed at the same count
+    # (``Tree.members``) is for exactly these receivers
+    members: int = field(default=0, repr=False, compare=False)
 
     def receiver_state(self, ip: str) -> str:
         """'routed' when the tree reaches the receiver, else 'unreachable'."""
@@ -327,6 +330,7 @@ class MulticastCore:
         if ip in g.receivers:
             return Plan()
         g.receivers.add(ip)
+        g.members += 1
         return self._sync([g.gid])
 
     def leave(self, gid: int, ip: str) -> Plan:
@@ -335,6 +339,7 @@ class MulticastCore:
         if ip not in g.receivers:
             return Plan()
         g.receivers.discard(ip)
+        g.members += 1
         return self._sync([g.gid])
 
     # -- topology events ---------------------------------------------------------------
@@ -564,6 +569,8 @@ class MulticastCore:
                     tree = compute_tree(self.view, g.source, known, g.algorithm, load,
                                         self.cache, keep=keep, fill=fill)
                     tree.unreachable = frozenset(g.receivers - tree.reached)
+            if tree is not None:
+                tree.members = g.members
             if fill is not None:  # (``_fill`` did what ``_protect`` and ``_swap`` do)
                 if tree is not None:
                     self.load.add_tree(tree, 1)
@@ -589,14 +596,17 @@ class MulticastCore:
         nodes: set[int] = set()
         for gid, at in list(again.items()):
             g = self.groups[gid]
-            old = {n: g.tree.entries[n] for n in at}
+            entries = g.tree.entries
+            old = {n: entries[n] for n in at}
             self._protect(g, g.tree, at)
-            new = {n: g.tree.entries[n] for n in at}
-            if new == old:  # (about half: a replaced detour keeps its ends where it can)
+            # (``_protect`` leaves an entry whose protection is the same as it was: about
+            # half, as a replaced detour keeps its ends where it can)
+            moved = [n for n in at if entries[n] is not old[n]]
+            if not moved:
                 del again[gid]
                 continue
-            self._count(old, -1)
-            self._count(new, 1)
+            self._count({n: old[n] for n in moved}, -1)
+            self._count({n: entries[n] for n in moved}, 1)
             nodes |= at
         # the shared entries with the first diff: their adds go before everything else
         return self._diff(gids, within=within).extend(self._diff(sorted(again), only=nodes, shared=False,
@@ -626,7 +636,9 @@ class MulticastCore:
         of a tree's ~100 switches, and the entries, protection and counts of the rest
         stay as they are). Returns the switches where the tree may have changed; None
         when that does not apply: the caller searches."""
-        got = self._regraft_tree(self.view, g.tree, g.receivers, self.load, self.cache)
+        tree = g.tree
+        got = self._regraft_tree(self.view, tree, None if tree.members == g.members else g.receivers, self.load,
+                                 self.cache)
         if got is None:
             return None
         tree, changed = got

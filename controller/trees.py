@@ -62,6 +62,10 @@ class Tree:
     # the switches deepest first (equal depths in ``parent``'s order), when the search
     # knew their depths: a new tree is installed leaves first without sorting it again
     leaves_first: list[int] | None = field(default=None, repr=False, compare=False)
+    # the group's ``members`` count (``core.Group``) when its receivers were these: equal
+    # counts tell ``regraft`` the receivers are the tree's without comparing the sets
+    # (two cold hash tables per tree: ~50 cache misses per regraft on leaf-spine:8,32,16)
+    members: int = field(default=-1, repr=False, compare=False)
 
     def links(self) -> set[DirectedLink]:
         """Directed inter-switch links (parent, child) the group's packets cross."""
@@ -605,14 +609,14 @@ def _settle(todo: list[int], cost: dict[int, int], choice: dict[int, int | None]
         cost[n], choice[n] = best, ps[costs.index(best)]
 
 
-def regraft_c(view: TopologyView, old: Tree, receivers: set[str] | frozenset[str], load: LinkLoad,
+def regraft_c(view: TopologyView, old: Tree, receivers: set[str] | frozenset[str] | None, load: LinkLoad,
               cache: PathCache) -> tuple[Tree, set[int]] | None:
     """``regraft_py`` with its steps after the checks in C (``controller._fastplan.regraft``,
     which counts the loads itself): on leaf-spine:8,32,16 a failure regrafts ~100 trees,
     and in Python that was ~28% of a reroute."""
     root = old.root
-    if root is None or old.unreachable or old.attach != view.attach or old.reached != receivers \
-            or not old.ends:
+    if root is None or old.unreachable or old.attach != view.attach or not old.ends or (
+            receivers is not None and old.reached != receivers):
         return None
     dist, preds = cache.dag(root)
     got = native.module.regraft(old.parent, old.entries, old.ends, preds, dist, load.into, view.nbr_ports,
@@ -621,16 +625,16 @@ def regraft_c(view: TopologyView, old: Tree, receivers: set[str] | frozenset[str
         return None
     if not got:
         return Tree(old.source, root, dict(old.parent), dict(old.entries), old.reached, old.unreachable,
-                    ends=old.ends, attach=old.attach), set()
+                    ends=old.ends, attach=old.attach, members=old.members), set()
     parent, entries, changed, taken, walked, pruned = got
     load.noted(taken, -1)
     load.noted(walked, 1)
     load.noted(pruned, -1)
     return Tree(old.source, root, parent, entries, old.reached, old.unreachable,
-                ends=old.ends, attach=old.attach), changed
+                ends=old.ends, attach=old.attach, members=old.members), changed
 
 
-def regraft_py(view: TopologyView, old: Tree, receivers: set[str] | frozenset[str], load: LinkLoad,
+def regraft_py(view: TopologyView, old: Tree, receivers: set[str] | frozenset[str] | None, load: LinkLoad,
                cache: PathCache) -> tuple[Tree, set[int]] | None:
     """The tree ``compute_tree(view, old.source, receivers, "spt", load, cache,
     keep=old.parent)`` gives, with ``old``'s links counted in ``load`` (not taken off
@@ -640,8 +644,8 @@ def regraft_py(view: TopologyView, old: Tree, receivers: set[str] | frozenset[st
     counts the new tree instead of the old one. Its other entries are ``old``'s,
     protection included; the changed ones are unprotected. None, with ``load``
     untouched, when it does not apply: ``old`` is not a complete spt tree to exactly
-    ``receivers``, a host's attachment may have changed since (``view.attach``), or a
-    receiver is cut off.
+    ``receivers`` (None: the caller knows they are its, ``Tree.members``), a host's
+    attachment may have changed since (``view.attach``), or a receiver is cut off.
 
     Why the same tree: the search keeps exactly the switches whose kept path to the root
     is still a shortest path, i.e. those with no link on it that is no longer a
@@ -653,8 +657,8 @@ def regraft_py(view: TopologyView, old: Tree, receivers: set[str] | frozenset[st
     switches left with no target below are peeled off from the cut upwards: the same
     union (every leaf of ``old`` is a target)."""
     root = old.root
-    if root is None or old.unreachable or old.attach != view.attach or old.reached != receivers \
-            or not old.ends:
+    if root is None or old.unreachable or old.attach != view.attach or not old.ends or (
+            receivers is not None and old.reached != receivers):
         return None
     dist, preds = cache.dag(root)
     was = old.parent
@@ -664,7 +668,7 @@ def regraft_py(view: TopologyView, old: Tree, receivers: set[str] | frozenset[st
     broken = [n for n, p in was.items() if p is not None and p not in get(n, none)]
     if not broken:
         return Tree(old.source, root, dict(was), dict(old.entries), old.reached, old.unreachable,
-                    ends=old.ends, attach=old.attach), set()
+                    ends=old.ends, attach=old.attach, members=old.members), set()
     kids = _children(was)
     cut = set(broken)
     for n in broken:  # grows while iterated
@@ -726,7 +730,7 @@ def regraft_py(view: TopologyView, old: Tree, receivers: set[str] | frozenset[st
         ports.sort()
         entries[n] = entry(SwitchEntry, (old.entries[root][0] if par is None else nbr[n][par], tuple(ports), (), ()))
     return Tree(old.source, root, parent, entries, old.reached, old.unreachable,
-                ends=old.ends, attach=old.attach), changed
+                ends=old.ends, attach=old.attach, members=old.members), changed
 
 
 regraft = regraft_c if native.NATIVE else regraft_py
