@@ -6,6 +6,7 @@ the messages Ryu's own constructors build for that tree and its protection."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections import Counter
 
@@ -319,6 +320,30 @@ class Uncached(MulticastCore):
         return super()._pieces_now()
 
 
+class Reprotecting(MulticastCore):
+    """The core re-protecting the ends of every link whose detour changed, as before
+    ``_restale`` compared the pieces: with none known, every stale link counts as
+    changed."""
+
+    def _restale(self):
+        self._pieces.clear()
+        self._uplinks.clear()
+        return super()._restale()
+
+
+def protection_holds(core: MulticastCore) -> None:
+    """Every tree's entries are what protecting it afresh on the topology as it is now
+    gives: no entry keeps protection a changed detour took away."""
+    if not core.protection:
+        return
+    for g in core.groups.values():
+        if g.tree is not None:
+            fresh = dataclasses.replace(g.tree, entries={n: SwitchEntry(e[0], e[1], (), ())
+                                                         for n, e in g.tree.entries.items()})
+            MulticastCore._protect_py(core, g, fresh)
+            assert fresh.entries == g.tree.entries, g.gid
+
+
 def cached_pieces_hold(core: MulticastCore) -> None:
     """Every cached piece and parent link is what the core's topology gives now."""
     core._pieces_now()  # (forgets them when the topology changed since)
@@ -340,21 +365,24 @@ def test_cached_protection_pieces_follow_the_topology(topo, data, protection):
     """The protection pieces of ports and parent links are kept per topology
     (``_pieces_now``, ``_uplink``): through random failures, returns and new groups the
     plans and the whole state are a core's that computes them afresh every time, and
-    what is cached is what the topology gives."""
+    what is cached is what the topology gives; and a core that re-protects the ends of
+    every link whose detour changed (``Reprotecting``) sends and keeps the same: those
+    whose piece did not change are rightly left alone (``_restale``)."""
     ips = [h.ip for h in topo.hosts]
     assume(len(ips) >= 2)
-    cores = [MulticastCore(TopologyView.from_topology(topo), protection=protection),
-             Uncached(TopologyView.from_topology(topo), protection=protection)]
+    cores = [cls(TopologyView.from_topology(topo), protection=protection)
+             for cls in (MulticastCore, Uncached, Reprotecting)]
     connected(cores, topo)
     for i in range(data.draw(st.integers(1, 5), label="groups")):
         source, receivers = draw_group(data, ips)
-        mine, theirs = (c.create_group(f"m{i}", source, receivers)[1] for c in cores)
-        assert in_order(mine) == in_order(theirs)
+        plans = [c.create_group(f"m{i}", source, receivers)[1] for c in cores]
+        assert in_order(plans[0]) == in_order(plans[1]) == in_order(plans[2])
     for i in range(data.draw(st.integers(1, 12), label="events")):
-        mine, theirs = event(data, topo, cores, ips, i)
-        assert in_order(mine) == in_order(theirs)
-        assert core_state(cores[0]) == core_state(cores[1])
+        plans = event(data, topo, cores, ips, i)
+        assert in_order(plans[0]) == in_order(plans[1]) == in_order(plans[2])
+        assert core_state(cores[0]) == core_state(cores[1]) == core_state(cores[2])
         cached_pieces_hold(cores[0])
+        protection_holds(cores[0])
 
 
 # -- controller._fastplan: a new tree's per-switch loops in C (``MulticastCore._fill_c``,
