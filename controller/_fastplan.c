@@ -2049,6 +2049,324 @@ done:
     return result;
 }
 
+/* -- a reroute's messages (MulticastCore._diff_switches_py's loop, see there) ---------- */
+
+#define OFPGC_MODIFY 1
+#define OFPGC_DELETE 2
+
+static Slots flow_slots, group_slots;  /* (ReadyFlowMod's and ReadyGroupMod's, once) */
+
+static int slots_for(PyObject *cls, Slots *cache) {
+    if (cache->type != NULL && (PyObject *)cache->type == cls) return 0;
+    Slots s;
+    if (slots_of(cls, &s) < 0) return -1;
+    *cache = s;
+    return 0;
+}
+
+/* Append (dpid, message) to lst: a message of class s whose wire is wire (stolen). Like
+ * add_msg's, it cannot be part of a reference cycle: untracked. */
+static int put_msg(PyObject *lst, const Slots *s, PyObject *dpid, PyObject *wire) {
+    if (wire == NULL) return -1;
+    PyObject *m = s->type->tp_alloc(s->type, 0);
+    if (m == NULL) {
+        Py_DECREF(wire);
+        return -1;
+    }
+    Py_INCREF(dpid);
+    *(PyObject **)((char *)m + s->dpid_at) = dpid;
+    *(PyObject **)((char *)m + s->wire_at) = wire;
+    PyObject_GC_UnTrack(m);
+    PyObject *pair = PyTuple_Pack(2, dpid, m);
+    Py_DECREF(m);
+    if (pair == NULL) return -1;
+    PyObject_GC_UnTrack(pair);
+    int rc = PyList_Append(lst, pair);
+    Py_DECREF(pair);
+    return rc;
+}
+
+/* bytes pre + port (32 bits, big-endian) + mid (NULL: none) + post */
+static PyObject *sandwich(PyObject *pre, PyObject *port, PyObject *mid, PyObject *post) {
+    char be[4];
+    if (be32_of(port, be) < 0) return NULL;
+    return join4(pre, be, 4, mid != NULL ? mid : post, mid != NULL ? post : NULL);
+}
+
+/* The ports of an entry's tuple as C longs (at most MAX_DIFF_PORTS: diff_one hands larger
+ * switches to Python). */
+#define MAX_DIFF_PORTS 64
+static int longs_of(PyObject *t, long *out, Py_ssize_t *n) {
+    if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) > MAX_DIFF_PORTS) {
+        PyErr_SetString(PyExc_ValueError, "diff_switches: an entry's ports are a tuple of at most 64");
+        return -1;
+    }
+    *n = PyTuple_GET_SIZE(t);
+    for (Py_ssize_t i = 0; i < *n; i++)
+        if (get_long(PyTuple_GET_ITEM(t, i), &out[i]) < 0) return -1;
+    return 0;
+}
+
+static int has_long(const long *a, Py_ssize_t n, long x) {
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (a[i] == x) return 1;
+    return 0;
+}
+
+static int entry_ok(PyObject *e) {
+    if (e == NULL) return 1;
+    if (!PyTuple_Check(e) || PyTuple_GET_SIZE(e) != 4 || !PyTuple_Check(PyTuple_GET_ITEM(e, 1)) ||
+        !PyTuple_Check(PyTuple_GET_ITEM(e, 2)) || !PyTuple_Check(PyTuple_GET_ITEM(e, 3)) ||
+        (PyTuple_GET_SIZE(PyTuple_GET_ITEM(e, 3)) != 0 && PyTuple_GET_SIZE(PyTuple_GET_ITEM(e, 3)) != 3)) {
+        PyErr_SetString(PyExc_TypeError, "an entry is (in_port, out_ports, ff, rejoin)");
+        return 0;
+    }
+    return 1;
+}
+
+typedef struct {
+    PyObject *gid, *parts, *rejoin_parts, *tag_tlv;
+    unsigned long gidv;
+} Group_;
+
+/* A rejoin flow's add (detour_flow) or delete (detour_flow_delete) for rejoin
+ * (arrival, tag, acts), appended to lst. */
+static int put_rejoin(PyObject *lst, const Group_ *g, PyObject *dpid, PyObject *rejoin, int delete) {
+    PyObject *tlv = PyObject_CallOneArg(g->tag_tlv, PyTuple_GET_ITEM(rejoin, 1)), *wire = NULL;
+    if (tlv == NULL) return -1;
+    if (!PyBytes_Check(tlv) || PyBytes_GET_SIZE(tlv) != 10) {
+        PyErr_SetString(PyExc_ValueError, "diff_switches: a tag's TLV is 10 bytes");
+        Py_DECREF(tlv);
+        return -1;
+    }
+    if (delete) {
+        wire = sandwich(PyTuple_GET_ITEM(g->parts, 4), PyTuple_GET_ITEM(rejoin, 0), tlv, PyTuple_GET_ITEM(g->parts, 5));
+    } else {
+        PyObject *ht = PyObject_CallOneArg(g->rejoin_parts, PyTuple_GET_ITEM(rejoin, 2));
+        if (ht != NULL && pair_of_bytes(ht))
+            wire = sandwich(PyTuple_GET_ITEM(ht, 0), PyTuple_GET_ITEM(rejoin, 0), tlv, PyTuple_GET_ITEM(ht, 1));
+        Py_XDECREF(ht);
+    }
+    Py_DECREF(tlv);
+    return put_msg(lst, &flow_slots, dpid, wire);
+}
+
+/* The (S,G) flow add (head + in_port + tail: parts 0, 1) or delete (parts 2, 3). */
+static int put_sg(PyObject *lst, const Group_ *g, PyObject *dpid, PyObject *in_port, int delete) {
+    return put_msg(lst, &flow_slots, dpid,
+                   sandwich(PyTuple_GET_ITEM(g->parts, delete ? 2 : 0), in_port, NULL,
+                            PyTuple_GET_ITEM(g->parts, delete ? 3 : 1)));
+}
+
+static int put_group(PyObject *lst, const Group_ *g, PyObject *dpid, unsigned command, PyObject *in_port,
+                     PyObject *out_ports, PyObject *ff) {
+    return put_msg(lst, &group_slots, dpid, group_wire(command, g->gidv, in_port, out_ports, ff, 1));
+}
+
+/* A tuple of n C longs (new reference). */
+static PyObject *tuple_of(const long *a, Py_ssize_t n) {
+    PyObject *t = PyTuple_New(n);
+    if (t == NULL) return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *v = PyLong_FromLong(a[i]);
+        if (v == NULL) {
+            Py_DECREF(t);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(t, i, v);
+    }
+    return t;
+}
+
+/* One switch from old to new (one of them may be NULL): _diff_one's messages, or -2 when
+ * its tree turns around there, or it has more than MAX_DIFF_PORTS ports in the tree (the
+ * caller asks _diff_one; nothing was sent for it here). */
+static int diff_one(const Group_ *g, PyObject *dpid, PyObject *old, PyObject *new, PyObject *build,
+                    PyObject *swtch, PyObject *cut, PyObject *remove, long unknown) {
+    if (old == NULL) {
+        PyObject *in_port = PyTuple_GET_ITEM(new, 0);
+        if (put_group(build, g, dpid, OFPGC_ADD, in_port, PyTuple_GET_ITEM(new, 1), PyTuple_GET_ITEM(new, 2)) < 0 ||
+            put_sg(build, g, dpid, in_port, 0) < 0)
+            return -1;
+        return PyTuple_GET_SIZE(PyTuple_GET_ITEM(new, 3)) ? put_rejoin(build, g, dpid, PyTuple_GET_ITEM(new, 3), 0) : 0;
+    }
+    if (new == NULL) {
+        if (PyTuple_GET_SIZE(PyTuple_GET_ITEM(old, 3)) && put_rejoin(remove, g, dpid, PyTuple_GET_ITEM(old, 3), 1) < 0)
+            return -1;
+        return put_msg(remove, &group_slots, dpid, Py_NewRef(PyTuple_GET_ITEM(g->parts, 6)));
+    }
+    if (PyTuple_GET_SIZE(PyTuple_GET_ITEM(old, 1)) > MAX_DIFF_PORTS ||
+        PyTuple_GET_SIZE(PyTuple_GET_ITEM(new, 1)) > MAX_DIFF_PORTS ||
+        PyTuple_GET_SIZE(PyTuple_GET_ITEM(old, 2)) > MAX_DIFF_PORTS ||
+        PyTuple_GET_SIZE(PyTuple_GET_ITEM(new, 2)) > MAX_DIFF_PORTS)
+        return -2;  /* (a switch with more ports in the tree than the arrays here: _diff_one's) */
+    long o_out[MAX_DIFF_PORTS], n_out[MAX_DIFF_PORTS], o_in, n_in;
+    Py_ssize_t no, nn;
+    PyObject *new_in = PyTuple_GET_ITEM(new, 0), *new_out = PyTuple_GET_ITEM(new, 1), *new_ff = PyTuple_GET_ITEM(new, 2);
+    PyObject *old_ff = PyTuple_GET_ITEM(old, 2), *o_rj = PyTuple_GET_ITEM(old, 3), *n_rj = PyTuple_GET_ITEM(new, 3);
+    if (get_long(PyTuple_GET_ITEM(old, 0), &o_in) < 0 || get_long(new_in, &n_in) < 0 ||
+        longs_of(PyTuple_GET_ITEM(old, 1), o_out, &no) < 0 || longs_of(new_out, n_out, &nn) < 0)
+        return -1;
+    int same_out = PyObject_RichCompareBool(new_out, PyTuple_GET_ITEM(old, 1), Py_EQ);
+    int same_ff = same_out < 0 ? -1 : PyObject_RichCompareBool(new_ff, old_ff, Py_EQ);
+    if (same_ff < 0) return -1;
+    int in_moved = n_in != o_in;
+    if (!same_out || !same_ff || (in_moved && (has_long(n_out, nn, n_in) || has_long(o_out, no, n_in)))) {
+        int superset = 1;  /* set(new.out_ports) >= set(old.out_ports) */
+        for (Py_ssize_t i = 0; i < no && superset; i++) superset = has_long(n_out, nn, o_out[i]);
+        if (superset) {
+            if (put_group(swtch, g, dpid, OFPGC_MODIFY, new_in, new_out, new_ff) < 0) return -1;
+        } else {
+            long both[2 * MAX_DIFF_PORTS];
+            Py_ssize_t nb = 0;
+            for (Py_ssize_t i = 0; i < no + nn; i++) {  /* sorted union (insertion) */
+                long q = i < no ? o_out[i] : n_out[i - no];
+                if (has_long(both, nb, q)) continue;
+                Py_ssize_t at = nb++;
+                for (; at > 0 && both[at - 1] > q; at--) both[at] = both[at - 1];
+                both[at] = q;
+            }
+            if (nb == no) {
+                if (put_group(cut, g, dpid, OFPGC_MODIFY, new_in, new_out, new_ff) < 0) return -1;
+            } else if (!in_moved || (!has_long(both, nb, o_in) && !has_long(both, nb, n_in))) {
+                /* copies to both meanwhile: the new FF ids, then the old ones of ports it drops,
+                 * in port order (a stable sort) */
+                Py_ssize_t nf = PyTuple_GET_SIZE(new_ff), of = PyTuple_GET_SIZE(old_ff), k = 0;
+                long ffs[2 * MAX_DIFF_PORTS];
+                if (nf + of > 2 * MAX_DIFF_PORTS) {
+                    PyErr_SetString(PyExc_ValueError, "diff_switches: too many FF groups");
+                    return -1;
+                }
+                for (Py_ssize_t i = 0; i < nf + of; i++) {
+                    long f;
+                    if (get_long(PyTuple_GET_ITEM(i < nf ? new_ff : old_ff, i < nf ? i : i - nf), &f) < 0) return -1;
+                    if (i >= nf && has_long(n_out, nn, f & MAX_PORT)) continue;
+                    Py_ssize_t at = k++;
+                    for (; at > 0 && (ffs[at - 1] & MAX_PORT) > (f & MAX_PORT); at--) ffs[at] = ffs[at - 1];
+                    ffs[at] = f;
+                }
+                PyObject *both_t = tuple_of(both, nb), *ffs_t = both_t ? tuple_of(ffs, k) : NULL;
+                int rc = ffs_t == NULL ? -1 : put_group(swtch, g, dpid, OFPGC_MODIFY, new_in, both_t, ffs_t);
+                Py_XDECREF(both_t);
+                Py_XDECREF(ffs_t);
+                if (rc < 0 || put_group(cut, g, dpid, OFPGC_MODIFY, new_in, new_out, new_ff) < 0) return -1;
+            } else {
+                return -2;  /* the ingress turns onto a port it copied to (or back) */
+            }
+        }
+    }
+    if (in_moved && put_sg(build, g, dpid, new_in, 0) < 0) return -1;
+    if (in_moved && o_in != unknown && put_sg(remove, g, dpid, PyTuple_GET_ITEM(old, 0), 1) < 0) return -1;
+    int same_rj = PyObject_RichCompareBool(n_rj, o_rj, Py_EQ);
+    if (same_rj < 0) return -1;
+    if (!same_rj) {
+        int moved = !PyTuple_GET_SIZE(o_rj);
+        if (!moved && PyTuple_GET_SIZE(n_rj)) {  /* old.rejoin[:2] != new.rejoin[:2] */
+            int a = PyObject_RichCompareBool(PyTuple_GET_ITEM(o_rj, 0), PyTuple_GET_ITEM(n_rj, 0), Py_EQ);
+            int b = a <= 0 ? a : PyObject_RichCompareBool(PyTuple_GET_ITEM(o_rj, 1), PyTuple_GET_ITEM(n_rj, 1), Py_EQ);
+            if (a < 0 || b < 0) return -1;
+            moved = !(a && b);
+        } else if (!moved) {
+            moved = 1;  /* (new has none: old[:2] != ()) */
+        }
+        if (PyTuple_GET_SIZE(n_rj) && put_rejoin(moved ? build : swtch, g, dpid, n_rj, 0) < 0) return -1;
+        if (PyTuple_GET_SIZE(o_rj) && moved && put_rejoin(remove, g, dpid, o_rj, 1) < 0) return -1;
+    }
+    return 0;
+}
+
+/* diff_switches(gid, changed, have, want, installed, placed, changes, build, switch, cut,
+ *               remove, parts, rejoin_parts, tag_tlv, one, flow_cls, group_cls, unknown)
+ * MulticastCore._diff_switches_py's loop (see there), the messages packed here from the
+ * group's parts (ofmsgs.diff_parts), its rejoin flows' (rejoin_parts(acts)) and the tags'
+ * TLVs (tag_tlv(tag)); a switch whose tree turns around is one(dpid, old, new)'s. */
+static PyObject *diff_switches(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 18) {
+        PyErr_SetString(PyExc_TypeError, "diff_switches takes 18 arguments");
+        return NULL;
+    }
+    PyObject *changed = args[1], *have = args[2], *want = args[3], *installed = args[4], *placed = args[5],
+             *changes = args[6], *build = args[7], *swtch = args[8], *cut = args[9], *remove = args[10], *one = args[14];
+    Group_ g = {args[0], args[11], args[12], args[13], 0};
+    long gidv, unknown;
+    if (!PyList_Check(changed) || !PyDict_Check(have) || !PyDict_Check(want) || !PyDict_Check(installed) ||
+        !PyDict_Check(placed) || !PyList_Check(build) || !PyList_Check(swtch) || !PyList_Check(cut) ||
+        !PyList_Check(remove) || !PyTuple_Check(g.parts) || PyTuple_GET_SIZE(g.parts) != 7) {
+        PyErr_SetString(PyExc_TypeError, "diff_switches: changed and the phases are lists, have, want, installed "
+                                         "and placed dicts, parts a 7-tuple");
+        return NULL;
+    }
+    for (int i = 0; i < 7; i++)
+        if (!PyBytes_Check(PyTuple_GET_ITEM(g.parts, i))) {
+            PyErr_SetString(PyExc_TypeError, "diff_switches: parts are bytes");
+            return NULL;
+        }
+    if (get_long(args[0], &gidv) < 0 || get_long(args[17], &unknown) < 0) return NULL;
+    if (gidv < 0 || gidv > 0xFFFFFFFFL) {
+        PyErr_SetString(PyExc_OverflowError, "a group id is 32 bits");
+        return NULL;
+    }
+    g.gidv = (unsigned long)gidv;
+    if (slots_for(args[15], &flow_slots) < 0 || slots_for(args[16], &group_slots) < 0) return NULL;
+    PyObject *step = PyLong_FromLong(1);
+    if (step == NULL) return NULL;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(changed); i++) {
+        PyObject *dpid = PyList_GET_ITEM(changed, i), *old, *new, *count, *more;
+        Py_INCREF(dpid);
+        int rc = -1;
+        old = PyDict_GetItemWithError(have, dpid);
+        new = old == NULL && PyErr_Occurred() ? NULL : PyDict_GetItemWithError(want, dpid);
+        if (PyErr_Occurred()) goto next;
+        Py_XINCREF(old);
+        Py_XINCREF(new);
+        if (old == Py_None) Py_CLEAR(old);  /* (None believed: as absent) */
+        if (new == Py_None) Py_CLEAR(new);
+        if (!entry_ok(old) || !entry_ok(new)) goto next;
+        if (old == NULL && new == NULL) {
+            PyErr_SetObject(PyExc_KeyError, dpid);
+            goto next;
+        }
+        if ((count = PyObject_GetItem(changes, dpid)) == NULL) goto next;  /* (changes[dpid] += 1) */
+        more = PyNumber_Add(count, step);
+        Py_DECREF(count);
+        if (more == NULL) goto next;
+        int set = PyObject_SetItem(changes, dpid, more);
+        Py_DECREF(more);
+        if (set < 0) goto next;
+        int got = diff_one(&g, dpid, old, new, build, swtch, cut, remove, unknown);
+        if (got == -2) {  /* (a turn: nothing sent for it yet) */
+            PyObject *r = PyObject_CallFunctionObjArgs(one, dpid, old ? old : Py_None, new ? new : Py_None, NULL);
+            got = r == NULL ? -1 : 0;
+            Py_XDECREF(r);
+        }
+        if (got < 0) goto next;
+        PyObject *at = PyDict_GetItemWithError(installed, dpid);
+        if (at == NULL || !PyDict_Check(at)) {
+            if (!PyErr_Occurred()) PyErr_SetString(PyExc_KeyError, "diff_switches: a switch not in installed");
+            goto next;
+        }
+        if (new == NULL) {  /* installed[dpid].pop(gid, None); placed.pop(dpid, None) */
+            int has = PyDict_Contains(at, args[0]);
+            if (has < 0 || (has && PyDict_DelItem(at, args[0]) < 0)) goto next;
+            has = PyDict_Contains(placed, dpid);
+            if (has < 0 || (has && PyDict_DelItem(placed, dpid) < 0)) goto next;
+        } else if (PyDict_SetItem(at, args[0], new) < 0 || PyDict_SetItem(placed, dpid, Py_None) < 0) {
+            goto next;
+        }
+        rc = 0;
+    next:
+        Py_XDECREF(old);
+        Py_XDECREF(new);
+        Py_DECREF(dpid);
+        if (rc < 0) {
+            Py_DECREF(step);
+            return NULL;
+        }
+    }
+    Py_DECREF(step);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef module_methods[] = {
     {"fill", (PyCFunction)(void (*)(void))fill, METH_FASTCALL, "MulticastCore._fill's loop (see there)"},
     {"tree_adds", (PyCFunction)(void (*)(void))tree_adds, METH_FASTCALL, "ofmsgs.tree_adds's loop (see there)"},
@@ -2056,6 +2374,8 @@ static PyMethodDef module_methods[] = {
     {"outs", (PyCFunction)(void (*)(void))outs, METH_FASTCALL, "trees._fill_entries's loop (see there)"},
     {"bump", (PyCFunction)(void (*)(void))bump, METH_FASTCALL, "trees.LinkLoad.add_links's loop (see there)"},
     {"crossing", (PyCFunction)(void (*)(void))crossing, METH_FASTCALL, "trees._crossing_py's scan (see there)"},
+    {"diff_switches", (PyCFunction)(void (*)(void))diff_switches, METH_FASTCALL,
+     "MulticastCore._diff_switches_py's loop (see there)"},
     {"regraft", (PyCFunction)(void (*)(void))regraft, METH_FASTCALL, "trees.regraft_py's steps (see there)"},
     {"protect", (PyCFunction)(void (*)(void))protect, METH_FASTCALL, "MulticastCore._protect_py's loop (see there)"},
     {"count", (PyCFunction)(void (*)(void))count, METH_FASTCALL, "MulticastCore._count_py's loop (see there)"},

@@ -479,6 +479,29 @@ def detour_flow(dpid: int, cookie_value: int, in_port: int, tag: str, acts: tupl
     return m
 
 
+@lru_cache(maxsize=65536)
+def diff_parts(gid: int, source: str, group: str) -> tuple[bytes, ...]:
+    """What ``_fastplan.diff_switches`` packs group ``gid``'s messages from, as these
+    builders make them: its (S,G) flow add (``flow_add``) and delete (``flow_delete``)
+    before and after their in_port, a rejoin flow's delete (``detour_flow_delete``)
+    before its arrival port and after its tag, and its group delete (``group_delete``)."""
+    sg_head, sg_tail = _sg_flow(gid, source, group)
+    sg_del = flow_delete(0, gid, 0, source, group)._wire
+    rj_del = detour_flow_delete(0, cookie(gid), 0, "00:00:00:00:00:00", source, group)._wire
+    return (sg_head, sg_tail, sg_del[:_IN_PORT_AT], sg_del[_IN_PORT_AT + 4:], rj_del[:_IN_PORT_AT],
+            rj_del[_IN_PORT_AT + 4 + len(_OXM_ETH_DST) + 6:], group_delete(0, gid)._wire)
+
+
+def rejoin_parts(cookie_value: int, source: str, group: str, acts: tuple) -> tuple[bytes, bytes]:
+    """A group's rejoin flow add before its in_port and after its tag (``detour_flow``)."""
+    return _rejoin_flow(cookie_value, source, group, acts)
+
+
+def tag_tlv(link_tag: str) -> bytes:
+    """A link tag's eth_dst TLV (what ``detour_flow`` puts between in_port and the rest)."""
+    return _tag_oxm(link_tag)
+
+
 _GROUP_HEAD = struct.Struct("!BBHIHBx")  # a group-mod before its group id
 _ADD_PARTS: dict[tuple, tuple[bytes, bytes]] = {}  # (in_port, out_ports, ff) -> around the gid
 _MAX_PARTS = 1 << 16

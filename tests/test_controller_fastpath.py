@@ -409,6 +409,7 @@ def test_the_c_builder_is_built_in_ci():
         assert MulticastCore._count is MulticastCore._count_c and ofmsgs._all_group is ofmsgs._all_group_c
         assert MulticastCore._protect is MulticastCore._protect_c
         assert trees.regraft is trees.regraft_c and MulticastCore._regraft_tree is trees.regraft_c
+        assert MulticastCore._diff_switches is MulticastCore._diff_switches_c
         from controller import protect
 
         assert protect._path_around is protect._path_around_c
@@ -419,6 +420,7 @@ class InC(MulticastCore):
     _count = MulticastCore._count_c
     _protect = MulticastCore._protect_c
     _regraft_tree = staticmethod(trees.regraft_c)
+    _diff_switches = MulticastCore._diff_switches_c
     _tree_adds = staticmethod(ofmsgs.tree_adds_c)
 
 
@@ -427,6 +429,7 @@ class InPython(MulticastCore):
     _count = MulticastCore._count_py
     _protect = MulticastCore._protect_py
     _regraft_tree = staticmethod(trees.regraft_py)
+    _diff_switches = MulticastCore._diff_switches_py
     _tree_adds = staticmethod(ofmsgs.tree_adds_py)
 
 
@@ -816,3 +819,56 @@ def test_regrafting_in_c_is_the_pythons(topo, data):
     args[5], args[6] = {}, {1: {3: 4}, 2: {3: 8}}
     with pytest.raises(KeyError):  # (switch 3's ports are unknown)
         native.module.regraft(*args)
+
+
+@needs_c
+@settings(max_examples=300, deadline=None)
+@given(data=st.data())
+def test_a_switchs_messages_packed_in_c_are_the_pythons(data):
+    """``_fastplan.diff_switches`` (``MulticastCore._diff_switches_c``) against
+    ``_diff_switches_py`` for drawn believed and wanted entries of one group: new, gone,
+    grown, shrunk, moved and turned-around switches, FF groups, rejoins, an unknown
+    believed ingress, None believed, switches with more ports than the C arrays: the same
+    messages in every phase in the same order, and the same beliefs and counts after."""
+    from collections import defaultdict
+
+    from controller.core import UNKNOWN_PORT, Group
+
+    ports = st.integers(1, 6)
+    many = st.just(tuple(range(1, 71)))  # (more than the C side's arrays: handed to Python)
+
+    def entry():
+        out = data.draw(st.one_of(st.lists(ports, unique=True, max_size=4).map(lambda p: tuple(sorted(p))), many))
+        ff = tuple(sorted({0xFFFF0000 | (data.draw(st.booleans()) << 15) | p
+                           for p in (data.draw(st.lists(st.sampled_from(out), max_size=3)) if out else ())}))
+        rejoin = data.draw(st.sampled_from([(), (2, "02:00:00:00:00:01", TO_OWN_GROUP),
+                                            (3, "02:00:00:00:00:01", TO_OWN_GROUP),
+                                            (3, "02:00:00:00:00:01", (("output", 4), ("group", 0xFFFF0002)))]))
+        in_port = data.draw(st.one_of(ports, st.just(UNKNOWN_PORT))) if out else data.draw(ports)
+        return SwitchEntry(in_port, out, ff, rejoin)
+
+    dpids = list(range(1, data.draw(st.integers(1, 6)) + 1))
+    have = {d: entry() if data.draw(st.booleans()) else None for d in dpids if data.draw(st.booleans())}
+    want = {d: e for d in dpids if data.draw(st.booleans()) for e in [entry()] if e.in_port != UNKNOWN_PORT}
+    changed = [d for d in dpids if have.get(d) != want.get(d) and (d in have or d in want)]
+    g = Group(7, "m", "10.0.0.1", "232.1.0.7", 5000, "spt", {"10.0.0.2"})
+    outs = []
+    for diff in (MulticastCore._diff_switches_c, MulticastCore._diff_switches_py):
+        core = MulticastCore(TopologyView())
+        core.installed = {d: ({g.gid: have[d]} if d in have else {}) for d in dpids}
+        core.changes = defaultdict(int)
+        placed = dict.fromkeys(have)
+        phases: list[list] = [[], [], [], []]
+        diff(core, g, list(changed), dict(have), want, placed, *phases)
+        outs.append(([[(d, type(m).__name__, m._wire) for d, m in p] for p in phases], core.installed, placed,
+                     dict(core.changes)))
+    assert outs[0] == outs[1]
+    args = [7, [1], {}, {1: SwitchEntry(1, (2,), (), ())}, {1: {}}, {}, defaultdict(int), [], [], [], [],
+            ofmsgs.diff_parts(7, "10.0.0.1", "232.1.0.7"), lambda acts: (b"h", b"t"), ofmsgs.tag_tlv,
+            lambda *a: None, ofmsgs.ReadyFlowMod, ofmsgs.ReadyGroupMod, UNKNOWN_PORT]
+    for i, bad in ((1, (1,)), (3, {1: (1, 2)}), (4, {}), (11, (b"x",)), (15, object), (0, -3),
+                   (3, {1: SwitchEntry(1, (2,), (), (1,))})):
+        wrong = list(args)
+        wrong[i] = bad
+        with pytest.raises((TypeError, KeyError, ValueError, OverflowError)):
+            native.module.diff_switches(*wrong)
