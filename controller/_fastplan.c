@@ -2125,7 +2125,7 @@ static int entry_ok(PyObject *e) {
 }
 
 typedef struct {
-    PyObject *gid, *parts, *rejoin_parts, *tag_tlv;
+    PyObject *gid, *parts, *rejoin_parts, *tag_tlv, *cookie, *source, *address;
     unsigned long gidv;
 } Group_;
 
@@ -2142,7 +2142,8 @@ static int put_rejoin(PyObject *lst, const Group_ *g, PyObject *dpid, PyObject *
     if (delete) {
         wire = sandwich(PyTuple_GET_ITEM(g->parts, 4), PyTuple_GET_ITEM(rejoin, 0), tlv, PyTuple_GET_ITEM(g->parts, 5));
     } else {
-        PyObject *ht = PyObject_CallOneArg(g->rejoin_parts, PyTuple_GET_ITEM(rejoin, 2));
+        PyObject *call[4] = {g->cookie, g->source, g->address, PyTuple_GET_ITEM(rejoin, 2)};
+        PyObject *ht = PyObject_Vectorcall(g->rejoin_parts, call, 4, NULL);
         if (ht != NULL && pair_of_bytes(ht))
             wire = sandwich(PyTuple_GET_ITEM(ht, 0), PyTuple_GET_ITEM(rejoin, 0), tlv, PyTuple_GET_ITEM(ht, 1));
         Py_XDECREF(ht);
@@ -2276,18 +2277,20 @@ static int diff_one(const Group_ *g, PyObject *dpid, PyObject *old, PyObject *ne
 }
 
 /* diff_switches(gid, changed, have, want, installed, placed, changes, build, switch, cut,
- *               remove, parts, rejoin_parts, tag_tlv, one, flow_cls, group_cls, unknown)
+ *               remove, parts, rejoin_parts, tag_tlv, one, flow_cls, group_cls, unknown,
+ *               cookie, source, address)
  * MulticastCore._diff_switches_py's loop (see there), the messages packed here from the
- * group's parts (ofmsgs.diff_parts), its rejoin flows' (rejoin_parts(acts)) and the tags'
- * TLVs (tag_tlv(tag)); a switch whose tree turns around is one(dpid, old, new)'s. */
+ * group's parts (ofmsgs.diff_parts), its rejoin flows'
+ * (rejoin_parts(cookie, source, address, acts)) and the tags' TLVs (tag_tlv(tag)); a
+ * switch whose tree turns around is one(dpid, old, new)'s. */
 static PyObject *diff_switches(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 18) {
-        PyErr_SetString(PyExc_TypeError, "diff_switches takes 18 arguments");
+    if (nargs != 21) {
+        PyErr_SetString(PyExc_TypeError, "diff_switches takes 21 arguments");
         return NULL;
     }
     PyObject *changed = args[1], *have = args[2], *want = args[3], *installed = args[4], *placed = args[5],
              *changes = args[6], *build = args[7], *swtch = args[8], *cut = args[9], *remove = args[10], *one = args[14];
-    Group_ g = {args[0], args[11], args[12], args[13], 0};
+    Group_ g = {args[0], args[11], args[12], args[13], args[18], args[19], args[20], 0};
     long gidv, unknown;
     if (!PyList_Check(changed) || !PyDict_Check(have) || !PyDict_Check(want) || !PyDict_Check(installed) ||
         !PyDict_Check(placed) || !PyList_Check(build) || !PyList_Check(swtch) || !PyList_Check(cut) ||

@@ -1096,9 +1096,9 @@ class MulticastCore:
         gid, source, address = g.gid, g.source, g.address
         native.module.diff_switches(
             gid, changed, have, want, self.installed, placed, self.changes, build, switch, cut, remove,
-            ofmsgs.diff_parts(gid, source, address), partial(ofmsgs.rejoin_parts, ofmsgs.cookie(gid), source, address),
-            ofmsgs.tag_tlv, partial(self._diff_one, g, build=build, switch=switch, cut=cut, remove=remove),
-            ofmsgs.ReadyFlowMod, ofmsgs.ReadyGroupMod, UNKNOWN_PORT)
+            ofmsgs.diff_parts(gid, source, address), ofmsgs.rejoin_parts, ofmsgs.tag_tlv,
+            partial(self._diff_one, g, build=build, switch=switch, cut=cut, remove=remove),
+            ofmsgs.ReadyFlowMod, ofmsgs.ReadyGroupMod, UNKNOWN_PORT, ofmsgs.cookie(gid), source, address)
 
     def _diff_one(self, g: Group, dpid: int, old: SwitchEntry | None, new: SwitchEntry | None, build: list,
                   switch: list, cut: list, remove: list) -> None:

@@ -492,14 +492,9 @@ def diff_parts(gid: int, source: str, group: str) -> tuple[bytes, ...]:
             rj_del[_IN_PORT_AT + 4 + len(_OXM_ETH_DST) + 6:], group_delete(0, gid)._wire)
 
 
-def rejoin_parts(cookie_value: int, source: str, group: str, acts: tuple) -> tuple[bytes, bytes]:
-    """A group's rejoin flow add before its in_port and after its tag (``detour_flow``)."""
-    return _rejoin_flow(cookie_value, source, group, acts)
-
-
-def tag_tlv(link_tag: str) -> bytes:
-    """A link tag's eth_dst TLV (what ``detour_flow`` puts between in_port and the rest)."""
-    return _tag_oxm(link_tag)
+# (called from C: the caches themselves, no Python frame in between)
+rejoin_parts = _rejoin_flow  # a group's rejoin flow add before its in_port and after its tag
+tag_tlv = _tag_oxm  # a link tag's eth_dst TLV (between a rejoin flow's in_port and the rest)
 
 
 _GROUP_HEAD = struct.Struct("!BBHIHBx")  # a group-mod before its group id

@@ -15,7 +15,8 @@ def test_small_run_reports_ratios_against_the_reference_and_the_machine() -> Non
     assert out["reference_trees_s"] > 0
     assert out["trees_vs_reference"] > 0 and out["trees_vs_reference_cpu"] > 0
     assert out["send_serialise_cpu_s"] > 0 and out["send_serialise_vs_reference_cpu"] > 0
-    assert 0 < out["reroute_vs_reference_cpu_p50"] <= out["reroute_vs_reference_cpu_p99"]
+    assert 0 < out["reroute_vs_reference_cpu_p50"] <= out["reroute_vs_reference_cpu_p99"] \
+        <= out["reroute_vs_reference_cpu_max"]
     assert out["reroute_vs_reference_p50"] > 0 and out["reroute_vs_reference_p99"] >= out["reroute_vs_reference_p50"]
     assert 0 <= out["reroutes_with_gc_pause"] <= 3
     assert out["machine"]["cores"] >= 1 and out["machine"]["cpu"]
@@ -23,3 +24,14 @@ def test_small_run_reports_ratios_against_the_reference_and_the_machine() -> Non
     entries = out["entries_per_switch"]
     assert out["protection"] and entries["ff_groups"]["max"] > 0 and entries["detour_flows"]["max"] > 0
     assert entries["all"]["max"] >= entries["groups"]["max"] + entries["ff_groups"]["max"] // 2
+
+
+def test_quantiles_are_by_nearest_rank() -> None:
+    """p99 of 100 values is the 99th smallest (not the worst: that is ``*_max``), p50 the
+    50th; one value is every quantile of itself."""
+    from bench.controller import _pct
+
+    values = [float(i) for i in range(1, 101)]
+    assert _pct(values, 0.99, 2) == 99.0 and _pct(values, 0.5, 2) == 50.0 and _pct(values, 1.0, 2) == 100.0
+    assert _pct([3.0], 0.99, 2) == 3.0 and _pct([], 0.5, 2) is None
+    assert _pct(values[:10], 0.99, 2) == 10.0  # (of 10 failures, p99 is the worst)
