@@ -358,6 +358,135 @@ static PyObject *uplink_of(PyObject *uplinks, PyObject *uplink, PyObject *n, PyO
     return u;
 }
 
+/* The FF groups entry e uses (borrowed): its buckets', then those its rejoin lists (as
+ * count_entry counts them); at most cap, else -1 with an error. */
+static Py_ssize_t counted_ids(PyObject *e, PyObject *to_own, PyObject **out, long *vals, Py_ssize_t cap) {
+    if (!PyTuple_Check(e) || PyTuple_GET_SIZE(e) != 4 || !PyTuple_Check(PyTuple_GET_ITEM(e, 2)) ||
+        !PyTuple_Check(PyTuple_GET_ITEM(e, 3))) {
+        PyErr_SetString(PyExc_TypeError, "an entry is (in_port, out_ports, ff, rejoin)");
+        return -1;
+    }
+    PyObject *ff = PyTuple_GET_ITEM(e, 2), *rejoin = PyTuple_GET_ITEM(e, 3);
+    Py_ssize_t k = 0;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(ff); i++) {
+        if (k == cap) goto full;
+        out[k] = PyTuple_GET_ITEM(ff, i);
+        if (get_long(out[k], &vals[k]) < 0) return -1;
+        k++;
+    }
+    if (PyTuple_GET_SIZE(rejoin) == 3 && PyTuple_GET_ITEM(rejoin, 2) != to_own && PyTuple_Check(PyTuple_GET_ITEM(rejoin, 2))) {
+        PyObject *acts = PyTuple_GET_ITEM(rejoin, 2);
+        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(acts); i++) {
+            PyObject *a = PyTuple_GET_ITEM(acts, i);
+            if (!PyTuple_Check(a) || PyTuple_GET_SIZE(a) < 2 || !PyLong_Check(PyTuple_GET_ITEM(a, 1))) continue;
+            int is_group = PyObject_RichCompareBool(PyTuple_GET_ITEM(a, 0), str_group, Py_EQ);
+            if (is_group < 0) return -1;
+            long f;
+            if (!is_group || get_long(PyTuple_GET_ITEM(a, 1), &f) < 0) {
+                if (PyErr_Occurred()) return -1;
+                continue;
+            }
+            if (f < FF_BASE || f >= FF_BASE + 2 * IN_PORT_BIT) continue;
+            if (k == cap) goto full;
+            out[k] = PyTuple_GET_ITEM(a, 1);
+            vals[k++] = f;
+        }
+    } else if (PyTuple_GET_SIZE(rejoin) != 0 && PyTuple_GET_SIZE(rejoin) != 3) {
+        PyErr_SetString(PyExc_TypeError, "an entry's rejoin is () or (arrival, tag, actions)");
+        return -1;
+    }
+    return k;
+full:
+    PyErr_SetString(PyExc_ValueError, "recount: an entry with too many FF groups");
+    return -1;
+}
+
+#define MAX_IDS 512
+/* The users of the FF groups in a (n ids) but not in b (a multiset difference), counted
+ * by step at switch n, in a's order. */
+static int count_difference(PyObject *const *a, const long *av, Py_ssize_t na, const long *bv, Py_ssize_t nb,
+                            PyObject *n, long step, PyObject *refs, PyObject *want_ff, PyObject *guard) {
+    char used[MAX_IDS] = {0};
+    for (Py_ssize_t i = 0; i < na; i++) {
+        Py_ssize_t j = 0;
+        while (j < nb && (used[j] || bv[j] != av[i])) j++;
+        if (j < nb) {
+            used[j] = 1;
+            continue;
+        }
+        if (count_ff(refs, a[i], n, step, want_ff, guard) < 0) return -1;
+    }
+    return 0;
+}
+
+/* recount(was, now, ff_refs, want_ff, guard, to_own): MulticastCore._recount_py (see
+ * there): the users taken off for every entry of was that now lacks or differs from, then
+ * added for every entry of now that was lacks or differs from; at a switch in both only
+ * the FF groups one uses and the other does not. */
+static PyObject *recount(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 6 || !PyDict_Check(args[0]) || !PyDict_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "recount(was: dict, now: dict, ff_refs, want_ff, guard, to_own)");
+        return NULL;
+    }
+    PyObject *was = args[0], *now = args[1], *ff_refs = args[2], *want_ff = args[3], *guard = args[4],
+             *to_own = args[5], *n, *e;
+    PyObject *a[MAX_IDS], *b[MAX_IDS];
+    long av[MAX_IDS], bv[MAX_IDS];
+    for (int pass = 0; pass < 3; pass++) {  /* off; then on where both differ; then on where new */
+        Py_ssize_t pos = 0;
+        while (PyDict_Next(pass < 2 ? was : now, &pos, &n, &e)) {
+            PyObject *o = PyDict_GetItemWithError(pass < 2 ? now : was, n);
+            if (o == NULL && PyErr_Occurred()) return NULL;
+            if (pass == 2) {
+                if (o == NULL) {
+                    Py_INCREF(e);  /* (callbacks run) */
+                    int rc = count_entry(e, n, 1, ff_refs, want_ff, guard, to_own);
+                    Py_DECREF(e);
+                    if (rc < 0) return NULL;
+                }
+                continue;
+            }
+            if (o == NULL) {
+                if (pass == 0) {
+                    Py_INCREF(e);
+                    int rc = count_entry(e, n, -1, ff_refs, want_ff, guard, to_own);
+                    Py_DECREF(e);
+                    if (rc < 0) return NULL;
+                }
+                continue;
+            }
+            Py_INCREF(e);
+            Py_INCREF(o);
+            int rc = -1, same = PyObject_RichCompareBool(o, e, Py_EQ);
+            Py_ssize_t na, nb;
+            PyObject *refs = NULL;
+            if (same < 0) goto next;
+            rc = 0;
+            if (same) goto next;
+            rc = -1;
+            if ((na = counted_ids(e, to_own, a, av, MAX_IDS)) < 0 || (nb = counted_ids(o, to_own, b, bv, MAX_IDS)) < 0)
+                goto next;
+            if (na == 0 && nb == 0) {
+                rc = 0;
+                goto next;
+            }
+            refs = PyObject_GetItem(ff_refs, n);
+            if (refs == NULL || !PyDict_Check(refs)) {
+                if (refs != NULL) PyErr_SetString(PyExc_TypeError, "ff_refs[n] is a dict");
+                goto next;
+            }
+            rc = pass == 0 ? count_difference(a, av, na, bv, nb, n, -1, refs, want_ff, guard)
+                           : count_difference(b, bv, nb, av, na, n, 1, refs, want_ff, guard);
+        next:
+            Py_XDECREF(refs);
+            Py_DECREF(e);
+            Py_DECREF(o);
+            if (rc < 0) return NULL;
+        }
+    }
+    Py_RETURN_NONE;
+}
+
 /* fill(entries, parent, outs, source_port, uplinks, uplink, protect, pieces, piece,
  *      ff_refs, want_ff, guard, to_own, entry_type, in_port_out, shapes)
  * MulticastCore._fill's loop: see there. */
@@ -2381,6 +2510,7 @@ static PyMethodDef module_methods[] = {
      "MulticastCore._diff_switches_py's loop (see there)"},
     {"regraft", (PyCFunction)(void (*)(void))regraft, METH_FASTCALL, "trees.regraft_py's steps (see there)"},
     {"protect", (PyCFunction)(void (*)(void))protect, METH_FASTCALL, "MulticastCore._protect_py's loop (see there)"},
+    {"recount", (PyCFunction)(void (*)(void))recount, METH_FASTCALL, "MulticastCore._recount_py's loop (see there)"},
     {"count", (PyCFunction)(void (*)(void))count, METH_FASTCALL, "MulticastCore._count_py's loop (see there)"},
     {"group_mod", (PyCFunction)(void (*)(void))group_mod, METH_FASTCALL, "ofmsgs._group_mod_py's bytes (see there)"},
     {"bfs_dag", (PyCFunction)(void (*)(void))bfs_dag, METH_FASTCALL, "trees.PathCache.dag's search (see there)"},

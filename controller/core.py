@@ -47,6 +47,27 @@ def _shape(t: tuple) -> tuple:
     return _SHAPES.setdefault(t, t)
 
 
+def _counted(e: SwitchEntry) -> tuple[int, ...]:
+    """The FF groups entry ``e`` uses: its buckets', and those its rejoin lists."""
+    ff, rejoin = e[2], e[3]
+    if rejoin and rejoin[2] is not TO_OWN_GROUP:
+        return ff + tuple(a[1] for a in rejoin[2] if a[0] == "group" and is_ff(a[1]))
+    return ff
+
+
+def _without(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...]:
+    """``a`` less ``b`` as multisets, in ``a``'s order (each of ``b`` takes away the first
+    equal one of ``a`` not yet taken)."""
+    rest = list(b)
+    out = []
+    for f in a:
+        if f in rest:
+            rest.remove(f)
+        else:
+            out.append(f)
+    return tuple(out)
+
+
 def tune_gc() -> None:
     """The core holds large long-lived state (an entry per switch per group). With
     CPython's default thresholds the older generations, i.e. all of it, are rescanned
@@ -523,8 +544,9 @@ class MulticastCore:
             self.load.add_tree(tree, 1)
         if self.protection:  # only the entries that differ (a reroute keeps most)
             if was:
-                self._count({n: e for n, e in was.items() if now.get(n) != e}, -1)
-            self._count({n: e for n, e in now.items() if was.get(n) != e} if was else now, 1)
+                self._recount(was, now)
+            else:
+                self._count(now, 1)
         self._tree(g, tree)
 
     def _tree(self, g: Group, tree: Tree | None) -> None:
@@ -605,8 +627,7 @@ class MulticastCore:
             if not moved:
                 del again[gid]
                 continue
-            self._count({n: old[n] for n in moved}, -1)
-            self._count({n: entries[n] for n in moved}, 1)
+            self._recount({n: old[n] for n in moved}, {n: entries[n] for n in moved})
             nodes |= at
         # the shared entries with the first diff: their adds go before everything else
         return self._diff(gids, within=within).extend(self._diff(sorted(again), only=nodes, shared=False,
@@ -882,6 +903,40 @@ class MulticastCore:
     def _touches(self, n: int, par: int | None, outs: tuple[int, ...], stale: set[tuple[int, int]]) -> bool:
         return (par is not None and (par, self.view.nbr_ports[par].get(n)) in stale) or \
             any((n, q) in stale for q in outs)
+
+    def _recount_c(self, was: dict[int, SwitchEntry], now: dict[int, SwitchEntry]) -> None:
+        """``_recount_py`` with its loop in C (``controller._fastplan.recount``)."""
+        native.module.recount(was, now, self.ff_refs, self._want_ff, self._guard, TO_OWN_GROUP)
+
+    def _recount_py(self, was: dict[int, SwitchEntry], now: dict[int, SwitchEntry]) -> None:
+        """The FF groups' users counted from entries ``was`` to ``now`` (switch -> entry;
+        either may lack a switch), every user taken off before any is added, as counting
+        all of ``was`` down and all of ``now`` up would; but at a switch in both only the
+        FF groups one entry uses and the other does not are counted (a spine's entry on
+        leaf-spine:8,32,16 uses ~30 of them, and a reroute changes one or two)."""
+        gone: dict[int, SwitchEntry] = {}
+        came: dict[int, SwitchEntry] = {}
+        for n, e in was.items():
+            o = now.get(n)
+            if o is None:
+                gone[n] = e
+            elif o != e:
+                a, b = _counted(e), _counted(o)
+                if a != b:  # (an entry of those FF groups alone: all that counting reads)
+                    less, more = _without(a, b), _without(b, a)
+                    if less:
+                        gone[n] = SwitchEntry(e[0], (), less, ())
+                    if more:
+                        came[n] = SwitchEntry(o[0], (), more, ())
+        for n, e in now.items():
+            if n not in was:
+                came[n] = e
+        if gone:
+            self._count(gone, -1)
+        if came:
+            self._count(came, 1)
+
+    _recount = _recount_c if native.NATIVE else _recount_py
 
     def _count_c(self, entries: dict[int, SwitchEntry], step: int) -> None:
         """``_count_py`` with its loop in C (``controller._fastplan.count``): a reroute on

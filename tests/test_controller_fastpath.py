@@ -247,6 +247,7 @@ def test_regrafted_reroutes_equal_trees_searched_again_whole(topo, data, protect
         assert by_switch(mine) == by_switch(theirs)
         assert mine.groups == theirs.groups
         assert core_state(cores[0]) == core_state(cores[1])
+        protection_holds(cores[0])
 
 
 def test_every_core_link_failure_of_a_fat_tree_is_regrafted_as_searched():
@@ -296,7 +297,7 @@ def test_first_trees_built_in_one_pass_equal_the_passes_apart(topo, data, protec
 def play_alike(data, topo: T.Topology, cores: list[MulticastCore], ips: list[str], groups: int) -> None:
     """1..``groups`` groups created, then up to 10 random events (``event``), the same on
     both cores: after each, the two plans in sending order, their groups and the whole
-    core state must be the same."""
+    core state must be the same, and the protection what it is afresh (``protection_holds``)."""
     connected(cores, topo)
     for i in range(data.draw(st.integers(1, groups), label="groups")):
         source, receivers = draw_group(data, ips)
@@ -308,6 +309,7 @@ def play_alike(data, topo: T.Topology, cores: list[MulticastCore], ips: list[str
         assert in_order(mine) == in_order(theirs)
         assert mine.groups == theirs.groups
         assert core_state(cores[0]) == core_state(cores[1])
+        protection_holds(cores[0])
 
 
 class Uncached(MulticastCore):
@@ -342,6 +344,16 @@ def protection_holds(core: MulticastCore) -> None:
                                                          for n, e in g.tree.entries.items()})
             MulticastCore._protect_py(core, g, fresh)
             assert fresh.entries == g.tree.entries, g.gid
+    # the FF groups' users, counted afresh from every tree's entries, and the protected
+    # links in use: those with a user of either of their port's FF groups
+    users: dict = {}
+    for g in core.groups.values():
+        for n, e in (g.tree.entries.items() if g.tree is not None else ()):
+            for f in e.ff + tuple(a[1] for a in (e.rejoin[2] if e.rejoin and e.rejoin[2] is not TO_OWN_GROUP
+                                                 else ()) if a[0] == "group" and is_ff(a[1])):
+                users.setdefault(n, Counter())[f] += 1
+    assert {n: dict(c) for n, c in users.items()} == {n: refs for n, refs in core.ff_refs.items() if refs}
+    assert set(core.guards) == {(n, ff_port(f)) for n, c in users.items() for f in c}
 
 
 def cached_pieces_hold(core: MulticastCore) -> None:
@@ -410,6 +422,7 @@ def test_the_c_builder_is_built_in_ci():
         assert MulticastCore._protect is MulticastCore._protect_c
         assert trees.regraft is trees.regraft_c and MulticastCore._regraft_tree is trees.regraft_c
         assert MulticastCore._diff_switches is MulticastCore._diff_switches_c
+        assert MulticastCore._recount is MulticastCore._recount_c
         from controller import protect
 
         assert protect._path_around is protect._path_around_c
@@ -421,6 +434,7 @@ class InC(MulticastCore):
     _protect = MulticastCore._protect_c
     _regraft_tree = staticmethod(trees.regraft_c)
     _diff_switches = MulticastCore._diff_switches_c
+    _recount = MulticastCore._recount_c
     _tree_adds = staticmethod(ofmsgs.tree_adds_c)
 
 
@@ -430,6 +444,7 @@ class InPython(MulticastCore):
     _protect = MulticastCore._protect_py
     _regraft_tree = staticmethod(trees.regraft_py)
     _diff_switches = MulticastCore._diff_switches_py
+    _recount = MulticastCore._recount_py
     _tree_adds = staticmethod(ofmsgs.tree_adds_py)
 
 
@@ -873,3 +888,49 @@ def test_a_switchs_messages_packed_in_c_are_the_pythons(data):
         wrong[i] = bad
         with pytest.raises((TypeError, KeyError, ValueError, OverflowError)):
             native.module.diff_switches(*wrong)
+
+
+@needs_c
+@settings(max_examples=300, deadline=None)
+@given(data=st.data())
+def test_recounting_ff_users_in_c_is_the_pythons(data):
+    """``_fastplan.recount`` (``MulticastCore._recount_c``) against ``_recount_py`` for
+    drawn entries before and after, with FF groups a rejoin lists too (one used twice):
+    the same counts and the same calls for the FF groups and links, in the same order,
+    as counting every entry down and up would leave."""
+    from collections import defaultdict
+
+    ids = st.sampled_from([0xFFFF0001, 0xFFFF0002, 0xFFFF8002, 0xFFFF0003])
+
+    def entry():
+        ff = tuple(data.draw(st.lists(ids, max_size=3, unique=True)))
+        rejoin = data.draw(st.sampled_from([(), (2, "t", TO_OWN_GROUP), (2, "t", (("output", 4),)),
+                                            (3, "t", (("group", 0xFFFF0001), ("output", 0xFFFFFFF8),
+                                                      ("group", 0xFFFF0003)))]))
+        return SwitchEntry(1, (), ff, rejoin)
+
+    switches = st.sampled_from([1, 2, 3])
+    was = {n: entry() for n in data.draw(st.lists(switches, unique=True), label="was")}
+    now = {n: (was[n] if n in was and data.draw(st.booleans()) else entry())
+           for n in data.draw(st.lists(switches, unique=True), label="now")}
+    start = {n: {f: data.draw(st.integers(0, 2)) for f in (0xFFFF0001, 0xFFFF0002, 0xFFFF8002, 0xFFFF0003)}
+             for n in (1, 2, 3)}
+    seen = []
+    for recount in (MulticastCore._recount_c, MulticastCore._recount_py):
+        core = MulticastCore(TopologyView(), protection=True)
+        core.ff_refs = defaultdict(dict, {n: {f: c for f, c in refs.items() if c} for n, refs in start.items()})
+        calls: list = []
+        core._want_ff = lambda n, f, calls=calls: calls.append(("want", n, f))
+        core._guard = lambda key, on, calls=calls: calls.append(("guard", key, on))
+        recount(core, dict(was), dict(now))
+        down_up = MulticastCore(TopologyView(), protection=True)  # (all of was down, all of now up)
+        down_up.ff_refs = defaultdict(dict, {n: {f: c for f, c in refs.items() if c} for n, refs in start.items()})
+        down_up._want_ff = down_up._guard = lambda *a: None
+        down_up._count(was, -1)
+        down_up._count(now, 1)
+        assert {n: r for n, r in core.ff_refs.items() if r} == {n: r for n, r in down_up.ff_refs.items() if r}
+        seen.append((dict(core.ff_refs), calls))
+    assert seen[0] == seen[1]
+    for bad in (([], {}), ({1: (1, 2)}, {1: SwitchEntry(1, (), (), ())}), ({1: SwitchEntry(1, (), [5], ())}, {})):
+        with pytest.raises(TypeError):
+            native.module.recount(*bad, defaultdict(dict), lambda *a: None, lambda *a: None, TO_OWN_GROUP)
