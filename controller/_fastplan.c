@@ -638,7 +638,7 @@ static PyObject *protect(PyObject *self, PyObject *const *args, Py_ssize_t nargs
             if (u == NULL) goto next;
             up = PyTuple_GET_ITEM(u, 1);
         }
-        if (protection_of(n, in_port, out_ports, up, pieces, piece, in_port_out, shapes, &ff, &rejoin) < 0)
+        if (protection_of(n, in_port, out_ports, up, pieces, piece, in_port_out, Py_None, &ff, &rejoin) < 0)
             goto next;
         int same = PyObject_RichCompareBool(ff, PyTuple_GET_ITEM(e, 2), Py_EQ);
         if (same > 0) same = PyObject_RichCompareBool(rejoin, PyTuple_GET_ITEM(e, 3), Py_EQ);
@@ -647,6 +647,8 @@ static PyObject *protect(PyObject *self, PyObject *const *args, Py_ssize_t nargs
             rc = 0;
             goto next;
         }
+        ff = shape_of(shapes, ff);  /* (shaped only when kept: an unchanged entry keeps its own) */
+        if (ff == NULL) goto next;
         PyObject *fresh = make_entry(entry_type, in_port, out_ports, ff, rejoin);
         if (fresh == NULL) goto next;
         rc = PyDict_SetItem(entries, n, fresh);
@@ -2499,6 +2501,102 @@ static PyObject *diff_switches(PyObject *self, PyObject *const *args, Py_ssize_t
     Py_RETURN_NONE;
 }
 
+typedef struct {
+    long depth;
+    Py_ssize_t at;
+} ByDepth;
+
+static int by_depth(const void *a, const void *b) {  /* deepest first, then as they were */
+    const ByDepth *x = a, *y = b;
+    if (x->depth != y->depth) return x->depth > y->depth ? -1 : 1;
+    return x->at < y->at ? -1 : x->at > y->at;
+}
+
+/* changed_of(dpids, placed, installed, gid, want, parent) -> (changed, have):
+ * MulticastCore._changed_py (see there). */
+static PyObject *changed_of(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 6 || !PyAnySet_Check(args[0]) || !PyDict_Check(args[1]) || !PyDict_Check(args[2]) ||
+        !PyDict_Check(args[4]) || (args[5] != Py_None && !PyDict_Check(args[5]))) {
+        PyErr_SetString(PyExc_TypeError, "changed_of(dpids: set, placed: dict, installed: dict, gid, want: dict, "
+                                         "parent: dict | None)");
+        return NULL;
+    }
+    PyObject *dpids = args[0], *placed = args[1], *installed = args[2], *gid = args[3], *want = args[4],
+             *parent = args[5], *have = PyDict_New(), *sorted = NULL, *changed = NULL, *result = NULL, *d;
+    ByDepth *order = NULL;
+    if (have == NULL) return NULL;
+    PyObject *it = PyObject_GetIter(dpids);
+    if (it == NULL) goto done;
+    while ((d = PyIter_Next(it)) != NULL) {
+        int has = PyDict_Contains(placed, d), rc = -1;
+        if (has <= 0) {
+            rc = has;
+        } else {
+            PyObject *at = PyDict_GetItemWithError(installed, d), *e = NULL;
+            if (at != NULL && PyDict_Check(at)) e = PyDict_GetItemWithError(at, gid);
+            if (e == NULL) {
+                if (!PyErr_Occurred()) PyErr_SetObject(PyExc_KeyError, at == NULL ? d : gid);
+            } else {
+                rc = PyDict_SetItem(have, d, e);
+            }
+        }
+        Py_DECREF(d);
+        if (rc < 0) {
+            Py_DECREF(it);
+            goto done;
+        }
+    }
+    Py_DECREF(it);
+    if (PyErr_Occurred()) goto done;
+    if ((sorted = PySequence_List(dpids)) == NULL || PyList_Sort(sorted) < 0 || (changed = PyList_New(0)) == NULL)
+        goto done;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(sorted); i++) {
+        d = PyList_GET_ITEM(sorted, i);
+        PyObject *h = PyDict_GetItemWithError(have, d), *w = h == NULL && PyErr_Occurred() ? NULL
+                                                                                           : PyDict_GetItemWithError(want, d);
+        if (PyErr_Occurred()) goto done;
+        int differs = PyObject_RichCompareBool(h ? h : Py_None, w ? w : Py_None, Py_NE);
+        if (differs < 0 || (differs && PyList_Append(changed, d) < 0)) goto done;
+    }
+    Py_ssize_t m = PyList_GET_SIZE(changed);
+    if (parent != Py_None && m > 1) {
+        if ((order = PyMem_Malloc(sizeof(ByDepth) * (size_t)m)) == NULL) {
+            PyErr_NoMemory();
+            goto done;
+        }
+        for (Py_ssize_t i = 0; i < m; i++) {
+            PyObject *n = PyList_GET_ITEM(changed, i);
+            long k = 0;
+            int in = PyDict_Contains(want, n);
+            if (in < 0) goto done;
+            while (in) {  /* (hops to the root) */
+                PyObject *p = PyDict_GetItemWithError(parent, n);
+                if (p == NULL && PyErr_Occurred()) goto done;
+                if (p == NULL || p == Py_None) break;
+                n = p;
+                if (++k > PyDict_GET_SIZE(parent)) {
+                    PyErr_SetString(PyExc_ValueError, "changed_of: the parent map has a cycle");
+                    goto done;
+                }
+            }
+            order[i].depth = k;
+            order[i].at = i;
+        }
+        qsort(order, (size_t)m, sizeof(ByDepth), by_depth);
+        PyObject *again = PyList_New(m);
+        if (again == NULL) goto done;
+        for (Py_ssize_t i = 0; i < m; i++) PyList_SET_ITEM(again, i, Py_NewRef(PyList_GET_ITEM(changed, order[i].at)));
+        Py_SETREF(changed, again);
+    }
+    result = PyTuple_Pack(2, changed, have);
+done:
+    PyMem_Free(order);
+    Py_XDECREF(sorted);
+    Py_XDECREF(changed);
+    Py_DECREF(have);
+    return result;
+}
+
 static PyMethodDef module_methods[] = {
     {"fill", (PyCFunction)(void (*)(void))fill, METH_FASTCALL, "MulticastCore._fill's loop (see there)"},
     {"tree_adds", (PyCFunction)(void (*)(void))tree_adds, METH_FASTCALL, "ofmsgs.tree_adds's loop (see there)"},
@@ -2506,6 +2604,7 @@ static PyMethodDef module_methods[] = {
     {"outs", (PyCFunction)(void (*)(void))outs, METH_FASTCALL, "trees._fill_entries's loop (see there)"},
     {"bump", (PyCFunction)(void (*)(void))bump, METH_FASTCALL, "trees.LinkLoad.add_links's loop (see there)"},
     {"crossing", (PyCFunction)(void (*)(void))crossing, METH_FASTCALL, "trees._crossing_py's scan (see there)"},
+    {"changed_of", (PyCFunction)(void (*)(void))changed_of, METH_FASTCALL, "MulticastCore._changed_py (see there)"},
     {"diff_switches", (PyCFunction)(void (*)(void))diff_switches, METH_FASTCALL,
      "MulticastCore._diff_switches_py's loop (see there)"},
     {"regraft", (PyCFunction)(void (*)(void))regraft, METH_FASTCALL, "trees.regraft_py's steps (see there)"},

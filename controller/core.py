@@ -239,6 +239,8 @@ class MulticastCore:
         self._pieces: dict[int, dict[int, tuple]] = {}  # dpid -> port -> _piece, this topology's
         self._uplinks: dict[int, dict[int, tuple]] = {}  # child -> parent -> _uplink, the same
         self._pieces_of: tuple[int, int] | None = None
+        self._near_of: Any = None  # (``_protect_c``'s: the stale set whose switches ``_near`` holds)
+        self._near: set[int] = set()
         # detours dropped since the pieces were last brought up to date, and the topology
         # version the detours were caught up at (``_restale``): the pieces forget only those
         self._stale_keys: set[tuple[int, int]] = set()
@@ -748,9 +750,13 @@ class MulticastCore:
         leaf-spine:8,32,16 a failure re-protects ~100 moved groups' changed switches and
         the ends of ~200 more groups' links whose detour changed, ~18% of a reroute in
         Python."""
-        self._pieces_now()
+        view = self.view
+        if self._pieces_of != (view.edge_count, view.removals):
+            self._pieces_now()
+        if stale is not self._near_of:  # (the switches a stale detour starts at: once per set)
+            self._near_of, self._near = stale, {d for d, _ in stale}
         was, was_parent = (old.entries, old.parent) if old is not None else (_NOTHING, _NOTHING)
-        native.module.protect(tree.entries, tree.parent, nodes, was, was_parent, {d for d, _ in stale}, stale,
+        native.module.protect(tree.entries, tree.parent, nodes, was, was_parent, self._near, stale,
                               self._touches, self._uplinks, self._uplink, self._pieces, self._piece, SwitchEntry,
                               _IN_PORT_OUT, _SHAPES)
 
@@ -1082,14 +1088,17 @@ class MulticastCore:
                 at = within.get(gid) if within else None
                 if live is None:
                     live = switches & installed.keys()
-                if at is not None:
-                    dpids = at & live if only is None else at & live & only
-                    have = {dpid: installed[dpid][gid] for dpid in dpids & placed.keys()}
-                else:
-                    have = {dpid: installed[dpid][gid] for dpid in (placed if only is None else placed.keys() & only)}
-                    dpids = (want.keys() | have.keys()) & live
-                    if only is not None:
-                        dpids &= only
+                if at is not None:  # (a reroute's: in leaves-first order already)
+                    changed, have = self._changed(gid, at & live if only is None else at & live & only, placed, want,
+                                                  g.tree.parent if g.tree is not None else None)
+                    if changed:
+                        plan.groups.add(gid)
+                        self._diff_switches(g, changed, have, want, placed, build, switch, cut, remove)
+                    continue
+                have = {dpid: installed[dpid][gid] for dpid in (placed if only is None else placed.keys() & only)}
+                dpids = (want.keys() | have.keys()) & live
+                if only is not None:
+                    dpids &= only
                 changed = [d for d in sorted(dpids) if have.get(d) != want.get(d)]  # (an order of their own)
             else:  # a new tree (or one whose switches all came back empty): all of it
                 have = _NOTHING
@@ -1122,6 +1131,32 @@ class MulticastCore:
                 del self._dirty[d]  # (a switch that returns is synced whole)
             self._diff_shared(ready, plan)
         return plan
+
+    def _changed_c(self, gid: int, dpids: set[int], placed: dict[int, None], want: dict[int, SwitchEntry],
+                   parent: dict[int, int | None] | None) -> tuple[list[int], dict[int, SwitchEntry]]:
+        """``_changed_py`` in C (``_fastplan.changed_of``)."""
+        return native.module.changed_of(dpids, placed, self.installed, gid, want, parent)
+
+    def _changed_py(self, gid: int, dpids: set[int], placed: dict[int, None], want: dict[int, SwitchEntry],
+                    parent: dict[int, int | None] | None) -> tuple[list[int], dict[int, SwitchEntry]]:
+        """Which of switches ``dpids`` believe (``installed``) otherwise than ``want`` for
+        group ``gid``, deepest in the tree (``parent``) first, ties in dpid order; and what
+        they believe, for those of ``placed``."""
+        installed = self.installed
+        have = {dpid: installed[dpid][gid] for dpid in dpids & placed.keys()}
+        changed = [d for d in sorted(dpids) if have.get(d) != want.get(d)]
+        if parent is not None and len(changed) > 1:
+            depth = {}
+            for d in changed:
+                if d in want:
+                    n, k = d, 0
+                    while parent.get(n) is not None:
+                        n, k = parent[n], k + 1
+                    depth[d] = k
+            changed.sort(key=lambda d: -depth.get(d, 0))
+        return changed, have
+
+    _changed = _changed_c if native.NATIVE else _changed_py
 
     def _diff_switches_py(self, g: Group, changed: list[int], have: dict[int, SwitchEntry],
                           want: dict[int, SwitchEntry], placed: dict[int, None], build: list, switch: list,

@@ -422,7 +422,7 @@ def test_the_c_builder_is_built_in_ci():
         assert MulticastCore._protect is MulticastCore._protect_c
         assert trees.regraft is trees.regraft_c and MulticastCore._regraft_tree is trees.regraft_c
         assert MulticastCore._diff_switches is MulticastCore._diff_switches_c
-        assert MulticastCore._recount is MulticastCore._recount_c
+        assert MulticastCore._recount is MulticastCore._recount_c and MulticastCore._changed is MulticastCore._changed_c
         from controller import protect
 
         assert protect._path_around is protect._path_around_c
@@ -435,6 +435,7 @@ class InC(MulticastCore):
     _regraft_tree = staticmethod(trees.regraft_c)
     _diff_switches = MulticastCore._diff_switches_c
     _recount = MulticastCore._recount_c
+    _changed = MulticastCore._changed_c
     _tree_adds = staticmethod(ofmsgs.tree_adds_c)
 
 
@@ -445,6 +446,7 @@ class InPython(MulticastCore):
     _regraft_tree = staticmethod(trees.regraft_py)
     _diff_switches = MulticastCore._diff_switches_py
     _recount = MulticastCore._recount_py
+    _changed = MulticastCore._changed_py
     _tree_adds = staticmethod(ofmsgs.tree_adds_py)
 
 
@@ -934,3 +936,33 @@ def test_recounting_ff_users_in_c_is_the_pythons(data):
     for bad in (([], {}), ({1: (1, 2)}, {1: SwitchEntry(1, (), (), ())}), ({1: SwitchEntry(1, (), [5], ())}, {})):
         with pytest.raises(TypeError):
             native.module.recount(*bad, defaultdict(dict), lambda *a: None, lambda *a: None, TO_OWN_GROUP)
+
+
+@needs_c
+@settings(max_examples=300, deadline=None)
+@given(data=st.data())
+def test_which_switches_changed_in_c_is_the_pythons(data):
+    """``_fastplan.changed_of`` (``MulticastCore._changed_c``) against ``_changed_py``:
+    for a drawn tree, beliefs and asked switches, the same switches deepest first (ties in
+    dpid order) and the same beliefs; a parent map with a cycle or a belief missing raises."""
+    n = data.draw(st.integers(1, 8))
+    parent = {1: None}
+    for d in range(2, n + 1):
+        parent[d] = data.draw(st.integers(1, d - 1))
+    e = st.sampled_from([SwitchEntry(1, (2,), (), ()), SwitchEntry(2, (3,), (), ())])
+    want = {d: data.draw(e) for d in parent if data.draw(st.booleans())}
+    placed = dict.fromkeys(d for d in range(1, n + 3) if data.draw(st.booleans()))
+    installed = {d: {7: data.draw(st.one_of(st.none(), e))} for d in placed}
+    dpids = set(data.draw(st.lists(st.integers(1, n + 2), unique=True)))
+    core = MulticastCore(TopologyView())
+    core.installed = installed
+    got = [f(core, 7, dpids, placed, want, p) for f in (MulticastCore._changed_c, MulticastCore._changed_py)
+           for p in (parent, None)]
+    assert got[0] == got[2] and got[1] == got[3]
+    with pytest.raises(ValueError):
+        native.module.changed_of({1, 2}, {}, {}, 7, {1: SwitchEntry(1, (2,), (), ()), 2: SwitchEntry(1, (2,), (), ())},
+                                 {1: 2, 2: 1})
+    with pytest.raises(KeyError):
+        native.module.changed_of({1}, {1: None}, {1: {}}, 7, {}, None)
+    with pytest.raises(TypeError):
+        native.module.changed_of([1], {}, {}, 7, {}, None)
