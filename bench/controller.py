@@ -10,8 +10,9 @@ graph (switches and hosts), timed in slices between the groups being built (``bu
 ``trees_vs_reference`` = ``trees_total_s`` / 1000 such trees
 (``trees_vs_reference_cpu``, ``reroute_vs_reference_cpu_*``: the same in this process's
 CPU time, which other work on a shared machine disturbs far less than wall-clock time);
-``reroute_vs_reference_p99`` = p99 over failures of (reroute time / the reference trees of
-that failure's affected groups, on the graph without the failed link);
+``reroute_vs_reference_p99`` = p99 (nearest rank: of 100 failures the 99th) over failures
+of (reroute time / the reference trees of that failure's affected groups, on the graph
+without the failed link), ``*_max`` the worst;
 ``send_serialise_*``: what the Ryu shell then spends serialising every message of the
 build as ``Datapath.send_msg`` does (timed apart, not in ``trees_*``). The machine (CPU
 model, cores, load average at the start) is named in the output. ``max_link_load_ratio`` compares links that are alternatives to

@@ -733,24 +733,30 @@ static int slots_of(PyObject *cls, Slots *s) {
 /* A message of class ``s`` (as object.__new__ makes it) with its slots _dpid and _wire
  * set, appended to ``out`` as (dpid, msg). Steals ``wire``. */
 /* The message (dpid, wire) of class s as out[*at] (a fresh list's empty slot), then *at + 1. */
-static int add_msg(PyObject *out, const Slots *s, PyObject *dpid, PyObject *wire, Py_ssize_t *at) {
-    if (wire == NULL) return -1;
+/* (dpid, message): a message of class s whose wire is wire (stolen). Neither the message
+ * nor the pair can be part of a reference cycle (an int, bytes, and later only what is
+ * decoded from the bytes): the collector need not visit the ~300 of each that a new
+ * tree's plan holds while it is alive. New reference. */
+static PyObject *ready_pair(const Slots *s, PyObject *dpid, PyObject *wire) {
+    if (wire == NULL) return NULL;
     PyObject *m = s->type->tp_alloc(s->type, 0);
     if (m == NULL) {
         Py_DECREF(wire);
-        return -1;
+        return NULL;
     }
     Py_INCREF(dpid);
     *(PyObject **)((char *)m + s->dpid_at) = dpid;
     *(PyObject **)((char *)m + s->wire_at) = wire;  /* (the reference given) */
-    /* Neither the message nor the pair can be part of a reference cycle (an int, bytes,
-     * and later only what is decoded from the bytes): the collector need not visit the
-     * ~300 of each that a new tree's plan holds while it is alive. */
     PyObject_GC_UnTrack(m);
     PyObject *pair = PyTuple_Pack(2, dpid, m);
     Py_DECREF(m);
+    if (pair != NULL) PyObject_GC_UnTrack(pair);
+    return pair;
+}
+
+static int add_msg(PyObject *out, const Slots *s, PyObject *dpid, PyObject *wire, Py_ssize_t *at) {
+    PyObject *pair = ready_pair(s, dpid, wire);
     if (pair == NULL) return -1;
-    PyObject_GC_UnTrack(pair);
     if (*at >= PyList_GET_SIZE(out)) {
         Py_DECREF(pair);
         PyErr_SetString(PyExc_RuntimeError, "tree_adds: more messages than counted");
@@ -2195,23 +2201,10 @@ static int slots_for(PyObject *cls, Slots *cache) {
     return 0;
 }
 
-/* Append (dpid, message) to lst: a message of class s whose wire is wire (stolen). Like
- * add_msg's, it cannot be part of a reference cycle: untracked. */
+/* Append (dpid, message) to lst (ready_pair; wire stolen). */
 static int put_msg(PyObject *lst, const Slots *s, PyObject *dpid, PyObject *wire) {
-    if (wire == NULL) return -1;
-    PyObject *m = s->type->tp_alloc(s->type, 0);
-    if (m == NULL) {
-        Py_DECREF(wire);
-        return -1;
-    }
-    Py_INCREF(dpid);
-    *(PyObject **)((char *)m + s->dpid_at) = dpid;
-    *(PyObject **)((char *)m + s->wire_at) = wire;
-    PyObject_GC_UnTrack(m);
-    PyObject *pair = PyTuple_Pack(2, dpid, m);
-    Py_DECREF(m);
+    PyObject *pair = ready_pair(s, dpid, wire);
     if (pair == NULL) return -1;
-    PyObject_GC_UnTrack(pair);
     int rc = PyList_Append(lst, pair);
     Py_DECREF(pair);
     return rc;
