@@ -555,31 +555,56 @@ static PyObject *fill(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
  * keeps its entry of the old tree (was) where its ports and parent are the same and no
  * detour of theirs is stale (touches(n, par, out_ports, stale) asked only when n or par
  * is in at), else gets its protection (protection_of) and a new entry if that differs. */
+/* The arguments protect and reprotect share (see protect). */
+typedef struct {
+    PyObject *at, *stale, *touches, *uplinks, *uplink, *pieces, *piece, *in_port_out, *shapes;
+    PyTypeObject *entry_type;
+} Protecting;
+
+static int protecting_ok(const Protecting *pr) {
+    if (!PyAnySet_Check(pr->at) || !PyDict_Check(pr->uplinks) || !PyDict_Check(pr->pieces) ||
+        (pr->shapes != Py_None && !PyDict_Check(pr->shapes))) {
+        PyErr_SetString(PyExc_TypeError, "protect: uplinks and pieces are dicts, at a set, shapes a dict or None");
+        return 0;
+    }
+    return 1;
+}
+
+static int protect_tree(PyObject *entries, PyObject *parent, PyObject *nodes, PyObject *was, PyObject *was_parent,
+                        const Protecting *pr);
+
 static PyObject *protect(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 15) {
         PyErr_SetString(PyExc_TypeError, "protect takes 15 arguments");
         return NULL;
     }
-    PyObject *entries = args[0], *parent = args[1], *nodes = args[2], *was = args[3], *was_parent = args[4],
-             *at = args[5], *stale = args[6], *touches = args[7], *uplinks = args[8], *uplink = args[9],
-             *pieces = args[10], *piece = args[11], *in_port_out = args[13], *shapes = args[14];
-    if (!PyDict_Check(entries) || !PyDict_Check(parent) || !PyDict_Check(was) || !PyDict_Check(was_parent) ||
-        !PyAnySet_Check(at) || !PyDict_Check(uplinks) || !PyDict_Check(pieces) || !PyType_Check(args[12]) ||
-        !PyType_IsSubtype((PyTypeObject *)args[12], &PyTuple_Type) || (shapes != Py_None && !PyDict_Check(shapes))) {
-        PyErr_SetString(PyExc_TypeError, "protect: entries, parent, was, was_parent, uplinks and pieces are dicts, "
-                                         "at a set, entry_type a tuple type, shapes a dict or None");
+    if (!PyDict_Check(args[0]) || !PyDict_Check(args[1]) || !PyDict_Check(args[3]) || !PyDict_Check(args[4]) ||
+        !PyType_Check(args[12]) || !PyType_IsSubtype((PyTypeObject *)args[12], &PyTuple_Type)) {
+        PyErr_SetString(PyExc_TypeError, "protect: entries, parent, was and was_parent are dicts, entry_type a "
+                                         "tuple type");
         return NULL;
     }
-    PyTypeObject *entry_type = (PyTypeObject *)args[12];
+    Protecting pr = {args[5], args[6], args[7], args[8], args[9], args[10], args[11], args[13], args[14],
+                     (PyTypeObject *)args[12]};
+    if (!protecting_ok(&pr) || protect_tree(args[0], args[1], args[2], args[3], args[4], &pr) < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
+/* protect's loop over one tree (0, or -1 with an error set). */
+static int protect_tree(PyObject *entries, PyObject *parent, PyObject *nodes, PyObject *was, PyObject *was_parent,
+                        const Protecting *pr) {
+    PyObject *at = pr->at, *stale = pr->stale, *touches = pr->touches, *uplinks = pr->uplinks, *uplink = pr->uplink,
+             *pieces = pr->pieces, *piece = pr->piece, *in_port_out = pr->in_port_out, *shapes = pr->shapes;
+    PyTypeObject *entry_type = pr->entry_type;
     PyObject *it = nodes == Py_None ? NULL : PyObject_GetIter(nodes), *keys = NULL;
     if (nodes == Py_None) {
         keys = PyDict_Keys(entries);  /* (entries are replaced while walked) */
-        if (keys == NULL) return NULL;
+        if (keys == NULL) return -1;
         it = PyObject_GetIter(keys);
     }
     if (it == NULL) {
         Py_XDECREF(keys);
-        return NULL;
+        return -1;
     }
     PyObject *n;
     while ((n = PyIter_Next(it)) != NULL) {
@@ -663,13 +688,107 @@ static PyObject *protect(PyObject *self, PyObject *const *args, Py_ssize_t nargs
         if (rc < 0) {
             Py_DECREF(it);
             Py_XDECREF(keys);
-            return NULL;
+            return -1;
         }
     }
     Py_DECREF(it);
     Py_XDECREF(keys);
-    if (PyErr_Occurred()) return NULL;
-    Py_RETURN_NONE;
+    return PyErr_Occurred() ? -1 : 0;
+}
+
+/* reprotect(items, stale, touches, uplinks, uplink, pieces, piece, entry_type, in_port_out,
+ *           shapes, ff_refs, want_ff, guard, to_own) -> [gid, ...]
+ * MulticastCore._reprotect_py's loop (see there): for each (gid, entries, parent, at) of
+ * items, the switches of at protected anew (protect_tree, no old tree); where an entry
+ * changed, the FF users of the changed ones recounted (recount's difference: every one
+ * taken off, then every one added); the gids with a change, in items' order. */
+static PyObject *reprotect(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 14 || !PyList_Check(args[0]) || !PyType_Check(args[7]) ||
+        !PyType_IsSubtype((PyTypeObject *)args[7], &PyTuple_Type)) {
+        PyErr_SetString(PyExc_TypeError, "reprotect(items: list, stale, touches, uplinks, uplink, pieces, piece, "
+                                         "entry_type, in_port_out, shapes, ff_refs, want_ff, guard, to_own)");
+        return NULL;
+    }
+    PyObject *items = args[0], *ff_refs = args[10], *want_ff = args[11], *guard = args[12], *to_own = args[13];
+    PyObject *near = PySet_New(NULL), *none = PyDict_New(), *kept = PyList_New(0), *olds = NULL;
+    Protecting pr = {near, args[1], args[2], args[3], args[4], args[5], args[6], args[8], args[9],
+                     (PyTypeObject *)args[7]};
+    PyObject *a[MAX_IDS], *b[MAX_IDS];
+    long av[MAX_IDS], bv[MAX_IDS];
+    if (near == NULL || none == NULL || kept == NULL || !protecting_ok(&pr)) goto fail;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(items); i++) {
+        PyObject *item = PyList_GET_ITEM(items, i);
+        if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) != 4 || !PyDict_Check(PyTuple_GET_ITEM(item, 1)) ||
+            !PyDict_Check(PyTuple_GET_ITEM(item, 2)) || !PyAnySet_Check(PyTuple_GET_ITEM(item, 3))) {
+            PyErr_SetString(PyExc_TypeError, "reprotect: items are (gid, entries: dict, parent: dict, at: set)");
+            goto fail;
+        }
+        PyObject *gid = PyTuple_GET_ITEM(item, 0), *entries = PyTuple_GET_ITEM(item, 1),
+                 *parent = PyTuple_GET_ITEM(item, 2), *at = PyTuple_GET_ITEM(item, 3);
+        /* (switch, its entry before) for the switches of at, in at's order */
+        Py_XSETREF(olds, PyList_New(0));
+        if (olds == NULL) goto fail;
+        PyObject *it = PyObject_GetIter(at), *n;
+        if (it == NULL) goto fail;
+        while ((n = PyIter_Next(it)) != NULL) {
+            PyObject *e = PyDict_GetItemWithError(entries, n), *pair = NULL;
+            if (e == NULL) {
+                if (!PyErr_Occurred()) PyErr_SetObject(PyExc_KeyError, n);
+            } else {
+                pair = PyTuple_Pack(2, n, e);
+            }
+            Py_DECREF(n);
+            if (pair == NULL || PyList_Append(olds, pair) < 0) {
+                Py_XDECREF(pair);
+                Py_DECREF(it);
+                goto fail;
+            }
+            Py_DECREF(pair);
+        }
+        Py_DECREF(it);
+        if (PyErr_Occurred() || protect_tree(entries, parent, at, none, none, &pr) < 0) goto fail;
+        int moved = 0;
+        for (int pass = 0; pass < 2; pass++) {  /* every changed entry's users off, then on */
+            for (Py_ssize_t j = 0; j < PyList_GET_SIZE(olds); j++) {
+                PyObject *n2 = PyTuple_GET_ITEM(PyList_GET_ITEM(olds, j), 0),
+                         *o = PyTuple_GET_ITEM(PyList_GET_ITEM(olds, j), 1), *e = PyDict_GetItemWithError(entries, n2);
+                if (e == NULL) {
+                    if (!PyErr_Occurred()) PyErr_SetObject(PyExc_KeyError, n2);
+                    goto fail;
+                }
+                if (e == o) continue;  /* (protect_tree keeps an entry whose protection is the same) */
+                moved = 1;
+                Py_INCREF(e);
+                Py_ssize_t na = counted_ids(o, to_own, a, av, MAX_IDS), nb = na < 0 ? -1 : counted_ids(e, to_own, b, bv, MAX_IDS);
+                int rc = nb < 0 ? -1 : 0;
+                if (rc == 0 && (na || nb)) {
+                    PyObject *refs = PyObject_GetItem(ff_refs, n2);
+                    if (refs == NULL || !PyDict_Check(refs)) {
+                        if (refs != NULL) PyErr_SetString(PyExc_TypeError, "ff_refs[n] is a dict");
+                        rc = -1;
+                    } else {
+                        rc = pass == 0 ? count_difference(a, av, na, bv, nb, n2, -1, refs, want_ff, guard)
+                                       : count_difference(b, bv, nb, av, na, n2, 1, refs, want_ff, guard);
+                    }
+                    Py_XDECREF(refs);
+                }
+                Py_DECREF(e);
+                if (rc < 0) goto fail;
+            }
+            if (!moved) break;
+        }
+        if (moved && PyList_Append(kept, gid) < 0) goto fail;
+    }
+    Py_XDECREF(olds);
+    Py_DECREF(near);
+    Py_DECREF(none);
+    return kept;
+fail:
+    Py_XDECREF(olds);
+    Py_XDECREF(near);
+    Py_XDECREF(none);
+    Py_XDECREF(kept);
+    return NULL;
 }
 
 /* bytes a + b + c (+ d) */
@@ -2601,6 +2720,7 @@ static PyMethodDef module_methods[] = {
     {"diff_switches", (PyCFunction)(void (*)(void))diff_switches, METH_FASTCALL,
      "MulticastCore._diff_switches_py's loop (see there)"},
     {"regraft", (PyCFunction)(void (*)(void))regraft, METH_FASTCALL, "trees.regraft_py's steps (see there)"},
+    {"reprotect", (PyCFunction)(void (*)(void))reprotect, METH_FASTCALL, "MulticastCore._reprotect_py's loop (see there)"},
     {"protect", (PyCFunction)(void (*)(void))protect, METH_FASTCALL, "MulticastCore._protect_py's loop (see there)"},
     {"recount", (PyCFunction)(void (*)(void))recount, METH_FASTCALL, "MulticastCore._recount_py's loop (see there)"},
     {"count", (PyCFunction)(void (*)(void))count, METH_FASTCALL, "MulticastCore._count_py's loop (see there)"},

@@ -423,6 +423,7 @@ def test_the_c_builder_is_built_in_ci():
         assert trees.regraft is trees.regraft_c and MulticastCore._regraft_tree is trees.regraft_c
         assert MulticastCore._diff_switches is MulticastCore._diff_switches_c
         assert MulticastCore._recount is MulticastCore._recount_c and MulticastCore._changed is MulticastCore._changed_c
+        assert MulticastCore._reprotect is MulticastCore._reprotect_c
         from controller import protect
 
         assert protect._path_around is protect._path_around_c
@@ -436,6 +437,7 @@ class InC(MulticastCore):
     _diff_switches = MulticastCore._diff_switches_c
     _recount = MulticastCore._recount_c
     _changed = MulticastCore._changed_c
+    _reprotect = MulticastCore._reprotect_c
     _tree_adds = staticmethod(ofmsgs.tree_adds_c)
 
 
@@ -447,6 +449,7 @@ class InPython(MulticastCore):
     _diff_switches = MulticastCore._diff_switches_py
     _recount = MulticastCore._recount_py
     _changed = MulticastCore._changed_py
+    _reprotect = MulticastCore._reprotect_py
     _tree_adds = staticmethod(ofmsgs.tree_adds_py)
 
 
@@ -966,3 +969,29 @@ def test_which_switches_changed_in_c_is_the_pythons(data):
         native.module.changed_of({1}, {1: None}, {1: {}}, 7, {}, None)
     with pytest.raises(TypeError):
         native.module.changed_of([1], {}, {}, 7, {}, None)
+
+
+@needs_c
+def test_reprotecting_in_c_keeps_unchanged_groups_out_and_refuses_bad_input():
+    """``_fastplan.reprotect`` (``MulticastCore._reprotect_c``): a group whose entries come
+    out the same is not returned (and counts nothing); one whose entry gains an FF group is,
+    and that group gains a user; what is not (gid, entries, parent, switches) raises."""
+    from collections import defaultdict
+
+    protect = native.module.reprotect
+    piece3 = (5, 0xFFFF0003, 0xFFFF8003, 7, "02:00:00:00:00:03", (7, "02:00:00:00:00:03", TO_OWN_GROUP))
+    pieces = {1: {2: (), 3: piece3}}
+    calls: list = []
+    ff_refs: defaultdict = defaultdict(dict)
+    args = [frozenset(), lambda *a: True, {}, lambda n, par: (1, ()), pieces, lambda n, q: (), SwitchEntry,
+            ("output", 0xFFFFFFF8), {}, ff_refs, lambda n, f: calls.append(("want", n, f)),
+            lambda key, on: calls.append(("guard", key, on)), TO_OWN_GROUP]
+    same = {1: SwitchEntry(1, (2, 3), (0xFFFF0003,), ())}
+    gains = {1: SwitchEntry(1, (2, 3), (), ())}
+    assert protect([(4, same, {1: None}, {1}), (5, gains, {1: None}, {1})], *args) == [5]
+    assert gains[1] == same[1] and ff_refs[1] == {0xFFFF0003: 1}
+    assert calls == [("want", 1, 0xFFFF0003), ("guard", (1, 3), True)]
+    for bad in ([(4, same, {1: None})], [(4, [], {1: None}, {1})], [(4, {1: SwitchEntry(1, (2,), (), ())}, {}, {1})],
+                [(4, same, {1: None}, {9})]):
+        with pytest.raises((TypeError, KeyError)):
+            protect(bad, *args)
