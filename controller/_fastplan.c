@@ -419,6 +419,27 @@ static int count_difference(PyObject *const *a, const long *av, Py_ssize_t na, c
     return 0;
 }
 
+/* Switch n's entry from o to e (they differ): the users of the FF groups o uses and e
+ * does not taken off (step -1), or of those e uses and o does not added (step 1). */
+static int count_changed(PyObject *o, PyObject *e, PyObject *n, long step, PyObject *ff_refs, PyObject *want_ff,
+                         PyObject *guard, PyObject *to_own) {
+    PyObject *a[MAX_IDS], *b[MAX_IDS];
+    long av[MAX_IDS], bv[MAX_IDS];
+    Py_ssize_t na = counted_ids(o, to_own, a, av, MAX_IDS), nb = na < 0 ? -1 : counted_ids(e, to_own, b, bv, MAX_IDS);
+    if (nb < 0) return -1;
+    if (!na && !nb) return 0;
+    PyObject *refs = PyObject_GetItem(ff_refs, n);
+    if (refs == NULL || !PyDict_Check(refs)) {
+        if (refs != NULL) PyErr_SetString(PyExc_TypeError, "ff_refs[n] is a dict");
+        Py_XDECREF(refs);
+        return -1;
+    }
+    int rc = step < 0 ? count_difference(a, av, na, bv, nb, n, -1, refs, want_ff, guard)
+                      : count_difference(b, bv, nb, av, na, n, 1, refs, want_ff, guard);
+    Py_DECREF(refs);
+    return rc;
+}
+
 /* recount(was, now, ff_refs, want_ff, guard, to_own): MulticastCore._recount_py (see
  * there): the users taken off for every entry of was that now lacks or differs from, then
  * added for every entry of now that was lacks or differs from; at a switch in both only
@@ -430,8 +451,6 @@ static PyObject *recount(PyObject *self, PyObject *const *args, Py_ssize_t nargs
     }
     PyObject *was = args[0], *now = args[1], *ff_refs = args[2], *want_ff = args[3], *guard = args[4],
              *to_own = args[5], *n, *e;
-    PyObject *a[MAX_IDS], *b[MAX_IDS];
-    long av[MAX_IDS], bv[MAX_IDS];
     for (int pass = 0; pass < 3; pass++) {  /* off; then on where both differ; then on where new */
         Py_ssize_t pos = 0;
         while (PyDict_Next(pass < 2 ? was : now, &pos, &n, &e)) {
@@ -457,28 +476,8 @@ static PyObject *recount(PyObject *self, PyObject *const *args, Py_ssize_t nargs
             }
             Py_INCREF(e);
             Py_INCREF(o);
-            int rc = -1, same = PyObject_RichCompareBool(o, e, Py_EQ);
-            Py_ssize_t na, nb;
-            PyObject *refs = NULL;
-            if (same < 0) goto next;
-            rc = 0;
-            if (same) goto next;
-            rc = -1;
-            if ((na = counted_ids(e, to_own, a, av, MAX_IDS)) < 0 || (nb = counted_ids(o, to_own, b, bv, MAX_IDS)) < 0)
-                goto next;
-            if (na == 0 && nb == 0) {
-                rc = 0;
-                goto next;
-            }
-            refs = PyObject_GetItem(ff_refs, n);
-            if (refs == NULL || !PyDict_Check(refs)) {
-                if (refs != NULL) PyErr_SetString(PyExc_TypeError, "ff_refs[n] is a dict");
-                goto next;
-            }
-            rc = pass == 0 ? count_difference(a, av, na, bv, nb, n, -1, refs, want_ff, guard)
-                           : count_difference(b, bv, nb, av, na, n, 1, refs, want_ff, guard);
-        next:
-            Py_XDECREF(refs);
+            int same = PyObject_RichCompareBool(o, e, Py_EQ);
+            int rc = same < 0 ? -1 : same ? 0 : count_changed(e, o, n, pass == 0 ? -1 : 1, ff_refs, want_ff, guard, to_own);
             Py_DECREF(e);
             Py_DECREF(o);
             if (rc < 0) return NULL;
@@ -713,8 +712,6 @@ static PyObject *reprotect(PyObject *self, PyObject *const *args, Py_ssize_t nar
     PyObject *near = PySet_New(NULL), *none = PyDict_New(), *kept = PyList_New(0), *olds = NULL;
     Protecting pr = {near, args[1], args[2], args[3], args[4], args[5], args[6], args[8], args[9],
                      (PyTypeObject *)args[7]};
-    PyObject *a[MAX_IDS], *b[MAX_IDS];
-    long av[MAX_IDS], bv[MAX_IDS];
     if (near == NULL || none == NULL || kept == NULL || !protecting_ok(&pr)) goto fail;
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(items); i++) {
         PyObject *item = PyList_GET_ITEM(items, i);
@@ -759,19 +756,7 @@ static PyObject *reprotect(PyObject *self, PyObject *const *args, Py_ssize_t nar
                 if (e == o) continue;  /* (protect_tree keeps an entry whose protection is the same) */
                 moved = 1;
                 Py_INCREF(e);
-                Py_ssize_t na = counted_ids(o, to_own, a, av, MAX_IDS), nb = na < 0 ? -1 : counted_ids(e, to_own, b, bv, MAX_IDS);
-                int rc = nb < 0 ? -1 : 0;
-                if (rc == 0 && (na || nb)) {
-                    PyObject *refs = PyObject_GetItem(ff_refs, n2);
-                    if (refs == NULL || !PyDict_Check(refs)) {
-                        if (refs != NULL) PyErr_SetString(PyExc_TypeError, "ff_refs[n] is a dict");
-                        rc = -1;
-                    } else {
-                        rc = pass == 0 ? count_difference(a, av, na, bv, nb, n2, -1, refs, want_ff, guard)
-                                       : count_difference(b, bv, nb, av, na, n2, 1, refs, want_ff, guard);
-                    }
-                    Py_XDECREF(refs);
-                }
+                int rc = count_changed(o, e, n2, pass == 0 ? -1 : 1, ff_refs, want_ff, guard, to_own);
                 Py_DECREF(e);
                 if (rc < 0) goto fail;
             }
@@ -1024,6 +1009,21 @@ static int pair_of_bytes(PyObject *t) {
     return 1;
 }
 
+/* tags[link_tag], or make_tag(link_tag) on a miss (ofmsgs._tag_tlv, which keeps it in
+ * tags): a link tag's eth_dst TLV, 10 bytes. New reference. */
+static PyObject *tag_tlv_of(PyObject *tags, PyObject *make_tag, PyObject *link_tag) {
+    PyObject *tlv = PyDict_GetItemWithError(tags, link_tag);
+    if (tlv != NULL)
+        Py_INCREF(tlv);
+    else if (!PyErr_Occurred())
+        tlv = PyObject_CallOneArg(make_tag, link_tag);
+    if (tlv != NULL && (!PyBytes_Check(tlv) || PyBytes_GET_SIZE(tlv) != 10)) {
+        PyErr_SetString(PyExc_TypeError, "a tag's TLV is 10 bytes");
+        Py_CLEAR(tlv);
+    }
+    return tlv;
+}
+
 /* tree_adds(gid, sg_head, sg_tail, dpids, entries, out, tags, make_tag, rejoin_flow,
  *           group_cls, flow_cls)
  * ofmsgs.tree_adds's loop: see there. ``rejoin_flow(acts)`` gives a rejoin flow's bytes
@@ -1098,16 +1098,9 @@ static PyObject *tree_adds(PyObject *self, PyObject *const *args, Py_ssize_t nar
             Py_INCREF(acts);
             Py_XSETREF(last, acts);
         }
-        PyObject *link_tag = PyTuple_GET_ITEM(rejoin, 1);
-        PyObject *tlv = PyDict_GetItemWithError(tags, link_tag);
-        if (tlv != NULL) {
-            Py_INCREF(tlv);
-        } else if (!PyErr_Occurred()) {
-            tlv = PyObject_CallOneArg(make_tag, link_tag);
-        }
+        PyObject *tlv = tag_tlv_of(tags, make_tag, PyTuple_GET_ITEM(rejoin, 1));
         if (tlv == NULL) goto fail;
-        if (!PyBytes_Check(tlv) || be32_of(PyTuple_GET_ITEM(rejoin, 0), port) < 0) {
-            if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "a tag's TLV is bytes");
+        if (be32_of(PyTuple_GET_ITEM(rejoin, 0), port) < 0) {
             Py_DECREF(tlv);
             goto fail;
         }
@@ -2368,25 +2361,19 @@ static int entry_ok(PyObject *e) {
 }
 
 typedef struct {
-    PyObject *gid, *parts, *rejoin_parts, *tag_tlv, *cookie, *source, *address;
+    PyObject *gid, *parts, *rejoin_flow, *tags, *make_tag;
     unsigned long gidv;
 } Group_;
 
 /* A rejoin flow's add (detour_flow) or delete (detour_flow_delete) for rejoin
  * (arrival, tag, acts), appended to lst. */
 static int put_rejoin(PyObject *lst, const Group_ *g, PyObject *dpid, PyObject *rejoin, int delete) {
-    PyObject *tlv = PyObject_CallOneArg(g->tag_tlv, PyTuple_GET_ITEM(rejoin, 1)), *wire = NULL;
+    PyObject *tlv = tag_tlv_of(g->tags, g->make_tag, PyTuple_GET_ITEM(rejoin, 1)), *wire = NULL;
     if (tlv == NULL) return -1;
-    if (!PyBytes_Check(tlv) || PyBytes_GET_SIZE(tlv) != 10) {
-        PyErr_SetString(PyExc_ValueError, "diff_switches: a tag's TLV is 10 bytes");
-        Py_DECREF(tlv);
-        return -1;
-    }
     if (delete) {
         wire = sandwich(PyTuple_GET_ITEM(g->parts, 4), PyTuple_GET_ITEM(rejoin, 0), tlv, PyTuple_GET_ITEM(g->parts, 5));
     } else {
-        PyObject *call[4] = {g->cookie, g->source, g->address, PyTuple_GET_ITEM(rejoin, 2)};
-        PyObject *ht = PyObject_Vectorcall(g->rejoin_parts, call, 4, NULL);
+        PyObject *ht = PyObject_CallOneArg(g->rejoin_flow, PyTuple_GET_ITEM(rejoin, 2));
         if (ht != NULL && pair_of_bytes(ht))
             wire = sandwich(PyTuple_GET_ITEM(ht, 0), PyTuple_GET_ITEM(rejoin, 0), tlv, PyTuple_GET_ITEM(ht, 1));
         Py_XDECREF(ht);
@@ -2520,26 +2507,25 @@ static int diff_one(const Group_ *g, PyObject *dpid, PyObject *old, PyObject *ne
 }
 
 /* diff_switches(gid, changed, have, want, installed, placed, changes, build, switch, cut,
- *               remove, parts, rejoin_parts, tag_tlv, one, flow_cls, group_cls, unknown,
- *               cookie, source, address)
+ *               remove, parts, rejoin_flow, tags, make_tag, one, flow_cls, group_cls, unknown)
  * MulticastCore._diff_switches_py's loop (see there), the messages packed here from the
- * group's parts (ofmsgs.diff_parts), its rejoin flows'
- * (rejoin_parts(cookie, source, address, acts)) and the tags' TLVs (tag_tlv(tag)); a
- * switch whose tree turns around is one(dpid, old, new)'s. */
+ * group's parts (ofmsgs.diff_parts), its rejoin flows' (rejoin_flow(acts)) and the tags'
+ * TLVs (tag_tlv_of), as tree_adds packs a new tree's; a switch whose tree turns around
+ * is one(dpid, old, new)'s. */
 static PyObject *diff_switches(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 21) {
-        PyErr_SetString(PyExc_TypeError, "diff_switches takes 21 arguments");
+    if (nargs != 19) {
+        PyErr_SetString(PyExc_TypeError, "diff_switches takes 19 arguments");
         return NULL;
     }
     PyObject *changed = args[1], *have = args[2], *want = args[3], *installed = args[4], *placed = args[5],
-             *changes = args[6], *build = args[7], *swtch = args[8], *cut = args[9], *remove = args[10], *one = args[14];
-    Group_ g = {args[0], args[11], args[12], args[13], args[18], args[19], args[20], 0};
+             *changes = args[6], *build = args[7], *swtch = args[8], *cut = args[9], *remove = args[10], *one = args[15];
+    Group_ g = {args[0], args[11], args[12], args[13], args[14], 0};
     long gidv, unknown;
     if (!PyList_Check(changed) || !PyDict_Check(have) || !PyDict_Check(want) || !PyDict_Check(installed) ||
         !PyDict_Check(placed) || !PyList_Check(build) || !PyList_Check(swtch) || !PyList_Check(cut) ||
-        !PyList_Check(remove) || !PyTuple_Check(g.parts) || PyTuple_GET_SIZE(g.parts) != 7) {
-        PyErr_SetString(PyExc_TypeError, "diff_switches: changed and the phases are lists, have, want, installed "
-                                         "and placed dicts, parts a 7-tuple");
+        !PyList_Check(remove) || !PyTuple_Check(g.parts) || PyTuple_GET_SIZE(g.parts) != 7 || !PyDict_Check(g.tags)) {
+        PyErr_SetString(PyExc_TypeError, "diff_switches: changed and the phases are lists, have, want, installed, "
+                                         "placed and tags dicts, parts a 7-tuple");
         return NULL;
     }
     for (int i = 0; i < 7; i++)
@@ -2547,13 +2533,13 @@ static PyObject *diff_switches(PyObject *self, PyObject *const *args, Py_ssize_t
             PyErr_SetString(PyExc_TypeError, "diff_switches: parts are bytes");
             return NULL;
         }
-    if (get_long(args[0], &gidv) < 0 || get_long(args[17], &unknown) < 0) return NULL;
+    if (get_long(args[0], &gidv) < 0 || get_long(args[18], &unknown) < 0) return NULL;
     if (gidv < 0 || gidv > 0xFFFFFFFFL) {
         PyErr_SetString(PyExc_OverflowError, "a group id is 32 bits");
         return NULL;
     }
     g.gidv = (unsigned long)gidv;
-    if (slots_for(args[15], &flow_slots) < 0 || slots_for(args[16], &group_slots) < 0) return NULL;
+    if (slots_for(args[16], &flow_slots) < 0 || slots_for(args[17], &group_slots) < 0) return NULL;
     PyObject *step = PyLong_FromLong(1);
     if (step == NULL) return NULL;
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(changed); i++) {

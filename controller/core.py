@@ -750,10 +750,8 @@ class MulticastCore:
                 continue
             ff, rejoin = protection(n, in_port, out_ports, up)
             ff = _shape(ff)
-            counted = ff
-            if rejoin and rejoin[2] is not TO_OWN_GROUP:  # (as ``_count`` counts a rejoin listing outputs)
-                counted = ff + tuple(a[1] for a in rejoin[2] if a[0] == "group" and is_ff(a[1]))
-            entries[n] = entry(SwitchEntry, (in_port, out_ports, ff, rejoin))
+            e = entries[n] = entry(SwitchEntry, (in_port, out_ports, ff, rejoin))
+            counted = _counted(e)  # (as ``_count`` counts it)
             if counted:  # (``_count``)
                 refs = ff_refs[n]
                 for f in counted:
@@ -978,9 +976,7 @@ class MulticastCore:
         """Keep the users of each FF group and protected link in step with the trees."""
         appear = 1 if step > 0 else 0
         for dpid, e in entries.items():
-            ffs, rejoin = e[2], e[3]
-            if rejoin and rejoin[2] is not TO_OWN_GROUP:  # a rejoin listing outputs may go through FF groups
-                ffs = ffs + tuple(a[1] for a in rejoin[2] if a[0] == "group" and is_ff(a[1]))
+            ffs = _counted(e)  # (a rejoin listing outputs may go through FF groups)
             if not ffs:
                 continue
             refs = self.ff_refs[dpid]
@@ -1109,37 +1105,32 @@ class MulticastCore:
             g = self.groups[gid]
             want = g.tree.entries if g.tree is not None else {}
             placed = self.placed[gid]
-            if placed:
-                at = within.get(gid) if within else None
+            if placed:  # (``within``: a reroute's changed switches; else every one it or the tree has)
                 if live is None:
                     live = switches & installed.keys()
-                if at is not None:  # (a reroute's: in leaves-first order already)
-                    changed, have = self._changed(gid, at & live if only is None else at & live & only, placed, want,
-                                                  g.tree.parent if g.tree is not None else None)
-                    if changed:
-                        plan.groups.add(gid)
-                        self._diff_switches(g, changed, have, want, placed, build, switch, cut, remove)
-                    continue
-                have = {dpid: installed[dpid][gid] for dpid in (placed if only is None else placed.keys() & only)}
-                dpids = (want.keys() | have.keys()) & live
-                if only is not None:
-                    dpids &= only
-                changed = [d for d in sorted(dpids) if have.get(d) != want.get(d)]  # (an order of their own)
-            else:  # a new tree (or one whose switches all came back empty): all of it
-                have = _NOTHING
-                order = g.tree.leaves_first if g.tree is not None else None
-                if order is not None and only is None and self.one_pass:  # (the search's order)
-                    todo = [d for d in order if d in installed and d in switches]
-                    if todo:
-                        plan.groups.add(gid)
-                        self._tree_adds(gid, g.source, g.address, todo, want, build)
-                        for d in todo:
-                            changes[d] += 1
-                            installed[d][gid] = want[d]
-                        # (it held none of them; sized once when every switch is live)
-                        self.placed[gid] = dict.fromkeys(want if len(todo) == len(want) else todo)
-                    continue
-                changed = [d for d in want if d in installed and d in switches and (only is None or d in only)]
+                at = within.get(gid) if within else None
+                dpids = (at if at is not None else want.keys() | placed.keys()) & live
+                changed, have = self._changed(gid, dpids if only is None else dpids & only, placed, want,
+                                              g.tree.parent if g.tree is not None else None)
+                if changed:  # (leaves first already)
+                    plan.groups.add(gid)
+                    self._diff_switches(g, changed, have, want, placed, build, switch, cut, remove)
+                continue
+            # a new tree (or one whose switches all came back empty): all of it
+            have = _NOTHING
+            order = g.tree.leaves_first if g.tree is not None else None
+            if order is not None and only is None and self.one_pass:  # (the search's order)
+                todo = [d for d in order if d in installed and d in switches]
+                if todo:
+                    plan.groups.add(gid)
+                    self._tree_adds(gid, g.source, g.address, todo, want, build)
+                    for d in todo:
+                        changes[d] += 1
+                        installed[d][gid] = want[d]
+                    # (it held none of them; sized once when every switch is live)
+                    self.placed[gid] = dict.fromkeys(want if len(todo) == len(want) else todo)
+                continue
+            changed = [d for d in want if d in installed and d in switches and (only is None or d in only)]
             if not changed:
                 continue
             plan.groups.add(gid)
@@ -1211,9 +1202,9 @@ class MulticastCore:
         gid, source, address = g.gid, g.source, g.address
         native.module.diff_switches(
             gid, changed, have, want, self.installed, placed, self.changes, build, switch, cut, remove,
-            ofmsgs.diff_parts(gid, source, address), ofmsgs.rejoin_parts, ofmsgs.tag_tlv,
-            partial(self._diff_one, g, build=build, switch=switch, cut=cut, remove=remove),
-            ofmsgs.ReadyFlowMod, ofmsgs.ReadyGroupMod, UNKNOWN_PORT, ofmsgs.cookie(gid), source, address)
+            ofmsgs.diff_parts(gid, source, address), ofmsgs.rejoin_flow(gid, source, address), ofmsgs.TAGS,
+            ofmsgs.tag_tlv, partial(self._diff_one, g, build=build, switch=switch, cut=cut, remove=remove),
+            ofmsgs.ReadyFlowMod, ofmsgs.ReadyGroupMod, UNKNOWN_PORT)
 
     def _diff_one(self, g: Group, dpid: int, old: SwitchEntry | None, new: SwitchEntry | None, build: list,
                   switch: list, cut: list, remove: list) -> None:

@@ -492,9 +492,11 @@ def diff_parts(gid: int, source: str, group: str) -> tuple[bytes, ...]:
             rj_del[_IN_PORT_AT + 4 + len(_OXM_ETH_DST) + 6:], group_delete(0, gid)._wire)
 
 
-# (called from C: the caches themselves, no Python frame in between)
-rejoin_parts = _rejoin_flow  # a group's rejoin flow add before its in_port and after its tag
-tag_tlv = _tag_oxm  # a link tag's eth_dst TLV (between a rejoin flow's in_port and the rest)
+def rejoin_flow(gid: int, source: str, group: str) -> partial:
+    """Group ``gid``'s rejoin flow adds before their in_port and after their tag, by the
+    actions kept (``_rejoin_flow``): what ``_fastplan.tree_adds`` and ``diff_switches``
+    call back (a partial of the cache: no Python frame in between)."""
+    return partial(_rejoin_flow, COOKIE_TAG | gid, source, group)
 
 
 _GROUP_HEAD = struct.Struct("!BBHIHBx")  # a group-mod before its group id
@@ -519,8 +521,8 @@ def tree_adds_c(gid: int, source: str, group: str, dpids: Iterable[int], entries
     buckets packed there (as ``buckets`` packs them), the pieces made once per group or
     tag are this module's, called back on a miss."""
     sg_head, sg_tail = _sg_flow(gid, source, group)
-    _native.tree_adds(gid, sg_head, sg_tail, dpids, entries, out, _TAGS, _tag_tlv,
-                      partial(_rejoin_flow, COOKIE_TAG | gid, source, group), ReadyGroupMod, ReadyFlowMod)
+    _native.tree_adds(gid, sg_head, sg_tail, dpids, entries, out, TAGS, tag_tlv, rejoin_flow(gid, source, group),
+                      ReadyGroupMod, ReadyFlowMod)
 
 
 def tree_adds_py(gid: int, source: str, group: str, dpids: Iterable[int], entries: dict[int, tuple],
@@ -532,7 +534,7 @@ def tree_adds_py(gid: int, source: str, group: str, dpids: Iterable[int], entrie
     message and a cache lookup per piece was most of building them."""
     sg_head, sg_tail = _sg_flow(gid, source, group)
     sg_pack, port, gid_bytes = _SG_FLOW.pack, _PORT.pack, _PORT.pack(gid)
-    parts_of, tags = _ADD_PARTS.get, _TAGS.get
+    parts_of, tags = _ADD_PARTS.get, TAGS.get
     ck = COOKIE_TAG | gid
     last: tuple = ()  # the last rejoin's actions and their flow's bytes around in_port and tag
     head = tail = b""
@@ -559,21 +561,21 @@ def tree_adds_py(gid: int, source: str, group: str, dpids: Iterable[int], entrie
                 last = acts
             tlv = tags(link_tag)
             if tlv is None:
-                tlv = _tag_tlv(link_tag)
+                tlv = tag_tlv(link_tag)
             m = new(flow_cls)
             m._dpid = dpid
             m._wire = b"".join((head, port(arrival), tlv, tail))
             add((dpid, m))
 
 
-_TAGS: dict[str, bytes] = {}  # link tag -> its eth_dst TLV (one per protected link port)
+TAGS: dict[str, bytes] = {}  # link tag -> its eth_dst TLV (one per protected link port)
 
 
-def _tag_tlv(link_tag: str) -> bytes:
-    """A link tag's TLV, kept in ``_TAGS`` (bounded)."""
-    if len(_TAGS) >= _MAX_PARTS:
-        _TAGS.clear()
-    tlv = _TAGS[link_tag] = _tag_oxm(link_tag)
+def tag_tlv(link_tag: str) -> bytes:
+    """A link tag's TLV, kept in ``TAGS`` (bounded)."""
+    if len(TAGS) >= _MAX_PARTS:
+        TAGS.clear()
+    tlv = TAGS[link_tag] = _tag_oxm(link_tag)
     return tlv
 
 

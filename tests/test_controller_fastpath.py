@@ -884,10 +884,9 @@ def test_a_switchs_messages_packed_in_c_are_the_pythons(data):
                      dict(core.changes)))
     assert outs[0] == outs[1]
     args = [7, [1], {}, {1: SwitchEntry(1, (2,), (), ())}, {1: {}}, {}, defaultdict(int), [], [], [], [],
-            ofmsgs.diff_parts(7, "10.0.0.1", "232.1.0.7"), lambda *a: (b"h", b"t"), ofmsgs.tag_tlv,
-            lambda *a: None, ofmsgs.ReadyFlowMod, ofmsgs.ReadyGroupMod, UNKNOWN_PORT, ofmsgs.cookie(7), "10.0.0.1",
-            "232.1.0.7"]
-    for i, bad in ((1, (1,)), (3, {1: (1, 2)}), (4, {}), (11, (b"x",)), (15, object), (0, -3),
+            ofmsgs.diff_parts(7, "10.0.0.1", "232.1.0.7"), lambda acts: (b"h", b"t"), ofmsgs.TAGS, ofmsgs.tag_tlv,
+            lambda *a: None, ofmsgs.ReadyFlowMod, ofmsgs.ReadyGroupMod, UNKNOWN_PORT]
+    for i, bad in ((1, (1,)), (3, {1: (1, 2)}), (4, {}), (11, (b"x",)), (16, object), (0, -3), (13, []),
                    (3, {1: SwitchEntry(1, (2,), (), (1,))})):
         wrong = list(args)
         wrong[i] = bad
