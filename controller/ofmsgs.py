@@ -536,7 +536,7 @@ def tree_adds_py(gid: int, source: str, group: str, dpids: Iterable[int], entrie
     sg_pack, port, gid_bytes = _SG_FLOW.pack, _PORT.pack, _PORT.pack(gid)
     parts_of, tags = _ADD_PARTS.get, TAGS.get
     ck = COOKIE_TAG | gid
-    last: tuple = ()  # the last rejoin's actions and their flow's bytes around in_port and tag
+    last: tuple | None = None  # the last rejoin's actions and their flow's bytes around in_port and tag
     head = tail = b""
     new, group_cls, flow_cls, add = _new, ReadyGroupMod, ReadyFlowMod, out.append
     for dpid in dpids:
