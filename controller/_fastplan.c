@@ -1024,6 +1024,138 @@ static PyObject *tag_tlv_of(PyObject *tags, PyObject *make_tag, PyObject *link_t
     return tlv;
 }
 
+/* -- a group's rejoin flows: their bytes around the arrival port and tag -------------
+ * ofmsgs._rejoin_flow makes them, one Python call per action list: ~5 per new tree and
+ * ~30,000 instructions each, a third of tree_adds. A group's rejoin flows differ only in
+ * the kept actions at the end of the instruction (after the one restoring the group's
+ * MAC), so once Python has made one, the others are packed here from it: its head with
+ * the new length, its tail up to the instruction, its MAC action, then these actions.
+ * The first pair is checked to be of that layout (its actions packed here must be its
+ * last bytes); an action list this does not pack is Python's, as is every one after a
+ * first pair of another layout. */
+#define OFPIT_APPLY_ACTIONS 4
+#define OFPAT_SET_FIELD 25
+#define OWN_GROUP (-1L)
+#define MAX_KEPT 64
+
+typedef struct {
+    PyObject *make;  /* rejoin_flow(acts) -> (head, tail) (borrowed) */
+    unsigned long gid;
+    int state;  /* 0: no pair yet; 1: head, prefix and mac hold; -1: Python makes each */
+    PyObject *head, *prefix, *mac;  /* (owned) */
+} Rejoins;
+
+static void rejoins_clear(Rejoins *r) {
+    Py_CLEAR(r->head);
+    Py_CLEAR(r->prefix);
+    Py_CLEAR(r->mac);
+}
+
+static inline unsigned get16(const unsigned char *p) { return (unsigned)p[0] << 8 | p[1]; }
+
+/* The kept actions ``acts`` as ofmsgs._actions packs them after rejoin_actions (OWN_GROUP
+ * as the group): their length in out, or -1 for a form not packed here (no error set). */
+static Py_ssize_t pack_kept(PyObject *acts, unsigned long gid, unsigned char *out) {
+    if (!PyTuple_Check(acts) || PyTuple_GET_SIZE(acts) > MAX_KEPT) return -1;
+    Py_ssize_t n = 0;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(acts); i++) {
+        PyObject *a = PyTuple_GET_ITEM(acts, i);
+        if (!PyTuple_CheckExact(a) || PyTuple_GET_SIZE(a) != 2 || !PyUnicode_CheckExact(PyTuple_GET_ITEM(a, 0)) ||
+            !PyLong_CheckExact(PyTuple_GET_ITEM(a, 1)))
+            return -1;
+        int overflow;
+        long long v = PyLong_AsLongLongAndOverflow(PyTuple_GET_ITEM(a, 1), &overflow);
+        if (overflow) return -1;
+        PyObject *kind = PyTuple_GET_ITEM(a, 0);
+        if (PyUnicode_CompareWithASCIIString(kind, "group") == 0) {
+            if (v == OWN_GROUP) v = (long long)gid;
+            if (v < 0 || v > 0xFFFFFFFFLL) return -1;
+            put16(out + n, OFPAT_GROUP);
+            put16(out + n + 2, 8);
+            put32(out + n + 4, (unsigned long)v);
+            n += 8;
+        } else if (PyUnicode_CompareWithASCIIString(kind, "output") == 0) {
+            if (v < 0 || v > 0xFFFFFFFFLL) return -1;
+            put16(out + n, OFPAT_OUTPUT);
+            put16(out + n + 2, 16);
+            put32(out + n + 4, (unsigned long)v);
+            memset(out + n + 8, 0, 8);  /* max_len 0, padding */
+            n += 16;
+        } else {
+            return -1;
+        }
+    }
+    return n;
+}
+
+/* Takes the pair Python made for kept actions packed as ``kept`` (n bytes) as the group's
+ * layout when it is one: head (its length at 2) + port + tag TLV (10) + tail, the tail
+ * ending in the apply-actions instruction: the MAC action (16 bytes), then ``kept``. */
+static int rejoins_learn(Rejoins *r, PyObject *ht, const unsigned char *kept, Py_ssize_t n) {
+    PyObject *head = PyTuple_GET_ITEM(ht, 0), *tail = PyTuple_GET_ITEM(ht, 1);
+    Py_ssize_t nh = PyBytes_GET_SIZE(head), nt = PyBytes_GET_SIZE(tail), ni = 8 + 16 + n;
+    const unsigned char *h = (const unsigned char *)PyBytes_AS_STRING(head);
+    const unsigned char *t = (const unsigned char *)PyBytes_AS_STRING(tail), *in = t + nt - ni;
+    static const unsigned char zeros[4] = {0};
+    if (nh < 4 || nt < ni || (Py_ssize_t)get16(h + 2) != nh + 4 + 10 + nt || get16(in) != OFPIT_APPLY_ACTIONS ||
+        (Py_ssize_t)get16(in + 2) != ni || memcmp(in + 4, zeros, 4) != 0 || get16(in + 8) != OFPAT_SET_FIELD ||
+        get16(in + 10) != 16 || memcmp(in + 24, kept, (size_t)n) != 0)
+        return 0;
+    r->prefix = PyBytes_FromStringAndSize((const char *)t, nt - ni);
+    r->mac = PyBytes_FromStringAndSize((const char *)in + 8, 16);
+    if (r->prefix == NULL || r->mac == NULL) {
+        rejoins_clear(r);
+        return -1;
+    }
+    Py_INCREF(head);
+    r->head = head;
+    return 1;
+}
+
+/* (head, tail) of the group's rejoin flow for kept actions ``acts``. New reference. */
+static PyObject *rejoin_pair(Rejoins *r, PyObject *acts) {
+    unsigned char kept[MAX_KEPT * 16];
+    Py_ssize_t n = r->state < 0 ? -1 : pack_kept(acts, r->gid, kept);
+    if (n >= 0 && r->state == 1) {
+        Py_ssize_t nh = PyBytes_GET_SIZE(r->head), np = PyBytes_GET_SIZE(r->prefix), ni = 8 + 16 + n;
+        PyObject *pair = PyTuple_New(2);
+        PyObject *head = PyBytes_FromStringAndSize(PyBytes_AS_STRING(r->head), nh);
+        PyObject *tail = PyBytes_FromStringAndSize(NULL, np + ni);
+        if (pair == NULL || head == NULL || tail == NULL) {
+            Py_XDECREF(pair);
+            Py_XDECREF(head);
+            Py_XDECREF(tail);
+            return NULL;
+        }
+        put16((unsigned char *)PyBytes_AS_STRING(head) + 2, (unsigned)(nh + 4 + 10 + np + ni));
+        unsigned char *t = (unsigned char *)PyBytes_AS_STRING(tail);
+        memcpy(t, PyBytes_AS_STRING(r->prefix), (size_t)np);
+        put16(t + np, OFPIT_APPLY_ACTIONS);
+        put16(t + np + 2, (unsigned)ni);
+        memset(t + np + 4, 0, 4);
+        memcpy(t + np + 8, PyBytes_AS_STRING(r->mac), 16);
+        memcpy(t + np + 24, kept, (size_t)n);
+        PyTuple_SET_ITEM(pair, 0, head);
+        PyTuple_SET_ITEM(pair, 1, tail);
+        return pair;
+    }
+    PyObject *ht = PyObject_CallOneArg(r->make, acts);
+    if (ht == NULL) return NULL;
+    if (!pair_of_bytes(ht)) {
+        Py_DECREF(ht);
+        return NULL;
+    }
+    if (r->state == 0 && n >= 0) {  /* (a list not packed here teaches nothing) */
+        int got = rejoins_learn(r, ht, kept, n);
+        if (got < 0) {
+            Py_DECREF(ht);
+            return NULL;
+        }
+        r->state = got ? 1 : -1;
+    }
+    return ht;
+}
+
 /* tree_adds(gid, sg_head, sg_tail, dpids, entries, out, tags, make_tag, rejoin_flow,
  *           group_cls, flow_cls)
  * ofmsgs.tree_adds's loop: see there. ``rejoin_flow(acts)`` gives a rejoin flow's bytes
@@ -1052,6 +1184,7 @@ static PyObject *tree_adds(PyObject *self, PyObject *const *args, Py_ssize_t nar
     PyObject *seq = PySequence_Fast(dpids, "tree_adds: dpids is a sequence");
     if (seq == NULL) return NULL;
     PyObject *last = NULL, *rj = NULL, *e = NULL;  /* the last rejoin's actions and their flow's bytes */
+    Rejoins rjs = {rejoin_flow, (unsigned long)gid, 0, NULL, NULL, NULL};
     PyObject *made = NULL;  /* the messages, sized once, then put at the end of out */
     Py_ssize_t count = PySequence_Fast_GET_SIZE(seq), k = 0, n = 0;
     for (Py_ssize_t i = 0; i < count; i++) {  /* (appending ~300 grew out ~25 times, copying it) */
@@ -1092,9 +1225,8 @@ static PyObject *tree_adds(PyObject *self, PyObject *const *args, Py_ssize_t nar
         PyObject *acts = PyTuple_GET_ITEM(rejoin, 2);
         if (acts != last) {  /* (a group's rejoins mostly share one action list) */
             Py_XDECREF(rj);
-            rj = PyObject_CallOneArg(rejoin_flow, acts);
+            rj = rejoin_pair(&rjs, acts);
             if (rj == NULL) goto fail;
-            if (!pair_of_bytes(rj)) goto fail;
             Py_INCREF(acts);
             Py_XSETREF(last, acts);
         }
@@ -1114,6 +1246,7 @@ static PyObject *tree_adds(PyObject *self, PyObject *const *args, Py_ssize_t nar
     }
     Py_ssize_t end = PyList_GET_SIZE(out);
     if (PyList_SetSlice(out, end, end, made) < 0) goto fail;
+    rejoins_clear(&rjs);
     Py_XDECREF(rj);
     Py_XDECREF(last);
     Py_XDECREF(e);
@@ -1121,6 +1254,7 @@ static PyObject *tree_adds(PyObject *self, PyObject *const *args, Py_ssize_t nar
     Py_DECREF(seq);
     Py_RETURN_NONE;
 fail:
+    rejoins_clear(&rjs);
     Py_XDECREF(rj);
     Py_XDECREF(last);
     Py_XDECREF(e);
@@ -2363,6 +2497,7 @@ static int entry_ok(PyObject *e) {
 typedef struct {
     PyObject *gid, *parts, *rejoin_flow, *tags, *make_tag;
     unsigned long gidv;
+    Rejoins *rejoins;  /* (its rejoin flows' bytes: rejoin_pair) */
 } Group_;
 
 /* A rejoin flow's add (detour_flow) or delete (detour_flow_delete) for rejoin
@@ -2373,8 +2508,8 @@ static int put_rejoin(PyObject *lst, const Group_ *g, PyObject *dpid, PyObject *
     if (delete) {
         wire = sandwich(PyTuple_GET_ITEM(g->parts, 4), PyTuple_GET_ITEM(rejoin, 0), tlv, PyTuple_GET_ITEM(g->parts, 5));
     } else {
-        PyObject *ht = PyObject_CallOneArg(g->rejoin_flow, PyTuple_GET_ITEM(rejoin, 2));
-        if (ht != NULL && pair_of_bytes(ht))
+        PyObject *ht = rejoin_pair(g->rejoins, PyTuple_GET_ITEM(rejoin, 2));
+        if (ht != NULL)
             wire = sandwich(PyTuple_GET_ITEM(ht, 0), PyTuple_GET_ITEM(rejoin, 0), tlv, PyTuple_GET_ITEM(ht, 1));
         Py_XDECREF(ht);
     }
@@ -2519,7 +2654,8 @@ static PyObject *diff_switches(PyObject *self, PyObject *const *args, Py_ssize_t
     }
     PyObject *changed = args[1], *have = args[2], *want = args[3], *installed = args[4], *placed = args[5],
              *changes = args[6], *build = args[7], *swtch = args[8], *cut = args[9], *remove = args[10], *one = args[15];
-    Group_ g = {args[0], args[11], args[12], args[13], args[14], 0};
+    Rejoins rjs = {args[12], 0, 0, NULL, NULL, NULL};
+    Group_ g = {args[0], args[11], args[12], args[13], args[14], 0, &rjs};
     long gidv, unknown;
     if (!PyList_Check(changed) || !PyDict_Check(have) || !PyDict_Check(want) || !PyDict_Check(installed) ||
         !PyDict_Check(placed) || !PyList_Check(build) || !PyList_Check(swtch) || !PyList_Check(cut) ||
@@ -2538,7 +2674,7 @@ static PyObject *diff_switches(PyObject *self, PyObject *const *args, Py_ssize_t
         PyErr_SetString(PyExc_OverflowError, "a group id is 32 bits");
         return NULL;
     }
-    g.gidv = (unsigned long)gidv;
+    g.gidv = rjs.gid = (unsigned long)gidv;
     if (slots_for(args[16], &flow_slots) < 0 || slots_for(args[17], &group_slots) < 0) return NULL;
     PyObject *step = PyLong_FromLong(1);
     if (step == NULL) return NULL;
@@ -2592,10 +2728,12 @@ static PyObject *diff_switches(PyObject *self, PyObject *const *args, Py_ssize_t
         Py_DECREF(dpid);
         if (rc < 0) {
             Py_DECREF(step);
+            rejoins_clear(&rjs);
             return NULL;
         }
     }
     Py_DECREF(step);
+    rejoins_clear(&rjs);
     Py_RETURN_NONE;
 }
 

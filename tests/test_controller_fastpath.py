@@ -842,6 +842,86 @@ def test_regrafting_in_c_is_the_pythons(topo, data):
 
 
 @needs_c
+@settings(max_examples=200, deadline=None)
+@given(data=st.data())
+def test_rejoin_flows_packed_in_c_are_the_pythons(data):
+    """A group's rejoin flows after the first are packed in C from the one Python made
+    (``_fastplan.rejoin_pair``): drawn kept action lists (outputs, OFPP_IN_PORT, FF
+    groups, the group's own, large port numbers, forms C leaves to Python) give the
+    bytes ``ofmsgs._rejoin_flow`` gives, in a new tree (``tree_adds``) and in a changed
+    switch (``diff_switches``); a first pair of another layout leaves every one to
+    Python."""
+    from collections import defaultdict
+
+    from controller.core import Group
+
+    action = st.one_of(
+        st.tuples(st.just("output"), st.one_of(st.integers(1, 70), st.just(ofp.OFPP_IN_PORT),
+                                               st.just(0xFFFFFFFF))),
+        st.tuples(st.just("group"), st.one_of(st.just(OWN_GROUP), st.integers(0xFFFF0000, 0xFFFF8040))),
+        st.just(("set_field", "eth_dst", "02:00:00:00:00:07")),  # (not packed in C)
+        st.just(("output", 1 << 33)))  # (too large for C: Python raises)
+    lists = st.one_of(st.just(TO_OWN_GROUP), st.lists(action, min_size=1, max_size=5).map(tuple))
+    gid, source, address = data.draw(st.integers(1, 5000)), "10.0.0.1", "232.1.0.7"
+    entries = {d: SwitchEntry(1, (2,), (), (3, f"02:00:00:00:00:{d:02x}", data.draw(lists)))
+               for d in range(1, data.draw(st.integers(1, 8)) + 1)}
+
+    def made(build):
+        out: list = []
+        try:
+            build(out)
+        except (OverflowError, struct_error):
+            return "refused"
+        return [(d, type(m).__name__, m._wire) for d, m in out]
+
+    import struct
+    struct_error = struct.error
+    dpids = list(entries)
+    mine = made(lambda out: ofmsgs.tree_adds_c(gid, source, address, dpids, entries, out))
+    assert mine == made(lambda out: ofmsgs.tree_adds_py(gid, source, address, dpids, entries, out))
+    # Python is asked for the first list C packs, and then only for those it does not
+    asked: list = []
+    make = ofmsgs.rejoin_flow(gid, source, address)
+
+    def counting(acts: tuple) -> tuple[bytes, bytes]:
+        asked.append(acts)
+        return make(acts)
+
+    def packed(acts: tuple) -> bool:
+        return all(a[0] in ("output", "group") and 0 <= (gid if a == ("group", OWN_GROUP) else a[1]) < 1 << 32
+                   for a in acts)
+
+    assert mine == made(lambda out: native.module.tree_adds(
+        gid, *ofmsgs._sg_flow(gid, source, address), dpids, entries, out, ofmsgs.TAGS, ofmsgs.tag_tlv, counting,
+        ofmsgs.ReadyGroupMod, ofmsgs.ReadyFlowMod))
+    assert sum(map(packed, asked)) <= 1
+    # another layout first: Python's bytes for every list, as given
+    other = made(lambda out: native.module.tree_adds(
+        gid, *ofmsgs._sg_flow(gid, source, address), dpids, entries, out, ofmsgs.TAGS, ofmsgs.tag_tlv,
+        lambda acts: (b"h" * 9, b"t" * len(acts)), ofmsgs.ReadyGroupMod, ofmsgs.ReadyFlowMod))
+    if other != "refused":
+        assert [w for d, k, w in other if len(w) < 40] == [
+            b"h" * 9 + entries[d].rejoin[0].to_bytes(4, "big") + ofmsgs.tag_tlv(entries[d].rejoin[1])
+            + b"t" * len(entries[d].rejoin[2]) for d in dpids]
+    # a changed switch's messages (the same entries, each switch's rejoin new)
+    g = Group(gid, "m", source, address, 5000, "spt", {"10.0.0.2"})
+    outs = []
+    for diff in (MulticastCore._diff_switches_c, MulticastCore._diff_switches_py):
+        core = MulticastCore(TopologyView())
+        have = {d: SwitchEntry(1, (2,), (), ()) for d in dpids}
+        core.installed = {d: {gid: have[d]} for d in dpids}
+        core.changes = defaultdict(int)
+        phases: list[list] = [[], [], [], []]
+        try:
+            diff(core, g, list(dpids), dict(have), entries, dict.fromkeys(have), *phases)
+        except (OverflowError, struct_error):
+            outs.append("refused")
+            continue
+        outs.append([[(d, type(m).__name__, m._wire) for d, m in p] for p in phases])
+    assert outs[0] == outs[1]
+
+
+@needs_c
 @settings(max_examples=300, deadline=None)
 @given(data=st.data())
 def test_a_switchs_messages_packed_in_c_are_the_pythons(data):
