@@ -78,8 +78,7 @@ def protectable(dpid: int, port: int) -> bool:
 @lru_cache(maxsize=1 << 16)
 def tag(dpid: int, port: int) -> str:
     """The detour MAC of link ``dpid:port``: locally administered, unicast (02:...)."""
-    value = 0x02 << 40 | dpid << 16 | port
-    return ":".join(f"{b:02x}" for b in value.to_bytes(6, "big"))
+    return (0x02 << 40 | dpid << 16 | port).to_bytes(6, "big").hex(":")
 
 
 def ff_id(port: int, via_in_port: bool) -> int:
@@ -112,7 +111,7 @@ class Detours:
         self.view = view
         self._paths: dict[tuple[int, int], Detour | None] = {}
         self.known = self._paths  # read-only to callers: ``get`` without the call, when cached
-        self._by_edge: dict[frozenset[int], set[tuple[int, int]]] = {}
+        self._by_edge: dict[tuple[int, int], set[tuple[int, int]]] = {}  # (lo, hi) edge -> its users
         self._none: set[tuple[int, int]] = set()  # links without a detour (bridges)
         self._around: dict[tuple[int, int], list[int] | None] = {}  # (lo, hi) -> path lo..hi
         self._pair: dict[tuple[int, int], tuple[int, int]] = {}  # (dpid, port) -> its (lo, hi)
@@ -136,7 +135,7 @@ class Detours:
                 if added:
                     dropped |= self._none
                 else:
-                    dropped |= self._by_edge.get(frozenset((a, b)), set())
+                    dropped |= self._by_edge.get((a, b) if a < b else (b, a), set())
         for key in dropped:
             d = self._paths.pop(key)
             self._around.pop(self._pair.pop(key, None), None)
@@ -157,18 +156,17 @@ class Detours:
         """The detour around link ``dpid:port`` (None: no other path, or not taggable).
         The caller runs ``stale()`` after each topology change first."""
         key = (dpid, port)
-        try:
-            return self._paths[key]
-        except KeyError:
-            pass
+        d = self._paths.get(key, _ABSENT)
+        if d is not _ABSENT:
+            return d
         link = self.view.port_link.get(key)
         d = None
-        if link is not None and protectable(dpid, port):
-            far = link.far_end(dpid, port)
+        if link is not None and 0 < dpid <= MAX_TAG_DPID and 0 < port <= MAX_PORT:  # (protectable)
+            far = link.b if link.a == dpid and link.a_port == port else link.a  # (far_end)
             # one search per link, from its lower dpid: the other direction's detour is
             # the same path backwards
             nbr = self.view.nbr_ports
-            hint = self._hint.pop(key, None)
+            hint = self._hint.pop(key, None) if self._hint else None
             if hint is not None:  # a replacement: as close to the old one as it can be
                 path = _path_around(nbr, dpid, far, hint)
             else:
@@ -182,14 +180,25 @@ class Detours:
         if d is None:
             self._none.add(key)
         else:
+            by_edge = self._by_edge
             for e in _edges_of(dpid, d):
-                self._by_edge.setdefault(e, set()).add(key)
+                users = by_edge.get(e)
+                if users is None:
+                    by_edge[e] = {key}
+                else:
+                    users.add(key)
         return d
 
 
-def _edges_of(start: int, d: Detour) -> list[frozenset[int]]:
-    nodes = [start, *(x for x, _, _ in d.transit), d.rejoin]
-    return [frozenset(e) for e in zip(nodes, nodes[1:])]
+def _edges_of(start: int, d: Detour) -> list[tuple[int, int]]:
+    """The edges detour ``d`` (from ``start``) crosses, each as (lower dpid, higher)."""
+    out, a = [], start
+    for b, _, _ in d.transit:
+        out.append((a, b) if a < b else (b, a))
+        a = b
+    b = d.rejoin
+    out.append((a, b) if a < b else (b, a))
+    return out
 
 
 def _path_around_c(nbr: dict[int, dict[int, int]], src: int, dst: int,
@@ -265,6 +274,12 @@ _path_around = _path_around_c if native.NATIVE else _path_around_py
 
 def _detour(nbr: dict[int, dict[int, int]], path: list[int]) -> Detour:
     """The detour along ``path`` (its first node to its last, the link's two ends)."""
-    hops = tuple((path[i], nbr[path[i]][path[i - 1]], nbr[path[i]][path[i + 1]])
-                 for i in range(1, len(path) - 1))
-    return Detour(nbr[path[0]][path[1]], hops, path[-1], nbr[path[-1]][path[-2]])
+    hops = []
+    for i in range(1, len(path) - 1):
+        x = path[i]
+        at = nbr[x]
+        hops.append((x, at[path[i - 1]], at[path[i + 1]]))
+    return _new_detour(Detour, (nbr[path[0]][path[1]], tuple(hops), path[-1], nbr[path[-1]][path[-2]]))
+
+
+_new_detour = tuple.__new__  # (Detour's own __new__ is a Python frame per detour)
