@@ -2833,6 +2833,78 @@ done:
     return result;
 }
 
+/* -- a new tree's bookkeeping (MulticastCore._place_py's loops, see there) ------------ */
+
+/* live_of(order, installed, switches) -> the switches of ``order`` in ``installed`` and in
+ * ``switches``, in order. */
+static PyObject *live_of(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3 || !PyList_Check(args[0]) || !PyDict_Check(args[1]) || !PyAnySet_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "live_of(order: list, installed: dict, switches: set)");
+        return NULL;
+    }
+    PyObject *order = args[0], *out = PyList_New(0);
+    if (out == NULL) return NULL;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(order); i++) {
+        PyObject *d = PyList_GET_ITEM(order, i);
+        Py_INCREF(d);
+        int has = PyDict_Contains(args[1], d);
+        if (has > 0) has = PySet_Contains(args[2], d);
+        if (has > 0) has = PyList_Append(out, d) < 0 ? -1 : 1;
+        Py_DECREF(d);
+        if (has < 0) {
+            Py_DECREF(out);
+            return NULL;
+        }
+    }
+    return out;
+}
+
+/* note_placed(gid, todo, want, installed, changes): for each switch d of todo,
+ * changes[d] += 1 and installed[d][gid] = want[d]. */
+static PyObject *note_placed(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 5 || !PyList_Check(args[1]) || !PyDict_Check(args[2]) || !PyDict_Check(args[3]) ||
+        !PyDict_Check(args[4])) {
+        PyErr_SetString(PyExc_TypeError, "note_placed(gid, todo: list, want: dict, installed: dict, changes: dict)");
+        return NULL;
+    }
+    PyObject *gid = args[0], *todo = args[1], *want = args[2], *installed = args[3], *changes = args[4];
+    PyObject *one = PyLong_FromLong(1);
+    if (one == NULL) return NULL;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(todo); i++) {
+        PyObject *d = PyList_GET_ITEM(todo, i), *count = NULL, *more = NULL;
+        Py_INCREF(d);
+        int rc = -1;
+        count = PyDict_GetItemWithError(changes, d);  /* (changes[d] += 1; a defaultdict's miss: GetItem) */
+        if (count != NULL)
+            Py_INCREF(count);
+        else if (!PyErr_Occurred())
+            count = PyObject_GetItem(changes, d);
+        if (count == NULL || (more = PyNumber_Add(count, one)) == NULL || PyObject_SetItem(changes, d, more) < 0)
+            goto next;
+        PyObject *e = PyDict_GetItemWithError(want, d);
+        PyObject *at = e == NULL ? NULL : PyDict_GetItemWithError(installed, d);
+        if (at == NULL) {
+            if (!PyErr_Occurred()) PyErr_SetObject(PyExc_KeyError, d);
+            goto next;
+        }
+        if (!PyDict_Check(at)) {
+            PyErr_SetString(PyExc_TypeError, "note_placed: installed holds dicts");
+            goto next;
+        }
+        rc = PyDict_SetItem(at, gid, e);
+    next:
+        Py_XDECREF(count);
+        Py_XDECREF(more);
+        Py_DECREF(d);
+        if (rc < 0) {
+            Py_DECREF(one);
+            return NULL;
+        }
+    }
+    Py_DECREF(one);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef module_methods[] = {
     {"fill", (PyCFunction)(void (*)(void))fill, METH_FASTCALL, "MulticastCore._fill's loop (see there)"},
     {"tree_adds", (PyCFunction)(void (*)(void))tree_adds, METH_FASTCALL, "ofmsgs.tree_adds's loop (see there)"},
@@ -2851,6 +2923,9 @@ static PyMethodDef module_methods[] = {
     {"group_mod", (PyCFunction)(void (*)(void))group_mod, METH_FASTCALL, "ofmsgs._group_mod_py's bytes (see there)"},
     {"bfs_dag", (PyCFunction)(void (*)(void))bfs_dag, METH_FASTCALL, "trees.PathCache.dag's search (see there)"},
     {"path_around", (PyCFunction)(void (*)(void))path_around, METH_FASTCALL, "protect._path_around (see there)"},
+    {"live_of", (PyCFunction)(void (*)(void))live_of, METH_FASTCALL, "MulticastCore._place_py's filter (see there)"},
+    {"note_placed", (PyCFunction)(void (*)(void))note_placed, METH_FASTCALL,
+     "MulticastCore._place_py's bookkeeping (see there)"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -1096,8 +1096,7 @@ class MulticastCore:
         plan = Plan()
         build, switch, remove = plan.phases
         cut: list[tuple[int, Any]] = []  # phase 1, after ``switch``
-        installed, changes = self.installed, self.changes
-        switches = self.view.switches
+        installed, switches = self.installed, self.view.switches
         # the live switches (known and connected), as a set only where one is needed: a
         # new set of every switch per call was a quarter of the benchmark's cache misses
         live: set[int] | None = None
@@ -1120,15 +1119,8 @@ class MulticastCore:
             have = _NOTHING
             order = g.tree.leaves_first if g.tree is not None else None
             if order is not None and only is None and self.one_pass:  # (the search's order)
-                todo = [d for d in order if d in installed and d in switches]
-                if todo:
+                if self._place(g, order, want, build):
                     plan.groups.add(gid)
-                    self._tree_adds(gid, g.source, g.address, todo, want, build)
-                    for d in todo:
-                        changes[d] += 1
-                        installed[d][gid] = want[d]
-                    # (it held none of them; sized once when every switch is live)
-                    self.placed[gid] = dict.fromkeys(want if len(todo) == len(want) else todo)
                 continue
             changed = [d for d in want if d in installed and d in switches and (only is None or d in only)]
             if not changed:
@@ -1147,6 +1139,36 @@ class MulticastCore:
                 del self._dirty[d]  # (a switch that returns is synced whole)
             self._diff_shared(ready, plan)
         return plan
+
+    def _place_py(self, g: Group, order: list[int], want: dict[int, SwitchEntry], build: list) -> bool:
+        """A new tree's messages (``_tree_adds``, into ``build``) for its live switches in
+        ``order`` (leaves first), which from then on are believed to hold ``want``'s
+        entries; False when none is live."""
+        installed, switches, gid = self.installed, self.view.switches, g.gid
+        todo = [d for d in order if d in installed and d in switches]
+        if not todo:
+            return False
+        self._tree_adds(gid, g.source, g.address, todo, want, build)
+        changes = self.changes
+        for d in todo:
+            changes[d] += 1
+            installed[d][gid] = want[d]
+        # (it held none of them; sized once when every switch is live)
+        self.placed[gid] = dict.fromkeys(want if len(todo) == len(want) else todo)
+        return True
+
+    def _place_c(self, g: Group, order: list[int], want: dict[int, SwitchEntry], build: list) -> bool:
+        """``_place_py`` with its loops in C (``_fastplan.live_of``, ``note_placed``): ~130
+        switches per new tree on fat-tree:16, a tenth of building it in Python."""
+        todo = native.module.live_of(order, self.installed, self.view.switches)
+        if not todo:
+            return False
+        self._tree_adds(g.gid, g.source, g.address, todo, want, build)
+        native.module.note_placed(g.gid, todo, want, self.installed, self.changes)
+        self.placed[g.gid] = dict.fromkeys(want if len(todo) == len(want) else todo)
+        return True
+
+    _place = _place_c if native.NATIVE else _place_py
 
     def _changed_c(self, gid: int, dpids: set[int], placed: dict[int, None], want: dict[int, SwitchEntry],
                    parent: dict[int, int | None] | None) -> tuple[list[int], dict[int, SwitchEntry]]:

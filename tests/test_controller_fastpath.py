@@ -424,6 +424,7 @@ def test_the_c_builder_is_built_in_ci():
         assert MulticastCore._diff_switches is MulticastCore._diff_switches_c
         assert MulticastCore._recount is MulticastCore._recount_c and MulticastCore._changed is MulticastCore._changed_c
         assert MulticastCore._reprotect is MulticastCore._reprotect_c
+        assert MulticastCore._place is MulticastCore._place_c
         from controller import protect
 
         assert protect._path_around is protect._path_around_c
@@ -438,6 +439,7 @@ class InC(MulticastCore):
     _recount = MulticastCore._recount_c
     _changed = MulticastCore._changed_c
     _reprotect = MulticastCore._reprotect_c
+    _place = MulticastCore._place_c
     _tree_adds = staticmethod(ofmsgs.tree_adds_c)
 
 
@@ -450,6 +452,7 @@ class InPython(MulticastCore):
     _recount = MulticastCore._recount_py
     _changed = MulticastCore._changed_py
     _reprotect = MulticastCore._reprotect_py
+    _place = MulticastCore._place_py
     _tree_adds = staticmethod(ofmsgs.tree_adds_py)
 
 
@@ -839,6 +842,42 @@ def test_regrafting_in_c_is_the_pythons(topo, data):
     args[5], args[6] = {}, {1: {3: 4}, 2: {3: 8}}
     with pytest.raises(KeyError):  # (switch 3's ports are unknown)
         native.module.regraft(*args)
+
+
+@needs_c
+def test_a_new_trees_bookkeeping_in_c_is_the_pythons():
+    """``_fastplan.live_of`` / ``note_placed`` (``MulticastCore._place_c``): only live
+    switches (known to ``installed`` and connected) get messages and beliefs, in the
+    search's order; counts go up by one; bad input raises."""
+    from collections import defaultdict
+
+    from controller.core import Group
+
+    g = Group(9, "m", "10.0.0.1", "232.1.0.9", 5000, "spt", {"10.0.0.2"})
+    want = {d: SwitchEntry(1, (d + 1,), (), ()) for d in (1, 2, 3, 4)}
+    got = []
+    for place in (MulticastCore._place_c, MulticastCore._place_py):
+        core = MulticastCore(TopologyView())
+        core.view.switches = {1, 2, 4}
+        core.installed = {1: {}, 3: {}, 4: {5: want[4]}}
+        core.changes = defaultdict(int, {4: 7})
+        build: list = []
+        assert place(core, g, [4, 3, 2, 1], want, build) is True
+        got.append(([(d, m._wire) for d, m in build], core.installed, dict(core.changes), core.placed[9]))
+        assert place(core, g, [2, 3], want, []) is False
+    assert got[0] == got[1]
+    assert got[0][1] == {1: {9: want[1]}, 3: {}, 4: {5: want[4], 9: want[4]}} and got[0][2] == {4: 8, 1: 1}
+    assert [d for d, _ in got[0][0]] == [4, 4, 1, 1] and list(got[0][3]) == [4, 1]
+    live_of, note = native.module.live_of, native.module.note_placed
+    for bad in ((1, {}, set()), ([1], [], set()), ([1], {}, {})):
+        with pytest.raises(TypeError):
+            live_of(*bad)
+    ch = defaultdict(int)
+    for bad, err in (((9, [1], want, {1: []}, ch), TypeError), ((9, [7], want, {7: {}}, ch), KeyError),
+                     ((9, [1], want, {}, ch), KeyError), ((9, (1,), want, {1: {}}, ch), TypeError),
+                     ((9, [1], want, {1: {}}, {}), KeyError)):  # (a plain dict's missing count)
+        with pytest.raises(err):
+            note(*bad)
 
 
 @needs_c
