@@ -2120,12 +2120,7 @@ done:
 /* bfs_dag(nbr, root) -> (dist, preds): trees.PathCache.dag's breadth-first search (see
  * there), the same insertion orders (a frontier at a time, neighbours in ``nbr``'s
  * order), predecessor lists sorted. */
-static PyObject *bfs_dag(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 2 || !PyDict_Check(args[0])) {
-        PyErr_SetString(PyExc_TypeError, "bfs_dag(nbr: dict, root)");
-        return NULL;
-    }
-    PyObject *nbr = args[0], *root = args[1];
+static PyObject *bfs_dag_dicts(PyObject *nbr, PyObject *root) {
     PyObject *dist = PyDict_New(), *preds = PyDict_New(), *frontier = PyList_New(0), *nxt = NULL;
     PyObject *result = NULL, *zero = PyLong_FromLong(0), *first = PyList_New(0);
     if (!dist || !preds || !frontier || !zero || !first) goto done;
@@ -2204,6 +2199,183 @@ done:
     return result;
 }
 
+/* -- switch numbers as C keys ---------------------------------------------------------
+ * The searches done once per topology (bfs_dag, path_around) look a node's state up per
+ * edge: ~6,000 Python dict lookups per DAG on fat-tree:16 were half of building one. Here
+ * a node is found by its int value in an open-addressing table; a search meeting a node
+ * that is not an int (or more nodes than the table was sized for) runs again on dicts. */
+typedef struct {
+    long long *keys;
+    Py_ssize_t *slot; /* the node's number, -1 where empty */
+    size_t mask;
+} Ids;
+
+static void ids_free(Ids *m) {
+    PyMem_Free(m->keys);
+    PyMem_Free(m->slot);
+    m->keys = NULL;
+    m->slot = NULL;
+}
+
+static int ids_init(Ids *m, Py_ssize_t n) {
+    size_t cap = 16;
+    while (cap < (size_t)n * 2 + 2) cap <<= 1;
+    m->keys = PyMem_Malloc(sizeof(long long) * cap);
+    m->slot = PyMem_Malloc(sizeof(Py_ssize_t) * cap);
+    m->mask = cap - 1;
+    if (m->keys == NULL || m->slot == NULL) {
+        ids_free(m);
+        PyErr_NoMemory();
+        return -1;
+    }
+    memset(m->slot, 0xff, sizeof(Py_ssize_t) * cap);
+    return 0;
+}
+
+/* The number of node k, or -1 when it has none (*at: where it would go). */
+static inline Py_ssize_t ids_find(const Ids *m, long long k, size_t *at) {
+    size_t h = (size_t)(((unsigned long long)k * 0x9E3779B97F4A7C15ULL) >> 32) & m->mask;
+    while (m->slot[h] >= 0) {
+        if (m->keys[h] == k) {
+            *at = h;
+            return m->slot[h];
+        }
+        h = (h + 1) & m->mask;
+    }
+    *at = h;
+    return -1;
+}
+
+/* An exact int's value; *ok cleared (no error set) for anything else or out of range. */
+static inline long long key_of(PyObject *o, int *ok) {
+    if (!PyLong_CheckExact(o)) {
+        *ok = 0;
+        return 0;
+    }
+    int overflow;
+    long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
+    if (overflow) *ok = 0;
+    return v;
+}
+
+/* bfs_dag on Ids (see bfs_dag): NULL with *again set (no error) when it must run on dicts. */
+static PyObject *bfs_dag_ids(PyObject *nbr, PyObject *root, int *again) {
+    int ok = 1;
+    long long rk = key_of(root, &ok);
+    if (!ok) {
+        *again = 1;
+        return NULL;
+    }
+    Py_ssize_t cap = PyDict_GET_SIZE(nbr) + 1, count = 1, nf = 1;
+    Ids m = {NULL, NULL, 0};
+    Py_ssize_t *level = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)cap);
+    PyObject **plist = PyMem_Malloc(sizeof(PyObject *) * (size_t)cap);  /* (borrowed: preds holds them) */
+    PyObject **front = PyMem_Malloc(sizeof(PyObject *) * (size_t)cap), **next = PyMem_Malloc(sizeof(PyObject *) * (size_t)cap);
+    PyObject *dist = PyDict_New(), *preds = PyDict_New(), *result = NULL, *zero = PyLong_FromLong(0), *first = PyList_New(0);
+    size_t at;
+    if (!level || !plist || !front || !next) PyErr_NoMemory();
+    if (PyErr_Occurred() || !dist || !preds || !zero || !first || ids_init(&m, cap) < 0) goto done;
+    ids_find(&m, rk, &at);
+    m.keys[at] = rk;
+    m.slot[at] = 0;
+    level[0] = 0;
+    plist[0] = first;
+    front[0] = root;
+    if (PyDict_SetItem(dist, root, zero) < 0 || PyDict_SetItem(preds, root, first) < 0) goto done;
+    for (Py_ssize_t lvl = 1; nf; lvl++) {
+        Py_ssize_t nn = 0;
+        PyObject *du = PyLong_FromSsize_t(lvl);
+        if (du == NULL) goto done;
+        for (Py_ssize_t i = 0; i < nf; i++) {
+            PyObject *u = front[i];
+            PyObject *adj = PyDict_GetItemWithError(nbr, u);
+            if (adj == NULL || !PyDict_Check(adj)) {
+                if (!PyErr_Occurred()) {
+                    if (adj == NULL) PyErr_SetObject(PyExc_KeyError, u);
+                    else PyErr_SetString(PyExc_TypeError, "bfs_dag: nbr holds dicts");
+                }
+                Py_DECREF(du);
+                goto done;
+            }
+            long long uk = key_of(u, &ok);  /* (a node found before: an int) */
+            Py_ssize_t pos = 0;
+            PyObject *v, *port;
+            while (PyDict_Next(adj, &pos, &v, &port)) {
+                long long vk = key_of(v, &ok);
+                if (!ok) break;
+                Py_ssize_t x = ids_find(&m, vk, &at);
+                if (x < 0) {
+                    if (count == cap) {  /* (neighbours that are no switch: the dicts raise) */
+                        ok = 0;
+                        break;
+                    }
+                    x = count++;
+                    m.keys[at] = vk;
+                    m.slot[at] = x;
+                    level[x] = lvl;
+                    PyObject *lst = PyList_New(1);
+                    if (lst == NULL) {
+                        Py_DECREF(du);
+                        goto done;
+                    }
+                    Py_INCREF(u);
+                    PyList_SET_ITEM(lst, 0, u);
+                    plist[x] = lst;
+                    int rc = PyDict_SetItem(dist, v, du) < 0 || PyDict_SetItem(preds, v, lst) < 0;
+                    Py_DECREF(lst);
+                    if (rc) {
+                        Py_DECREF(du);
+                        goto done;
+                    }
+                    next[nn++] = v;
+                } else if (level[x] == lvl) {  /* another predecessor: kept in order of value */
+                    PyObject *lst = plist[x];
+                    Py_ssize_t k = PyList_GET_SIZE(lst);
+                    while (k > 0 && PyLong_AsLongLong(PyList_GET_ITEM(lst, k - 1)) > uk) k--;
+                    if (PyList_Insert(lst, k, u) < 0) {
+                        Py_DECREF(du);
+                        goto done;
+                    }
+                }
+            }
+            if (!ok) {
+                Py_DECREF(du);
+                *again = 1;
+                goto done;
+            }
+        }
+        Py_DECREF(du);
+        PyObject **t = front;
+        front = next;
+        next = t;
+        nf = nn;
+    }
+    result = PyTuple_Pack(2, dist, preds);
+done:
+    ids_free(&m);
+    PyMem_Free(level);
+    PyMem_Free(plist);
+    PyMem_Free(front);
+    PyMem_Free(next);
+    Py_XDECREF(dist);
+    Py_XDECREF(preds);
+    Py_XDECREF(zero);
+    Py_XDECREF(first);
+    return result;
+}
+
+/* bfs_dag(nbr, root) -> (dist, preds): trees._bfs_dag_py's search (see there), the same
+ * dicts in the same orders; on Ids when every node is an int. */
+static PyObject *bfs_dag(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2 || !PyDict_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "bfs_dag(nbr: dict, root)");
+        return NULL;
+    }
+    int again = 0;
+    PyObject *r = bfs_dag_ids(args[0], args[1], &again);
+    return r != NULL || !again ? r : bfs_dag_dicts(args[0], args[1]);
+}
+
 /* One side of path_around's search: node -> parent (None at the side's root), node ->
  * the side's first hop to it (None at the root), node -> depth, and the frontier. */
 typedef struct {
@@ -2277,16 +2449,7 @@ static int chain(PyObject *path, PyObject *parent, PyObject *n) {
  * two-sided search (see there), the same choices: a meeting is the least of (length,
  * hint misses, hash, v, u) over the level's candidates, so the order candidates are
  * seen in does not matter; a level expands in the frontier's order, neighbours sorted. */
-static PyObject *path_around(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 4 || !PyDict_Check(args[0])) {
-        PyErr_SetString(PyExc_TypeError, "path_around(nbr: dict, src, dst, hint)");
-        return NULL;
-    }
-    PyObject *nbr = args[0], *src = args[1], *dst = args[2], *hint = args[3];
-    if (hint != Py_None && (!PyTuple_Check(hint) || PyTuple_GET_SIZE(hint) != 2)) {
-        PyErr_SetString(PyExc_TypeError, "path_around: hint is None or a pair");
-        return NULL;
-    }
+static PyObject *path_around_dicts(PyObject *nbr, PyObject *src, PyObject *dst, PyObject *hint) {
     int has;
     if ((has = PyDict_Contains(nbr, src)) <= 0) return has < 0 ? NULL : Py_NewRef(Py_None);
     if ((has = PyDict_Contains(nbr, dst)) <= 0) return has < 0 ? NULL : Py_NewRef(Py_None);
@@ -2430,6 +2593,267 @@ done:
     Py_XDECREF(sorted);
     Py_XDECREF(nxt);
     return result;
+}
+
+
+static int ids_grow(Ids *m) {
+    Ids bigger;
+    size_t cap = (m->mask + 1) * 2;
+    bigger.keys = PyMem_Malloc(sizeof(long long) * cap);
+    bigger.slot = PyMem_Malloc(sizeof(Py_ssize_t) * cap);
+    bigger.mask = cap - 1;
+    if (bigger.keys == NULL || bigger.slot == NULL) {
+        ids_free(&bigger);
+        PyErr_NoMemory();
+        return -1;
+    }
+    memset(bigger.slot, 0xff, sizeof(Py_ssize_t) * cap);
+    for (size_t h = 0; h <= m->mask; h++) {
+        if (m->slot[h] < 0) continue;
+        size_t at;
+        ids_find(&bigger, m->keys[h], &at);
+        bigger.keys[at] = m->keys[h];
+        bigger.slot[at] = m->slot[h];
+    }
+    ids_free(m);
+    *m = bigger;
+    return 0;
+}
+
+/* path_around on Ids (see path_around): per node, for each side, whether it is on it, its
+ * parent and first hop there (-1: none, the side's root) and depth. NULL with *again set
+ * (no error) when it must run on dicts. */
+typedef struct {
+    Ids ids;
+    Py_ssize_t count, cap;
+    PyObject **obj;  /* (borrowed: keys of nbr's dicts, or src / dst) */
+    long long *key;
+    char *on[2];
+    Py_ssize_t *par[2], *hop[2], *dep[2];
+} Around;
+
+static void around_free(Around *a) {
+    ids_free(&a->ids);
+    PyMem_Free(a->obj);  /* (one block holds the arrays) */
+}
+
+/* The number of node o (value k), given one if it has none (*fresh set). -1: no room. */
+static Py_ssize_t around_node(Around *a, PyObject *o, long long k, int *fresh) {
+    size_t at;
+    Py_ssize_t x = ids_find(&a->ids, k, &at);
+    *fresh = 0;
+    if (x >= 0) return x;
+    if (a->count == a->cap) return -1;
+    if ((size_t)(a->count + 1) * 2 > a->ids.mask + 1) {
+        if (ids_grow(&a->ids) < 0) return -2;
+        ids_find(&a->ids, k, &at);
+    }
+    x = a->count++;
+    a->ids.keys[at] = k;
+    a->ids.slot[at] = x;
+    a->obj[x] = o;
+    a->key[x] = k;
+    a->on[0][x] = a->on[1][x] = 0;
+    *fresh = 1;
+    return x;
+}
+
+/* ``hop[x] or fallback`` != want, with dpid 0 false as in Python. */
+static int hop_misses(const Around *a, int side, Py_ssize_t x, Py_ssize_t fallback, PyObject *want) {
+    Py_ssize_t h = a->hop[side][x];
+    Py_ssize_t y = h >= 0 && a->key[h] != 0 ? h : fallback;
+    int eq = PyObject_RichCompareBool(a->obj[y], want, Py_EQ);
+    return eq < 0 ? -1 : !eq;
+}
+
+static PyObject *path_around_ids(PyObject *nbr, PyObject *src, PyObject *dst, PyObject *hint, int *again) {
+    int ok = 1, fresh;
+    long long sk = key_of(src, &ok), dk = key_of(dst, &ok);
+    if (!ok || sk < 0 || dk < 0) {  /* (the dicts' search refuses a negative dpid) */
+        *again = 1;
+        return NULL;
+    }
+    int has;
+    if ((has = PyDict_Contains(nbr, src)) <= 0) return has < 0 ? NULL : Py_NewRef(Py_None);
+    if ((has = PyDict_Contains(nbr, dst)) <= 0) return has < 0 ? NULL : Py_NewRef(Py_None);
+    Around a;
+    memset(&a, 0, sizeof a);
+    a.cap = PyDict_GET_SIZE(nbr) + 2;
+    size_t n = (size_t)a.cap;
+    /* obj, key, par/hop/dep of both sides, the two fronts and the next: one block */
+    char *block = PyMem_Malloc(n * (sizeof(PyObject *) + sizeof(long long) + 9 * sizeof(Py_ssize_t) + 2));
+    PyObject *result = NULL;
+    if (block == NULL) return PyErr_NoMemory();
+    a.obj = (PyObject **)block;
+    a.key = (long long *)(a.obj + n);
+    Py_ssize_t *p = (Py_ssize_t *)(a.key + n);
+    a.par[0] = p, a.par[1] = p + n, a.hop[0] = p + 2 * n, a.hop[1] = p + 3 * n;
+    a.dep[0] = p + 4 * n, a.dep[1] = p + 5 * n;
+    Py_ssize_t *front[2] = {p + 6 * n, p + 7 * n}, *nxt = p + 8 * n, nf[2] = {1, 1};
+    a.on[0] = (char *)(p + 9 * n);
+    a.on[1] = a.on[0] + n;
+    a.ids.keys = NULL;
+    a.ids.slot = NULL;
+    {
+        Ids small;
+        small.keys = PyMem_Malloc(sizeof(long long) * 64);
+        small.slot = PyMem_Malloc(sizeof(Py_ssize_t) * 64);
+        small.mask = 63;
+        if (small.keys == NULL || small.slot == NULL) {
+            ids_free(&small);
+            PyErr_NoMemory();
+            goto done;
+        }
+        memset(small.slot, 0xff, sizeof(Py_ssize_t) * 64);
+        a.ids = small;
+    }
+    uint32_t salt = (uint32_t)sk * 0x9E3779B1u ^ (uint32_t)dk * 0x85EBCA77u;
+    PyObject *ends[2] = {src, dst};
+    long long ek[2] = {sk, dk};
+    for (int sd = 0; sd < 2; sd++) {
+        Py_ssize_t x = around_node(&a, ends[sd], ek[sd], &fresh);
+        if (x < 0) goto done;  /* (cannot happen: room for two) */
+        a.on[sd][x] = 1;
+        a.par[sd][x] = a.hop[sd][x] = -1;
+        a.dep[sd][x] = 0;
+        front[sd][0] = x;
+    }
+    while (nf[0] && nf[1]) {
+        int side = nf[0] <= nf[1] ? 0 : 1, other = 1 - side;
+        Py_ssize_t level = a.dep[side][front[side][0]] + 1;
+        int found = 0;
+        long m_len = 0, m_miss = 0;
+        uint32_t m_hash = 0;
+        long long m_v = 0, m_u = 0;
+        Py_ssize_t mv = -1, mu = -1;
+        for (Py_ssize_t i = 0; i < nf[side]; i++) {
+            Py_ssize_t ux = front[side][i];
+            PyObject *u = a.obj[ux], *adj = PyDict_GetItemWithError(nbr, u);
+            if (adj == NULL || !PyDict_Check(adj)) {
+                if (!PyErr_Occurred()) {
+                    if (adj == NULL) PyErr_SetObject(PyExc_KeyError, u);
+                    else PyErr_SetString(PyExc_TypeError, "path_around: nbr holds dicts");
+                }
+                goto done;
+            }
+            long long uk = a.key[ux];
+            Py_ssize_t pos = 0;
+            PyObject *v, *port;
+            while (PyDict_Next(adj, &pos, &v, &port)) {
+                long long vk = key_of(v, &ok);
+                if (!ok || vk < 0) {
+                    *again = 1;
+                    goto done;
+                }
+                size_t at;
+                Py_ssize_t vx = ids_find(&a.ids, vk, &at);
+                if (vx < 0 || !a.on[other][vx]) continue;
+                if ((uk == sk && vk == dk) || (uk == dk && vk == sk) || a.on[side][vx]) continue;
+                long miss = 0;
+                if (hint != Py_None) {
+                    Py_ssize_t ax = side == 0 ? ux : vx, bx = side == 0 ? vx : ux;
+                    int m1 = hop_misses(&a, 1, bx, ax, PyTuple_GET_ITEM(hint, 1));
+                    int m0 = m1 < 0 ? -1 : hop_misses(&a, 0, ax, bx, PyTuple_GET_ITEM(hint, 0));
+                    if (m0 < 0) goto done;
+                    miss = 2 * m1 + m0;
+                }
+                long len = (long)(level + a.dep[other][vx]);
+                uint32_t h = (((uint32_t)vk * 0xC2B2AE3Du) ^ ((uint32_t)uk * 0x27D4EB2Fu) ^ salt) * 0x2C1B3C6Du;
+                h >>= 8;
+                if (!found || len < m_len ||
+                    (len == m_len && (miss < m_miss ||
+                     (miss == m_miss && (h < m_hash ||
+                      (h == m_hash && (vk < m_v || (vk == m_v && uk < m_u)))))))) {
+                    found = 1;
+                    m_len = len;
+                    m_miss = miss;
+                    m_hash = h;
+                    m_v = vk;
+                    m_u = uk;
+                    mv = vx;
+                    mu = ux;
+                }
+            }
+        }
+        if (found) {  /* mv joins mine below mu: src .. mv on side 0's parents, then on to dst */
+            a.on[side][mv] = 1;
+            a.par[side][mv] = mu;
+            Py_ssize_t len0 = 0;
+            for (Py_ssize_t x = mv; x >= 0; x = a.par[0][x]) len0++;
+            Py_ssize_t len1 = 0;
+            for (Py_ssize_t x = a.par[1][mv]; x >= 0; x = a.par[1][x]) len1++;
+            PyObject *path = PyList_New(len0 + len1);
+            if (path == NULL) goto done;
+            Py_ssize_t k = len0;
+            for (Py_ssize_t x = mv; x >= 0; x = a.par[0][x]) PyList_SET_ITEM(path, --k, Py_NewRef(a.obj[x]));
+            k = len0;
+            for (Py_ssize_t x = a.par[1][mv]; x >= 0; x = a.par[1][x]) PyList_SET_ITEM(path, k++, Py_NewRef(a.obj[x]));
+            result = path;
+            goto done;
+        }
+        Py_ssize_t nn = 0;
+        for (Py_ssize_t i = 0; i < nf[side]; i++) {
+            Py_ssize_t ux = front[side][i];
+            PyObject *adj = PyDict_GetItemWithError(nbr, a.obj[ux]);  /* (checked above) */
+            if (adj == NULL) {
+                if (!PyErr_Occurred()) PyErr_SetObject(PyExc_KeyError, a.obj[ux]);
+                goto done;
+            }
+            /* the neighbours in order of value (sorted(nbr[u])): insertion into nxt's tail */
+            Py_ssize_t start = nn, pos = 0;
+            PyObject *v, *port;
+            long long uk = a.key[ux];
+            while (PyDict_Next(adj, &pos, &v, &port)) {
+                long long vk = key_of(v, &ok);
+                if (!ok || vk < 0) {
+                    *again = 1;
+                    goto done;
+                }
+                Py_ssize_t vx = around_node(&a, v, vk, &fresh);
+                if (vx == -2) goto done;
+                if (vx == -1) {  /* (more nodes than nbr holds: neighbours that are no switch) */
+                    *again = 1;
+                    goto done;
+                }
+                if (a.on[side][vx] || (uk == sk && vk == dk) || (uk == dk && vk == sk)) continue;
+                Py_ssize_t k = nn++;
+                while (k > start && a.key[nxt[k - 1]] > vk) {
+                    nxt[k] = nxt[k - 1];
+                    k--;
+                }
+                nxt[k] = vx;
+            }
+            for (Py_ssize_t j = start; j < nn; j++) {  /* (then taken in that order) */
+                Py_ssize_t vx = nxt[j];
+                a.on[side][vx] = 1;
+                a.par[side][vx] = ux;
+                a.hop[side][vx] = a.par[side][ux] < 0 ? vx : a.hop[side][ux];
+                a.dep[side][vx] = level;
+            }
+        }
+        memcpy(front[side], nxt, sizeof(Py_ssize_t) * (size_t)nn);
+        nf[side] = nn;
+    }
+    result = Py_NewRef(Py_None);
+done:
+    ids_free(&a.ids);
+    PyMem_Free(block);
+    return result;
+}
+
+static PyObject *path_around(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4 || !PyDict_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "path_around(nbr: dict, src, dst, hint)");
+        return NULL;
+    }
+    PyObject *hint = args[3];
+    if (hint != Py_None && (!PyTuple_Check(hint) || PyTuple_GET_SIZE(hint) != 2)) {
+        PyErr_SetString(PyExc_TypeError, "path_around: hint is None or a pair");
+        return NULL;
+    }
+    int again = 0;
+    PyObject *r = path_around_ids(args[0], args[1], args[2], hint, &again);
+    return r != NULL || !again ? r : path_around_dicts(args[0], args[1], args[2], hint);
 }
 
 /* -- a reroute's messages (MulticastCore._diff_switches_py's loop, see there) ---------- */

@@ -620,6 +620,31 @@ def test_the_searches_in_c_find_the_pythons_dags_and_detours(spec, data):
 
 
 @needs_c
+@settings(max_examples=200, deadline=None)
+@given(spec=adjacency, data=st.data())
+def test_the_searches_in_c_agree_on_any_dpid(spec, data):
+    """The C searches keep nodes by their int value (``_fastplan`` Ids) and fall back to
+    dicts for what does not fit: dpid 0 (false as a first hop, as in Python), 32- and
+    64-bit values, values past 2**63; the same DAGs and detours as Python's."""
+    from controller import protect, trees
+
+    nbr = draw_adjacency(spec)
+    values = data.draw(st.lists(st.sampled_from([0, 1, 2, 7, 2**31, 2**32 + 5, 2**48 + 1, 2**62, 2**63 - 1,
+                                                 2**63, 2**63 + 7, 2**64 - 1]) | st.integers(0, 2**64 - 1),
+                                min_size=len(nbr), max_size=len(nbr), unique=True), label="dpids")
+    name = dict(zip(sorted(nbr), values))
+    nbr = {name[d]: {name[n]: p for n, p in ports.items()} for d, ports in nbr.items()}
+    for root in nbr:
+        a, b = trees._bfs_dag_py(nbr, root), trees._bfs_dag_c(nbr, root)
+        assert list(a[0].items()) == list(b[0].items()) and list(a[1].items()) == list(b[1].items())
+    switches = sorted(nbr)
+    for u in nbr:
+        for v in [*nbr[u], data.draw(st.sampled_from(switches), label="any other")]:
+            hint = data.draw(st.none() | st.tuples(st.sampled_from(switches), st.sampled_from(switches)), label="hint")
+            assert protect._path_around_c(nbr, u, v, hint) == protect._path_around_py(nbr, u, v, hint)
+
+
+@needs_c
 def test_the_searches_in_c_agree_on_a_fat_tree_and_refuse_bad_input():
     """fat-tree:8 whole (its detours are all equally long: the hash decides), then
     input a view never holds: errors, not crashes."""
@@ -645,6 +670,10 @@ def test_the_searches_in_c_agree_on_a_fat_tree_and_refuse_bad_input():
             around({1: {2: 1}, 2: {1: 1}}, 1, 2, bad if bad != (1, 2) else [1, 2])
     with pytest.raises((OverflowError, TypeError)):
         around({-1: {2: 1}, 2: {-1: 1}}, -1, 2, None)
+    with pytest.raises(KeyError):  # a neighbour that is no switch, reached while searching
+        around({1: {2: 1, 3: 2}, 2: {1: 1}, 3: {1: 2, 5: 3}}, 1, 2, None)
+    assert dag({1: {-2: 1}, -2: {1: 1}}, 1) == ({1: 0, -2: 1}, {1: [], -2: [1]})  # (any int)
+    assert dag({"a": {"b": 1}, "b": {"a": 1}}, "a") == ({"a": 0, "b": 1}, {"a": [], "b": ["a"]})  # (on dicts)
 
 
 @needs_c
