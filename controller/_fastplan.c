@@ -92,8 +92,8 @@ static PyObject *piece_ff(PyObject *pc, long in_port, int *err) {
 
 /* One user more (step 1) or fewer (-1) of FF group f at switch n (its users: refs), as
  * MulticastCore._count_py counts them: at the first user (or when the last is gone) the
- * switch's want of the group is updated, and, unless the port's other FF group is in
- * use, its protected link's. */
+ * protected link's guard is updated unless the port's other FF group is in use (it wants
+ * both again), else the switch's want of the group. */
 static int count_ff(PyObject *refs, PyObject *f, PyObject *n, long step, PyObject *want_ff, PyObject *guard) {
     long fv;
     if (get_long(f, &fv) < 0) return -1;
@@ -115,15 +115,17 @@ static int count_ff(PyObject *refs, PyObject *f, PyObject *n, long step, PyObjec
         return -1;
     }
     if (c != (step > 0 ? 1 : 0)) return 0;
-    PyObject *r = PyObject_CallFunctionObjArgs(want_ff, n, f, NULL);
-    if (r == NULL) return -1;
-    Py_DECREF(r);
-    PyObject *sib = PyLong_FromLong(fv ^ IN_PORT_BIT);
+    PyObject *sib = PyLong_FromLong(fv ^ IN_PORT_BIT), *r;
     if (sib == NULL) return -1;
     int has = PyDict_Contains(refs, sib);
     Py_DECREF(sib);
     if (has < 0) return -1;
-    if (has) return 0;
+    if (has) {  /* (else the link's guard wants both of its port's FF groups again) */
+        r = PyObject_CallFunctionObjArgs(want_ff, n, f, NULL);
+        if (r == NULL) return -1;
+        Py_DECREF(r);
+        return 0;
+    }
     PyObject *port = PyLong_FromLong(fv & MAX_PORT);
     if (port == NULL) return -1;
     PyObject *key = PyTuple_Pack(2, n, port);

@@ -40,7 +40,8 @@ def ssm_address(model: str, taken: Callable[[str], bool] = lambda a: False) -> s
     model = check_model(model)
     h = int.from_bytes(hashlib.blake2b(model.encode(), digest_size=8).digest(), "big")
     for i in range(_COUNT):
-        addr = str(ipaddress.IPv4Address(_FIRST + (h + i) % _COUNT))
+        n = _FIRST + (h + i) % _COUNT
+        addr = f"{n >> 24}.{n >> 16 & 255}.{n >> 8 & 255}.{n & 255}"  # (str(IPv4Address(n)), ~10x faster)
         if not taken(addr):
             return addr
     raise Conflict("every SSM group address is in use")

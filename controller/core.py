@@ -312,7 +312,12 @@ class MulticastCore:
         algorithm = algorithm or self.algorithm
         if algorithm not in ALGORITHMS:
             raise CoreError(f"unknown tree algorithm {algorithm!r}; use one of {', '.join(ALGORITHMS)}")
-        rset = {check_unicast(r, "receiver") for r in receivers}
+        try:  # (known hosts' addresses are canonical: no need to check each again)
+            rset = set(receivers) if type(receivers) in (list, tuple, set, frozenset) else None
+        except TypeError:  # (unhashable: check_unicast names it)
+            rset = None
+        if rset is None or not rset <= self.view.hosts.keys():
+            rset = {check_unicast(r, "receiver") for r in receivers}
         if source in rset:
             raise ReceiverIsSource(f"receiver {source} is the group's source")
         existing = self.find(model, source)
@@ -757,10 +762,11 @@ class MulticastCore:
                 for f in counted:
                     c = refs.get(f, 0) + 1
                     refs[f] = c
-                    if c == 1:
-                        self._want_ff(n, f)
+                    if c == 1:  # (``_count``)
                         if f ^ IN_PORT_BIT not in refs:
                             self._guard((n, ff_port(f)), True)
+                        else:
+                            self._want_ff(n, f)
 
     _fill = _fill_c if native.NATIVE else _fill_py
     _tree_adds = staticmethod(ofmsgs.tree_adds)  # (the same choice: a class attribute, so a test can pick)
@@ -987,11 +993,12 @@ class MulticastCore:
                 else:
                     del refs[f]
                 if n == appear:
-                    self._want_ff(dpid, f)
                     # the protected link's users: both FF groups of its port (the sibling
-                    # id differs in IN_PORT_BIT only)
+                    # id differs in IN_PORT_BIT only); its guard wants both again
                     if f ^ IN_PORT_BIT not in refs:
                         self._guard((dpid, ff_port(f)), step > 0)
+                    else:
+                        self._want_ff(dpid, f)
 
     _count = _count_c if native.NATIVE else _count_py
 

@@ -505,9 +505,8 @@ def compute_tree(view: TopologyView, source: str, receivers: Iterable[str],
     if algorithm not in ALGORITHMS:
         raise ValueError(f"unknown tree algorithm {algorithm!r}; use one of {ALGORITHMS}")
     src = view.host(source)
-    if known or rset <= hosts.keys():
-        locs = {r: hosts[r] for r in rset}
-    else:
+    locs: dict | None = None  # (None: every receiver is a known host, hosts[r])
+    if not (known or rset <= hosts.keys()):
         locs = {}
         for r in sorted(rset):
             loc = hosts.get(r)  # (checked above: ``view.host`` would check each again)
@@ -522,8 +521,12 @@ def compute_tree(view: TopologyView, source: str, receivers: Iterable[str],
             cache = cache or PathCache(view)
             dist, preds = cache.dag(tree.root)
             live, down = view.switches, view.ports_down  # (``view.host_attached``, inlined)
-            targets = {r: loc for r, loc in locs.items()
-                       if loc.dpid in dist and loc.dpid in live and (not down or (loc.dpid, loc.port) not in down)}
+            if locs is None:  # (one pass over the receivers, no dict of them in between)
+                targets = {r: loc for r in rset if (loc := hosts[r]).dpid in dist and loc.dpid in live
+                           and (not down or (loc.dpid, loc.port) not in down)}
+            else:
+                targets = {r: loc for r, loc in locs.items() if loc.dpid in dist and loc.dpid in live
+                           and (not down or (loc.dpid, loc.port) not in down)}
             tset = {loc.dpid for loc in targets.values()}
             if keep and keep.get(tree.root, 0) is None:
                 tree.parent = _spt(tree.root, tset, preds, dist, load, keep)
@@ -535,7 +538,7 @@ def compute_tree(view: TopologyView, source: str, receivers: Iterable[str],
                     tree.leaves_first = deepest
         else:
             comp = nx.node_connected_component(view.graph, tree.root)
-            targets = {r: loc for r, loc in locs.items()
+            targets = {r: loc for r, loc in (locs or {r: hosts[r] for r in rset}).items()
                        if view.host_attached(loc) and loc.dpid in comp}
             tdpids = {loc.dpid for loc in targets.values()}
             # (the root's component only: Mehlhorn fails on a partitioned fabric)

@@ -763,8 +763,9 @@ def test_an_all_group_packed_in_c_is_the_pythons(command, gid, in_port, ports, d
 @needs_c
 def test_counting_ff_users_in_c_refuses_bad_input():
     """``_fastplan.count`` (``MulticastCore._count_c``) raises on what is not an entry or a
-    step, and counts up and back down to nothing, asking for the FF group and its link
-    at the first user and at the last."""
+    step, and counts up and back down to nothing, asking for the protected link's guard
+    (which wants both FF groups of its port) at the first user of either and at the
+    last, and for the FF group alone when the port's other one is in use."""
     count = native.module.count
     calls: list = []
     args = (lambda n, f: calls.append(("want", n, f)), lambda key, on: calls.append(("guard", key, on)),
@@ -779,10 +780,14 @@ def test_counting_ff_users_in_c_refuses_bad_input():
             count(*bad, ff_refs, *args)
     count({9: e}, 1, ff_refs, *args)
     count({9: e}, 1, ff_refs, *args)
-    assert ff_refs[9] == {0xFFFF0003: 2} and calls == [("want", 9, 0xFFFF0003), ("guard", (9, 3), True)]
+    assert ff_refs[9] == {0xFFFF0003: 2} and calls == [("guard", (9, 3), True)]
+    via = SwitchEntry(3, (2, 3), (0xFFFF8003,), ())  # (the port's other FF group)
+    count({9: via}, 1, ff_refs, *args)
+    count({9: via}, -1, ff_refs, *args)
+    assert calls[1:] == [("want", 9, 0xFFFF8003), ("want", 9, 0xFFFF8003)]
     count({9: e}, -1, ff_refs, *args)
     count({9: e}, -1, ff_refs, *args)
-    assert ff_refs[9] == {} and calls[2:] == [("want", 9, 0xFFFF0003), ("guard", (9, 3), False)]
+    assert ff_refs[9] == {} and calls[3:] == [("guard", (9, 3), False)]
 
 
 @needs_c
@@ -1137,7 +1142,7 @@ def test_reprotecting_in_c_keeps_unchanged_groups_out_and_refuses_bad_input():
     gains = {1: SwitchEntry(1, (2, 3), (), ())}
     assert protect([(4, same, {1: None}, {1}), (5, gains, {1: None}, {1})], *args) == [5]
     assert gains[1] == same[1] and ff_refs[1] == {0xFFFF0003: 1}
-    assert calls == [("want", 1, 0xFFFF0003), ("guard", (1, 3), True)]
+    assert calls == [("guard", (1, 3), True)]  # (the link's first user: its guard wants both FF groups)
     for bad in ([(4, same, {1: None})], [(4, [], {1: None}, {1})], [(4, {1: SwitchEntry(1, (2,), (), ())}, {}, {1})],
                 [(4, same, {1: None}, {9})]):
         with pytest.raises((TypeError, KeyError)):
