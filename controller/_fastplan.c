@@ -1011,14 +1011,48 @@ static int pair_of_bytes(PyObject *t) {
     return 1;
 }
 
-/* tags[link_tag], or make_tag(link_tag) on a miss (ofmsgs._tag_tlv, which keeps it in
- * tags): a link tag's eth_dst TLV, 10 bytes. New reference. */
+/* A link tag's TLV for a tag of the form aa:bb:cc:dd:ee:ff (lower- or upper-case hex):
+ * eth_dst's OXM header (0x80000606, ofmsgs._OXM_ETH_DST), then the 6 bytes, as
+ * ofmsgs._tag_oxm makes it. NULL with no error set for any other string. */
+static PyObject *mac_tlv(PyObject *link_tag) {
+    Py_ssize_t n;
+    const char *t = PyUnicode_Check(link_tag) ? PyUnicode_AsUTF8AndSize(link_tag, &n) : NULL;
+    if (t == NULL) {
+        PyErr_Clear();
+        return NULL;
+    }
+    if (n != 17) return NULL;
+    unsigned char out[10] = {0x80, 0x00, 0x06, 0x06};
+    for (int i = 0; i < 6; i++) {
+        int hi, lo;
+        char c = t[3 * i], d = t[3 * i + 1];
+        if (i < 5 && t[3 * i + 2] != ':') return NULL;
+        hi = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+        lo = d >= '0' && d <= '9' ? d - '0' : d >= 'a' && d <= 'f' ? d - 'a' + 10 : d >= 'A' && d <= 'F' ? d - 'A' + 10 : -1;
+        if (hi < 0 || lo < 0) return NULL;
+        out[4 + i] = (unsigned char)(hi << 4 | lo);
+    }
+    return PyBytes_FromStringAndSize((const char *)out, 10);
+}
+
+#define MAX_TAGS (1 << 16)  /* (ofmsgs._MAX_PARTS: tags is emptied past it) */
+
+/* tags[link_tag], or on a miss its TLV (mac_tlv, kept in tags as ofmsgs.tag_tlv keeps
+ * it), or make_tag(link_tag) (ofmsgs.tag_tlv) for a tag of another form: a link tag's
+ * eth_dst TLV, 10 bytes. New reference. */
 static PyObject *tag_tlv_of(PyObject *tags, PyObject *make_tag, PyObject *link_tag) {
     PyObject *tlv = PyDict_GetItemWithError(tags, link_tag);
-    if (tlv != NULL)
+    if (tlv != NULL) {
         Py_INCREF(tlv);
-    else if (!PyErr_Occurred())
-        tlv = PyObject_CallOneArg(make_tag, link_tag);
+    } else if (!PyErr_Occurred()) {
+        tlv = mac_tlv(link_tag);
+        if (tlv != NULL) {
+            if (PyDict_GET_SIZE(tags) >= MAX_TAGS) PyDict_Clear(tags);
+            if (PyDict_SetItem(tags, link_tag, tlv) < 0) Py_CLEAR(tlv);
+        } else if (!PyErr_Occurred()) {
+            tlv = PyObject_CallOneArg(make_tag, link_tag);
+        }
+    }
     if (tlv != NULL && (!PyBytes_Check(tlv) || PyBytes_GET_SIZE(tlv) != 10)) {
         PyErr_SetString(PyExc_TypeError, "a tag's TLV is 10 bytes");
         Py_CLEAR(tlv);

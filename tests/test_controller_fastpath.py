@@ -519,8 +519,8 @@ def test_bad_input_raises_instead_of_crashing():
                    (10, ofmsgs.ReadyFlowMod.__mro__[1])):
         wrong = list(good)
         wrong[i] = bad
-        if i == 7:  # (the tag callback is asked only for a rejoin)
-            wrong[4] = {1: SwitchEntry(1, (2,), (), (4, "02:00:00:00:00:01", ()))}
+        if i == 7:  # (the tag callback is asked only for a rejoin whose tag C does not read)
+            wrong[4] = {1: SwitchEntry(1, (2,), (), (4, "not a MAC", ()))}
         with pytest.raises((TypeError, KeyError, OverflowError, ValueError)):
             adds(*wrong)
 
@@ -876,6 +876,50 @@ def test_regrafting_in_c_is_the_pythons(topo, data):
     args[5], args[6] = {}, {1: {3: 4}, 2: {3: 8}}
     with pytest.raises(KeyError):  # (switch 3's ports are unknown)
         native.module.regraft(*args)
+
+
+@needs_c
+@settings(max_examples=200, deadline=None)
+@given(tags=st.lists(st.one_of(
+    st.binary(min_size=6, max_size=6).map(lambda b: b.hex(":")),
+    st.binary(min_size=6, max_size=6).map(lambda b: b.hex(":").upper()),
+    st.text(alphabet="0123456789abcdefABCDEF: xg", min_size=15, max_size=19)), min_size=1, max_size=6))
+def test_tag_tlvs_made_in_c_are_the_pythons(tags):
+    """A rejoin's tag TLV (eth_dst) is made in C for a tag of the form aa:bb:cc:dd:ee:ff
+    and kept in the tags dict as ``ofmsgs.tag_tlv`` keeps it; any other string is asked
+    of Python (which refuses what is no MAC address)."""
+    asked: list = []
+    kept: dict = {}
+
+    def make(link_tag: str) -> bytes:  # (as ofmsgs.tag_tlv: kept too)
+        asked.append(link_tag)
+        tlv = kept[link_tag] = ofmsgs._tag_oxm(link_tag)
+        return tlv
+
+    def strict(t: str) -> bool:
+        return len(t) == 17 and all(t[i] == ":" for i in (2, 5, 8, 11, 14)) and all(
+            c in "0123456789abcdefABCDEF" for c in t.replace(":", "")) and t.count(":") == 5
+
+    def refused(t: str) -> bool:
+        try:
+            ofmsgs._tag_oxm(t)
+        except ValueError:
+            return True
+        return False
+
+    entries = {d: SwitchEntry(1, (2,), (), (3, t, TO_OWN_GROUP)) for d, t in enumerate(tags, 1)}
+    out: list = []
+    try:
+        native.module.tree_adds(5, b"h", b"t", list(entries), entries, out, kept, make,
+                                ofmsgs.rejoin_flow(5, "10.0.0.1", "232.1.0.5"), ofmsgs.ReadyGroupMod,
+                                ofmsgs.ReadyFlowMod)
+    except ValueError:  # (Python's refusal of a tag that is no MAC address)
+        assert refused(asked[-1]) and not strict(asked[-1])
+        return
+    for t in tags:
+        assert kept[t] == ofmsgs._tag_oxm(t)
+        assert (t in asked) == (not strict(t))
+    assert ofmsgs._OXM_ETH_DST == bytes.fromhex("80000606")  # (the header C writes)
 
 
 @needs_c
