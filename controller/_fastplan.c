@@ -2308,7 +2308,9 @@ static PyObject *bfs_dag_ids(PyObject *nbr, PyObject *root, int *again) {
     Py_ssize_t *level = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)cap);
     PyObject **plist = PyMem_Malloc(sizeof(PyObject *) * (size_t)cap);  /* (borrowed: preds holds them) */
     PyObject **front = PyMem_Malloc(sizeof(PyObject *) * (size_t)cap), **next = PyMem_Malloc(sizeof(PyObject *) * (size_t)cap);
-    PyObject *dist = PyDict_New(), *preds = PyDict_New(), *result = NULL, *zero = PyLong_FromLong(0), *first = PyList_New(0);
+    /* (sized once: a connected fabric's DAG holds every switch) */
+    PyObject *dist = _PyDict_NewPresized(cap), *preds = _PyDict_NewPresized(cap), *result = NULL;
+    PyObject *zero = PyLong_FromLong(0), *first = PyList_New(0);
     size_t at;
     if (!level || !plist || !front || !next) PyErr_NoMemory();
     if (PyErr_Occurred() || !dist || !preds || !zero || !first || ids_init(&m, cap) < 0) goto done;
