@@ -28,7 +28,6 @@
 #define FF_BASE 0xFFFF0000L
 
 static PyObject *str_group, *str_output, *str_dpid, *str_wire, *empty;
-static PyObject *str_ff, *str_set_field, *str_eth_dst, *str_guards, *str_ff_refs, *str_shared_want, *str_dirty;
 
 /* A tuple subclass (SwitchEntry) of four items, as tuple.__new__(cls, (a, b, c, d)) makes it.
  * Its items are an int and tuples of ints, strings and such tuples, made before it: it
@@ -3368,124 +3367,6 @@ static PyObject *note_placed(PyObject *self, PyObject *const *args, Py_ssize_t n
     Py_RETURN_NONE;
 }
 
-/* -- an FF group's want (MulticastCore._want_ff_py, see there) ------------------------ */
-
-/* ((port, (("output", port),)), (first, (("set_field", "eth_dst", tag), ("output", out))))
- * as protect.ff_buckets makes it (out: OFPP_IN_PORT when the detour leaves where the
- * copy came in, else first). New reference. */
-static PyObject *ff_spec(PyObject *port, PyObject *first, int via_in_port, PyObject *link_tag) {
-    PyObject *in_port = via_in_port ? PyLong_FromUnsignedLong(OFPP_IN_PORT) : Py_NewRef(first);
-    if (in_port == NULL) return NULL;
-    PyObject *o1 = PyTuple_Pack(2, str_output, port);
-    PyObject *a1 = o1 ? PyTuple_Pack(1, o1) : NULL;
-    PyObject *b1 = a1 ? PyTuple_Pack(2, port, a1) : NULL;
-    PyObject *sf = PyTuple_Pack(3, str_set_field, str_eth_dst, link_tag);
-    PyObject *o2 = PyTuple_Pack(2, str_output, in_port);
-    PyObject *a2 = sf && o2 ? PyTuple_Pack(2, sf, o2) : NULL;
-    PyObject *b2 = a2 ? PyTuple_Pack(2, first, a2) : NULL;
-    PyObject *spec = b1 && b2 ? PyTuple_Pack(2, b1, b2) : NULL;
-    Py_DECREF(in_port);
-    Py_XDECREF(o1);
-    Py_XDECREF(a1);
-    Py_XDECREF(b1);
-    Py_XDECREF(sf);
-    Py_XDECREF(o2);
-    Py_XDECREF(a2);
-    Py_XDECREF(b2);
-    return spec;
-}
-
-/* want_ff(core, tag, dpid, ffid): MulticastCore._want_ff_py (see there) and its _want,
- * reading the core's guards, ff_refs, shared_want and _dirty; tag(dpid, port) is the
- * link's tag (protect.tag). ~9,500 per fat-tree:16 build, each a Python frame or two. */
-static PyObject *want_ff(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 4) {
-        PyErr_SetString(PyExc_TypeError, "want_ff(core, tag, dpid, ffid)");
-        return NULL;
-    }
-    PyObject *core = args[0], *tag = args[1], *dpid = args[2], *ffid = args[3];
-    PyObject *guards = NULL, *ff_refs = NULL, *shared_want = NULL, *dirty = NULL, *port = NULL, *key = NULL;
-    PyObject *spec = NULL, *k = NULL, *want = NULL, *at = NULL, *result = NULL;
-    long fv;
-    if (get_long(ffid, &fv) < 0) return NULL;
-    if ((guards = PyObject_GetAttr(core, str_guards)) == NULL || (ff_refs = PyObject_GetAttr(core, str_ff_refs)) == NULL ||
-        (shared_want = PyObject_GetAttr(core, str_shared_want)) == NULL ||
-        (dirty = PyObject_GetAttr(core, str_dirty)) == NULL)
-        goto done;
-    if (!PyDict_Check(guards) || !PyDict_Check(ff_refs)) {
-        PyErr_SetString(PyExc_TypeError, "want_ff: guards and ff_refs are dicts");
-        goto done;
-    }
-    if ((port = PyLong_FromLong(fv & MAX_PORT)) == NULL || (key = PyTuple_Pack(2, dpid, port)) == NULL) goto done;
-    PyObject *d = PyDict_GetItemWithError(guards, key);  /* (borrowed, held while tag runs) */
-    if (d == NULL && PyErr_Occurred()) goto done;
-    if (d != NULL && d != Py_None) {
-        PyObject *refs = PyDict_GetItemWithError(ff_refs, dpid);  /* (.get: no default made) */
-        int has = refs == NULL ? (PyErr_Occurred() ? -1 : 0) : PySequence_Contains(refs, ffid);
-        if (has < 0) goto done;
-        if (has) {
-            if (!PyTuple_Check(d) || PyTuple_GET_SIZE(d) != 4) {
-                PyErr_SetString(PyExc_TypeError, "want_ff: a guard is a Detour");
-                goto done;
-            }
-            Py_INCREF(d);
-            PyObject *link_tag = PyObject_CallFunctionObjArgs(tag, dpid, port, NULL);
-            if (link_tag != NULL) {
-                spec = ff_spec(port, PyTuple_GET_ITEM(d, 0), (fv & IN_PORT_BIT) != 0, link_tag);
-                Py_DECREF(link_tag);
-            }
-            Py_DECREF(d);
-            if (spec == NULL) goto done;
-        }
-    }
-    if ((k = PyTuple_Pack(2, str_ff, ffid)) == NULL || (want = PyObject_GetItem(shared_want, dpid)) == NULL) goto done;
-    if (!PyDict_Check(want)) {
-        PyErr_SetString(PyExc_TypeError, "want_ff: shared_want holds dicts");
-        goto done;
-    }
-    if (spec == NULL) {  /* want.pop(k): absent, nothing changed */
-        int has = PyDict_Contains(want, k);
-        if (has <= 0) {
-            if (has == 0) result = Py_NewRef(Py_None);
-            goto done;
-        }
-        if (PyDict_DelItem(want, k) < 0) goto done;
-    } else {
-        PyObject *old = PyDict_GetItemWithError(want, k);
-        if (old == NULL && PyErr_Occurred()) goto done;
-        if (old != NULL) {
-            Py_INCREF(old);
-            int eq = PyObject_RichCompareBool(old, spec, Py_EQ);
-            Py_DECREF(old);
-            if (eq < 0) goto done;
-            if (eq) {
-                result = Py_NewRef(Py_None);
-                goto done;
-            }
-        }
-        if (PyDict_SetItem(want, k, spec) < 0) goto done;
-    }
-    if ((at = PyObject_GetItem(dirty, dpid)) == NULL) goto done;  /* (_dirty[dpid].add(k)) */
-    if (!PySet_Check(at)) {
-        PyErr_SetString(PyExc_TypeError, "want_ff: _dirty holds sets");
-        goto done;
-    }
-    if (PySet_Add(at, k) < 0) goto done;
-    result = Py_NewRef(Py_None);
-done:
-    Py_XDECREF(guards);
-    Py_XDECREF(ff_refs);
-    Py_XDECREF(shared_want);
-    Py_XDECREF(dirty);
-    Py_XDECREF(port);
-    Py_XDECREF(key);
-    Py_XDECREF(spec);
-    Py_XDECREF(k);
-    Py_XDECREF(want);
-    Py_XDECREF(at);
-    return result;
-}
-
 static PyMethodDef module_methods[] = {
     {"fill", (PyCFunction)(void (*)(void))fill, METH_FASTCALL, "MulticastCore._fill's loop (see there)"},
     {"tree_adds", (PyCFunction)(void (*)(void))tree_adds, METH_FASTCALL, "ofmsgs.tree_adds's loop (see there)"},
@@ -3505,7 +3386,6 @@ static PyMethodDef module_methods[] = {
     {"bfs_dag", (PyCFunction)(void (*)(void))bfs_dag, METH_FASTCALL, "trees.PathCache.dag's search (see there)"},
     {"path_around", (PyCFunction)(void (*)(void))path_around, METH_FASTCALL, "protect._path_around (see there)"},
     {"live_of", (PyCFunction)(void (*)(void))live_of, METH_FASTCALL, "MulticastCore._place_py's filter (see there)"},
-    {"want_ff", (PyCFunction)(void (*)(void))want_ff, METH_FASTCALL, "MulticastCore._want_ff_py (see there)"},
     {"note_placed", (PyCFunction)(void (*)(void))note_placed, METH_FASTCALL,
      "MulticastCore._place_py's bookkeeping (see there)"},
     {NULL, NULL, 0, NULL},
@@ -3522,15 +3402,6 @@ PyMODINIT_FUNC PyInit__fastplan(void) {
     str_dpid = PyUnicode_InternFromString("_dpid");
     str_wire = PyUnicode_InternFromString("_wire");
     empty = PyTuple_New(0);
-    str_ff = PyUnicode_InternFromString("ff");
-    str_set_field = PyUnicode_InternFromString("set_field");
-    str_eth_dst = PyUnicode_InternFromString("eth_dst");
-    str_guards = PyUnicode_InternFromString("guards");
-    str_ff_refs = PyUnicode_InternFromString("ff_refs");
-    str_shared_want = PyUnicode_InternFromString("shared_want");
-    str_dirty = PyUnicode_InternFromString("_dirty");
-    if (!str_group || !str_output || !str_dpid || !str_wire || !empty || !str_ff || !str_set_field || !str_eth_dst ||
-        !str_guards || !str_ff_refs || !str_shared_want || !str_dirty)
-        return NULL;
+    if (!str_group || !str_output || !str_dpid || !str_wire || !empty) return NULL;
     return PyModule_Create(&moduledef);
 }

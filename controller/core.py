@@ -1014,20 +1014,11 @@ class MulticastCore:
             want[key] = spec
         self._dirty[dpid].add(key)
 
-    def _want_ff_py(self, dpid: int, ffid: int) -> None:
-        """The FF group ``ffid`` at ``dpid`` as its link's guard and users make it: its
-        buckets while the link is guarded and the group has users, else none."""
+    def _want_ff(self, dpid: int, ffid: int) -> None:
         key = (dpid, ff_port(ffid))
         d = self.guards.get(key)
         self._want(dpid, ("ff", ffid), ff_buckets(key[1], d, bool(ffid & IN_PORT_BIT), tag(*key))
                    if d is not None and ffid in self.ff_refs.get(dpid, ()) else None)
-
-    def _want_ff_c(self, dpid: int, ffid: int) -> None:
-        """``_want_ff_py`` and its ``_want`` in C (``_fastplan.want_ff``): ~9,500 per
-        fat-tree:16 build, a tenth of building it in Python."""
-        native.module.want_ff(self, tag, dpid, ffid)
-
-    _want_ff = _want_ff_c if native.NATIVE else _want_ff_py
 
     def _guard(self, key: tuple[int, int], on: bool) -> None:
         """A protected link came into use (its detour's transit entries are wanted), went

@@ -425,7 +425,6 @@ def test_the_c_builder_is_built_in_ci():
         assert MulticastCore._recount is MulticastCore._recount_c and MulticastCore._changed is MulticastCore._changed_c
         assert MulticastCore._reprotect is MulticastCore._reprotect_c
         assert MulticastCore._place is MulticastCore._place_c
-        assert MulticastCore._want_ff is MulticastCore._want_ff_c
         from controller import protect
 
         assert protect._path_around is protect._path_around_c
@@ -441,7 +440,6 @@ class InC(MulticastCore):
     _changed = MulticastCore._changed_c
     _reprotect = MulticastCore._reprotect_c
     _place = MulticastCore._place_c
-    _want_ff = MulticastCore._want_ff_c
     _tree_adds = staticmethod(ofmsgs.tree_adds_c)
 
 
@@ -455,7 +453,6 @@ class InPython(MulticastCore):
     _changed = MulticastCore._changed_py
     _reprotect = MulticastCore._reprotect_py
     _place = MulticastCore._place_py
-    _want_ff = MulticastCore._want_ff_py
     _tree_adds = staticmethod(ofmsgs.tree_adds_py)
 
 
@@ -923,51 +920,6 @@ def test_tag_tlvs_made_in_c_are_the_pythons(tags):
         assert kept[t] == ofmsgs._tag_oxm(t)
         assert (t in asked) == (not strict(t))
     assert ofmsgs._OXM_ETH_DST == bytes.fromhex("80000606")  # (the header C writes)
-
-
-@needs_c
-@settings(max_examples=300, deadline=None)
-@given(data=st.data())
-def test_an_ff_groups_want_in_c_is_the_pythons(data):
-    """``_fastplan.want_ff`` (``MulticastCore._want_ff_c``) against ``_want_ff_py``: a
-    guarded link or not, the FF group used or not, either variant (detour through the
-    ingress port or not), its want absent, the same or another: the same wants and
-    the same switches marked to diff; what a core never holds raises."""
-    from collections import defaultdict
-    from copy import deepcopy
-
-    from controller.protect import Detour, tag
-
-    port = data.draw(st.integers(1, 40), label="port")
-    ffid = 0xFFFF0000 | (data.draw(st.booleans(), label="via in_port") << 15) | port
-    detour = Detour(data.draw(st.integers(1, 40), label="first"), ((3, 1, 2),), 4, 5)
-    guards = {(7, port): detour} if data.draw(st.booleans(), label="guarded") else {}
-    refs = {7: {ffid: 2}} if data.draw(st.booleans(), label="used") else {7: {ffid ^ 0x8000: 1}}
-    spec_now = MulticastCore(TopologyView())
-    spec_now.guards, spec_now.ff_refs = guards, defaultdict(dict, refs)
-    old = data.draw(st.sampled_from(["absent", "same", "other"]), label="wanted before")
-    start: defaultdict = defaultdict(dict)
-    if old != "absent":
-        MulticastCore._want_ff_py(spec_now, 7, ffid)  # (what it would want now)
-        same = spec_now.shared_want[7].get(("ff", ffid), ((1, ()),))
-        start[7][("ff", ffid)] = same if old == "same" else ((99, ()),)
-    got = []
-    for want_ff in (MulticastCore._want_ff_c, MulticastCore._want_ff_py):
-        core = MulticastCore(TopologyView())
-        core.guards, core.ff_refs = dict(guards), defaultdict(dict, deepcopy(refs))
-        core.shared_want = deepcopy(start)
-        want_ff(core, 7, ffid)
-        got.append((dict(core.shared_want), dict(core._dirty)))
-    assert got[0] == got[1]
-    if guards and ffid in refs[7]:
-        assert got[0][0][7][("ff", ffid)][1][1][0] == ("set_field", "eth_dst", tag(7, port))
-    bad = MulticastCore(TopologyView())
-    bad.guards = {(7, port): "not a detour"}
-    bad.ff_refs = defaultdict(dict, {7: {ffid: 1}})
-    with pytest.raises(TypeError):
-        MulticastCore._want_ff_c(bad, 7, ffid)
-    with pytest.raises(TypeError):
-        native.module.want_ff(bad, tag, 7)
 
 
 @needs_c
