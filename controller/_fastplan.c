@@ -63,7 +63,8 @@ static int get_long(PyObject *o, long *out) {
  * same few); emptied past MAX_SHAPES, as it only saves memory. */
 #define MAX_SHAPES (1 << 16)
 static PyObject *shape_of(PyObject *shapes, PyObject *t) {
-    if (t == NULL || shapes == Py_None) return t;
+    if (t == NULL || shapes == Py_None || (PyTuple_CheckExact(t) && PyTuple_GET_SIZE(t) == 0))
+        return t;  /* (the empty tuple is one object already: most leaves' FF lists) */
     if (PyDict_GET_SIZE(shapes) >= MAX_SHAPES) PyDict_Clear(shapes);
     PyObject *got = PyDict_SetDefault(shapes, t, t);
     Py_XINCREF(got);
