@@ -2415,6 +2415,31 @@ static PyObject *bfs_dag(PyObject *self, PyObject *const *args, Py_ssize_t nargs
     return r != NULL || !again ? r : bfs_dag_dicts(args[0], args[1]);
 }
 
+/* A detour's meeting: of the level's candidates the least (length, hint misses, hash of
+ * the link and the meeting, v, u) wins, protect._path_around_py's order. */
+typedef struct {
+    int found;
+    long len, miss;
+    uint32_t hash;
+    unsigned long long v, u;
+} Meet;
+
+/* Takes candidate (v, u) when it beats the best so far: 1 when it does. */
+static inline int meet_better(Meet *m, long len, long miss, uint32_t salt, unsigned long long v, unsigned long long u) {
+    uint32_t h = ((((uint32_t)v * 0xC2B2AE3Du) ^ ((uint32_t)u * 0x27D4EB2Fu) ^ salt) * 0x2C1B3C6Du) >> 8;
+    if (m->found &&
+        !(len < m->len || (len == m->len && (miss < m->miss || (miss == m->miss && (h < m->hash ||
+          (h == m->hash && (v < m->v || (v == m->v && u < m->u)))))))))
+        return 0;
+    m->found = 1;
+    m->len = len;
+    m->miss = miss;
+    m->hash = h;
+    m->v = v;
+    m->u = u;
+    return 1;
+}
+
 /* One side of path_around's search: node -> parent (None at the side's root), node ->
  * the side's first hop to it (None at the root), node -> depth, and the frontier. */
 typedef struct {
@@ -2504,10 +2529,7 @@ static PyObject *path_around_dicts(PyObject *nbr, PyObject *src, PyObject *dst, 
         long level;
         if (dict_long(mine->depth, PyList_GET_ITEM(mine->front, 0), &level) < 0) goto done;
         level += 1;
-        int found = 0;
-        long m_len = 0, m_miss = 0;
-        uint32_t m_hash = 0;
-        unsigned long long m_v = 0, m_u = 0;
+        Meet meet = {0};
         PyObject *mv = NULL, *mu = NULL;  /* (borrowed: keys of nbr's dicts) */
         for (Py_ssize_t i = 0; i < PyList_GET_SIZE(mine->front); i++) {
             PyObject *u = PyList_GET_ITEM(mine->front, i);
@@ -2544,25 +2566,13 @@ static PyObject *path_around_dicts(PyObject *nbr, PyObject *src, PyObject *dst, 
                     miss = 2 * m1 + m0;
                 }
                 if (dict_long(other->depth, v, &far) < 0) goto done;
-                long len = level + far;
-                uint32_t h = (((uint32_t)v64 * 0xC2B2AE3Du) ^ ((uint32_t)u64 * 0x27D4EB2Fu) ^ salt) * 0x2C1B3C6Du;
-                h >>= 8;
-                if (!found || len < m_len ||
-                    (len == m_len && (miss < m_miss ||
-                     (miss == m_miss && (h < m_hash ||
-                      (h == m_hash && (v64 < m_v || (v64 == m_v && u64 < m_u)))))))) {
-                    found = 1;
-                    m_len = len;
-                    m_miss = miss;
-                    m_hash = h;
-                    m_v = v64;
-                    m_u = u64;
+                if (meet_better(&meet, level + far, miss, salt, v64, u64)) {
                     mv = v;
                     mu = u;
                 }
             }
         }
-        if (found) {
+        if (meet.found) {
             if (PyDict_SetItem(mine->parent, mv, mu) < 0) goto done;
             PyObject *path = PyList_New(0), *n = NULL;
             if (path == NULL) goto done;
@@ -2760,10 +2770,7 @@ static PyObject *path_around_ids(PyObject *nbr, PyObject *src, PyObject *dst, Py
     while (nf[0] && nf[1]) {
         int side = nf[0] <= nf[1] ? 0 : 1, other = 1 - side;
         Py_ssize_t level = a.dep[side][front[side][0]] + 1;
-        int found = 0;
-        long m_len = 0, m_miss = 0;
-        uint32_t m_hash = 0;
-        long long m_v = 0, m_u = 0;
+        Meet meet = {0};
         Py_ssize_t mv = -1, mu = -1;
         for (Py_ssize_t i = 0; i < nf[side]; i++) {
             Py_ssize_t ux = front[side][i];
@@ -2796,25 +2803,14 @@ static PyObject *path_around_ids(PyObject *nbr, PyObject *src, PyObject *dst, Py
                     if (m0 < 0) goto done;
                     miss = 2 * m1 + m0;
                 }
-                long len = (long)(level + a.dep[other][vx]);
-                uint32_t h = (((uint32_t)vk * 0xC2B2AE3Du) ^ ((uint32_t)uk * 0x27D4EB2Fu) ^ salt) * 0x2C1B3C6Du;
-                h >>= 8;
-                if (!found || len < m_len ||
-                    (len == m_len && (miss < m_miss ||
-                     (miss == m_miss && (h < m_hash ||
-                      (h == m_hash && (vk < m_v || (vk == m_v && uk < m_u)))))))) {
-                    found = 1;
-                    m_len = len;
-                    m_miss = miss;
-                    m_hash = h;
-                    m_v = vk;
-                    m_u = uk;
+                if (meet_better(&meet, (long)(level + a.dep[other][vx]), miss, salt, (unsigned long long)vk,
+                                (unsigned long long)uk)) {
                     mv = vx;
                     mu = ux;
                 }
             }
         }
-        if (found) {  /* mv joins mine below mu: src .. mv on side 0's parents, then on to dst */
+        if (meet.found) {  /* mv joins mine below mu: src .. mv on side 0's parents, then on to dst */
             a.on[side][mv] = 1;
             a.par[side][mv] = mu;
             Py_ssize_t len0 = 0;

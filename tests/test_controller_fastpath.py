@@ -598,17 +598,11 @@ def draw_adjacency(spec) -> dict[int, dict[int, int]]:
     return {d: dict(rng.sample(list(p.items()), len(p))) for d, p in nbr.items()}
 
 
-@needs_c
-@settings(max_examples=300, deadline=None)
-@given(spec=adjacency, data=st.data())
-def test_the_searches_in_c_find_the_pythons_dags_and_detours(spec, data):
-    """Every switch's DAG (distances and sorted predecessors, in the same insertion
-    orders: the layers are built in that order) and the detour around every link and
-    around some non-links, with and without a hint of a replaced detour: the same in C
-    as in Python."""
-    from controller import protect, trees
+def searches_agree(nbr: dict[int, dict[int, int]], data) -> None:
+    """Every switch's DAG and the detour around every link and a drawn other pair, with
+    and without a drawn hint: C's and Python's the same."""
+    from controller import protect
 
-    nbr = draw_adjacency(spec)
     for root in nbr:
         a, b = trees._bfs_dag_py(nbr, root), trees._bfs_dag_c(nbr, root)
         assert list(a[0].items()) == list(b[0].items()) and list(a[1].items()) == list(b[1].items())
@@ -617,6 +611,17 @@ def test_the_searches_in_c_find_the_pythons_dags_and_detours(spec, data):
         for v in [*nbr[u], data.draw(st.sampled_from(switches), label="any other")]:
             hint = data.draw(st.none() | st.tuples(st.sampled_from(switches), st.sampled_from(switches)), label="hint")
             assert protect._path_around_c(nbr, u, v, hint) == protect._path_around_py(nbr, u, v, hint)
+
+
+@needs_c
+@settings(max_examples=300, deadline=None)
+@given(spec=adjacency, data=st.data())
+def test_the_searches_in_c_find_the_pythons_dags_and_detours(spec, data):
+    """Every switch's DAG (distances and sorted predecessors, in the same insertion
+    orders: the layers are built in that order) and the detour around every link and
+    around some non-links, with and without a hint of a replaced detour: the same in C
+    as in Python."""
+    searches_agree(draw_adjacency(spec), data)
 
 
 @needs_c
@@ -626,22 +631,12 @@ def test_the_searches_in_c_agree_on_any_dpid(spec, data):
     """The C searches keep nodes by their int value (``_fastplan`` Ids) and fall back to
     dicts for what does not fit: dpid 0 (false as a first hop, as in Python), 32- and
     64-bit values, values past 2**63; the same DAGs and detours as Python's."""
-    from controller import protect, trees
-
     nbr = draw_adjacency(spec)
     values = data.draw(st.lists(st.sampled_from([0, 1, 2, 7, 2**31, 2**32 + 5, 2**48 + 1, 2**62, 2**63 - 1,
                                                  2**63, 2**63 + 7, 2**64 - 1]) | st.integers(0, 2**64 - 1),
                                 min_size=len(nbr), max_size=len(nbr), unique=True), label="dpids")
     name = dict(zip(sorted(nbr), values))
-    nbr = {name[d]: {name[n]: p for n, p in ports.items()} for d, ports in nbr.items()}
-    for root in nbr:
-        a, b = trees._bfs_dag_py(nbr, root), trees._bfs_dag_c(nbr, root)
-        assert list(a[0].items()) == list(b[0].items()) and list(a[1].items()) == list(b[1].items())
-    switches = sorted(nbr)
-    for u in nbr:
-        for v in [*nbr[u], data.draw(st.sampled_from(switches), label="any other")]:
-            hint = data.draw(st.none() | st.tuples(st.sampled_from(switches), st.sampled_from(switches)), label="hint")
-            assert protect._path_around_c(nbr, u, v, hint) == protect._path_around_py(nbr, u, v, hint)
+    searches_agree({name[d]: {name[n]: p for n, p in ports.items()} for d, ports in nbr.items()}, data)
 
 
 @needs_c
