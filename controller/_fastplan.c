@@ -2154,9 +2154,9 @@ done:
     return result;
 }
 
-/* bfs_dag(nbr, root) -> (dist, preds): trees.PathCache.dag's breadth-first search (see
- * there), the same insertion orders (a frontier at a time, neighbours in ``nbr``'s
- * order), predecessor lists sorted. */
+/* bfs_dag on dicts, for nodes that are not ints in range: trees.PathCache.dag's
+ * breadth-first search (see there), the same insertion orders (a frontier at a time,
+ * neighbours in ``nbr``'s order), predecessor lists sorted. */
 static PyObject *bfs_dag_dicts(PyObject *nbr, PyObject *root) {
     PyObject *dist = PyDict_New(), *preds = PyDict_New(), *frontier = PyList_New(0), *nxt = NULL;
     PyObject *result = NULL, *zero = PyLong_FromLong(0), *first = PyList_New(0);
@@ -2509,10 +2509,11 @@ static int chain(PyObject *path, PyObject *parent, PyObject *n) {
     return 0;
 }
 
-/* path_around(nbr, src, dst, hint) -> list of dpids or None: protect._path_around's
- * two-sided search (see there), the same choices: a meeting is the least of (length,
- * hint misses, hash, v, u) over the level's candidates, so the order candidates are
- * seen in does not matter; a level expands in the frontier's order, neighbours sorted. */
+/* path_around on dicts, for nodes that are not ints in 0..2**63 (negative ones raise):
+ * protect._path_around's two-sided search (see there), the same choices: a meeting is
+ * the least of (length, hint misses, hash, v, u) over the level's candidates (meet_better),
+ * so the order candidates are seen in does not matter; a level expands in the
+ * frontier's order, neighbours sorted. */
 static PyObject *path_around_dicts(PyObject *nbr, PyObject *src, PyObject *dst, PyObject *hint) {
     int has;
     if ((has = PyDict_Contains(nbr, src)) <= 0) return has < 0 ? NULL : Py_NewRef(Py_None);
@@ -2644,7 +2645,7 @@ done:
     return result;
 }
 
-
+/* The table twice as large, its nodes kept. */
 static int ids_grow(Ids *m) {
     Ids bigger;
     size_t cap = (m->mask + 1) * 2;
@@ -2681,16 +2682,11 @@ typedef struct {
     Py_ssize_t *par[2], *hop[2], *dep[2];
 } Around;
 
-static void around_free(Around *a) {
-    ids_free(&a->ids);
-    PyMem_Free(a->obj);  /* (one block holds the arrays) */
-}
-
-/* The number of node o (value k), given one if it has none (*fresh set). -1: no room. */
-static Py_ssize_t around_node(Around *a, PyObject *o, long long k, int *fresh) {
+/* The number of node o (value k), given one if it has none (on neither side yet); -1:
+ * no room, -2: an error. */
+static Py_ssize_t around_node(Around *a, PyObject *o, long long k) {
     size_t at;
     Py_ssize_t x = ids_find(&a->ids, k, &at);
-    *fresh = 0;
     if (x >= 0) return x;
     if (a->count == a->cap) return -1;
     if ((size_t)(a->count + 1) * 2 > a->ids.mask + 1) {
@@ -2703,7 +2699,6 @@ static Py_ssize_t around_node(Around *a, PyObject *o, long long k, int *fresh) {
     a->obj[x] = o;
     a->key[x] = k;
     a->on[0][x] = a->on[1][x] = 0;
-    *fresh = 1;
     return x;
 }
 
@@ -2716,7 +2711,7 @@ static int hop_misses(const Around *a, int side, Py_ssize_t x, Py_ssize_t fallba
 }
 
 static PyObject *path_around_ids(PyObject *nbr, PyObject *src, PyObject *dst, PyObject *hint, int *again) {
-    int ok = 1, fresh;
+    int ok = 1;
     long long sk = key_of(src, &ok), dk = key_of(dst, &ok);
     if (!ok || sk < 0 || dk < 0) {  /* (the dicts' search refuses a negative dpid) */
         *again = 1;
@@ -2760,7 +2755,7 @@ static PyObject *path_around_ids(PyObject *nbr, PyObject *src, PyObject *dst, Py
     PyObject *ends[2] = {src, dst};
     long long ek[2] = {sk, dk};
     for (int sd = 0; sd < 2; sd++) {
-        Py_ssize_t x = around_node(&a, ends[sd], ek[sd], &fresh);
+        Py_ssize_t x = around_node(&a, ends[sd], ek[sd]);
         if (x < 0) goto done;  /* (cannot happen: room for two) */
         a.on[sd][x] = 1;
         a.par[sd][x] = a.hop[sd][x] = -1;
@@ -2844,7 +2839,7 @@ static PyObject *path_around_ids(PyObject *nbr, PyObject *src, PyObject *dst, Py
                     *again = 1;
                     goto done;
                 }
-                Py_ssize_t vx = around_node(&a, v, vk, &fresh);
+                Py_ssize_t vx = around_node(&a, v, vk);
                 if (vx == -2) goto done;
                 if (vx == -1) {  /* (more nodes than nbr holds: neighbours that are no switch) */
                     *again = 1;
@@ -2876,6 +2871,9 @@ done:
     return result;
 }
 
+/* path_around(nbr, src, dst, hint) -> list of dpids or None: protect._path_around's
+ * two-sided search (see there), the same choices; on Ids when its nodes are ints in
+ * 0..2**63, else on dicts. */
 static PyObject *path_around(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 4 || !PyDict_Check(args[0])) {
         PyErr_SetString(PyExc_TypeError, "path_around(nbr: dict, src, dst, hint)");
