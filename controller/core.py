@@ -22,7 +22,7 @@ from controller import native, ofmsgs
 from controller.addressing import check_model, check_ssm, ssm_address
 from controller.errors import Conflict, CoreError, ReceiverIsSource, UnknownGroup
 from controller.protect import IN_PORT_BIT, TO_OWN_GROUP, Detours, ff_buckets, ff_id, ff_port, is_ff, tag
-from controller.topoview import TopologyView, check_unicast
+from controller.topoview import TopologyView, check_unicast, known_hosts
 from controller.trees import ALGORITHMS, LinkLoad, PathCache, SwitchEntry, Tree, compute_tree, regraft
 from controller.trees import crossing as _crossing
 
@@ -312,12 +312,8 @@ class MulticastCore:
         algorithm = algorithm or self.algorithm
         if algorithm not in ALGORITHMS:
             raise CoreError(f"unknown tree algorithm {algorithm!r}; use one of {', '.join(ALGORITHMS)}")
-        try:  # (known hosts' addresses are canonical: no need to check each again)
-            rset = set(receivers) if type(receivers) in (list, tuple, set, frozenset) else None
-        except TypeError:  # (unhashable: check_unicast names it)
-            rset = None
-        if rset is None or not rset <= self.view.hosts.keys():
-            rset = {check_unicast(r, "receiver") for r in receivers}
+        known = known_hosts(receivers, self.view.hosts)
+        rset = set(known) if known is not None else {check_unicast(r, "receiver") for r in receivers}
         if source in rset:
             raise ReceiverIsSource(f"receiver {source} is the group's source")
         existing = self.find(model, source)

@@ -161,8 +161,8 @@ class Detours:
             return d
         link = self.view.port_link.get(key)
         d = None
-        if link is not None and 0 < dpid <= MAX_TAG_DPID and 0 < port <= MAX_PORT:  # (protectable)
-            far = link.b if link.a == dpid and link.a_port == port else link.a  # (far_end)
+        if link is not None and protectable(dpid, port):
+            far = link.far_end(dpid, port)
             # one search per link, from its lower dpid: the other direction's detour is
             # the same path backwards
             nbr = self.view.nbr_ports

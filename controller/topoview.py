@@ -76,6 +76,22 @@ def check_unicast(ip: str, what: str = "host") -> str:
     return str(addr)
 
 
+def known_hosts(receivers: object, hosts: dict) -> set | frozenset | None:
+    """``receivers`` (a set, frozenset, list or tuple) as a set when every one is a key of
+    ``hosts``, whose addresses are canonical: they need no ``check_unicast`` each again
+    (64 per group on fat-tree:16); else None. A set or frozenset is returned as given."""
+    if type(receivers) in (set, frozenset):
+        rset = receivers
+    elif type(receivers) in (list, tuple):
+        try:
+            rset = set(receivers)
+        except TypeError:  # (unhashable: check_unicast names it)
+            return None
+    else:
+        return None
+    return rset if rset <= hosts.keys() else None
+
+
 EDGE_LOG = 4096
 
 

@@ -25,7 +25,7 @@ from networkx.algorithms.approximation import steiner_tree
 
 from controller import native
 from controller.errors import EmptyReceivers, ReceiverIsSource, Unreachable
-from controller.topoview import TopologyView, check_unicast
+from controller.topoview import TopologyView, check_unicast, known_hosts
 
 ALGORITHMS = ("spt", "steiner")
 DirectedLink = tuple[int, int]
@@ -496,8 +496,10 @@ def compute_tree(view: TopologyView, source: str, receivers: Iterable[str],
     source = check_unicast(source, "source")
     hosts = view.hosts
     # (known hosts' addresses are normalised already: the core's groups are sets of them)
-    known = type(receivers) in (set, frozenset) and receivers <= hosts.keys()
-    rset = receivers if known else {check_unicast(r, "receiver") for r in receivers}
+    rset = known_hosts(receivers, hosts)
+    known = rset is not None
+    if rset is None:
+        rset = {check_unicast(r, "receiver") for r in receivers}
     if not rset:
         raise EmptyReceivers("a multicast tree needs at least one receiver")
     if source in rset:
