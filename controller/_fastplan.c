@@ -27,7 +27,7 @@
 #define MAX_PORT (IN_PORT_BIT - 1)
 #define FF_BASE 0xFFFF0000L
 
-static PyObject *str_group, *str_output, *str_dpid, *str_wire, *empty;
+static PyObject *str_group, *str_output, *str_dpid, *str_wire, *str_xid, *empty;
 
 /* A tuple subclass (SwitchEntry) of four items, as tuple.__new__(cls, (a, b, c, d)) makes it.
  * Its items are an int and tuples of ints, strings and such tuples, made before it: it
@@ -806,10 +806,10 @@ static int be32_of(PyObject *o, char out[4]) {
     return 0;
 }
 
-/* Where a Ready message class keeps ``_dpid`` and ``_wire``: its two slots. */
+/* Where a Ready message class keeps ``_dpid``, ``_wire`` and ``xid``: its slots. */
 typedef struct {
     PyTypeObject *type;
-    Py_ssize_t dpid_at, wire_at;
+    Py_ssize_t dpid_at, wire_at, xid_at;
 } Slots;
 
 static int slot_offset(PyObject *cls, PyObject *name, Py_ssize_t *at) {
@@ -834,13 +834,12 @@ static int slots_of(PyObject *cls, Slots *s) {
         return -1;
     }
     s->type = (PyTypeObject *)cls;
-    return slot_offset(cls, str_dpid, &s->dpid_at) < 0 || slot_offset(cls, str_wire, &s->wire_at) < 0 ? -1 : 0;
+    return slot_offset(cls, str_dpid, &s->dpid_at) < 0 || slot_offset(cls, str_wire, &s->wire_at) < 0
+        || slot_offset(cls, str_xid, &s->xid_at) < 0 ? -1 : 0;
 }
 
-/* A message of class ``s`` (as object.__new__ makes it) with its slots _dpid and _wire
- * set, appended to ``out`` as (dpid, msg). Steals ``wire``. */
-/* The message (dpid, wire) of class s as out[*at] (a fresh list's empty slot), then *at + 1. */
-/* (dpid, message): a message of class s whose wire is wire (stolen). Neither the message
+/* (dpid, message): a message of class s (as object.__new__ makes it) whose wire is wire
+ * (stolen), its xid None until sent. Neither the message
  * nor the pair can be part of a reference cycle (an int, bytes, and later only what is
  * decoded from the bytes): the collector need not visit the ~300 of each that a new
  * tree's plan holds while it is alive. New reference. */
@@ -854,6 +853,8 @@ static PyObject *ready_pair(const Slots *s, PyObject *dpid, PyObject *wire) {
     Py_INCREF(dpid);
     *(PyObject **)((char *)m + s->dpid_at) = dpid;
     *(PyObject **)((char *)m + s->wire_at) = wire;  /* (the reference given) */
+    Py_INCREF(Py_None);  /* (not sent yet: ``send_msg`` asks for it) */
+    *(PyObject **)((char *)m + s->xid_at) = Py_None;
     PyObject_GC_UnTrack(m);
     PyObject *pair = PyTuple_Pack(2, dpid, m);
     Py_DECREF(m);
@@ -3396,7 +3397,8 @@ PyMODINIT_FUNC PyInit__fastplan(void) {
     str_output = PyUnicode_InternFromString("output");
     str_dpid = PyUnicode_InternFromString("_dpid");
     str_wire = PyUnicode_InternFromString("_wire");
+    str_xid = PyUnicode_InternFromString("xid");
     empty = PyTuple_New(0);
-    if (!str_group || !str_output || !str_dpid || !str_wire || !empty) return NULL;
+    if (!str_group || !str_output || !str_dpid || !str_wire || !str_xid || !empty) return NULL;
     return PyModule_Create(&moduledef);
 }
