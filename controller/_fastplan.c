@@ -1013,53 +1013,54 @@ static int pair_of_bytes(PyObject *t) {
     return 1;
 }
 
-/* A link tag's TLV for a tag of the form aa:bb:cc:dd:ee:ff (lower- or upper-case hex):
- * eth_dst's OXM header (0x80000606, ofmsgs._OXM_ETH_DST), then the 6 bytes, as
- * ofmsgs._tag_oxm makes it. NULL with no error set for any other string. */
-static PyObject *mac_tlv(PyObject *link_tag) {
-    Py_ssize_t n;
-    const char *t = PyUnicode_Check(link_tag) ? PyUnicode_AsUTF8AndSize(link_tag, &n) : NULL;
-    if (t == NULL) {
-        PyErr_Clear();
-        return NULL;
-    }
-    if (n != 17) return NULL;
-    unsigned char out[10] = {0x80, 0x00, 0x06, 0x06};
+/* A link tag's TLV for a tag of the form aa:bb:cc:dd:ee:ff (an ASCII str, lower- or
+ * upper-case hex) into out: eth_dst's OXM header (0x80000606, ofmsgs._OXM_ETH_DST), then
+ * the 6 bytes, as ofmsgs._tag_oxm makes it. 1 when written, 0 for any other object.
+ * Read off the tag each time rather than kept: ~100,000 rejoin flows per 1000 new trees
+ * on fat-tree:16, and a dict of their TLVs (ofmsgs.TAGS, ~600 KB with its keys) missed
+ * the cache 2-3 times per flow, ~4% of the build. */
+static int mac_tlv_into(PyObject *link_tag, char out[10]) {
+    if (!PyUnicode_Check(link_tag) || !PyUnicode_IS_COMPACT_ASCII(link_tag) || PyUnicode_GET_LENGTH(link_tag) != 17)
+        return 0;
+    const char *t = (const char *)PyUnicode_DATA(link_tag);
+    unsigned char mac[6];
     for (int i = 0; i < 6; i++) {
         int hi, lo;
         char c = t[3 * i], d = t[3 * i + 1];
-        if (i < 5 && t[3 * i + 2] != ':') return NULL;
+        if (i < 5 && t[3 * i + 2] != ':') return 0;
         hi = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
         lo = d >= '0' && d <= '9' ? d - '0' : d >= 'a' && d <= 'f' ? d - 'a' + 10 : d >= 'A' && d <= 'F' ? d - 'A' + 10 : -1;
-        if (hi < 0 || lo < 0) return NULL;
-        out[4 + i] = (unsigned char)(hi << 4 | lo);
+        if (hi < 0 || lo < 0) return 0;
+        mac[i] = (unsigned char)(hi << 4 | lo);
     }
-    return PyBytes_FromStringAndSize((const char *)out, 10);
+    out[0] = (char)0x80, out[1] = 0x00, out[2] = 0x06, out[3] = 0x06;
+    memcpy(out + 4, mac, 6);
+    return 1;
 }
 
-#define MAX_TAGS (1 << 16)  /* (ofmsgs._MAX_PARTS: tags is emptied past it) */
-
-/* tags[link_tag], or on a miss its TLV (mac_tlv, kept in tags as ofmsgs.tag_tlv keeps
- * it), or make_tag(link_tag) (ofmsgs.tag_tlv) for a tag of another form: a link tag's
- * eth_dst TLV, 10 bytes. New reference. */
-static PyObject *tag_tlv_of(PyObject *tags, PyObject *make_tag, PyObject *link_tag) {
-    PyObject *tlv = PyDict_GetItemWithError(tags, link_tag);
-    if (tlv != NULL) {
-        Py_INCREF(tlv);
-    } else if (!PyErr_Occurred()) {
-        tlv = mac_tlv(link_tag);
+/* A rejoin's (arrival, tag, actions) match as packed after its flow's head: the arrival
+ * port (4 bytes, big-endian), then the tag's TLV (10) -- made here (mac_tlv_into) or,
+ * for a tag of another form, tags[tag] or make_tag(tag) (ofmsgs.tag_tlv, which refuses
+ * what is no MAC address). */
+static int rejoin_match(PyObject *tags, PyObject *make_tag, PyObject *rejoin, char out[14]) {
+    PyObject *link_tag = PyTuple_GET_ITEM(rejoin, 1);
+    if (!mac_tlv_into(link_tag, out + 4)) {
+        PyObject *tlv = PyDict_GetItemWithError(tags, link_tag);
         if (tlv != NULL) {
-            if (PyDict_GET_SIZE(tags) >= MAX_TAGS) PyDict_Clear(tags);
-            if (PyDict_SetItem(tags, link_tag, tlv) < 0) Py_CLEAR(tlv);
+            Py_INCREF(tlv);
         } else if (!PyErr_Occurred()) {
             tlv = PyObject_CallOneArg(make_tag, link_tag);
         }
+        if (tlv == NULL) return -1;
+        if (!PyBytes_Check(tlv) || PyBytes_GET_SIZE(tlv) != 10) {
+            PyErr_SetString(PyExc_TypeError, "a tag's TLV is 10 bytes");
+            Py_DECREF(tlv);
+            return -1;
+        }
+        memcpy(out + 4, PyBytes_AS_STRING(tlv), 10);
+        Py_DECREF(tlv);
     }
-    if (tlv != NULL && (!PyBytes_Check(tlv) || PyBytes_GET_SIZE(tlv) != 10)) {
-        PyErr_SetString(PyExc_TypeError, "a tag's TLV is 10 bytes");
-        Py_CLEAR(tlv);
-    }
-    return tlv;
+    return be32_of(PyTuple_GET_ITEM(rejoin, 0), out);
 }
 
 /* -- a group's rejoin flows: their bytes around the arrival port and tag -------------
@@ -1268,14 +1269,9 @@ static PyObject *tree_adds(PyObject *self, PyObject *const *args, Py_ssize_t nar
             Py_INCREF(acts);
             Py_XSETREF(last, acts);
         }
-        PyObject *tlv = tag_tlv_of(tags, make_tag, PyTuple_GET_ITEM(rejoin, 1));
-        if (tlv == NULL) goto fail;
-        if (be32_of(PyTuple_GET_ITEM(rejoin, 0), port) < 0) {
-            Py_DECREF(tlv);
-            goto fail;
-        }
-        wire = join4(PyTuple_GET_ITEM(rj, 0), port, 4, tlv, PyTuple_GET_ITEM(rj, 1));
-        Py_DECREF(tlv);
+        char match[14];
+        if (rejoin_match(tags, make_tag, rejoin, match) < 0) goto fail;
+        wire = join4(PyTuple_GET_ITEM(rj, 0), match, 14, PyTuple_GET_ITEM(rj, 1), NULL);
         if (add_msg(made, &flow_cls, dpid, wire, &k) < 0) goto fail;
     }
     if (k != n) {
@@ -2961,17 +2957,16 @@ typedef struct {
 /* A rejoin flow's add (detour_flow) or delete (detour_flow_delete) for rejoin
  * (arrival, tag, acts), appended to lst. */
 static int put_rejoin(PyObject *lst, const Group_ *g, PyObject *dpid, PyObject *rejoin, int delete) {
-    PyObject *tlv = tag_tlv_of(g->tags, g->make_tag, PyTuple_GET_ITEM(rejoin, 1)), *wire = NULL;
-    if (tlv == NULL) return -1;
+    char match[14];
+    PyObject *wire = NULL;
+    if (rejoin_match(g->tags, g->make_tag, rejoin, match) < 0) return -1;
     if (delete) {
-        wire = sandwich(PyTuple_GET_ITEM(g->parts, 4), PyTuple_GET_ITEM(rejoin, 0), tlv, PyTuple_GET_ITEM(g->parts, 5));
+        wire = join4(PyTuple_GET_ITEM(g->parts, 4), match, 14, PyTuple_GET_ITEM(g->parts, 5), NULL);
     } else {
         PyObject *ht = rejoin_pair(g->rejoins, PyTuple_GET_ITEM(rejoin, 2));
-        if (ht != NULL)
-            wire = sandwich(PyTuple_GET_ITEM(ht, 0), PyTuple_GET_ITEM(rejoin, 0), tlv, PyTuple_GET_ITEM(ht, 1));
+        if (ht != NULL) wire = join4(PyTuple_GET_ITEM(ht, 0), match, 14, PyTuple_GET_ITEM(ht, 1), NULL);
         Py_XDECREF(ht);
     }
-    Py_DECREF(tlv);
     return put_msg(lst, &flow_slots, dpid, wire);
 }
 
@@ -3103,7 +3098,7 @@ static int diff_one(const Group_ *g, PyObject *dpid, PyObject *old, PyObject *ne
  *               remove, parts, rejoin_flow, tags, make_tag, one, flow_cls, group_cls, unknown)
  * MulticastCore._diff_switches_py's loop (see there), the messages packed here from the
  * group's parts (ofmsgs.diff_parts), its rejoin flows' (rejoin_flow(acts)) and the tags'
- * TLVs (tag_tlv_of), as tree_adds packs a new tree's; a switch whose tree turns around
+ * TLVs (rejoin_match), as tree_adds packs a new tree's; a switch whose tree turns around
  * is one(dpid, old, new)'s. */
 static PyObject *diff_switches(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 19) {

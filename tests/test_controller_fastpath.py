@@ -880,9 +880,10 @@ def test_regrafting_in_c_is_the_pythons(topo, data):
     st.binary(min_size=6, max_size=6).map(lambda b: b.hex(":").upper()),
     st.text(alphabet="0123456789abcdefABCDEF: xg", min_size=15, max_size=19)), min_size=1, max_size=6))
 def test_tag_tlvs_made_in_c_are_the_pythons(tags):
-    """A rejoin's tag TLV (eth_dst) is made in C for a tag of the form aa:bb:cc:dd:ee:ff
-    and kept in the tags dict as ``ofmsgs.tag_tlv`` keeps it; any other string is asked
-    of Python (which refuses what is no MAC address)."""
+    """A rejoin's tag TLV (eth_dst) is read off the tag in C for a tag of the form
+    aa:bb:cc:dd:ee:ff (Python's bytes, never asked of Python); any other string is
+    asked of Python (which refuses what is no MAC address) or taken from the tags dict
+    Python keeps them in."""
     asked: list = []
     kept: dict = {}
 
@@ -911,9 +912,13 @@ def test_tag_tlvs_made_in_c_are_the_pythons(tags):
     except ValueError:  # (Python's refusal of a tag that is no MAC address)
         assert refused(asked[-1]) and not strict(asked[-1])
         return
-    for t in tags:
-        assert kept[t] == ofmsgs._tag_oxm(t)
+    rejoins = out[2::3]  # (each switch: its group, its (S,G) flow, its rejoin flow)
+    assert len(rejoins) == len(tags)
+    for (d, t), (at, msg) in zip(enumerate(tags, 1), rejoins):
+        assert at == d and msg._wire == ofmsgs.detour_flow(d, ofmsgs.cookie(5), 3, t, TO_OWN_GROUP, "10.0.0.1",
+                                                           "232.1.0.5")._wire
         assert (t in asked) == (not strict(t))
+    assert len(asked) == len(set(asked))  # (a tag Python made once is taken from the dict)
     assert ofmsgs._OXM_ETH_DST == bytes.fromhex("80000606")  # (the header C writes)
 
 
