@@ -173,7 +173,9 @@ class Group:
     address: str
     port: int
     algorithm: str
-    receivers: set[str] = field(default_factory=set)
+    # replaced, never changed in place: a tree that reaches them all keeps the same set
+    # as ``Tree.reached`` (~4 KB less per group)
+    receivers: frozenset[str] = field(default_factory=frozenset)
     tree: Tree | None = None
     # bumped at every change of ``receivers``: a tree computed at the same count
     # (``Tree.members``) is for exactly these receivers
@@ -313,7 +315,7 @@ class MulticastCore:
         if algorithm not in ALGORITHMS:
             raise CoreError(f"unknown tree algorithm {algorithm!r}; use one of {', '.join(ALGORITHMS)}")
         known = known_hosts(receivers, self.view.hosts)
-        rset = set(known) if known is not None else {check_unicast(r, "receiver") for r in receivers}
+        rset = frozenset(known) if known is not None else frozenset([check_unicast(r, "receiver") for r in receivers])
         if source in rset:
             raise ReceiverIsSource(f"receiver {source} is the group's source")
         existing = self.find(model, source)
@@ -353,7 +355,7 @@ class MulticastCore:
             raise ReceiverIsSource(f"receiver {ip} is the group's source")
         if ip in g.receivers:
             return Plan()
-        g.receivers.add(ip)
+        g.receivers = g.receivers | {ip}
         g.members += 1
         return self._sync([g.gid])
 
@@ -362,7 +364,7 @@ class MulticastCore:
         ip = check_unicast(ip, "receiver")
         if ip not in g.receivers:
             return Plan()
-        g.receivers.discard(ip)
+        g.receivers = g.receivers - {ip}
         g.members += 1
         return self._sync([g.gid])
 
@@ -1337,7 +1339,7 @@ class MulticastCore:
                     raise Conflict(f"group id {gid} is in use")
                 g = Group(gid, model, source, check_ssm(d["address"]), int(d["port"]),
                           d.get("algorithm", self.algorithm),
-                          {check_unicast(r, "receiver") for r in d.get("receivers", [])})
+                          frozenset([check_unicast(r, "receiver") for r in d.get("receivers", [])]))
                 self._add(g)
                 self._next_gid = max(self._next_gid, gid + 1)
                 tree = d.get("tree") or []

@@ -79,12 +79,13 @@ def check_unicast(ip: str, what: str = "host") -> str:
 def known_hosts(receivers: object, hosts: dict) -> set | frozenset | None:
     """``receivers`` (a set, frozenset, list or tuple) as a set when every one is a key of
     ``hosts``, whose addresses are canonical: they need no ``check_unicast`` each again
-    (64 per group on fat-tree:16); else None. A set or frozenset is returned as given."""
+    (64 per group on fat-tree:16); else None. A set or frozenset is returned as given, a
+    list or tuple as a new frozenset."""
     if type(receivers) in (set, frozenset):
         rset = receivers
     elif type(receivers) in (list, tuple):
         try:
-            rset = set(receivers)
+            rset = frozenset(receivers)
         except TypeError:  # (unhashable: check_unicast names it)
             return None
     else:

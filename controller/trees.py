@@ -551,8 +551,10 @@ def compute_tree(view: TopologyView, source: str, receivers: Iterable[str],
             spt = _spt(tree.root, tdpids, preds, dist, load)
             if len(spt) < len(tree.parent):
                 tree.parent = spt
-        tree.reached = frozenset(targets)
-        tree.unreachable = frozenset(rset.difference(targets)) if len(targets) < len(rset) else frozenset()
+        if len(targets) < len(rset):
+            tree.reached, tree.unreachable = frozenset(targets), frozenset(rset.difference(targets))
+        else:  # (all of them: an immutable set given is shared, as a group's receivers are)
+            tree.reached, tree.unreachable = rset if type(rset) is frozenset else frozenset(rset), frozenset()
         _fill_entries(view, tree, src.port, targets.values(), fill)
         if algorithm == "spt" and fill is not None and tree.leaves_first is None:  # (as above, for a
             tree.leaves_first = _deepest_first(tree.parent, dist)  # kept tree: depths are the DAG's distances)
