@@ -523,13 +523,17 @@ def compute_tree(view: TopologyView, source: str, receivers: Iterable[str],
             cache = cache or PathCache(view)
             dist, preds = cache.dag(tree.root)
             live, down = view.switches, view.ports_down  # (``view.host_attached``, inlined)
-            if locs is None:  # (one pass over the receivers, no dict of them in between)
-                targets = {r: loc for r in rset if (loc := hosts[r]).dpid in dist and loc.dpid in live
-                           and (not down or (loc.dpid, loc.port) not in down)}
-            else:
+            targets: dict | None = None  # (None: every receiver is reached)
+            if locs is None:  # every switch with a receiver checked once, not every receiver
+                found = [hosts[r] for r in rset]
+                tset = {loc.dpid for loc in found}
+                if down or not (tset <= live and dist.keys() >= tset):
+                    locs = dict(zip(rset, found))
+            if locs is not None:
                 targets = {r: loc for r, loc in locs.items() if loc.dpid in dist and loc.dpid in live
                            and (not down or (loc.dpid, loc.port) not in down)}
-            tset = {loc.dpid for loc in targets.values()}
+                found = list(targets.values())
+                tset = {loc.dpid for loc in found}
             if keep and keep.get(tree.root, 0) is None:
                 tree.parent = _spt(tree.root, tset, preds, dist, load, keep)
             else:
@@ -542,7 +546,8 @@ def compute_tree(view: TopologyView, source: str, receivers: Iterable[str],
             comp = nx.node_connected_component(view.graph, tree.root)
             targets = {r: loc for r, loc in (locs or {r: hosts[r] for r in rset}).items()
                        if view.host_attached(loc) and loc.dpid in comp}
-            tdpids = {loc.dpid for loc in targets.values()}
+            found = list(targets.values())
+            tdpids = {loc.dpid for loc in found}
             # (the root's component only: Mehlhorn fails on a partitioned fabric)
             tree.parent = _steiner(view.graph.subgraph(comp), tree.root, tdpids, load)
             # Mehlhorn is a 2-approximation: on some graphs the shortest-path tree has
@@ -551,11 +556,11 @@ def compute_tree(view: TopologyView, source: str, receivers: Iterable[str],
             spt = _spt(tree.root, tdpids, preds, dist, load)
             if len(spt) < len(tree.parent):
                 tree.parent = spt
-        if len(targets) < len(rset):
+        if targets is not None and len(targets) < len(rset):
             tree.reached, tree.unreachable = frozenset(targets), frozenset(rset.difference(targets))
         else:  # (all of them: an immutable set given is shared, as a group's receivers are)
             tree.reached, tree.unreachable = rset if type(rset) is frozenset else frozenset(rset), frozenset()
-        _fill_entries(view, tree, src.port, targets.values(), fill)
+        _fill_entries(view, tree, src.port, found, fill)
         if algorithm == "spt" and fill is not None and tree.leaves_first is None:  # (as above, for a
             tree.leaves_first = _deepest_first(tree.parent, dist)  # kept tree: depths are the DAG's distances)
     if strict and tree.unreachable:
