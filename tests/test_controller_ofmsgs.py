@@ -287,3 +287,20 @@ def test_an_ff_group_of_the_usual_shape_is_what_ryu_sends(dpid, ffid, port, firs
         parser.OFPBucket(watch_port=first, actions=[parser.OFPActionSetField(eth_dst=tag),
                                                     parser.OFPActionOutput(out, 0)])])
     _same_as_ryu(ofmsgs.ff_group(dpid, ffid, spec, command), ref)
+
+
+@settings(max_examples=300, deadline=None)
+@given(address=st.one_of(ipv4, st.text(alphabet="0123456789. x", max_size=17),
+                         st.lists(st.integers(0, 300).map(str), min_size=3, max_size=5).map(".".join)))
+def test_sg_match_addresses_are_read_as_strictly_as_ipaddress(address) -> None:
+    """(S,G) matches pack their addresses with ``socket.inet_pton``: it must take and
+    refuse exactly what ``ipaddress.IPv4Address`` does (leading zeros, short forms)."""
+    import ipaddress
+
+    try:
+        want = ipaddress.IPv4Address(address).packed
+    except ValueError:
+        with pytest.raises(ValueError):
+            ofmsgs._ipv4(address)
+        return
+    assert ofmsgs._ipv4(address) == want
