@@ -492,62 +492,98 @@ static PyObject *recount(PyObject *self, PyObject *const *args, Py_ssize_t nargs
 /* fill(entries, parent, outs, source_port, uplinks, uplink, protect, pieces, piece,
  *      ff_refs, want_ff, guard, to_own, entry_type, in_port_out, shapes)
  * MulticastCore._fill's loop: see there. */
-static PyObject *fill(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 16) {
-        PyErr_SetString(PyExc_TypeError, "fill takes 16 arguments");
-        return NULL;
-    }
-    PyObject *entries = args[0], *parent = args[1], *outs = args[2], *source_port = args[3],
-             *uplinks = args[4], *uplink = args[5], *pieces = args[7], *piece = args[8], *ff_refs = args[9],
-             *want_ff = args[10], *guard = args[11], *to_own = args[12], *in_port_out = args[14],
-             *shapes = args[15];
-    int protect = PyObject_IsTrue(args[6]);
-    if (protect < 0) return NULL;
-    if (!PyDict_Check(entries) || !PyDict_Check(parent) || !PyDict_Check(outs) || !PyDict_Check(uplinks) ||
-        !PyDict_Check(pieces) || !PyType_Check(args[13]) ||
-        !PyType_IsSubtype((PyTypeObject *)args[13], &PyTuple_Type) || (shapes != Py_None && !PyDict_Check(shapes))) {
+/* What fill and fill_tree are given besides the tree (see MulticastCore._fill_py). */
+typedef struct {
+    PyObject *source_port, *uplinks, *uplink, *pieces, *piece, *ff_refs, *want_ff, *guard, *to_own, *in_port_out,
+        *shapes;
+    PyTypeObject *entry_type;
+    int protect;
+} Filling;
+
+/* fill's arguments from source_port on (args[0..12]: source_port, uplinks, uplink, protect,
+ * pieces, piece, ff_refs, want_ff, guard, to_own, entry_type, in_port_out, shapes). */
+static int filling_of(PyObject *const *args, Filling *f) {
+    f->source_port = args[0], f->uplinks = args[1], f->uplink = args[2], f->pieces = args[4], f->piece = args[5];
+    f->ff_refs = args[6], f->want_ff = args[7], f->guard = args[8], f->to_own = args[9];
+    f->in_port_out = args[11], f->shapes = args[12];
+    f->protect = PyObject_IsTrue(args[3]);
+    if (f->protect < 0) return -1;
+    if (!PyDict_Check(f->uplinks) || !PyDict_Check(f->pieces) || !PyType_Check(args[10]) ||
+        !PyType_IsSubtype((PyTypeObject *)args[10], &PyTuple_Type) || (f->shapes != Py_None && !PyDict_Check(f->shapes))) {
         PyErr_SetString(PyExc_TypeError, "fill: entries, parent, outs, uplinks and pieces are dicts, "
                                          "entry_type a tuple type, shapes a dict or None");
-        return NULL;
+        return -1;
     }
-    PyTypeObject *entry_type = (PyTypeObject *)args[13];
+    f->entry_type = (PyTypeObject *)args[10];
+    return 0;
+}
+
+/* Switch n's entry into entries: its parent par, its output ports ports (a tuple, sorted;
+ * stolen: shaped here), as MulticastCore._fill_py makes it. */
+static int fill_one(const Filling *f, PyObject *entries, PyObject *n, PyObject *par, PyObject *ports) {
+    PyObject *out_ports = shape_of(f->shapes, ports);
+    if (out_ports == NULL) return -1;
+    PyObject *in_port, *up, *u = NULL;
+    if (par == Py_None) {
+        in_port = f->source_port;
+        up = empty;
+    } else {
+        u = uplink_of(f->uplinks, f->uplink, n, par);
+        if (u == NULL) {
+            Py_DECREF(out_ports);
+            return -1;
+        }
+        in_port = PyTuple_GET_ITEM(u, 0);
+        up = PyTuple_GET_ITEM(u, 1);
+    }
+    PyObject *entry = f->protect ? protected_entry(n, in_port, out_ports, up, f->pieces, f->piece, f->ff_refs,
+                                                   f->want_ff, f->guard, f->to_own, f->entry_type, f->in_port_out,
+                                                   f->shapes)
+                                 : make_entry(f->entry_type, in_port, out_ports, empty, empty);
+    Py_XDECREF(u);  /* (the uplinks dict keeps in_port and up alive) */
+    Py_DECREF(out_ports);
+    if (entry == NULL) return -1;
+    int rc = PyDict_SetItem(entries, n, entry);
+    Py_DECREF(entry);
+    return rc;
+}
+
+/* fill's loop: each switch of outs (switch -> its output ports, a list, sorted here). */
+static int fill_from_outs(const Filling *f, PyObject *entries, PyObject *parent, PyObject *outs) {
     Py_ssize_t pos = 0;
     PyObject *n, *ports;
     while (PyDict_Next(outs, &pos, &n, &ports)) {
         PyObject *par = PyDict_GetItemWithError(parent, n);
         if (par == NULL) {
             if (!PyErr_Occurred()) PyErr_SetObject(PyExc_KeyError, n);
-            return NULL;
+            return -1;
         }
         if (!PyList_Check(ports) || PyList_Sort(ports) < 0) {
             if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "fill: outs holds lists");
-            return NULL;
+            return -1;
         }
-        PyObject *out_ports = shape_of(shapes, PyList_AsTuple(ports));
-        if (out_ports == NULL) return NULL;
-        PyObject *in_port, *up, *u = NULL;
-        if (par == Py_None) {
-            in_port = source_port;
-            up = empty;
-        } else {
-            u = uplink_of(uplinks, uplink, n, par);
-            if (u == NULL) {
-                Py_DECREF(out_ports);
-                return NULL;
-            }
-            in_port = PyTuple_GET_ITEM(u, 0);
-            up = PyTuple_GET_ITEM(u, 1);
-        }
-        PyObject *entry = protect ? protected_entry(n, in_port, out_ports, up, pieces, piece, ff_refs, want_ff,
-                                                    guard, to_own, entry_type, in_port_out, shapes)
-                                  : make_entry(entry_type, in_port, out_ports, empty, empty);
-        Py_XDECREF(u);  /* (the uplinks dict keeps in_port and up alive) */
-        Py_DECREF(out_ports);
-        if (entry == NULL) return NULL;
-        int rc = PyDict_SetItem(entries, n, entry);
-        Py_DECREF(entry);
-        if (rc < 0) return NULL;
+        PyObject *t = PyList_AsTuple(ports);
+        if (t == NULL || fill_one(f, entries, n, par, t) < 0) return -1;
     }
+    return 0;
+}
+
+/* fill(entries, parent, outs, source_port, uplinks, uplink, protect, pieces, piece, ff_refs,
+ *      want_ff, guard, to_own, entry_type, in_port_out, shapes): MulticastCore._fill_py's
+ * loop (see there), each switch's output ports given (outs). */
+static PyObject *fill(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 16) {
+        PyErr_SetString(PyExc_TypeError, "fill takes 16 arguments");
+        return NULL;
+    }
+    Filling f;
+    if (filling_of(args + 3, &f) < 0) return NULL;
+    if (!PyDict_Check(args[0]) || !PyDict_Check(args[1]) || !PyDict_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "fill: entries, parent, outs, uplinks and pieces are dicts, "
+                                         "entry_type a tuple type, shapes a dict or None");
+        return NULL;
+    }
+    if (fill_from_outs(&f, args[0], args[1], args[2]) < 0) return NULL;
     Py_RETURN_NONE;
 }
 
@@ -3358,11 +3394,156 @@ static PyObject *note_placed(PyObject *self, PyObject *const *args, Py_ssize_t n
     Py_RETURN_NONE;
 }
 
+/* -- a new tree's entries from its parent map ----------------------------------------
+ * fill_tree(entries, parent, nbr, ends, source_port, uplinks, uplink, protect, pieces,
+ *           piece, ff_refs, want_ff, guard, to_own, entry_type, in_port_out, shapes)
+ * -> entries: outs (trees._outs) and fill in one call. Each switch's output ports (its
+ * children's ports, nbr[switch][child], and its ends' ports) are gathered, sorted and
+ * made a tuple in C arrays, by the switch's int value (Ids), instead of a Python list
+ * per switch (~100 per new tree on fat-tree:16: making, sorting, converting and freeing
+ * them). entries None: a dict sized for the tree, filled in parent's order, as
+ * dict.fromkeys(outs) was. Anything else than ints as switches and ports, a parent or
+ * end that is no switch of the tree, a port missing: outs and fill as before (the same
+ * result, or their error). */
+typedef struct {
+    Py_ssize_t owner;
+    long long v;
+    PyObject *port; /* (borrowed: held by nbr or ends) */
+} PortRec;
+
+static PyObject *fill_tree(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 17) {
+        PyErr_SetString(PyExc_TypeError, "fill_tree takes 17 arguments");
+        return NULL;
+    }
+    PyObject *entries = args[0], *parent = args[1], *nbr = args[2], *ends = args[3];
+    Filling f;
+    if (filling_of(args + 4, &f) < 0) return NULL;
+    if ((entries != Py_None && !PyDict_Check(entries)) || !PyDict_Check(parent) || !PyDict_Check(nbr) ||
+        !PyAnySet_Check(ends)) {
+        PyErr_SetString(PyExc_TypeError, "fill_tree: entries a dict or None, parent and nbr dicts, ends a set");
+        return NULL;
+    }
+    Py_ssize_t n = PyDict_GET_SIZE(parent), m = 0, cap = n + PySet_GET_SIZE(ends);
+    PyObject *out = entries == Py_None ? _PyDict_NewPresized(n) : (Py_INCREF(entries), entries);
+    if (out == NULL) return NULL;
+    Ids ids = {NULL, NULL, 0};
+    PyObject **node = PyMem_Malloc(sizeof(PyObject *) * (size_t)(n + 1) * 2);
+    PortRec *rec = PyMem_Malloc(sizeof(PortRec) * (size_t)(cap + 1) * 2);
+    Py_ssize_t *count = PyMem_Calloc((size_t)n + 2, sizeof(Py_ssize_t));
+    int fast = 1;
+    if (node == NULL || rec == NULL || count == NULL || ids_init(&ids, n) < 0) {
+        if (!PyErr_Occurred()) PyErr_NoMemory();
+        goto fail;
+    }
+    PortRec *sorted = rec + cap + 1;
+    PyObject **par = node + n + 1;
+    Py_ssize_t pos = 0, i = 0;
+    PyObject *c, *p;
+    while (PyDict_Next(parent, &pos, &c, &p)) {  /* each switch's number: its place in parent */
+        size_t at;
+        long long k = key_of(c, &fast);
+        if (!fast || ids_find(&ids, k, &at) >= 0) {
+            fast = 0;
+            break;
+        }
+        ids.keys[at] = k;
+        ids.slot[at] = i;
+        node[i] = c;
+        par[i++] = p;
+    }
+    for (i = 0; fast && i < n; i++) {  /* the children's ports, at their parents */
+        if (par[i] == Py_None) continue;
+        size_t at;
+        long long pk = key_of(par[i], &fast);
+        PyObject *to = fast ? PyDict_GetItemWithError(nbr, par[i]) : NULL;
+        PyObject *port = to != NULL && PyDict_Check(to) ? PyDict_GetItemWithError(to, node[i]) : NULL;
+        if (PyErr_Occurred()) goto fail;
+        Py_ssize_t owner = port != NULL ? ids_find(&ids, pk, &at) : -1;
+        long long v = owner >= 0 ? key_of(port, &fast) : 0;
+        if (owner < 0 || !fast) {
+            fast = 0;
+            break;
+        }
+        rec[m++] = (PortRec){owner, v, port};
+        count[owner + 1]++;
+    }
+    pos = 0;
+    PyObject *end;
+    Py_hash_t hash;
+    while (fast && _PySet_NextEntry(ends, &pos, &end, &hash)) {  /* the ends' ports */
+        size_t at;
+        Py_ssize_t owner = -1;
+        long long v = 0;
+        if (PyTuple_Check(end) && PyTuple_GET_SIZE(end) == 2) {
+            long long k = key_of(PyTuple_GET_ITEM(end, 0), &fast);
+            if (fast) owner = ids_find(&ids, k, &at);
+            if (owner >= 0) v = key_of(PyTuple_GET_ITEM(end, 1), &fast);
+        }
+        if (owner < 0 || !fast || m >= cap) {
+            fast = 0;
+            break;
+        }
+        rec[m++] = (PortRec){owner, v, PyTuple_GET_ITEM(end, 1)};
+        count[owner + 1]++;
+    }
+    if (!fast) {  /* outs and fill, as before */
+        PyObject *a[3] = {parent, nbr, ends};
+        PyObject *o = outs(NULL, a, 3);
+        int rc = o == NULL ? -1 : fill_from_outs(&f, out, parent, o);
+        Py_XDECREF(o);
+        if (rc < 0) goto fail;
+        goto done;
+    }
+    for (i = 0; i < n; i++) count[i + 1] += count[i];  /* each switch's ports, by value */
+    {
+        Py_ssize_t *next = PyMem_Malloc(sizeof(Py_ssize_t) * ((size_t)n + 1));
+        if (next == NULL) {
+            PyErr_NoMemory();
+            goto fail;
+        }
+        for (i = 0; i <= n; i++) next[i] = count[i];
+        for (Py_ssize_t r = 0; r < m; r++) {
+            Py_ssize_t j = next[rec[r].owner]++, lo = count[rec[r].owner];
+            while (j > lo && sorted[j - 1].v > rec[r].v) {  /* (insertion: a switch has a few ports) */
+                sorted[j] = sorted[j - 1];
+                j--;
+            }
+            sorted[j] = rec[r];
+        }
+        PyMem_Free(next);
+    }
+    for (i = 0; i < n; i++) {
+        Py_ssize_t lo = count[i], k = count[i + 1] - lo;
+        PyObject *t = PyTuple_New(k);
+        if (t == NULL) goto fail;
+        for (Py_ssize_t j = 0; j < k; j++) {
+            Py_INCREF(sorted[lo + j].port);
+            PyTuple_SET_ITEM(t, j, sorted[lo + j].port);
+        }
+        if (fill_one(&f, out, node[i], par[i], t) < 0) goto fail;
+    }
+done:
+    ids_free(&ids);
+    PyMem_Free(node);
+    PyMem_Free(rec);
+    PyMem_Free(count);
+    return out;
+fail:
+    ids_free(&ids);
+    PyMem_Free(node);
+    PyMem_Free(rec);
+    PyMem_Free(count);
+    Py_DECREF(out);
+    return NULL;
+}
+
 static PyMethodDef module_methods[] = {
     {"fill", (PyCFunction)(void (*)(void))fill, METH_FASTCALL, "MulticastCore._fill's loop (see there)"},
     {"tree_adds", (PyCFunction)(void (*)(void))tree_adds, METH_FASTCALL, "ofmsgs.tree_adds's loop (see there)"},
     {"spt_grid", (PyCFunction)(void (*)(void))spt_grid, METH_FASTCALL, "trees._spt_vector's search on the grid (see there)"},
     {"outs", (PyCFunction)(void (*)(void))outs, METH_FASTCALL, "trees._fill_entries's loop (see there)"},
+    {"fill_tree", (PyCFunction)(void (*)(void))fill_tree, METH_FASTCALL, "outs and fill in one call (see there)"},
     {"bump", (PyCFunction)(void (*)(void))bump, METH_FASTCALL, "trees.LinkLoad.add_links's loop (see there)"},
     {"crossing", (PyCFunction)(void (*)(void))crossing, METH_FASTCALL, "trees._crossing_py's scan (see there)"},
     {"changed_of", (PyCFunction)(void (*)(void))changed_of, METH_FASTCALL, "MulticastCore._changed_py (see there)"},

@@ -24,6 +24,7 @@ from controller.errors import Conflict, CoreError, ReceiverIsSource, UnknownGrou
 from controller.protect import IN_PORT_BIT, TO_OWN_GROUP, Detours, ff_buckets, ff_id, ff_port, is_ff, tag
 from controller.topoview import TopologyView, check_unicast, known_hosts
 from controller.trees import ALGORITHMS, LinkLoad, PathCache, SwitchEntry, Tree, compute_tree, regraft
+from controller.trees import _outs
 from controller.trees import crossing as _crossing
 
 log = logging.getLogger("modelcast.core")
@@ -708,25 +709,27 @@ class MulticastCore:
         self._swap(g, tree, changed)
         return changed
 
-    def _fill_c(self, g: Group, tree: Tree, source_port: int, outs: dict[int, list[int]]) -> None:
-        """``_fill_py`` with its loop in C (``controller._fastplan``): the pieces made
-        once per topology, link or FF group (``_uplink``, ``_piece``, ``_want_ff``,
-        ``_guard``) are this class's, called back on a miss."""
+    def _fill_c(self, g: Group, tree: Tree, source_port: int, nbr: dict[int, dict[int, int]]) -> None:
+        """``_fill_py`` with its loop in C (``controller._fastplan.fill_tree``: each
+        switch's output ports gathered and sorted there too): the pieces made once per
+        topology, link or FF group (``_uplink``, ``_piece``, ``_want_ff``, ``_guard``) are
+        this class's, called back on a miss."""
         self._pieces_now()
-        if not tree.entries:  # (sized once, in the same order: every switch of outs gets one)
-            tree.entries = dict.fromkeys(outs)
-        native.module.fill(tree.entries, tree.parent, outs, source_port, self._uplinks,
-                           self._uplink, self.protection, self._pieces, self._piece, self.ff_refs, self._want_ff,
-                           self._guard, TO_OWN_GROUP, SwitchEntry, _IN_PORT_OUT, _SHAPES)
+        tree.entries = native.module.fill_tree(
+            tree.entries or None, tree.parent, nbr, tree.ends, source_port, self._uplinks, self._uplink,
+            self.protection, self._pieces, self._piece, self.ff_refs, self._want_ff, self._guard, TO_OWN_GROUP,
+            SwitchEntry, _IN_PORT_OUT, _SHAPES)
 
-    def _fill_py(self, g: Group, tree: Tree, source_port: int, outs: dict[int, list[int]]) -> None:
+    def _fill_py(self, g: Group, tree: Tree, source_port: int, nbr: dict[int, dict[int, int]]) -> None:
         """A group's first tree (``compute_tree``'s ``fill``): each switch's entry made
         once, protected as ``_protect`` makes it, and its FF groups' users counted as
         ``_swap`` counts them, in one pass over the switches instead of four. Those
         passes cost more than the tree's ~300 messages (bench, fat-tree:16: ~1.7 x the
         reference against ~0.6 x; one pass ~1.6 x). What a switch's parent link gives
         every tree crossing it (``_uplink``) is looked up by two ints, not hashed as a
-        pair per entry."""
+        pair per entry. ``nbr``: the view's neighbour ports, for each switch's output
+        ports (``trees._outs``)."""
+        outs = _outs(tree.parent, nbr, tree.ends)
         if not tree.entries:  # (sized once, in the same order: every switch of outs gets one)
             tree.entries = dict.fromkeys(outs)
         entries, parent = tree.entries, tree.parent

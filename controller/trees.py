@@ -490,9 +490,10 @@ def compute_tree(view: TopologyView, source: str, receivers: Iterable[str],
     that is still a live shortest path is kept, so a failure or a join changes only the
     branches it must, and running flows are not moved.
 
-    ``fill`` makes the entries instead (called with the tree, the source's port and each
-    switch's output ports, unsorted, in ``parent``'s order): the core builds a new tree's
-    protected entries and its bookkeeping in that one pass."""
+    ``fill`` makes the entries instead (called with the tree, its ``ends`` set, the
+    source's port and the view's neighbour ports: a switch's output ports are its
+    children's and its ends', ``_outs``): the core builds a new tree's protected entries
+    and its bookkeeping in that one pass, in ``parent``'s order."""
     source = check_unicast(source, "source")
     hosts = view.hosts
     # (known hosts' addresses are normalised already: the core's groups are sets of them)
@@ -909,10 +910,10 @@ def _fill_entries(view: TopologyView, tree: Tree, source_port: int, receivers: I
                   fill: Callable[[Tree, int, dict[int, list[int]]], None] | None = None) -> None:
     nbr, parent = view.nbr_ports, tree.parent
     tree.ends = frozenset([loc.at for loc in receivers])  # (hosts may share a port)
-    outs = _outs(parent, nbr, tree.ends)
     if fill is not None:
-        fill(tree, source_port, outs)
+        fill(tree, source_port, nbr)
         return
+    outs = _outs(parent, nbr, tree.ends)
     entry, entries = tuple.__new__, tree.entries  # SwitchEntry(...) without its Python __new__
     for n, ports in outs.items():
         par = parent[n]

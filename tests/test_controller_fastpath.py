@@ -705,6 +705,53 @@ def test_the_outputs_and_load_loops_in_c_are_the_pythons(spec, data):
 
 @needs_c
 @settings(max_examples=200, deadline=None)
+@given(spec=adjacency, data=st.data(), shift=st.sampled_from([0, 1 << 40, 1 << 64]))
+def test_a_trees_entries_in_one_call_are_outs_then_fill(spec, data, shift):
+    """``_fastplan.fill_tree`` (each switch's output ports gathered and sorted in C
+    arrays, then its entry) gives ``outs`` then ``fill``'s entries, in the same order;
+    switches that are no small ints (here past 2**64) take that path itself; what a tree
+    cannot hold raises as there."""
+
+    nbr0 = draw_adjacency(spec)
+    nbr = {a + shift: {b + shift: port for b, port in to.items()} for a, to in nbr0.items()}
+    root = data.draw(st.sampled_from(sorted(nbr)), label="root")
+    dist, preds = trees._bfs_dag_py(nbr, root)
+    parent = {n: (data.draw(st.sampled_from(preds[n]), label="parent") if preds[n] else None) for n in dist}
+    ends = frozenset(data.draw(st.lists(st.tuples(st.sampled_from(sorted(dist)), st.integers(1, 60)),
+                                        max_size=8), label="ends"))
+
+    def made(call) -> tuple:
+        asked: list = []
+
+        def uplink(n, par):
+            asked.append((n, par))
+            return (nbr[n][par], ())
+
+        shapes: dict = {}
+        rest = (7, {}, uplink, False, {}, None, {}, None, None, TO_OWN_GROUP, SwitchEntry, (), shapes)
+        got = call(rest)
+        return list(got.items()), [type(e) for e in got.values()], asked
+
+    def old(rest):
+        outs = native.module.outs(parent, nbr, ends)
+        entries = dict.fromkeys(outs)
+        native.module.fill(entries, parent, outs, *rest)
+        return entries
+
+    assert made(lambda rest: native.module.fill_tree(None, parent, nbr, ends, *rest)) == made(old)
+    rest = (7, {}, lambda n, par: (0, ()), False, {}, None, {}, None, None, TO_OWN_GROUP, SwitchEntry, (), {})
+    for bad_parent, bad_nbr, bad_ends in (({1: None, 2: 1}, {1: {}}, frozenset()),  # (no port from 1 to 2)
+                                          ({1: None}, {1: {}}, frozenset({(9, 1)}))):  # (an end off the tree)
+        with pytest.raises(KeyError):
+            native.module.fill_tree(None, bad_parent, bad_nbr, bad_ends, *rest)
+    with pytest.raises(TypeError):
+        native.module.fill_tree(None, {1: None}, {1: {}}, frozenset({(1, 2, 3)}), *rest)
+    with pytest.raises(TypeError):
+        native.module.fill_tree(None, {1: None}, {1: {}}, [(1, 2)], *rest)  # (ends are a set)
+
+
+@needs_c
+@settings(max_examples=200, deadline=None)
 @given(spec=adjacency, data=st.data())
 def test_the_scan_for_a_links_groups_in_c_is_the_pythons(spec, data):
     """Which groups' trees cross which of a set of links (``trees.crossing``, asked on a
