@@ -3408,8 +3408,23 @@ static PyObject *note_placed(PyObject *self, PyObject *const *args, Py_ssize_t n
 typedef struct {
     Py_ssize_t owner;
     long long v;
-    PyObject *port; /* (borrowed: held by nbr or ends) */
+    PyObject *port; /* (a reference held) */
 } PortRec;
+
+/* fill_tree's arrays freed, the references they hold (the first held switches and their
+ * parents, the first m records' ports) given back. */
+static void fill_tree_free(Ids *ids, PyObject **node, PyObject **par, Py_ssize_t held, PortRec *rec, Py_ssize_t m,
+                           Py_ssize_t *count) {
+    ids_free(ids);
+    for (Py_ssize_t i = 0; i < held; i++) {
+        Py_DECREF(node[i]);
+        Py_DECREF(par[i]);
+    }
+    for (Py_ssize_t r = 0; r < m; r++) Py_DECREF(rec[r].port);
+    PyMem_Free(node);
+    PyMem_Free(rec);
+    PyMem_Free(count);
+}
 
 static PyObject *fill_tree(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 17) {
@@ -3432,12 +3447,13 @@ static PyObject *fill_tree(PyObject *self, PyObject *const *args, Py_ssize_t nar
     PortRec *rec = PyMem_Malloc(sizeof(PortRec) * (size_t)(cap + 1) * 2);
     Py_ssize_t *count = PyMem_Calloc((size_t)n + 2, sizeof(Py_ssize_t));
     int fast = 1;
+    Py_ssize_t held = 0;  /* (node[..held] and par[..held] hold references, as rec[..m] do) */
+    PyObject **par = node != NULL ? node + n + 1 : NULL;
+    PortRec *sorted = rec != NULL ? rec + cap + 1 : NULL;
     if (node == NULL || rec == NULL || count == NULL || ids_init(&ids, n) < 0) {
         if (!PyErr_Occurred()) PyErr_NoMemory();
         goto fail;
     }
-    PortRec *sorted = rec + cap + 1;
-    PyObject **par = node + n + 1;
     Py_ssize_t pos = 0, i = 0;
     PyObject *c, *p;
     while (PyDict_Next(parent, &pos, &c, &p)) {  /* each switch's number: its place in parent */
@@ -3449,8 +3465,11 @@ static PyObject *fill_tree(PyObject *self, PyObject *const *args, Py_ssize_t nar
         }
         ids.keys[at] = k;
         ids.slot[at] = i;
+        Py_INCREF(c);  /* (held: the callbacks of fill_one run Python) */
+        Py_INCREF(p);
         node[i] = c;
         par[i++] = p;
+        held = i;
     }
     for (i = 0; fast && i < n; i++) {  /* the children's ports, at their parents */
         if (par[i] == Py_None) continue;
@@ -3465,6 +3484,7 @@ static PyObject *fill_tree(PyObject *self, PyObject *const *args, Py_ssize_t nar
             fast = 0;
             break;
         }
+        Py_INCREF(port);
         rec[m++] = (PortRec){owner, v, port};
         count[owner + 1]++;
     }
@@ -3484,6 +3504,7 @@ static PyObject *fill_tree(PyObject *self, PyObject *const *args, Py_ssize_t nar
             fast = 0;
             break;
         }
+        Py_INCREF(PyTuple_GET_ITEM(end, 1));
         rec[m++] = (PortRec){owner, v, PyTuple_GET_ITEM(end, 1)};
         count[owner + 1]++;
     }
@@ -3524,16 +3545,10 @@ static PyObject *fill_tree(PyObject *self, PyObject *const *args, Py_ssize_t nar
         if (fill_one(&f, out, node[i], par[i], t) < 0) goto fail;
     }
 done:
-    ids_free(&ids);
-    PyMem_Free(node);
-    PyMem_Free(rec);
-    PyMem_Free(count);
+    fill_tree_free(&ids, node, par, held, rec, m, count);
     return out;
 fail:
-    ids_free(&ids);
-    PyMem_Free(node);
-    PyMem_Free(rec);
-    PyMem_Free(count);
+    fill_tree_free(&ids, node, par, held, rec, m, count);
     Py_DECREF(out);
     return NULL;
 }

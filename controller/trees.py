@@ -481,7 +481,7 @@ def compute_tree(view: TopologyView, source: str, receivers: Iterable[str],
                  algorithm: str = "spt", load: LinkLoad | Counter[DirectedLink] | None = None,
                  cache: PathCache | None = None, strict: bool = False,
                  keep: dict[int, int | None] | None = None,
-                 fill: Callable[[Tree, int, dict[int, list[int]]], None] | None = None) -> Tree:
+                 fill: Callable[[Tree, int, dict[int, dict[int, int]]], None] | None = None) -> Tree:
     """Tree from ``source`` to ``receivers``. Unreachable receivers are listed in
     ``Tree.unreachable`` (or raise ``Unreachable`` when ``strict``); unknown hosts,
     the source among its receivers and an empty receiver set raise.
@@ -490,7 +490,7 @@ def compute_tree(view: TopologyView, source: str, receivers: Iterable[str],
     that is still a live shortest path is kept, so a failure or a join changes only the
     branches it must, and running flows are not moved.
 
-    ``fill`` makes the entries instead (called with the tree, its ``ends`` set, the
+    ``fill`` makes the entries instead (called with the tree, its ``ends`` set, then the
     source's port and the view's neighbour ports: a switch's output ports are its
     children's and its ends', ``_outs``): the core builds a new tree's protected entries
     and its bookkeeping in that one pass, in ``parent``'s order."""
@@ -907,7 +907,7 @@ crossing = native.module.crossing if native.NATIVE else _crossing_py  # (the sam
 
 
 def _fill_entries(view: TopologyView, tree: Tree, source_port: int, receivers: Iterable,
-                  fill: Callable[[Tree, int, dict[int, list[int]]], None] | None = None) -> None:
+                  fill: Callable[[Tree, int, dict[int, dict[int, int]]], None] | None = None) -> None:
     nbr, parent = view.nbr_ports, tree.parent
     tree.ends = frozenset([loc.at for loc in receivers])  # (hosts may share a port)
     if fill is not None:
