@@ -510,8 +510,8 @@ static int filling_of(PyObject *const *args, Filling *f) {
     if (f->protect < 0) return -1;
     if (!PyDict_Check(f->uplinks) || !PyDict_Check(f->pieces) || !PyType_Check(args[10]) ||
         !PyType_IsSubtype((PyTypeObject *)args[10], &PyTuple_Type) || (f->shapes != Py_None && !PyDict_Check(f->shapes))) {
-        PyErr_SetString(PyExc_TypeError, "fill: entries, parent, outs, uplinks and pieces are dicts, "
-                                         "entry_type a tuple type, shapes a dict or None");
+        PyErr_SetString(PyExc_TypeError, "fill: uplinks and pieces are dicts, entry_type a tuple type, "
+                                         "shapes a dict or None");
         return -1;
     }
     f->entry_type = (PyTypeObject *)args[10];
@@ -579,8 +579,7 @@ static PyObject *fill(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     Filling f;
     if (filling_of(args + 3, &f) < 0) return NULL;
     if (!PyDict_Check(args[0]) || !PyDict_Check(args[1]) || !PyDict_Check(args[2])) {
-        PyErr_SetString(PyExc_TypeError, "fill: entries, parent, outs, uplinks and pieces are dicts, "
-                                         "entry_type a tuple type, shapes a dict or None");
+        PyErr_SetString(PyExc_TypeError, "fill: entries, parent and outs are dicts");
         return NULL;
     }
     if (fill_from_outs(&f, args[0], args[1], args[2]) < 0) return NULL;
@@ -3445,7 +3444,9 @@ static PyObject *fill_tree(PyObject *self, PyObject *const *args, Py_ssize_t nar
     Ids ids = {NULL, NULL, 0};
     PyObject **node = PyMem_Malloc(sizeof(PyObject *) * (size_t)(n + 1) * 2);
     PortRec *rec = PyMem_Malloc(sizeof(PortRec) * (size_t)(cap + 1) * 2);
-    Py_ssize_t *count = PyMem_Calloc((size_t)n + 2, sizeof(Py_ssize_t));
+    /* count[o + 1]: how many ports switch o has, then where its ports start; next (after
+     * it): where the next of them goes while they are placed */
+    Py_ssize_t *count = PyMem_Calloc(2 * (size_t)n + 3, sizeof(Py_ssize_t));
     int fast = 1;
     Py_ssize_t held = 0;  /* (node[..held] and par[..held] hold references, as rec[..m] do) */
     PyObject **par = node != NULL ? node + n + 1 : NULL;
@@ -3517,22 +3518,15 @@ static PyObject *fill_tree(PyObject *self, PyObject *const *args, Py_ssize_t nar
         goto done;
     }
     for (i = 0; i < n; i++) count[i + 1] += count[i];  /* each switch's ports, by value */
-    {
-        Py_ssize_t *next = PyMem_Malloc(sizeof(Py_ssize_t) * ((size_t)n + 1));
-        if (next == NULL) {
-            PyErr_NoMemory();
-            goto fail;
+    Py_ssize_t *next = count + n + 2;
+    memcpy(next, count, sizeof(Py_ssize_t) * ((size_t)n + 1));
+    for (Py_ssize_t r = 0; r < m; r++) {
+        Py_ssize_t j = next[rec[r].owner]++, lo = count[rec[r].owner];
+        while (j > lo && sorted[j - 1].v > rec[r].v) {  /* (insertion: a switch has a few ports) */
+            sorted[j] = sorted[j - 1];
+            j--;
         }
-        for (i = 0; i <= n; i++) next[i] = count[i];
-        for (Py_ssize_t r = 0; r < m; r++) {
-            Py_ssize_t j = next[rec[r].owner]++, lo = count[rec[r].owner];
-            while (j > lo && sorted[j - 1].v > rec[r].v) {  /* (insertion: a switch has a few ports) */
-                sorted[j] = sorted[j - 1];
-                j--;
-            }
-            sorted[j] = rec[r];
-        }
-        PyMem_Free(next);
+        sorted[j] = rec[r];
     }
     for (i = 0; i < n; i++) {
         Py_ssize_t lo = count[i], k = count[i + 1] - lo;
