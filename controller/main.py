@@ -65,7 +65,8 @@ def parse(argv: list[str]) -> tuple[settings.Settings, list[str]]:
                     "transfer each keep one, at most 3/4 of them; the open-file limit is raised to fit")
     ap.add_argument("--rest-idle", type=float, metavar="S",
                     help="seconds a REST connection may stay idle between requests, or stalled inside "
-                    "one, before it is closed (default 30)")
+                    "one, or take to send one request from its first byte, before it is closed "
+                    "(default 30)")
     ap.add_argument("--rest-per-client", type=int, metavar="N",
                     help="REST connections one client address may hold at once (default 256: a model "
                     "server keeps one per model); one more is answered 503")

@@ -36,7 +36,8 @@ class Settings:
     # at most 3/4 of them are held (controller.service.Changes); the open-file limit is
     # raised to fit (controller.main)
     rest_connections: int = 4096
-    # a REST connection idle between requests, or stalled inside one, this long is closed
+    # a REST connection idle between requests, or stalled inside one, this long is closed,
+    # and so is one whose request has not arrived whole this long after its first byte
     rest_idle_s: float = 30.0
     # REST connections from one client address at once at most (one more: 503); a model
     # server keeps one per model it serves

@@ -215,3 +215,52 @@ def test_one_client_cannot_take_every_connection(tmp_path):
         assert float(re.search(r"^modelcast_rest_connections_refused (\S+)$", text, re.M).group(1)) >= 1
         assert float(re.search(r"^modelcast_rest_connections (\S+)$", text, re.M).group(1)) >= 1
         print(f"\nthe fifth connection of one client: 503 in {answered_s * 1000:.0f} ms")
+
+
+def test_a_request_trickled_a_byte_at_a_time_is_cut_and_honest_clients_are_not(tmp_path):
+    """Slowloris: eventlet's timeouts are per read, so a client sending one byte of its
+    request every 0.2 s kept its connection forever (``--rest-per-client`` of them per
+    address). With ``--rest-idle 1`` a request must arrive whole within 1 s of its first
+    byte: the trickling connection is closed after ~1 s, while on the same server a
+    keep-alive client making a request every 0.6 s for 2 s, and a GET held 2 s for a
+    change, are answered as before (the clock runs only while a request arrives)."""
+    import socket
+
+    with real_controller(tmp_path, TOKEN, args=["--rest-connections", "16", "--rest-idle", "1"]) as ctl:
+        host, port = ctl.url.split("//")[1].rsplit(":", 1)
+        slow = socket.create_connection((host, int(port)), timeout=5)
+        request = b"GET /v1/groups HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"a" * 100 + b"\r\n\r\n"
+        t0, closed_after, sent = time.monotonic(), None, 0
+        slow.settimeout(0.01)
+        while closed_after is None and time.monotonic() - t0 < 5 and sent < len(request) - 1:
+            try:
+                slow.send(request[sent:sent + 1])
+                sent += 1
+                if slow.recv(1) == b"":
+                    closed_after = time.monotonic() - t0
+            except socket.timeout:
+                pass
+            except OSError:  # reset: closed
+                closed_after = time.monotonic() - t0
+            time.sleep(0.2)
+        slow.close()
+        assert closed_after is not None and 0.8 <= closed_after < 2.5, (closed_after, sent)
+
+        honest = socket.create_connection((host, int(port)), timeout=5)
+        answers = []
+        for _ in range(4):  # 4 requests over ~2 s on one connection, each sent whole
+            honest.sendall(b"GET /v1/groups HTTP/1.1\r\nHost: x\r\n\r\n")
+            answers.append(honest.recv(65536)[:12])
+            time.sleep(0.6)
+        honest.close()
+        assert answers == [b"HTTP/1.1 200"] * 4, answers
+
+        client = ControllerClient(ctl.url, token=TOKEN)
+        g = client.create_group("slow-a", S, [R1])
+        _, tag = client.watch_group(g["id"])
+        t1 = time.monotonic()
+        held = ctl.api("GET", f"/v1/groups/{g['id']}", headers={"If-None-Match": tag, "Prefer": "wait=2"}, timeout=10)
+        held_s = time.monotonic() - t1
+        assert held.status_code == 304 and 1.8 <= held_s < 4, (held.status_code, held_s)
+    print(f"\na request trickled a byte per 0.2 s: closed after {closed_after:.2f} s ({sent} bytes); "
+          f"4 whole requests over 2 s on one connection answered; a 2 s hold answered 304 after {held_s:.2f} s")
