@@ -32,7 +32,7 @@ from ryu.ofproto import ofproto_v1_3_parser as parser
 from ryu.topology import event as topo_event
 
 from controller import igmp as igmp_decisions
-from controller import native, ofmsgs, settings, unicast, webserver
+from controller import lldpauth, native, ofmsgs, settings, unicast, webserver
 from controller.election import LEADER, MASTER, Election, Status, role_for
 from controller.core import MulticastCore, Plan, tune_gc
 from controller.errors import CoreError
@@ -53,6 +53,7 @@ _TRACE: Any = None
 
 
 webserver.install()  # our limits on REST connections, before Ryu's manager starts the server
+lldpauth.install()  # links only from discovery frames we signed, before any switch connects
 
 
 def trace(what: str, *args: Any) -> None:
@@ -145,6 +146,7 @@ class ModelcastApp(app_manager.RyuApp):
         metrics = self.service.metrics
         metrics.rest_connections.set_function(lambda: sum(webserver.POOL.open.values()) if webserver.POOL else 0)
         metrics.rest_connections_refused.set_function(lambda: webserver.POOL.refused if webserver.POOL else 0)
+        metrics.lldp_refused.set_function(lambda: lldpauth.SIGNER.forged if lldpauth.SIGNER else 0)
         self._rebind()
         if self.election is not None:
             self.service.cluster = self._cluster

@@ -95,6 +95,10 @@ class Metrics:
             "modelcast_rest_connections_refused",
             "REST connections answered 503 since start: their client held the most one client may",
             registry=registry)
+        self.lldp_refused = Gauge(  # (set by the app from controller.lldpauth)
+            "modelcast_lldp_refused",
+            "Discovery (LLDP) frames refused since start: our format without a valid, fresh "
+            "signature (a host forging links?)", registry=registry)
         self.install_seconds = Histogram(
             "modelcast_install_seconds", "Time from sending a plan to its last barrier reply",
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
