@@ -14,6 +14,7 @@ import functools
 import hashlib
 import json
 import logging
+import socket
 import re
 import time
 from pathlib import Path
@@ -29,6 +30,7 @@ from ryu.lib import hub
 
 from controller.auth import Principal
 from controller.core import MAX_GID
+from controller import settings
 from controller.errors import CoreError
 from controller.service import Service
 from controller.topoview import check_unicast, is_ipv4
@@ -167,14 +169,21 @@ def error_response(status: int, message: str, detail: Any = None,
 
 def read_body(req: Any) -> bytes:
     """At most ``MAX_BODY`` bytes of body, with a Content-Length or chunked (eventlet's
-    server decodes the chunks; webob alone would read a body without a length as empty)."""
-    if req.content_length is not None:
-        if req.content_length > MAX_BODY:
-            raise ApiError(413, f"request body larger than {MAX_BODY} bytes")
-        return req.body
-    if "chunked" not in req.headers.get("Transfer-Encoding", "").lower():
-        return b""
-    raw = req.body_file_raw.read(MAX_BODY + 1)
+    server decodes the chunks; webob alone would read a body without a length as empty).
+    A body that does not arrive in time (``--rest-idle``, ``controller.webserver``) is
+    a 408, the client's doing, not a 500."""
+    try:
+        if req.content_length is not None:
+            if req.content_length > MAX_BODY:
+                raise ApiError(413, f"request body larger than {MAX_BODY} bytes")
+            return req.body
+        if "chunked" not in req.headers.get("Transfer-Encoding", "").lower():
+            return b""
+        raw = req.body_file_raw.read(MAX_BODY + 1)
+    except (TimeoutError, socket.timeout):
+        raise ApiError(408, "the request did not arrive whole within "
+                       f"{settings.current.rest_idle_s:g} s of its first byte (--rest-idle)",
+                       headers={"Connection": "close"}) from None
     if len(raw) > MAX_BODY:
         raise ApiError(413, f"request body larger than {MAX_BODY} bytes")
     return raw

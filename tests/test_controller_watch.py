@@ -223,7 +223,8 @@ def test_a_request_trickled_a_byte_at_a_time_is_cut_and_honest_clients_are_not(t
     address). With ``--rest-idle 1`` a request must arrive whole within 1 s of its first
     byte: the trickling connection is closed after ~1 s, while on the same server a
     keep-alive client making a request every 0.6 s for 2 s, and a GET held 2 s for a
-    change, are answered as before (the clock runs only while a request arrives)."""
+    change, are answered as before (the clock runs only while a request arrives). A body
+    trickled the same way is answered 408."""
     import socket
 
     with real_controller(tmp_path, TOKEN, args=["--rest-connections", "16", "--rest-idle", "1"]) as ctl:
@@ -254,6 +255,30 @@ def test_a_request_trickled_a_byte_at_a_time_is_cut_and_honest_clients_are_not(t
             time.sleep(0.6)
         honest.close()
         assert answers == [b"HTTP/1.1 200"] * 4, answers
+
+        # a body trickled the same way: 408 with a JSON error (the client's doing, not a
+        # 500 with a traceback), and the connection closed
+        body = b'{"model": "slow-b", "source": "%s", "receivers": []}' % S.encode()
+        slow = socket.create_connection((host, int(port)), timeout=5)
+        slow.sendall(b"POST /v1/groups HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n"
+                     b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % (TOKEN.encode(), len(body)))
+        answer, t2 = b"", time.monotonic()
+        slow.settimeout(0.01)
+        for i in range(len(body)):
+            try:
+                slow.send(body[i:i + 1])
+                answer += slow.recv(65536)
+            except socket.timeout:
+                pass
+            except OSError:
+                break
+            if answer.endswith(b"}") or time.monotonic() - t2 > 5:
+                break
+            time.sleep(0.2)
+        slow.close()
+        assert answer.startswith(b"HTTP/1.1 408 "), answer
+        assert b"within 1 s of its first byte" in answer and b"Connection: close" in answer, answer
+        assert "Traceback" not in ctl.log_text()
 
         client = ControllerClient(ctl.url, token=TOKEN)
         g = client.create_group("slow-a", S, [R1])
