@@ -184,7 +184,7 @@ class ModelcastApp(app_manager.RyuApp):
     def _rebind(self) -> None:
         """The per-core helpers, after the service's core was (re)built."""
         conf = settings.current
-        self.reconnect = Reconnect(self.core, host_idle_s=conf.host_timeout_s)
+        self.reconnect = Reconnect(self.core, host_idle_s=conf.host_timeout_s, punt_rate=conf.punt_rate)
         self.discovery = HostDiscovery(self.core, idle_s=conf.host_timeout_s)
         self.audits = AuditClock(conf.audit_interval_s)
 
@@ -399,6 +399,8 @@ class ModelcastApp(app_manager.RyuApp):
                 log.info("switches refused %d messages of ours as from a SLAVE (expected on a "
                          "follower)", self._slave_refusals)
             return
+        if ofmsgs.benign_error(msg.type, msg.code, ofmsgs.meter_of_error(bytes(msg.data or b""))):
+            return  # the punt meter was there already (a switch that kept its tables)
         if msg.type == ofp.OFPET_ROLE_REQUEST_FAILED:
             log.warning("switch %#x refused our role request (code %d%s)", dpid, msg.code,
                         ": stale, a newer leader was elected" if msg.code == ofp.OFPRRFC_STALE else "")

@@ -70,6 +70,11 @@ def parse(argv: list[str]) -> tuple[settings.Settings, list[str]]:
     ap.add_argument("--rest-per-client", type=int, metavar="N",
                     help="REST connections one client address may hold at once (default 256: a model "
                     "server keeps one per model); one more is answered 503")
+    ap.add_argument("--punt-rate", type=int, metavar="PPS",
+                    help="frames each switch may send the controller per second (learning, IGMP, "
+                    "unknown destinations), enforced by an OpenFlow meter on the switch: a host "
+                    "flooding new addresses cannot take the controller's time (default 500, bursts "
+                    "of twice that; 0: unmetered)")
     ap.add_argument("--advertise-url", metavar="URL", help="this instance's REST URL as the others "
                     "reach it (mutations sent to a follower are forwarded to the leader's); "
                     "default http://WSAPI_HOST:WSAPI_PORT")
@@ -87,7 +92,7 @@ def parse(argv: list[str]) -> tuple[settings.Settings, list[str]]:
                           ("store_prefix", "store_prefix"), ("lease_ttl", "lease_ttl_s"),
                           ("advertise_url", "advertise_url"), ("trace", "trace_file"),
                           ("rest_connections", "rest_connections"), ("rest_idle", "rest_idle_s"),
-                          ("rest_per_client", "rest_per_client")):
+                          ("rest_per_client", "rest_per_client"), ("punt_rate", "punt_rate")):
         if getattr(ours, option) is not None:  # given on the command line: overrides the env
             setattr(conf, field, getattr(ours, option))
     if ours.no_protection:
@@ -123,6 +128,8 @@ def parse(argv: list[str]) -> tuple[settings.Settings, list[str]]:
         ap.error(f"--rest-connections must be 16..{1 << 20}, not {conf.rest_connections}")
     if not 1 <= conf.rest_per_client <= 1 << 20:
         ap.error(f"--rest-per-client must be 1..{1 << 20}, not {conf.rest_per_client}")
+    if not 0 <= conf.punt_rate <= 1 << 24:
+        ap.error(f"--punt-rate must be 0..{1 << 24} frames/s, not {conf.punt_rate}")
     if not 0.5 <= conf.rest_idle_s <= 3600:
         ap.error(f"--rest-idle must be 0.5..3600 s, not {conf.rest_idle_s:g}")
     if conf.trace_file is not None:
@@ -195,7 +202,8 @@ def main(argv: list[str] | None = None) -> int:
     from ryu.cmd import manager
 
     signal.signal(signal.SIGTERM, _on_sigterm)
-    args = ["--observe-links", *rest, "controller.app"]
+    # (--noinstall-lldp-flow: the base flows carry discovery frames through a meter)
+    args = ["--observe-links", "--noinstall-lldp-flow", *rest, "controller.app"]
     try:
         cfg.CONF(args=args, project="ryu", prog="modelcast-controller")
     except oslo_cfg.Error as exc:  # bad ryu option value: one line, non-zero

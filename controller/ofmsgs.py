@@ -615,14 +615,59 @@ def multicast_mac(group: str) -> str:
     return f"01:00:5e:{a[1] & 0x7F:02x}:{a[2]:02x}:{a[3]:02x}"
 
 
-def base_flows(dpid: int) -> list[Msg]:
+PUNT_METER = 1  # the meter on every flow of ours that sends frames to the controller
+LLDP_METER = 2  # the same for link discovery frames: a flood of those cannot starve the rest
+METERS = (PUNT_METER, LLDP_METER)
+PRIO_LLDP = 0xFFFF  # table 0: discovery frames to the controller (as Ryu's own flow was)
+LLDP_DST = "01:80:c2:00:00:0e"
+ETH_LLDP = 0x88CC
+
+
+def punt_meter(dpid: int, rate: int, meters: Iterable[int] = METERS) -> list[Msg]:
+    """The switch's punt meters at ``rate`` frames/s each (bursts of twice that pass),
+    before the flows that use them: an add (a switch that has one answers
+    METER_EXISTS, which ``benign_error`` tells the app to ignore) and a modify (the rate
+    of this run). A meter cannot be replaced otherwise: deleting it deletes the flows
+    that use it."""
+    if rate <= 0:
+        return []
+    bands = [parser.OFPMeterBandDrop(rate=rate, burst_size=2 * rate)]
+    flags = ofp.OFPMF_PKTPS | ofp.OFPMF_BURST
+    return [parser.OFPMeterMod(datapath(dpid), command=cmd, flags=flags, meter_id=m, bands=bands)
+            for m in meters for cmd in (ofp.OFPMC_ADD, ofp.OFPMC_MODIFY)]
+
+
+def benign_error(err_type: int, code: int, meter_id: int | None) -> bool:
+    """An error that only says a punt meter is already there (``punt_meter``'s add on a
+    switch that kept its tables)."""
+    return (err_type == ofp.OFPET_METER_MOD_FAILED and code == ofp.OFPMMFC_METER_EXISTS
+            and meter_id in METERS)
+
+
+def meter_of_error(data: bytes) -> int | None:
+    """The meter id of the meter-mod an OFPT_ERROR quotes (its ``data``: the request's
+    first bytes: header, command, flags, meter id)."""
+    return int.from_bytes(data[12:16], "big") if len(data) >= 16 else None
+
+
+def meter_of(msg: Any) -> int | None:
+    """The meter a flow-mod sends through, if any."""
+    return next((ins.meter_id for ins in getattr(msg, "instructions", ())
+                 if isinstance(ins, parser.OFPInstructionMeter)), None)
+
+
+def base_flows(dpid: int, metered: bool = False) -> list[Msg]:
     """Installed when a switch connects: IGMP to the controller; in the source table,
     unknown sources to the controller; in the destination table, unknown SSM traffic
     dropped (multicast is never flooded) and unknown destinations to the controller for
-    unicast forwarding. (Ryu's topology app adds its own LLDP flow.)"""
+    unicast forwarding; and link discovery frames to the controller (Ryu's topology app
+    is told not to install its own). ``metered``: the frames to the controller pass the
+    switch's ``PUNT_METER``, discovery frames its ``LLDP_METER`` (``punt_meter`` first)."""
     dp = datapath(dpid)
-    to_ctrl = [parser.OFPInstructionActions(ofp.OFPIT_APPLY_ACTIONS, [
-        parser.OFPActionOutput(ofp.OFPP_CONTROLLER, ofp.OFPCML_NO_BUFFER)])]
+    out = parser.OFPInstructionActions(ofp.OFPIT_APPLY_ACTIONS, [
+        parser.OFPActionOutput(ofp.OFPP_CONTROLLER, ofp.OFPCML_NO_BUFFER)])
+    to_ctrl = [parser.OFPInstructionMeter(PUNT_METER), out] if metered else [out]
+    lldp = [parser.OFPInstructionMeter(LLDP_METER), out] if metered else [out]
 
     def add(table: int, prio: int, match: parser.OFPMatch, inst: list) -> Msg:
         return parser.OFPFlowMod(dp, cookie=COOKIE_TAG, table_id=table, command=ofp.OFPFC_ADD,
@@ -630,6 +675,7 @@ def base_flows(dpid: int) -> list[Msg]:
                                  flags=ofp.OFPFF_SEND_FLOW_REM)
 
     return [
+        add(TABLE, PRIO_LLDP, parser.OFPMatch(eth_type=ETH_LLDP, eth_dst=LLDP_DST), lldp),
         add(TABLE, PRIO_IGMP, parser.OFPMatch(eth_type=ETH_IPV4, ip_proto=IPPROTO_IGMP), to_ctrl),
         add(TABLE, PRIO_MISS, parser.OFPMatch(), to_ctrl),
         add(TABLE_DST, PRIO_SSM_DROP, parser.OFPMatch(eth_type=ETH_IPV4, ipv4_dst=SSM_NET), []),

@@ -33,6 +33,7 @@ from ryu.ofproto import ofproto_v1_3_parser as parser
 from controller import ofmsgs
 from controller.core import MulticastCore, Plan, SwitchState
 from controller.hosts import HOST_IDLE_S, source_table
+from controller.settings import Settings
 
 
 def port_is_down(desc: Any) -> bool:
@@ -167,16 +168,20 @@ class Reconnect:
     """Per-switch reads in progress over one core; replies of switches not being read
     (late, or after a disconnect) are ignored."""
 
-    def __init__(self, core: MulticastCore, host_idle_s: int = HOST_IDLE_S) -> None:
+    def __init__(self, core: MulticastCore, host_idle_s: int = HOST_IDLE_S,
+                 punt_rate: int = Settings.punt_rate) -> None:
         self.core = core
         self.host_idle_s = host_idle_s
+        self.punt_rate = punt_rate  # the switches' punt meter (0: none; controller.settings)
         self._reads: dict[int, _Reads] = {}
 
     def features(self, dpid: int) -> list[ofmsgs.Msg]:
-        """What a switch gets as soon as it connects, before its state is read: the base
-        flows, and the source-table entries of the links and hosts already known (after a
-        controller restart they are re-asserted, identical entries replace themselves)."""
-        return ofmsgs.base_flows(dpid) + source_table(self.core.view, dpid, self.host_idle_s)
+        """What a switch gets as soon as it connects, before its state is read: its punt
+        meter, the base flows, and the source-table entries of the links and hosts
+        already known (after a controller restart they are re-asserted, identical entries
+        replace themselves)."""
+        return (ofmsgs.punt_meter(dpid, self.punt_rate) + ofmsgs.base_flows(dpid, self.punt_rate > 0)
+                + source_table(self.core.view, dpid, self.host_idle_s))
 
     def start(self, dpid: int, audit: bool = False) -> list[ofmsgs.Msg]:
         """Begin (or restart) reading a switch; returns the requests to send it."""
@@ -223,10 +228,14 @@ class Reconnect:
         plan = Plan()
         # base flows and link-port entries someone deleted (host entries are not checked:
         # they idle out by design, and a host without one is re-learned from its next frame)
-        expected = [m for m in self.features(dpid)
-                    if m.cookie == ofmsgs.COOKIE_TAG or m.priority == ofmsgs.PRIO_LINK_PORT]
-        plan.phases[0] += [(dpid, m) for m in expected
-                           if _base_key(m.table_id, m.priority, m.match) not in st.base]
+        expected = [m for m in self.features(dpid) if isinstance(m, parser.OFPFlowMod)
+                    and (m.cookie == ofmsgs.COOKIE_TAG or m.priority == ofmsgs.PRIO_LINK_PORT)]
+        missing = [m for m in expected if _base_key(m.table_id, m.priority, m.match) not in st.base]
+        for meter in ofmsgs.METERS:  # one deleted by hand took the flows using it along
+            using = [m for m in expected if ofmsgs.meter_of(m) == meter]
+            if using and all(m in missing for m in using):
+                plan.phases[0] += [(dpid, m) for m in ofmsgs.punt_meter(dpid, self.punt_rate, (meter,))]
+        plan.phases[0] += [(dpid, m) for m in missing]
         plan.extend(self.core.ports_down(dpid, [desc.port_no for desc in ports
                                                 if desc.port_no < ofp.OFPP_MAX and port_is_down(desc)]))
         plan.extend(self.core.switch_enter(dpid, present))

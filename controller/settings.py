@@ -42,6 +42,10 @@ class Settings:
     # REST connections from one client address at once at most (one more: 503); a model
     # server keeps one per model it serves
     rest_per_client: int = 256
+    # frames each switch may send us per second at most (an OpenFlow meter on every flow
+    # that punts to the controller; bursts of twice that pass): a host flooding new source
+    # addresses then costs the controller this much, not all its time; 0: no meter
+    punt_rate: int = 500
     # --trace FILE / MODELCAST_TRACE: every plan message, barrier reply, PortStatus and
     # audit with its wall-clock time, appended (controller.app.trace)
     trace_file: Path | None = field(default_factory=lambda: Path(p) if (

@@ -66,11 +66,13 @@ class OFError(Exception):
     """What a real switch would answer with an OFPT_ERROR; ``type``/``code`` are the
     ``ofp.OFPET_*`` / per-type code constants so tests compare against the spec's names."""
 
-    def __init__(self, type: int, code: int, detail: str = "", dpid: int | None = None) -> None:
+    def __init__(self, type: int, code: int, detail: str = "", dpid: int | None = None,
+                 meter_id: int | None = None) -> None:
         self.type = type
         self.code = code
         self.detail = detail
         self.dpid = dpid
+        self.meter_id = meter_id  # the meter a meter-mod error is about
         super().__init__(str(self))
 
     def __str__(self) -> str:
@@ -193,7 +195,7 @@ def _overlaps(a: dict[str, Any], b: dict[str, Any]) -> bool:
 # --------------------------------------------------------------------------- actions
 
 Action = tuple  # ("output", port) | ("group", group_id) | ("set_field", field, value)
-Instruction = tuple  # ("apply", actions) | ("write", actions) | ("clear", ()) | ("goto", table)
+Instruction = tuple  # ("apply", actions) | ("write", actions) | ("clear", ()) | ("goto", table) | ("meter", id)
 
 _RESERVED_OUT = frozenset((ofp.OFPP_IN_PORT, ofp.OFPP_FLOOD, ofp.OFPP_ALL, ofp.OFPP_CONTROLLER))
 _UNMODELLED_OUT = {ofp.OFPP_TABLE: "OFPP_TABLE", ofp.OFPP_NORMAL: "OFPP_NORMAL",
@@ -221,7 +223,7 @@ def _normalise_actions(actions: Iterable[Any] | None) -> tuple[Action, ...]:
     return tuple(out)
 
 
-_INSTRUCTION_ORDER = {"apply": 0, "clear": 1, "write": 2, "goto": 3}  # OF1.3 §5.9
+_INSTRUCTION_ORDER = {"meter": -1, "apply": 0, "clear": 1, "write": 2, "goto": 3}  # OF1.3 §5.9
 
 
 def _normalise_instructions(instructions: Iterable[Any] | None) -> tuple[Instruction, ...]:
@@ -233,6 +235,8 @@ def _normalise_instructions(instructions: Iterable[Any] | None) -> tuple[Instruc
             out.append((kind, _normalise_actions(ins.actions)))
         elif isinstance(ins, parser.OFPInstructionGotoTable):
             out.append(("goto", ins.table_id))
+        elif isinstance(ins, parser.OFPInstructionMeter):
+            out.append(("meter", ins.meter_id))  # (rates are not modelled: every frame passes)
         else:
             raise TypeError(f"fake fabric does not model instruction {type(ins).__name__}")
     kinds = [i[0] for i in out]
@@ -253,6 +257,7 @@ _INSTRUCTION_TYPE = {"apply": ofp.OFPIT_APPLY_ACTIONS, "write": ofp.OFPIT_WRITE_
 
 def _parser_instructions(instructions: Iterable[Instruction]) -> list[Any]:
     return [parser.OFPInstructionGotoTable(payload) if kind == "goto"
+            else parser.OFPInstructionMeter(payload) if kind == "meter"
             else parser.OFPInstructionActions(_INSTRUCTION_TYPE[kind], ofmsgs.actions(payload))
             for kind, payload in instructions]
 
@@ -316,6 +321,7 @@ class FakeSwitch:
         self.dpid = dpid
         self.flows: list[FlowEntry] = []
         self.groups: dict[int, GroupEntry] = {}
+        self.meters: dict[int, tuple] = {}  # meter id -> (flags, ((band type, rate, burst), ...))
         self.up = True
         self._port_live = port_live or (lambda port: True)
 
@@ -323,6 +329,7 @@ class FakeSwitch:
         """Empty every table, as a rebooted switch is."""
         self.flows = []
         self.groups = {}
+        self.meters = {}
 
     # ---- messages
 
@@ -333,6 +340,8 @@ class FakeSwitch:
                 self._flow_mod(msg)
             elif isinstance(msg, parser.OFPGroupMod):
                 self._group_mod(msg)
+            elif isinstance(msg, parser.OFPMeterMod):
+                self._meter_mod(msg)
             elif isinstance(msg, self._IGNORED):
                 return
             else:
@@ -390,6 +399,10 @@ class FakeSwitch:
                 raise OFError(ofp.OFPET_BAD_INSTRUCTION, ofp.OFPBIC_BAD_TABLE_ID,
                               f"goto {payload} from table {msg.table_id}")
         self._check_groups_exist(_actions_of(instructions), self.groups)
+        for kind, payload in instructions:
+            if kind == "meter" and payload not in self.meters:
+                raise OFError(ofp.OFPET_METER_MOD_FAILED, ofp.OFPMMFC_UNKNOWN_METER,
+                              f"flow uses meter {payload}", meter_id=payload)
         if cmd != ofp.OFPFC_ADD:
             # OF1.3: modify changes instructions only (cookie kept) and never adds.
             for i in self._selected(msg, match, cmd == ofp.OFPFC_MODIFY_STRICT, False):
@@ -407,6 +420,23 @@ class FakeSwitch:
                         and _overlaps(entry.match, match)):
                     raise OFError(ofp.OFPET_FLOW_MOD_FAILED, ofp.OFPFMFC_OVERLAP, f"{match}")
         self.flows.append(new)
+
+    def _meter_mod(self, msg: Any) -> None:
+        mid, cmd = msg.meter_id, msg.command
+        if cmd == ofp.OFPMC_DELETE:  # OF1.3 §5.7: the flows that use it go with it
+            gone = set(self.meters) if mid == ofp.OFPM_ALL else {mid} & set(self.meters)
+            for m in gone:
+                del self.meters[m]
+            self.flows = [e for e in self.flows if not any(k == "meter" and v in gone
+                                                           for k, v in e.instructions)]
+            return
+        if cmd not in (ofp.OFPMC_ADD, ofp.OFPMC_MODIFY):
+            raise OFError(ofp.OFPET_METER_MOD_FAILED, ofp.OFPMMFC_BAD_COMMAND, f"command {cmd}", meter_id=mid)
+        if cmd == ofp.OFPMC_ADD and mid in self.meters:
+            raise OFError(ofp.OFPET_METER_MOD_FAILED, ofp.OFPMMFC_METER_EXISTS, f"meter {mid}", meter_id=mid)
+        if cmd == ofp.OFPMC_MODIFY and mid not in self.meters:
+            raise OFError(ofp.OFPET_METER_MOD_FAILED, ofp.OFPMMFC_UNKNOWN_METER, f"meter {mid}", meter_id=mid)
+        self.meters[mid] = (msg.flags, tuple((b.type, b.rate, b.burst_size) for b in msg.bands))
 
     def _group_mod(self, msg: Any) -> None:
         gid, cmd = msg.group_id, msg.command
@@ -546,6 +576,8 @@ class FakeSwitch:
                 return res
             goto = None
             for kind, payload in entry.instructions:
+                if kind == "meter":
+                    continue  # (every frame passes: rates are not modelled)
                 if kind == "apply":
                     self._run_actions(payload, pkt, res, 0)
                 elif kind == "clear":
@@ -693,7 +725,8 @@ class FakeFabric:
         app does: its features messages, then its stats requests answered from this
         switch's tables and its ports, the replies fed back and the resulting plan applied.
         Returns the result (None when the switch is down) and the errors the switch raised."""
-        errors = self.apply_all((dpid, m) for m in session.features(dpid))
+        errors = [e for e in self.apply_all((dpid, m) for m in session.features(dpid))
+                  if not ofmsgs.benign_error(e.type, e.code, e.meter_id)]  # (as the app does)
         done, more = self.audit(dpid, session, audit=False)
         return done, errors + more
 
@@ -712,7 +745,8 @@ class FakeFabric:
         if done is None:
             session.forget(dpid)
             return None, []
-        return done, self.apply_all(done.plan)
+        return done, [e for e in self.apply_all(done.plan)
+                      if not ofmsgs.benign_error(e.type, e.code, e.meter_id)]  # (as the app does)
 
     def packet_out_hosts(self, dpid: int, msg: Any) -> list[Host]:
         """The hosts a packet-out's frame reaches directly: those on the live ports its

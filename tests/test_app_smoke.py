@@ -68,7 +68,8 @@ def test_every_handler_runs_with_real_effects(make_bench, caplog):
     # features -> base flows; MAIN -> our stats requests; replies -> reconciled
     bench.connect(3)
     dp3 = bench.dps[3]
-    assert [f.cookie for f in fabric.switches[3].flows] == [ofmsgs.COOKIE_TAG] * 4
+    assert [f.cookie for f in fabric.switches[3].flows] == [ofmsgs.COOKIE_TAG] * len(ofmsgs.base_flows(3))
+    assert set(fabric.switches[3].meters) == set(ofmsgs.METERS)  # (the app's default --punt-rate)
     assert [type(m) for m in dp3.sent_of(parser.OFPMultipartRequest)] == [
         parser.OFPFlowStatsRequest, parser.OFPGroupDescStatsRequest]
     bench.settle()

@@ -160,15 +160,18 @@ def test_replies_without_a_read_in_progress_are_ignored_and_start_restarts():
 
 
 def test_features_are_the_base_flows_and_the_known_source_table():
-    """A switch the view knows nothing about gets the base flows only; one with known
-    links and hosts also gets their source-table entries, so a restarted controller's
-    hosts and links keep passing table 0 without being punted again."""
+    """A switch the view knows nothing about gets its punt meter and the base flows
+    only; one with known links and hosts also gets their source-table entries, so a
+    restarted controller's hosts and links keep passing table 0 without being punted
+    again."""
     topo = T.linear(3)
     core, _ = core_and_fabric(topo)
-    unknown = Reconnect(core).features(9)
-    assert [str(m) for m in unknown] == [str(m) for m in ofmsgs.base_flows(9)]
+    unknown = Reconnect(core, punt_rate=300).features(9)
+    assert [str(m) for m in unknown] == [str(m) for m in ofmsgs.punt_meter(9, 300) + ofmsgs.base_flows(9, True)]
+    assert [str(m) for m in Reconnect(core, punt_rate=0).features(9)] == [str(m) for m in ofmsgs.base_flows(9)]
     h2 = topo.host("h2")
-    extra = Reconnect(core, host_idle_s=60).features(2)[len(ofmsgs.base_flows(2)):]
+    base = len(ofmsgs.punt_meter(2, 500) + ofmsgs.base_flows(2, True))
+    extra = Reconnect(core, host_idle_s=60).features(2)[base:]
     assert {(m.priority, m.match.get("in_port"), m.match.get("eth_src"), m.idle_timeout)
             for m in extra} == {(ofmsgs.PRIO_LINK_PORT, core.view.link_port(2, 1), None, 0),
                                 (ofmsgs.PRIO_LINK_PORT, core.view.link_port(2, 3), None, 0),
@@ -202,3 +205,62 @@ def test_a_turn_group_is_ours_only_for_a_group_of_ours():
     state = SwitchState.from_tables(flows, {gid: all_group, mine: all_group, theirs: all_group}, [gid])
     assert state.turns == {mine}
     assert state.flows == {(gid, 1)} and state.groups[gid] is not None
+
+
+def test_every_frame_to_the_controller_passes_the_punt_meter():
+    """Each base flow that punts (IGMP, unknown sources, unknown destinations) goes
+    through meter PUNT_METER at the configured rate, bursts of twice that, and link
+    discovery frames through their own LLDP_METER; the drop of unknown SSM traffic
+    punts nothing and is not metered."""
+    core = MulticastCore(TopologyView.from_topology(TOPO))
+    fabric = FakeFabric(TOPO)
+    assert not fabric.apply_all((3, m) for m in Reconnect(core, punt_rate=250).features(3))
+    sw = fabric.switches[3]
+    band = (ofp.OFPMF_PKTPS | ofp.OFPMF_BURST, ((ofp.OFPMBT_DROP, 250, 500),))
+    assert sw.meters == {ofmsgs.PUNT_METER: band, ofmsgs.LLDP_METER: band}
+    punting = [e for e in sw.flows if any(k == "apply" and ("output", ofp.OFPP_CONTROLLER) in p
+                                          for k, p in e.instructions)]
+    assert sorted(e.instructions[0] for e in punting) == [("meter", ofmsgs.PUNT_METER)] * 3 + [
+        ("meter", ofmsgs.LLDP_METER)]
+    assert [e.match for e in punting if e.instructions[0] == ("meter", ofmsgs.LLDP_METER)] == [
+        {"eth_type": 0x88CC, "eth_dst": "01:80:c2:00:00:0e"}]
+    assert not any(k == "meter" for e in sw.flows if e not in punting for k, _ in e.instructions)
+
+
+def test_a_switch_that_kept_its_meter_reconnects_without_a_real_error_and_a_new_rate_applies():
+    """A controller restarted (with another rate) adds the meter again: the switch answers
+    METER_EXISTS, which ``benign_error`` names (the app ignores it), and the modify that
+    follows sets the new rate; nothing is left to repair."""
+    core = MulticastCore(TopologyView.from_topology(TOPO))
+    fabric = FakeFabric(TOPO)
+    assert not fabric.apply_all((3, m) for m in Reconnect(core, punt_rate=500).features(3))
+    errors = fabric.apply_all((3, m) for m in Reconnect(core, punt_rate=100).features(3))
+    assert [(e.type, e.code, e.meter_id) for e in errors] == [
+        (ofp.OFPET_METER_MOD_FAILED, ofp.OFPMMFC_METER_EXISTS, m) for m in ofmsgs.METERS]
+    assert all(ofmsgs.benign_error(e.type, e.code, e.meter_id) for e in errors)
+    assert fabric.switches[3].meters[ofmsgs.PUNT_METER][1] == ((ofp.OFPMBT_DROP, 100, 200),)
+    assert not ofmsgs.benign_error(ofp.OFPET_METER_MOD_FAILED, ofp.OFPMMFC_METER_EXISTS, 7)
+    assert not ofmsgs.benign_error(ofp.OFPET_METER_MOD_FAILED, ofp.OFPMMFC_UNKNOWN_METER, ofmsgs.PUNT_METER)
+    msg = ofmsgs.punt_meter(3, 100)[0]
+    msg.serialize()
+    assert ofmsgs.meter_of_error(bytes(msg.buf)[:64]) == ofmsgs.PUNT_METER  # (an error quotes it)
+    assert ofmsgs.meter_of_error(b"short") is None
+
+
+def test_a_meter_deleted_by_hand_is_restored_with_its_flows_by_the_audit():
+    """``ovs-ofctl del-meters``: the switch deletes the flows that used the meter too (OF1.3);
+    the next audit finds the base flows missing and sends the meter back before them."""
+    core = MulticastCore(TopologyView.from_topology(TOPO))
+    fabric = FakeFabric(TOPO)
+    session = Reconnect(core)
+    assert not fabric.apply_all((3, m) for m in session.features(3))
+    assert not fabric.apply_all(core.switch_enter(3))
+    before = sorted(map(repr, fabric.switches[3].flows))
+    assert not fabric.apply_all([(3, parser.OFPMeterMod(ofmsgs.datapath(3), command=ofp.OFPMC_DELETE,
+                                                        meter_id=ofmsgs.PUNT_METER))])
+    assert set(fabric.switches[3].meters) == {ofmsgs.LLDP_METER}
+    assert len(fabric.switches[3].flows) == len(before) - 3
+    done, errors = fabric.audit(3, session)
+    assert done is not None and not errors, errors
+    assert sorted(map(repr, fabric.switches[3].flows)) == before
+    assert ofmsgs.PUNT_METER in fabric.switches[3].meters
