@@ -38,6 +38,7 @@ from controller.core import MulticastCore, Plan, tune_gc
 from controller.errors import CoreError
 from controller.hosts import PROBE_MAC, Actions, HostDiscovery
 from controller.igmp import IgmpPolicy
+from controller.punt import QUARANTINE_S, PuntGuard
 from controller.reconnect import AuditClock, Reconnect, normalise_actions, port_status, removal_is_drift
 from controller.rest import RestApi
 from controller.rest import ApiError, forward_to
@@ -147,6 +148,8 @@ class ModelcastApp(app_manager.RyuApp):
         metrics.rest_connections.set_function(lambda: sum(webserver.POOL.open.values()) if webserver.POOL else 0)
         metrics.rest_connections_refused.set_function(lambda: webserver.POOL.refused if webserver.POOL else 0)
         metrics.lldp_refused.set_function(lambda: lldpauth.SIGNER.forged if lldpauth.SIGNER else 0)
+        self.punt_guard = PuntGuard(conf.punt_port_rate if conf.punt_rate > 0 else 0)
+        metrics.punt_quarantines.set_function(lambda: self.punt_guard.quarantined)
         self._rebind()
         if self.election is not None:
             self.service.cluster = self._cluster
@@ -184,7 +187,8 @@ class ModelcastApp(app_manager.RyuApp):
     def _rebind(self) -> None:
         """The per-core helpers, after the service's core was (re)built."""
         conf = settings.current
-        self.reconnect = Reconnect(self.core, host_idle_s=conf.host_timeout_s, punt_rate=conf.punt_rate)
+        self.reconnect = Reconnect(self.core, host_idle_s=conf.host_timeout_s, punt_rate=conf.punt_rate,
+                                   punt_port_rate=conf.punt_port_rate)
         self.discovery = HostDiscovery(self.core, idle_s=conf.host_timeout_s)
         self.audits = AuditClock(conf.audit_interval_s)
 
@@ -421,6 +425,7 @@ class ModelcastApp(app_manager.RyuApp):
         dp = ev.msg.datapath
         if not self.leading:
             return
+        self.punt_guard.forget(dp.id)  # (a switch that connects anew holds no quarantine)
         for msg in self.reconnect.features(dp.id):
             dp.send_msg(msg)
 
@@ -443,6 +448,7 @@ class ModelcastApp(app_manager.RyuApp):
         elif self.dps.get(dp.id) is dp:
             del self.dps[dp.id]
             self.reconnect.forget(dp.id)
+            self.punt_guard.forget(dp.id)
             self._taking_over.discard(dp.id)
             if not self.leading:
                 return
@@ -542,6 +548,8 @@ class ModelcastApp(app_manager.RyuApp):
         if not self.leading:  # (an EQUAL instance before the roles are set)
             return
         in_port = msg.match.get("in_port")
+        if self.punt_guard.note(dp.id, in_port, time.monotonic()):
+            self._quarantine(dp.id, in_port)
         try:
             pkt = packet.Packet(msg.data)
         except Exception:  # malformed frames are the sender's problem, not ours
@@ -569,6 +577,18 @@ class ModelcastApp(app_manager.RyuApp):
             return  # never flood multicast: only controller-built trees carry it
         self._send(unicast.forward(self.core.view, dp.id, in_port, eth.dst, msg.data,
                                    {d: getattr(sw, "ports", {}) for d, sw in self.dps.items()}))
+
+    def _quarantine(self, dpid: int, port: int) -> None:
+        """A port sent us more than ``--punt-port-rate`` frames in a second: if it is a
+        host port, its frames to us pass a meter of their own for a while
+        (``controller.punt``), so it cannot take its switch's budget from the others."""
+        if not self.core.view.edge_port(dpid, port):
+            return  # (an inter-switch link carries many hosts' frames: never quarantined)
+        limit = self.punt_guard.limit
+        log.warning("switch %#x port %d sent the controller more than %d frames in 1 s (a host "
+                    "flooding new addresses or discovery frames?): its frames to the controller "
+                    "pass a meter of their own (%d/s) for %d s", dpid, port, limit, limit, QUARANTINE_S)
+        self._send([(dpid, m) for m in ofmsgs.quarantine_flows(dpid, port, limit, QUARANTINE_S)])
 
     # -- hosts: learned, probed for, forgotten (controller.hosts decides) ------------------
     @set_ev_cls(ofp_event.EventOFPFlowRemoved, MAIN_DISPATCHER)
@@ -600,6 +620,7 @@ class ModelcastApp(app_manager.RyuApp):
                 continue
             try:
                 self._discovery_tick()
+                self.punt_guard.expire(time.monotonic())
                 self._start_audits(time.monotonic())
                 self.service.flush_state(time.monotonic())
             except Exception:  # never let one bad step stop the timers

@@ -75,6 +75,11 @@ def parse(argv: list[str]) -> tuple[settings.Settings, list[str]]:
                     "unknown destinations), enforced by an OpenFlow meter on the switch: a host "
                     "flooding new addresses cannot take the controller's time (default 500, bursts "
                     "of twice that; 0: unmetered)")
+    ap.add_argument("--punt-port-rate", type=int, metavar="PPS",
+                    help="frames one host port may send the controller per second before it is "
+                    "quarantined for 60 s: its frames to the controller then pass a meter of their "
+                    "own at this rate, so one flooding host cannot crowd out the others on its "
+                    "switch (default 100; 0: off; needs --punt-rate)")
     ap.add_argument("--advertise-url", metavar="URL", help="this instance's REST URL as the others "
                     "reach it (mutations sent to a follower are forwarded to the leader's); "
                     "default http://WSAPI_HOST:WSAPI_PORT")
@@ -92,7 +97,8 @@ def parse(argv: list[str]) -> tuple[settings.Settings, list[str]]:
                           ("store_prefix", "store_prefix"), ("lease_ttl", "lease_ttl_s"),
                           ("advertise_url", "advertise_url"), ("trace", "trace_file"),
                           ("rest_connections", "rest_connections"), ("rest_idle", "rest_idle_s"),
-                          ("rest_per_client", "rest_per_client"), ("punt_rate", "punt_rate")):
+                          ("rest_per_client", "rest_per_client"), ("punt_rate", "punt_rate"),
+                          ("punt_port_rate", "punt_port_rate")):
         if getattr(ours, option) is not None:  # given on the command line: overrides the env
             setattr(conf, field, getattr(ours, option))
     if ours.no_protection:
@@ -130,6 +136,8 @@ def parse(argv: list[str]) -> tuple[settings.Settings, list[str]]:
         ap.error(f"--rest-per-client must be 1..{1 << 20}, not {conf.rest_per_client}")
     if not 0 <= conf.punt_rate <= 1 << 24:
         ap.error(f"--punt-rate must be 0..{1 << 24} frames/s, not {conf.punt_rate}")
+    if not 0 <= conf.punt_port_rate <= 1 << 24:
+        ap.error(f"--punt-port-rate must be 0..{1 << 24} frames/s, not {conf.punt_port_rate}")
     if not 0.5 <= conf.rest_idle_s <= 3600:
         ap.error(f"--rest-idle must be 0.5..3600 s, not {conf.rest_idle_s:g}")
     if conf.trace_file is not None:

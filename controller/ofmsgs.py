@@ -617,24 +617,57 @@ def multicast_mac(group: str) -> str:
 
 PUNT_METER = 1  # the meter on every flow of ours that sends frames to the controller
 LLDP_METER = 2  # the same for link discovery frames: a flood of those cannot starve the rest
-METERS = (PUNT_METER, LLDP_METER)
-PRIO_LLDP = 0xFFFF  # table 0: discovery frames to the controller (as Ryu's own flow was)
+QUARANTINE_METER = 3  # frames to the controller from quarantined host ports (controller.punt)
+METERS = (PUNT_METER, LLDP_METER, QUARANTINE_METER)
+PRIO_QUARANTINE_LLDP = 0xFFFF  # table 0: a quarantined port's discovery frames
+PRIO_LLDP = 0xFFFE  # table 0: discovery frames to the controller
+PRIO_QUARANTINE = 10  # both tables: a quarantined port's misses (above PRIO_MISS only)
+COOKIE_QUARANTINE = COOKIE_TAG | (1 << 44)  # (expire by themselves; the audit leaves them)
 LLDP_DST = "01:80:c2:00:00:0e"
 ETH_LLDP = 0x88CC
 
 
-def punt_meter(dpid: int, rate: int, meters: Iterable[int] = METERS) -> list[Msg]:
-    """The switch's punt meters at ``rate`` frames/s each (bursts of twice that pass),
-    before the flows that use them: an add (a switch that has one answers
-    METER_EXISTS, which ``benign_error`` tells the app to ignore) and a modify (the rate
-    of this run). A meter cannot be replaced otherwise: deleting it deletes the flows
-    that use it."""
+def punt_meter(dpid: int, rate: int, meters: Iterable[int] = METERS, port_rate: int = 0) -> list[Msg]:
+    """The switch's punt meters at ``rate`` frames/s each, ``QUARANTINE_METER`` at
+    ``port_rate`` (none when 0) (bursts of twice that pass), before the flows that use
+    them: an add (a switch that has one answers METER_EXISTS, which ``benign_error``
+    tells the app to ignore) and a modify (the rate of this run). A meter cannot be
+    replaced otherwise: deleting it deletes the flows that use it."""
     if rate <= 0:
         return []
-    bands = [parser.OFPMeterBandDrop(rate=rate, burst_size=2 * rate)]
     flags = ofp.OFPMF_PKTPS | ofp.OFPMF_BURST
-    return [parser.OFPMeterMod(datapath(dpid), command=cmd, flags=flags, meter_id=m, bands=bands)
-            for m in meters for cmd in (ofp.OFPMC_ADD, ofp.OFPMC_MODIFY)]
+    out = []
+    for m in meters:
+        r = port_rate if m == QUARANTINE_METER else rate
+        if r > 0:
+            bands = [parser.OFPMeterBandDrop(rate=r, burst_size=2 * r)]
+            out += [parser.OFPMeterMod(datapath(dpid), command=cmd, flags=flags, meter_id=m, bands=bands)
+                    for cmd in (ofp.OFPMC_ADD, ofp.OFPMC_MODIFY)]
+    return out
+
+
+def quarantine_flows(dpid: int, port: int, port_rate: int, hold_s: int) -> list[Msg]:
+    """Host port ``port`` sent the controller more than its share (``controller.punt``):
+    for ``hold_s`` its frames to the controller -- discovery frames, membership reports,
+    unknown sources, unknown destinations -- pass ``QUARANTINE_METER`` instead of the
+    switch's meters, so it cannot crowd out the other ports' (their hosts are still
+    learned, the switch's links still found). Its frames that other flows forward are
+    not touched. The meter is re-added first (a switch that has it answers
+    METER_EXISTS: benign)."""
+    dp = datapath(dpid)
+    to_ctrl = [parser.OFPInstructionMeter(QUARANTINE_METER), parser.OFPInstructionActions(
+        ofp.OFPIT_APPLY_ACTIONS, [parser.OFPActionOutput(ofp.OFPP_CONTROLLER, ofp.OFPCML_NO_BUFFER)])]
+
+    def add(table: int, prio: int, match: parser.OFPMatch) -> Msg:
+        return parser.OFPFlowMod(dp, cookie=COOKIE_QUARANTINE, table_id=table, command=ofp.OFPFC_ADD,
+                                 priority=prio, hard_timeout=hold_s, match=match, instructions=to_ctrl)
+
+    return punt_meter(dpid, port_rate, (QUARANTINE_METER,), port_rate)[:1] + [
+        add(TABLE, PRIO_QUARANTINE_LLDP, parser.OFPMatch(in_port=port, eth_type=ETH_LLDP)),
+        add(TABLE, PRIO_IGMP + 1, parser.OFPMatch(in_port=port, eth_type=ETH_IPV4, ip_proto=IPPROTO_IGMP)),
+        add(TABLE, PRIO_QUARANTINE, parser.OFPMatch(in_port=port)),
+        add(TABLE_DST, PRIO_QUARANTINE, parser.OFPMatch(in_port=port)),
+    ]
 
 
 def benign_error(err_type: int, code: int, meter_id: int | None) -> bool:

@@ -169,10 +169,11 @@ class Reconnect:
     (late, or after a disconnect) are ignored."""
 
     def __init__(self, core: MulticastCore, host_idle_s: int = HOST_IDLE_S,
-                 punt_rate: int = Settings.punt_rate) -> None:
+                 punt_rate: int = Settings.punt_rate, punt_port_rate: int = Settings.punt_port_rate) -> None:
         self.core = core
         self.host_idle_s = host_idle_s
         self.punt_rate = punt_rate  # the switches' punt meter (0: none; controller.settings)
+        self.punt_port_rate = punt_port_rate  # their quarantine meter (0: none; controller.punt)
         self._reads: dict[int, _Reads] = {}
 
     def features(self, dpid: int) -> list[ofmsgs.Msg]:
@@ -180,7 +181,8 @@ class Reconnect:
         meter, the base flows, and the source-table entries of the links and hosts
         already known (after a controller restart they are re-asserted, identical entries
         replace themselves)."""
-        return (ofmsgs.punt_meter(dpid, self.punt_rate) + ofmsgs.base_flows(dpid, self.punt_rate > 0)
+        return (ofmsgs.punt_meter(dpid, self.punt_rate, port_rate=self.punt_port_rate)
+                + ofmsgs.base_flows(dpid, self.punt_rate > 0)
                 + source_table(self.core.view, dpid, self.host_idle_s))
 
     def start(self, dpid: int, audit: bool = False) -> list[ofmsgs.Msg]:

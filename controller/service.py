@@ -99,6 +99,11 @@ class Metrics:
             "modelcast_lldp_refused",
             "Discovery (LLDP) frames refused since start: our format without a valid, fresh "
             "signature (a host forging links?)", registry=registry)
+        self.punt_quarantines = Gauge(  # (set by the app from controller.punt)
+            "modelcast_punt_quarantines",
+            "Host ports quarantined since start: more than --punt-port-rate frames to the "
+            "controller in one second (a host flooding new addresses or discovery frames?)",
+            registry=registry)
         self.install_seconds = Histogram(
             "modelcast_install_seconds", "Time from sending a plan to its last barrier reply",
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),

@@ -46,6 +46,10 @@ class Settings:
     # that punts to the controller; bursts of twice that pass): a host flooding new source
     # addresses then costs the controller this much, not all its time; 0: no meter
     punt_rate: int = 500
+    # frames one host port may send us per second before it is quarantined for 60 s: its
+    # frames to the controller then pass a meter of their own at this rate, so one host's
+    # flood does not take its switch's punt budget from the others (controller.punt); 0: off
+    punt_port_rate: int = 100
     # --trace FILE / MODELCAST_TRACE: every plan message, barrier reply, PortStatus and
     # audit with its wall-clock time, appended (controller.app.trace)
     trace_file: Path | None = field(default_factory=lambda: Path(p) if (

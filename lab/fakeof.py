@@ -305,6 +305,7 @@ class _Result:
     outputs: list[tuple[int, dict[str, int]]] = field(default_factory=list)
     misses: int = 0
     notes: list[str] = field(default_factory=list)
+    meters: list[int] = field(default_factory=list)  # the meters it passed, in order
 
 
 class FakeSwitch:
@@ -577,7 +578,8 @@ class FakeSwitch:
             goto = None
             for kind, payload in entry.instructions:
                 if kind == "meter":
-                    continue  # (every frame passes: rates are not modelled)
+                    res.meters.append(payload)  # (every frame passes: rates are not modelled)
+                    continue
                 if kind == "apply":
                     self._run_actions(payload, pkt, res, 0)
                 elif kind == "clear":
@@ -628,6 +630,8 @@ class Trace:
     #: (dpid, headers with in_port, readable values) of each copy sent to the controller:
     #: what its packet-in would carry
     punted: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
+    #: the meter each of ``punted`` passed on its switch (None: none)
+    punt_meters: list[int | None] = field(default_factory=list)
     #: human-readable notes (drops, misses, loops): put ``trace.log`` in assert messages
     log: list[str] = field(default_factory=list)
 
@@ -824,6 +828,7 @@ class FakeFabric:
                     result.to_controller[copy.dpid] += 1
                     result.punted.append((copy.dpid, {k: _from_int(k, v) if k != "in_port" else v
                                                       for k, v in out.items()}))
+                    result.punt_meters.append(res.meters[-1] if res.meters else None)
                     continue
                 if port in (ofp.OFPP_FLOOD, ofp.OFPP_ALL):
                     ports = sorted(p for (d, p) in self._attached

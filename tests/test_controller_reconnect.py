@@ -166,11 +166,17 @@ def test_features_are_the_base_flows_and_the_known_source_table():
     again."""
     topo = T.linear(3)
     core, _ = core_and_fabric(topo)
-    unknown = Reconnect(core, punt_rate=300).features(9)
-    assert [str(m) for m in unknown] == [str(m) for m in ofmsgs.punt_meter(9, 300) + ofmsgs.base_flows(9, True)]
+    unknown = Reconnect(core, punt_rate=300, punt_port_rate=30).features(9)
+    assert [str(m) for m in unknown] == [str(m) for m in ofmsgs.punt_meter(9, 300, port_rate=30)
+                                         + ofmsgs.base_flows(9, True)]
+    assert [m.meter_id for m in unknown[:6]] == [ofmsgs.PUNT_METER] * 2 + [ofmsgs.LLDP_METER] * 2 + [
+        ofmsgs.QUARANTINE_METER] * 2
+    assert [m.bands[0].rate for m in unknown[:6]] == [300] * 4 + [30] * 2
+    no_quarantine = Reconnect(core, punt_rate=300, punt_port_rate=0).features(9)
+    assert ofmsgs.QUARANTINE_METER not in {getattr(m, "meter_id", None) for m in no_quarantine}
     assert [str(m) for m in Reconnect(core, punt_rate=0).features(9)] == [str(m) for m in ofmsgs.base_flows(9)]
     h2 = topo.host("h2")
-    base = len(ofmsgs.punt_meter(2, 500) + ofmsgs.base_flows(2, True))
+    base = len(ofmsgs.punt_meter(2, 500, port_rate=100) + ofmsgs.base_flows(2, True))
     extra = Reconnect(core, host_idle_s=60).features(2)[base:]
     assert {(m.priority, m.match.get("in_port"), m.match.get("eth_src"), m.idle_timeout)
             for m in extra} == {(ofmsgs.PRIO_LINK_PORT, core.view.link_port(2, 1), None, 0),
@@ -211,13 +217,15 @@ def test_every_frame_to_the_controller_passes_the_punt_meter():
     """Each base flow that punts (IGMP, unknown sources, unknown destinations) goes
     through meter PUNT_METER at the configured rate, bursts of twice that, and link
     discovery frames through their own LLDP_METER; the drop of unknown SSM traffic
-    punts nothing and is not metered."""
+    punts nothing and is not metered. The quarantine meter is there, at its own rate,
+    for the ports that will need it (``controller.punt``)."""
     core = MulticastCore(TopologyView.from_topology(TOPO))
     fabric = FakeFabric(TOPO)
-    assert not fabric.apply_all((3, m) for m in Reconnect(core, punt_rate=250).features(3))
+    assert not fabric.apply_all((3, m) for m in Reconnect(core, punt_rate=250, punt_port_rate=40).features(3))
     sw = fabric.switches[3]
     band = (ofp.OFPMF_PKTPS | ofp.OFPMF_BURST, ((ofp.OFPMBT_DROP, 250, 500),))
-    assert sw.meters == {ofmsgs.PUNT_METER: band, ofmsgs.LLDP_METER: band}
+    assert sw.meters == {ofmsgs.PUNT_METER: band, ofmsgs.LLDP_METER: band,
+                         ofmsgs.QUARANTINE_METER: (band[0], ((ofp.OFPMBT_DROP, 40, 80),))}
     punting = [e for e in sw.flows if any(k == "apply" and ("output", ofp.OFPP_CONTROLLER) in p
                                           for k, p in e.instructions)]
     assert sorted(e.instructions[0] for e in punting) == [("meter", ofmsgs.PUNT_METER)] * 3 + [
@@ -258,7 +266,7 @@ def test_a_meter_deleted_by_hand_is_restored_with_its_flows_by_the_audit():
     before = sorted(map(repr, fabric.switches[3].flows))
     assert not fabric.apply_all([(3, parser.OFPMeterMod(ofmsgs.datapath(3), command=ofp.OFPMC_DELETE,
                                                         meter_id=ofmsgs.PUNT_METER))])
-    assert set(fabric.switches[3].meters) == {ofmsgs.LLDP_METER}
+    assert set(fabric.switches[3].meters) == {ofmsgs.LLDP_METER, ofmsgs.QUARANTINE_METER}
     assert len(fabric.switches[3].flows) == len(before) - 3
     done, errors = fabric.audit(3, session)
     assert done is not None and not errors, errors
