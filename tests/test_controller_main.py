@@ -29,6 +29,8 @@ def run(*args: str, timeout: float = 30) -> subprocess.CompletedProcess:
     (["--store", "etcd://127.0.0.1:2379", "--state-file", "/tmp/s.json"], "--store and --state-file exclude"),
     (["--store", "etcd://127.0.0.1:2379", "--lease-ttl", "0"], "--lease-ttl must be 1..60 s"),
     (["--ofp-tcp-listen-port", "x"], "Invalid Integer value"),
+    (["--punt-rate", "-5"], "--punt-rate must be 0.."),
+    (["--punt-port-rate", "-1"], "--punt-port-rate must be 0.."),
 ])
 def test_bad_options_exit_nonzero_with_a_clear_message(args, needle):
     proc = run(*args)
