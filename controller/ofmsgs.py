@@ -646,6 +646,13 @@ def punt_meter(dpid: int, rate: int, meters: Iterable[int] = METERS, port_rate: 
     return out
 
 
+def _to_controller(meter: int | None) -> list:
+    """Instructions sending a frame to the controller, through ``meter`` if any."""
+    out = parser.OFPInstructionActions(ofp.OFPIT_APPLY_ACTIONS, [
+        parser.OFPActionOutput(ofp.OFPP_CONTROLLER, ofp.OFPCML_NO_BUFFER)])
+    return [out] if meter is None else [parser.OFPInstructionMeter(meter), out]
+
+
 def quarantine_flows(dpid: int, port: int, port_rate: int, hold_s: int) -> list[Msg]:
     """Host port ``port`` sent the controller more than its share (``controller.punt``):
     for ``hold_s`` its frames to the controller -- discovery frames, membership reports,
@@ -655,8 +662,7 @@ def quarantine_flows(dpid: int, port: int, port_rate: int, hold_s: int) -> list[
     not touched. The meter is re-added first (a switch that has it answers
     METER_EXISTS: benign)."""
     dp = datapath(dpid)
-    to_ctrl = [parser.OFPInstructionMeter(QUARANTINE_METER), parser.OFPInstructionActions(
-        ofp.OFPIT_APPLY_ACTIONS, [parser.OFPActionOutput(ofp.OFPP_CONTROLLER, ofp.OFPCML_NO_BUFFER)])]
+    to_ctrl = _to_controller(QUARANTINE_METER)
 
     def add(table: int, prio: int, match: parser.OFPMatch) -> Msg:
         return parser.OFPFlowMod(dp, cookie=COOKIE_QUARANTINE, table_id=table, command=ofp.OFPFC_ADD,
@@ -697,10 +703,8 @@ def base_flows(dpid: int, metered: bool = False) -> list[Msg]:
     is told not to install its own). ``metered``: the frames to the controller pass the
     switch's ``PUNT_METER``, discovery frames its ``LLDP_METER`` (``punt_meter`` first)."""
     dp = datapath(dpid)
-    out = parser.OFPInstructionActions(ofp.OFPIT_APPLY_ACTIONS, [
-        parser.OFPActionOutput(ofp.OFPP_CONTROLLER, ofp.OFPCML_NO_BUFFER)])
-    to_ctrl = [parser.OFPInstructionMeter(PUNT_METER), out] if metered else [out]
-    lldp = [parser.OFPInstructionMeter(LLDP_METER), out] if metered else [out]
+    to_ctrl = _to_controller(PUNT_METER if metered else None)
+    lldp = _to_controller(LLDP_METER if metered else None)
 
     def add(table: int, prio: int, match: parser.OFPMatch, inst: list) -> Msg:
         return parser.OFPFlowMod(dp, cookie=COOKIE_TAG, table_id=table, command=ofp.OFPFC_ADD,
