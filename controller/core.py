@@ -21,7 +21,7 @@ from typing import Any, Iterable, Iterator
 from controller import native, ofmsgs
 from controller.addressing import check_model, check_ssm, ssm_address
 from controller.errors import Conflict, CoreError, ReceiverIsSource, UnknownGroup
-from controller.protect import IN_PORT_BIT, TO_OWN_GROUP, Detours, ff_buckets, ff_id, ff_port, is_ff, tag
+from controller.protect import IN_PORT_BIT, TO_OWN_GROUP, Detours, ff_buckets, ff_id, ff_port, is_ff, rejoin_actions, tag
 from controller.topoview import TopologyView, check_unicast, known_hosts
 from controller.trees import ALGORITHMS, LinkLoad, PathCache, SwitchEntry, Tree, compute_tree, regraft
 from controller.trees import _outs
@@ -32,6 +32,7 @@ DEFAULT_PORT = 5500
 MAX_GID = 0x7FFEFFFF  # its turn group id (ofmsgs.turn_id) stays below the fast-failover ids (protect.FF_BASE)
 UNKNOWN_PORT = -1  # in a believed entry: "whatever is there is wrong", never sent
 _ABSENT = object()
+_NO_ARRIVAL = -1  # a piece's arrival port: no per-group rejoin (a detour ends in one flow per link)
 _IN_PORT_OUT = ("output", ofmsgs.ofp.OFPP_IN_PORT)  # a rejoin output back where the packet came in
 _NOTHING: dict = {}  # (never written)
 # one tuple object for every equal out-port or FF list of an entry (``_shape``): a tree
@@ -130,7 +131,7 @@ class SwitchState:
                     state.flows.add((gid, in_port))
             elif prio == ofmsgs.PRIO_DETOUR and "eth_dst" in match:
                 if ck == ofmsgs.COOKIE_DETOUR:
-                    state.shared[("transit", in_port, match["eth_dst"])] = acts
+                    state.shared[("detour", in_port, match["eth_dst"])] = acts
                 elif 0 < gid <= MAX_GID:
                     state.rejoins.setdefault(gid, []).append((in_port, match["eth_dst"], acts))
         ours = {gid for gid, _ in state.flows} | set(known) | set(state.rejoins)
@@ -915,8 +916,7 @@ class MulticastCore:
             d = self.detours.get(dpid, port)
             if d is not None:
                 link_tag = tag(dpid, port)
-                return (d.first, ff_id(port, False), ff_id(port, True), d.arrival, link_tag,
-                        (d.arrival, link_tag, TO_OWN_GROUP))
+                return (d.first, ff_id(port, False), ff_id(port, True), _NO_ARRIVAL, link_tag, ())
         return ()
 
     def _uplink(self, n: int, par: int) -> tuple:
@@ -1026,12 +1026,17 @@ class MulticastCore:
         out of use, or (``on`` again) its detour changed."""
         link_tag = tag(*key)
         d = self.guards.pop(key, None)
-        for x, i, _ in d.transit if d is not None else ():
-            self._want(x, ("transit", i, link_tag), None)
+        if d is not None:
+            for x, i, _ in d.transit:
+                self._want(x, ("detour", i, link_tag), None)
+            self._want(d.rejoin, ("detour", d.arrival, link_tag), None)
         if on:
             d = self.guards[key] = self.detours.get(*key)
-            for x, i, o in d.transit if d is not None else ():
-                self._want(x, ("transit", i, link_tag), (("output", o),))
+            if d is not None:
+                for x, i, o in d.transit:
+                    self._want(x, ("detour", i, link_tag), (("output", o),))
+                far_port = self.view.port_link[key].port_of(d.rejoin)
+                self._want(d.rejoin, ("detour", d.arrival, link_tag), rejoin_actions(far_port, ofmsgs.TABLE))
         for via in (False, True):
             self._want_ff(key[0], ff_id(key[1], via))
 

@@ -58,13 +58,22 @@ def cookie(gid: int) -> int:
 
 
 def actions(acts: Iterable[tuple]) -> list:
-    """Ryu action objects for normalised actions."""
+    """Ryu action objects for normalised actions: ("output", port), ("group", id),
+    ("set_field", field, value), and two Nicira extensions Open vSwitch has: ("move",
+    src_field, src_ofs, dst_field, dst_ofs, n_bits) copies bits of one header field into
+    another, ("resubmit", in_port, table) looks the packet up again in ``table`` as if it
+    had come in on ``in_port`` (that in_port holds for the actions of the entry found)."""
     out: list = []
     for a in acts:
         if a[0] == "output":
             out.append(parser.OFPActionOutput(a[1], 0))
         elif a[0] == "group":
             out.append(parser.OFPActionGroup(a[1]))
+        elif a[0] == "move":
+            out.append(parser.NXActionRegMove(src_field=a[1], src_ofs=a[2], dst_field=a[3], dst_ofs=a[4],
+                                              n_bits=a[5]))
+        elif a[0] == "resubmit":
+            out.append(parser.NXActionResubmitTable(in_port=a[1], table_id=a[2]))
         else:
             out.append(parser.OFPActionSetField(**{a[1]: a[2]}))
     return out
@@ -240,6 +249,10 @@ def _action(a: tuple) -> bytes:
         return _OUTPUT.pack(ofp.OFPAT_OUTPUT, ofp.OFP_ACTION_OUTPUT_SIZE, a[1], 0)
     if a[0] == "group":
         return _GROUP.pack(ofp.OFPAT_GROUP, ofp.OFP_ACTION_GROUP_SIZE, a[1])
+    if a[0] in ("move", "resubmit"):  # (Nicira's: one per protected link, Ryu packs them)
+        buf = bytearray()
+        actions((a,))[0].serialize(buf, 0)
+        return bytes(buf)
     tlv = _tag_oxm(a[2]) if a[1] == "eth_dst" else _oxm((a[1], a[2]))
     length = _pad8(4 + len(tlv))
     return _SET_FIELD.pack(ofp.OFPAT_SET_FIELD, length) + tlv + _PAD[length - 4 - len(tlv)]

@@ -95,6 +95,20 @@ def ff_port(ffid: int) -> int:
     return ffid & MAX_PORT
 
 
+GROUP_MAC_BASE = "01:00:5e:00:00:00"  # an IPv4 group's MAC: this and its low 23 bits (RFC 1112)
+
+
+def rejoin_actions(port: int, table: int) -> tuple:
+    """The actions of a detour's last flow, at the link's far end: the copy gets its
+    group's MAC back (from its destination address) and is looked up in ``table`` again
+    as if it had come over the link's own port ``port`` there. So the one (S,G) flow every
+    tree crossing the link has on that port takes it on, and its ALL group sends it out of
+    every tree port but that one, also the one the detour came in by. One flow per link
+    serves every group (it was one per group and link: a third of a new tree's messages)."""
+    return (("set_field", "eth_dst", GROUP_MAC_BASE), ("move", "ipv4_dst", 0, "eth_dst", 0, 23),
+            ("resubmit", port, table))
+
+
 def ff_buckets(port: int, d: Detour, via_in_port: bool, link_tag: str) -> tuple:
     """The FF group's buckets as (watch_port, actions): the link, else the detour."""
     return ((port, (("output", port),)),
@@ -161,8 +175,9 @@ class Detours:
             return d
         link = self.view.port_link.get(key)
         d = None
-        if link is not None and protectable(dpid, port):
-            far = link.far_end(dpid, port)
+        far = link.far_end(dpid, port) if link is not None else None
+        # (the far end's port too: the detour's last flow names it in a 16-bit resubmit)
+        if far is not None and protectable(dpid, port) and link.port_of(far) <= MAX_PORT:
             # one search per link, from its lower dpid: the other direction's detour is
             # the same path backwards
             nbr = self.view.nbr_ports

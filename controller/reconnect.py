@@ -82,6 +82,10 @@ def normalise_actions(actions: Iterable[Any]) -> tuple:
             out.append(("group", a.group_id))
         elif isinstance(a, parser.OFPActionSetField):
             out.append(("set_field", a.key, a.value))
+        elif isinstance(a, parser.NXActionRegMove):
+            out.append(("move", a.src_field, a.src_ofs, a.dst_field, a.dst_ofs, a.n_bits))
+        elif isinstance(a, parser.NXActionResubmitTable):
+            out.append(("resubmit", a.in_port, a.table_id))
         else:
             out.append(("?", type(a).__name__))
     return tuple(out)

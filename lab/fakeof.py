@@ -17,6 +17,10 @@ Behaviour worth knowing (each is tested in ``test_fakeof.py``):
 * A flow or bucket naming a group that does not exist is refused (``OFPBAC_BAD_OUT_GROUP``);
   ipv4/ip_proto matches without the matching ``eth_type`` are refused (``OFPBMC_BAD_PREREQ``).
 * A packet is never sent back out its ingress port unless the action says ``OFPP_IN_PORT``.
+* Two Nicira actions are modelled as Open vSwitch runs them: ``move`` (bits of one
+  modelled field into another) and ``resubmit`` (a lookup in a table as if the packet had
+  come in on another port: that port is its ingress for the entry found and what it
+  outputs, the packet's header changes stay afterwards).
 * SELECT groups pick the first live bucket (deterministic, where a real switch hashes).
 * Messages sent to a switch that is down are discarded (the connection is gone) and
   counted in ``FakeFabric.discarded``; a switch coming back up has empty tables.
@@ -194,7 +198,8 @@ def _overlaps(a: dict[str, Any], b: dict[str, Any]) -> bool:
 
 # --------------------------------------------------------------------------- actions
 
-Action = tuple  # ("output", port) | ("group", group_id) | ("set_field", field, value)
+Action = tuple  # ("output", port) | ("group", group_id) | ("set_field", field, value) |
+#                 ("move", src, src_ofs, dst, dst_ofs, n_bits) | ("resubmit", in_port, table)
 Instruction = tuple  # ("apply", actions) | ("write", actions) | ("clear", ()) | ("goto", table) | ("meter", id)
 
 _RESERVED_OUT = frozenset((ofp.OFPP_IN_PORT, ofp.OFPP_FLOOD, ofp.OFPP_ALL, ofp.OFPP_CONTROLLER))
@@ -218,6 +223,18 @@ def _normalise_actions(actions: Iterable[Any] | None) -> tuple[Action, ...]:
             if act.key not in _SETTABLE:
                 raise TypeError(f"fake fabric does not model set_field {act.key}")
             out.append(("set_field", act.key, _readable(act.key, _compile(act.key, act.value))))
+        elif isinstance(act, parser.NXActionRegMove):
+            for fname, ofs in ((act.src_field, act.src_ofs), (act.dst_field, act.dst_ofs)):
+                if fname not in _WIDTH or fname == "in_port":
+                    raise TypeError(f"fake fabric does not model move with {fname}")
+                if act.n_bits < 1 or ofs + act.n_bits > _WIDTH[fname]:
+                    raise OFError(ofp.OFPET_BAD_ACTION, ofp.OFPBAC_BAD_ARGUMENT,
+                                  f"move of {act.n_bits} bits at {ofs} in {fname}")
+            out.append(("move", act.src_field, act.src_ofs, act.dst_field, act.dst_ofs, act.n_bits))
+        elif isinstance(act, parser.NXActionResubmitTable):
+            if act.table_id == 0xFF:  # (OVS: "the current table"; ours always name one)
+                raise TypeError("fake fabric does not model resubmit to the current table")
+            out.append(("resubmit", act.in_port, act.table_id))
         else:
             raise TypeError(f"fake fabric does not model action {type(act).__name__}")
     return tuple(out)
@@ -400,6 +417,10 @@ class FakeSwitch:
                 raise OFError(ofp.OFPET_BAD_INSTRUCTION, ofp.OFPBIC_BAD_TABLE_ID,
                               f"goto {payload} from table {msg.table_id}")
         self._check_groups_exist(_actions_of(instructions), self.groups)
+        for act in _actions_of(instructions):  # (as OVS: a move needs its fields' prerequisites)
+            if act[0] == "move" and {act[1], act[3]} & set(_IPV4_FIELDS) and match.get("eth_type") != 0x0800:
+                raise OFError(ofp.OFPET_BAD_ACTION, ofp.OFPBAC_MATCH_INCONSISTENT,
+                              f"move {act[1]}->{act[3]} without eth_type=0x0800 in {match}")
         for kind, payload in instructions:
             if kind == "meter" and payload not in self.meters:
                 raise OFError(ofp.OFPET_METER_MOD_FAILED, ofp.OFPMMFC_UNKNOWN_METER,
@@ -537,10 +558,27 @@ class FakeSwitch:
     def _run_actions(self, actions: Iterable[Action], pkt: dict[str, int], res: _Result,
                      depth: int) -> None:
         for act in actions:
-            if act[0] == "output":
+            kind = act[0]
+            if kind == "output":  # (the copy keeps its in_port: a resubmit's, if one set it)
                 res.outputs.append((act[1], dict(pkt)))
-            elif act[0] == "group":
+            elif kind == "group":
                 self._run_group(act[1], dict(pkt), res, depth + 1)
+            elif kind == "move":
+                _, src, src_ofs, dst, dst_ofs, n_bits = act
+                if src not in pkt or dst not in pkt:  # (a flow without their prerequisites is refused)
+                    res.notes.append(f"s{self.dpid}: move {src}->{dst} on a packet without them: skipped")
+                    continue
+                mask = (1 << n_bits) - 1
+                pkt[dst] = pkt[dst] & ~(mask << dst_ofs) | ((pkt[src] >> src_ofs) & mask) << dst_ofs
+            elif kind == "resubmit":
+                if depth > 16:
+                    res.notes.append(f"s{self.dpid}: resubmits too deep, dropped")
+                    return
+                sub = dict(pkt)
+                if act[1] != ofp.OFPP_IN_PORT:
+                    sub["in_port"] = act[1]
+                self._pipeline(sub, act[2], res, depth + 1)
+                pkt.update(sub, in_port=pkt["in_port"])
             else:
                 pkt[act[1]] = _compile(act[1], act[2])[0]
 
@@ -566,22 +604,25 @@ class FakeSwitch:
     def process(self, pkt: dict[str, int]) -> _Result:
         """Run one packet (``pkt['in_port']`` set) through the pipeline from table 0."""
         res = _Result()
-        pkt = dict(pkt)
+        self._pipeline(dict(pkt), 0, res, 0)
+        return res
+
+    def _pipeline(self, pkt: dict[str, int], table: int, res: _Result, depth: int) -> None:
+        """The tables from ``table`` on, then the action set, for ``pkt`` (changed in place)."""
         action_set: dict[Any, Action] = {}
-        table = 0
         while True:
             entry = self._lookup(table, pkt)
             if entry is None:
                 res.misses += 1
                 res.notes.append(f"s{self.dpid}: table {table} miss for {describe(pkt)}")
-                return res
+                return
             goto = None
             for kind, payload in entry.instructions:
                 if kind == "meter":
                     res.meters.append(payload)  # (every frame passes: rates are not modelled)
                     continue
                 if kind == "apply":
-                    self._run_actions(payload, pkt, res, 0)
+                    self._run_actions(payload, pkt, res, depth)
                 elif kind == "clear":
                     action_set.clear()
                 elif kind == "write":
@@ -593,12 +634,11 @@ class FakeSwitch:
                 break
             table = goto
         sets = [a for a in action_set.values() if a[0] == "set_field"]
-        self._run_actions(sets, pkt, res, 0)
+        self._run_actions(sets, pkt, res, depth)
         if "group" in action_set:  # OF1.3 §5.10: a group in the set overrides output
-            self._run_actions([action_set["group"]], pkt, res, 0)
+            self._run_actions([action_set["group"]], pkt, res, depth)
         elif "output" in action_set:
-            self._run_actions([action_set["output"]], pkt, res, 0)
-        return res
+            self._run_actions([action_set["output"]], pkt, res, depth)
 
     def _lookup(self, table: int, pkt: dict[str, int]) -> FlowEntry | None:
         best: FlowEntry | None = None
@@ -818,12 +858,12 @@ class FakeFabric:
                 result.log.append(f"loop at s{copy.dpid}: {describe(dict(copy.pkt))}")
                 continue
             pkt = dict(copy.pkt)
-            in_port = pkt["in_port"]
             res = sw.process(pkt)
             result.log.extend(res.notes)
             result.dropped_at.extend([copy.dpid] * res.misses)
             path = copy.path | {here}
             for port, out in res.outputs:
+                in_port = out["in_port"]  # (a resubmit's, where one set it)
                 if port == ofp.OFPP_CONTROLLER:
                     result.to_controller[copy.dpid] += 1
                     result.punted.append((copy.dpid, {k: _from_int(k, v) if k != "in_port" else v

@@ -90,6 +90,28 @@ def test_protection_messages_serialise_like_ryus_constructor() -> None:
         assert dict(parsed.match.items()) == match
 
 
+def test_a_detours_rejoin_flow_is_what_ryu_sends_and_reads_back_the_same() -> None:
+    """The one flow that ends a detour (``protect.rejoin_actions``: Nicira's move and
+    resubmit) packs as Ryu's constructor does, and a switch's flow stats read back as the
+    actions the core wants (else the audit would rewrite it for ever)."""
+    from controller.protect import rejoin_actions
+    dp = ofmsgs.datapath(9)
+    tag = "02:00:00:05:00:07"
+    acts = rejoin_actions(4, ofmsgs.TABLE)
+    ref = parser.OFPFlowMod(
+        dp, cookie=ofmsgs.COOKIE_DETOUR, table_id=ofmsgs.TABLE, command=ofp.OFPFC_ADD,
+        priority=ofmsgs.PRIO_DETOUR, flags=ofp.OFPFF_SEND_FLOW_REM,
+        match=parser.OFPMatch(in_port=2, eth_dst=tag, eth_type=0x0800, ipv4_dst=("232.0.0.0", "255.0.0.0")),
+        instructions=[parser.OFPInstructionActions(ofp.OFPIT_APPLY_ACTIONS, [
+            parser.OFPActionSetField(eth_dst="01:00:5e:00:00:00"),
+            parser.NXActionRegMove(src_field="ipv4_dst", dst_field="eth_dst", n_bits=23, src_ofs=0, dst_ofs=0),
+            parser.NXActionResubmitTable(in_port=4, table_id=0)])])
+    msg = ofmsgs.detour_flow(9, ofmsgs.COOKIE_DETOUR, 2, tag, acts)
+    assert wire(msg) == wire(ref)
+    parsed = parser.OFPFlowMod.parser(dp, ofp.OFP_VERSION, ofp.OFPT_FLOW_MOD, len(msg.buf), 7, msg.buf)
+    assert normalise_actions(parsed.instructions[0].actions) == acts
+
+
 # -- the ready-bytes messages against Ryu, on generated values --------------------------
 ports = st.integers(1, ofp.OFPP_MAX)
 ipv4 = st.ip_addresses(v=4).map(str)
@@ -98,7 +120,10 @@ macs = st.integers(0, (1 << 48) - 1).map(lambda n: ":".join(f"{b:02x}" for b in 
 gids = st.integers(1, 0xFFFEFFFF)
 acts = st.lists(st.one_of(st.tuples(st.just("output"), st.one_of(ports, st.just(ofp.OFPP_IN_PORT))),
                           st.tuples(st.just("group"), gids),
-                          st.tuples(st.just("set_field"), st.just("eth_dst"), macs)),
+                          st.tuples(st.just("set_field"), st.just("eth_dst"), macs),
+                          st.tuples(st.just("resubmit"), st.integers(1, 0xFEFF), st.integers(0, 254)),  # (a 16-bit port)
+                          st.tuples(st.just("move"), st.sampled_from(["ipv4_dst", "ipv4_src"]), st.integers(0, 8),
+                                    st.just("eth_dst"), st.integers(0, 24), st.integers(1, 23))),
                 min_size=1, max_size=4).map(tuple)
 
 

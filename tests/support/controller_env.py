@@ -64,27 +64,28 @@ def core_and_fabric(topo: T.Topology, *, unknown_hosts: tuple[str, ...] = (),
 def assert_exact(core: MulticastCore, fabric: FakeFabric) -> None:
     """Every live switch holds exactly what the groups' current trees need, protection
     included, worked out here from the trees and the current detours (not from the core's
-    counters): one ALL group and one (S,G) flow per tree crossing it, one rejoin flow per
-    protected parent link, one FF group per protected port (and ingress variant), one
-    transit flow per protected link whose detour crosses it -- and nothing else."""
-    from controller.protect import IN_PORT_BIT, ff_buckets, ff_port, is_ff, tag
+    counters): one ALL group and one (S,G) flow per tree crossing it, one FF group per
+    protected port (and ingress variant), one transit flow per protected link whose
+    detour crosses it, one rejoin flow per protected link at its far end (shared by its
+    trees) -- and nothing else."""
+    from controller.protect import IN_PORT_BIT, ff_buckets, ff_port, is_ff, rejoin_actions, tag
     guards = set()
     want: dict[int, set] = {d: set() for d in fabric.switches}
     for g in core.groups.values():
         for dpid, e in (g.tree.entries.items() if g.tree else ()):
             want[dpid] |= {("group", g.gid), ("sg", g.gid, e.in_port)}
-            ffs = list(e.ff)
-            if e.rejoin:
-                want[dpid].add(("rejoin", g.gid, e.rejoin[:2] + (ofmsgs.rejoin_actions(e.rejoin[2], g.address, g.gid),)))
-                ffs += [a[1] for a in e.rejoin[2] if a[0] == "group" and is_ff(a[1])]
-            for f in ffs:
+            assert not e.rejoin, (dpid, g.gid, e)  # (a detour ends in its link's one rejoin flow)
+            for f in e.ff:
                 d = core.detours.get(dpid, ff_port(f))
                 want[dpid].add(("ff", f, ff_buckets(ff_port(f), d, bool(f & IN_PORT_BIT),
                                                     tag(dpid, ff_port(f)))))
                 guards.add((dpid, ff_port(f)))
     for p, port in guards:
-        for x, i, o in core.detours.get(p, port).transit:
-            want[x].add(("transit", i, tag(p, port), (("output", o),)))
+        d = core.detours.get(p, port)
+        for x, i, o in d.transit:
+            want[x].add(("detour", i, tag(p, port), (("output", o),)))
+        far_port = core.view.port_link[(p, port)].port_of(d.rejoin)
+        want[d.rejoin].add(("detour", d.arrival, tag(p, port), rejoin_actions(far_port, ofmsgs.TABLE)))
     for dpid, sw in fabric.switches.items():
         if not sw.up or dpid not in core.installed:
             continue
@@ -100,7 +101,7 @@ def assert_exact(core: MulticastCore, fabric: FakeFabric) -> None:
             elif f.priority == ofmsgs.PRIO_DETOUR:
                 acts = f.instructions[0][1]
                 if f.cookie == ofmsgs.COOKIE_DETOUR:
-                    have.add(("transit", f.match["in_port"], f.match["eth_dst"], acts))
+                    have.add(("detour", f.match["in_port"], f.match["eth_dst"], acts))
                 else:
                     have.add(("rejoin", f.cookie & ~ofmsgs.COOKIE_MASK,
                               (f.match["in_port"], f.match["eth_dst"], acts)))
