@@ -71,6 +71,11 @@ class Reconciled:
     void: bool = False
 
 
+def _oxm_name(field_name: str) -> str:
+    """A field by its OXM name: Ryu reads Open vSwitch's NXM_OF_IP_DST as ``ipv4_dst_nxm``."""
+    return field_name[:-4] if field_name.endswith("_nxm") else field_name
+
+
 def normalise_actions(actions: Iterable[Any]) -> tuple:
     """Ryu action objects in the core's normalised form (``ofmsgs.actions`` inverted);
     an action we never install reads as ("?", name), which matches nothing intended."""
@@ -82,8 +87,8 @@ def normalise_actions(actions: Iterable[Any]) -> tuple:
             out.append(("group", a.group_id))
         elif isinstance(a, parser.OFPActionSetField):
             out.append(("set_field", a.key, a.value))
-        elif isinstance(a, parser.NXActionRegMove):
-            out.append(("move", a.src_field, a.src_ofs, a.dst_field, a.dst_ofs, a.n_bits))
+        elif isinstance(a, parser.NXActionRegMove):  # (OVS reports its fields by their NXM names)
+            out.append(("move", _oxm_name(a.src_field), a.src_ofs, _oxm_name(a.dst_field), a.dst_ofs, a.n_bits))
         elif isinstance(a, parser.NXActionResubmitTable):
             out.append(("resubmit", a.in_port, a.table_id))
         else:

@@ -110,6 +110,18 @@ def test_a_detours_rejoin_flow_is_what_ryu_sends_and_reads_back_the_same() -> No
     assert wire(msg) == wire(ref)
     parsed = parser.OFPFlowMod.parser(dp, ofp.OFP_VERSION, ofp.OFPT_FLOW_MOD, len(msg.buf), 7, msg.buf)
     assert normalise_actions(parsed.instructions[0].actions) == acts
+    # Open vSwitch reports the move by the fields' NXM headers (NXM_OF_IP_DST...): the same
+    as_ovs = [parser.OFPActionSetField(eth_dst="01:00:5e:00:00:00"),
+              parser.NXActionRegMove(src_field="ipv4_dst_nxm", dst_field="eth_dst_nxm", n_bits=23, src_ofs=0,
+                                     dst_ofs=0), parser.NXActionResubmitTable(in_port=4, table_id=0)]
+    buf = bytearray()
+    for a in as_ovs:
+        a.serialize(buf, len(buf))
+    read, at = [], 0
+    while at < len(buf):
+        read.append(parser.OFPAction.parser(bytes(buf), at))
+        at += read[-1].len
+    assert read[1].src_field == "ipv4_dst_nxm" and normalise_actions(read) == acts
 
 
 # -- the ready-bytes messages against Ryu, on generated values --------------------------
