@@ -121,7 +121,7 @@ class ModelcastApp(app_manager.RyuApp):
         self._xid_errors: dict[tuple[int, int], list[str]] = {}  # (dpid, xid) -> plan's errors
         self._queue: Any = hub.Queue()
         core = MulticastCore(algorithm=conf.algorithm, udp_port=conf.udp_port,
-                             protection=conf.protection)
+                             protection=conf.protection, nicira=conf.nicira)
         self._save_lock = hub.Semaphore()
         # several instances (--store etcd://): one leads and writes, the others follow
         self.store: EtcdStore | None = None
@@ -177,7 +177,9 @@ class ModelcastApp(app_manager.RyuApp):
                         "may change groups, and no caller is given a session key")
         native.warn_if_pure(log)
         log.info("modelcast controller: %d groups restored, algorithm %s, fast-failover protection %s, "
-                 "state file %s", len(core.groups), conf.algorithm, "on" if conf.protection else "off",
+                 "state file %s", len(core.groups), conf.algorithm,
+                 ("on (detours end in one flow per link: Nicira actions)" if conf.nicira else
+                  "on (detours end in one flow per group: plain OpenFlow 1.3)") if conf.protection else "off",
                  conf.state_file or "(none: groups are not persisted)")
 
     @property

@@ -32,7 +32,7 @@ DEFAULT_PORT = 5500
 MAX_GID = 0x7FFEFFFF  # its turn group id (ofmsgs.turn_id) stays below the fast-failover ids (protect.FF_BASE)
 UNKNOWN_PORT = -1  # in a believed entry: "whatever is there is wrong", never sent
 _ABSENT = object()
-_NO_ARRIVAL = -1  # a piece's arrival port: no per-group rejoin (a detour ends in one flow per link)
+_NO_ARRIVAL = -1  # a piece's arrival port when no group has a rejoin flow of its own (``nicira``)
 _IN_PORT_OUT = ("output", ofmsgs.ofp.OFPP_IN_PORT)  # a rejoin output back where the packet came in
 _NOTHING: dict = {}  # (never written)
 # one tuple object for every equal out-port or FF list of an entry (``_shape``): a tree
@@ -227,7 +227,8 @@ class Plan:
 
 class MulticastCore:
     def __init__(self, view: TopologyView | None = None, algorithm: str = "spt",
-                 udp_port: int = DEFAULT_PORT, balance: bool = True, protection: bool = True) -> None:
+                 udp_port: int = DEFAULT_PORT, balance: bool = True, protection: bool = True,
+                 nicira: bool = True) -> None:
         if algorithm not in ALGORITHMS:
             raise ValueError(f"unknown tree algorithm {algorithm!r}; use one of {ALGORITHMS}")
         self.view = view or TopologyView()
@@ -237,6 +238,10 @@ class MulticastCore:
         # fast-failover protection of tree links (controller.protect); False: failures
         # are handled by the controller's reroute alone
         self.protection = protection
+        # True: a detour ends in one flow per link, with Open vSwitch's Nicira actions
+        # (protect.rejoin_actions); False: in one flow per group and link, plain OpenFlow
+        # 1.3, for switches without them (a third more messages per new tree)
+        self.nicira = nicira
         # False: a first tree goes through _protect, _swap and the general diff (tests)
         self.one_pass = True
         self.detours = Detours(self.view)
@@ -916,7 +921,10 @@ class MulticastCore:
             d = self.detours.get(dpid, port)
             if d is not None:
                 link_tag = tag(dpid, port)
-                return (d.first, ff_id(port, False), ff_id(port, True), _NO_ARRIVAL, link_tag, ())
+                if self.nicira:  # (the detour's one flow at its end serves every tree: ``_guard``)
+                    return (d.first, ff_id(port, False), ff_id(port, True), _NO_ARRIVAL, link_tag, ())
+                return (d.first, ff_id(port, False), ff_id(port, True), d.arrival, link_tag,
+                        (d.arrival, link_tag, TO_OWN_GROUP))
         return ()
 
     def _uplink(self, n: int, par: int) -> tuple:
@@ -1029,14 +1037,16 @@ class MulticastCore:
         if d is not None:
             for x, i, _ in d.transit:
                 self._want(x, ("detour", i, link_tag), None)
-            self._want(d.rejoin, ("detour", d.arrival, link_tag), None)
+            if self.nicira:
+                self._want(d.rejoin, ("detour", d.arrival, link_tag), None)
         if on:
             d = self.guards[key] = self.detours.get(*key)
             if d is not None:
                 for x, i, o in d.transit:
                     self._want(x, ("detour", i, link_tag), (("output", o),))
-                far_port = self.view.port_link[key].port_of(d.rejoin)
-                self._want(d.rejoin, ("detour", d.arrival, link_tag), rejoin_actions(far_port, ofmsgs.TABLE))
+                if self.nicira:
+                    far_port = self.view.port_link[key].port_of(d.rejoin)
+                    self._want(d.rejoin, ("detour", d.arrival, link_tag), rejoin_actions(far_port, ofmsgs.TABLE))
         for via in (False, True):
             self._want_ff(key[0], ff_id(key[1], via))
 

@@ -51,6 +51,10 @@ def parse(argv: list[str]) -> tuple[settings.Settings, list[str]]:
     ap.add_argument("--no-protection", action="store_true",
                     help="do not pre-install fast-failover groups and detours for tree links "
                     "(a failed link then waits for the controller's reroute)")
+    ap.add_argument("--no-nicira", action="store_true",
+                    help="switches without Open vSwitch's Nicira actions (move, resubmit): end "
+                    "each detour with one flow per group and link instead of one per link "
+                    "(plain OpenFlow 1.3; a third more messages per new tree)")
     ap.add_argument("--trace", type=Path, metavar="FILE",
                     help="append every plan message, barrier reply, port change and audit with "
                     "its wall-clock time to FILE (env MODELCAST_TRACE; a debugging aid)")
@@ -103,6 +107,8 @@ def parse(argv: list[str]) -> tuple[settings.Settings, list[str]]:
             setattr(conf, field, getattr(ours, option))
     if ours.no_protection:
         conf.protection = False
+    if ours.no_nicira:
+        conf.nicira = False
     if conf.store_url is not None:
         try:
             parse_store_url(conf.store_url, conf.store_prefix)

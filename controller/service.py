@@ -648,7 +648,7 @@ class Service:
         check_state(data)
         old = self.core
         self.core = MulticastCore(algorithm=old.algorithm, udp_port=old.udp_port,
-                                  balance=old.balance, protection=old.protection)
+                                  balance=old.balance, protection=old.protection, nicira=old.nicira)
         self.keys.clear()
         self.transfers.clear()
         self.offers.clear()

@@ -76,6 +76,32 @@ def test_deleted_and_changed_entries_are_put_back_exactly():
     assert audit_all(core, fabric) == 0  # and the repair itself is not drift
 
 
+def test_the_per_group_rejoin_flows_of_an_older_controller_are_removed_by_one_audit():
+    """Before a detour ended in one flow per link, each group had its own rejoin flow at
+    each protected parent link's far end (in_port, tag and (S,G)): a switch still holding
+    them after an upgrade loses them to the first audit, delivery stays, and what is left
+    is exactly today's state."""
+    from controller.protect import TO_OWN_GROUP, tag
+    core, fabric = installed()
+    want = delivered(core, fabric)
+    old = 0
+    for g in core.groups.values():
+        for n, par in g.tree.parent.items():
+            if par is None:
+                continue
+            port = core.view.nbr_ports[par][n]
+            d = core.detours.get(par, port)
+            if d is not None:
+                assert not fabric.apply(n, ofmsgs.detour_flow(n, ofmsgs.cookie(g.gid), d.arrival, tag(par, port),
+                                                              TO_OWN_GROUP, g.source, g.address))
+                old += 1
+    assert old > 3
+    assert audit_all(core, fabric) >= old
+    assert_exact(core, fabric)
+    assert delivered(core, fabric) == want
+    assert audit_all(core, fabric) == 0
+
+
 def _without_host_entries(snapshot: tuple) -> tuple:
     switches, links = snapshot
     return tuple((d, up, (tuple(f for f in flows if f[1] != ofmsgs.PRIO_SOURCE), groups))

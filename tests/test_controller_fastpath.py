@@ -117,11 +117,11 @@ def draw_group(data, ips: list[str]) -> tuple[str, set[str]]:
     return source, receivers
 
 
-@given(topo=topology_strategy, data=st.data(), protection=st.booleans())
-def test_fast_core_gives_the_straightforward_trees_and_messages(topo, data, protection):
+@given(topo=topology_strategy, data=st.data(), protection=st.booleans(), nicira=st.booleans())
+def test_fast_core_gives_the_straightforward_trees_and_messages(topo, data, protection, nicira):
     ips = [h.ip for h in topo.hosts]
     assume(len(ips) >= 2)
-    core = MulticastCore(TopologyView.from_topology(topo), protection=protection)
+    core = MulticastCore(TopologyView.from_topology(topo), protection=protection, nicira=nicira)
     connected([core], topo)
     load: Counter = Counter()  # groups per directed link, from the trees alone
     for i in range(data.draw(st.integers(1, 6), label="groups")):
@@ -226,8 +226,8 @@ def event(data, topo: T.Topology, cores: list[MulticastCore], ips: list[str], i:
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(topo=topology_strategy, data=st.data(), protection=st.booleans())
-def test_regrafted_reroutes_equal_trees_searched_again_whole(topo, data, protection):
+@given(topo=topology_strategy, data=st.data(), protection=st.booleans(), nicira=st.booleans())
+def test_regrafted_reroutes_equal_trees_searched_again_whole(topo, data, protection, nicira):
     """A reroute changes only the part of a tree that lost its shortest path
     (``trees.regraft``): after every change of a random sequence (failures, links and
     ports coming back, joins, leaves, hosts and switches leaving and returning, new
@@ -235,8 +235,8 @@ def test_regrafted_reroutes_equal_trees_searched_again_whole(topo, data, protect
     phase by phase, are those of the core that searches each such tree again whole."""
     ips = [h.ip for h in topo.hosts]
     assume(len(ips) >= 2)
-    cores = [Counting(TopologyView.from_topology(topo), protection=protection),
-             Searching(TopologyView.from_topology(topo), protection=protection)]
+    cores = [Counting(TopologyView.from_topology(topo), protection=protection, nicira=nicira),
+             Searching(TopologyView.from_topology(topo), protection=protection, nicira=nicira)]
     connected(cores, topo)
     for i in range(data.draw(st.integers(1, 5), label="groups")):
         source, receivers = draw_group(data, ips)
@@ -278,8 +278,8 @@ def in_order(plan) -> list[list[tuple[int, bytes]]]:
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(topo=topology_strategy, data=st.data(), protection=st.booleans(), balance=st.booleans(),
-       algorithm=st.sampled_from(["spt", "spt", "steiner"]))
-def test_first_trees_built_in_one_pass_equal_the_passes_apart(topo, data, protection, balance, algorithm):
+       algorithm=st.sampled_from(["spt", "spt", "steiner"]), nicira=st.booleans())
+def test_first_trees_built_in_one_pass_equal_the_passes_apart(topo, data, protection, balance, algorithm, nicira):
     """A group's first tree gets its entries, protection, usage indexes and FF counts in
     one pass (``MulticastCore._fill``) and its messages in one loop
     (``ofmsgs.tree_adds``, leaves first from the search's depths): after every change
@@ -289,7 +289,7 @@ def test_first_trees_built_in_one_pass_equal_the_passes_apart(topo, data, protec
     ips = [h.ip for h in topo.hosts]
     assume(len(ips) >= 2)
     cores = [MulticastCore(TopologyView.from_topology(topo), protection=protection, balance=balance,
-                           algorithm=algorithm) for _ in range(2)]
+                           algorithm=algorithm, nicira=nicira) for _ in range(2)]
     cores[1].one_pass = False
     play_alike(data, topo, cores, ips, 5)
 
@@ -363,7 +363,8 @@ def cached_pieces_hold(core: MulticastCore) -> None:
     for dpid, ports in core._pieces.items():
         for port, pc in ports.items():
             d = core.detours.known.get((dpid, port)) if (dpid, port) in core.view.port_link else None
-            assert pc == (() if d is None else (d.first, pc[1], pc[2], -1, pc[4], ()))
+            assert pc == (() if d is None else (d.first, pc[1], pc[2], -1, pc[4], ()) if core.nicira else
+                          (d.first, pc[1], pc[2], d.arrival, pc[4], (d.arrival, pc[4], TO_OWN_GROUP)))
     for n, ups in core._uplinks.items():
         for par, (in_port, pc) in ups.items():
             assert in_port == nbr[n][par]
@@ -371,8 +372,8 @@ def cached_pieces_hold(core: MulticastCore) -> None:
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(topo=topology_strategy, data=st.data(), protection=st.booleans())
-def test_cached_protection_pieces_follow_the_topology(topo, data, protection):
+@given(topo=topology_strategy, data=st.data(), protection=st.booleans(), nicira=st.booleans())
+def test_cached_protection_pieces_follow_the_topology(topo, data, protection, nicira):
     """The protection pieces of ports and parent links are kept per topology
     (``_pieces_now``, ``_uplink``): through random failures, returns and new groups the
     plans and the whole state are a core's that computes them afresh every time, and
@@ -381,7 +382,7 @@ def test_cached_protection_pieces_follow_the_topology(topo, data, protection):
     whose piece did not change are rightly left alone (``_restale``)."""
     ips = [h.ip for h in topo.hosts]
     assume(len(ips) >= 2)
-    cores = [cls(TopologyView.from_topology(topo), protection=protection)
+    cores = [cls(TopologyView.from_topology(topo), protection=protection, nicira=nicira)
              for cls in (MulticastCore, Uncached, Reprotecting)]
     connected(cores, topo)
     for i in range(data.draw(st.integers(1, 5), label="groups")):
@@ -457,26 +458,28 @@ class InPython(MulticastCore):
 
 @needs_c
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(topo=topology_strategy, data=st.data(), protection=st.booleans(), balance=st.booleans())
-def test_c_and_python_build_the_same_trees_state_and_bytes(topo, data, protection, balance):
+@given(topo=topology_strategy, data=st.data(), protection=st.booleans(), balance=st.booleans(),
+       nicira=st.booleans())
+def test_c_and_python_build_the_same_trees_state_and_bytes(topo, data, protection, balance, nicira):
     """Groups created (their first trees: the C loops), then random link, port, switch,
     host, join and leave events and more groups: every plan, in sending order and byte
     for byte, and the whole core state are the same in both."""
     ips = [h.ip for h in topo.hosts]
     assume(len(ips) >= 2)
-    cores = [cls(TopologyView.from_topology(topo), protection=protection, balance=balance)
+    cores = [cls(TopologyView.from_topology(topo), protection=protection, balance=balance, nicira=nicira)
              for cls in (InC, InPython)]
     play_alike(data, topo, cores, ips, 6)
 
 
 @needs_c
-def test_many_groups_on_few_links_build_the_same_in_both():
+@pytest.mark.parametrize("nicira", [True, False])
+def test_many_groups_on_few_links_build_the_same_in_both(nicira):
     """Larger than the generated cases: 1200 groups of 6 receivers on a small leaf-spine,
     so FF groups gain many users, entries repeat across groups and counts pass 256 (no
     longer the small cached ints); the messages and state agree."""
     topo = T.leaf_spine(2, 4, 3)
     ips = [h.ip for h in topo.hosts]
-    cores = [cls(TopologyView.from_topology(topo), protection=True) for cls in (InC, InPython)]
+    cores = [cls(TopologyView.from_topology(topo), protection=True, nicira=nicira) for cls in (InC, InPython)]
     connected(cores, topo)
     for i in range(1200):
         source = ips[(i * 7) % len(ips)]

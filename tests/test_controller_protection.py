@@ -88,11 +88,12 @@ def fail_each_tree_link(core: MulticastCore, fabric: FakeFabric, topo: T.Topolog
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(topo=topology_strategy, data=st.data(), algorithm=st.sampled_from(["spt", "steiner"]))
-def test_every_single_tree_link_failure_is_bypassed_by_the_switches(topo, data, algorithm):
+@given(topo=topology_strategy, data=st.data(), algorithm=st.sampled_from(["spt", "steiner"]),
+       nicira=st.booleans())
+def test_every_single_tree_link_failure_is_bypassed_by_the_switches(topo, data, algorithm, nicira):
     ips = [h.ip for h in topo.hosts]
     assume(len(ips) >= 2 and topo.links)
-    core, fabric = core_and_fabric(topo, algorithm=algorithm)
+    core, fabric = core_and_fabric(topo, algorithm=algorithm, nicira=nicira)
     create_drawn_groups(data, core, fabric, ips)
     assert_delivery(core, fabric, topo)
     assert_exact(core, fabric)

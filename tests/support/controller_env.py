@@ -67,15 +67,21 @@ def assert_exact(core: MulticastCore, fabric: FakeFabric) -> None:
     counters): one ALL group and one (S,G) flow per tree crossing it, one FF group per
     protected port (and ingress variant), one transit flow per protected link whose
     detour crosses it, one rejoin flow per protected link at its far end (shared by its
-    trees) -- and nothing else."""
+    trees; with ``nicira`` off one per group whose parent link is protected instead) --
+    and nothing else."""
     from controller.protect import IN_PORT_BIT, ff_buckets, ff_port, is_ff, rejoin_actions, tag
     guards = set()
     want: dict[int, set] = {d: set() for d in fabric.switches}
     for g in core.groups.values():
         for dpid, e in (g.tree.entries.items() if g.tree else ()):
             want[dpid] |= {("group", g.gid), ("sg", g.gid, e.in_port)}
-            assert not e.rejoin, (dpid, g.gid, e)  # (a detour ends in its link's one rejoin flow)
-            for f in e.ff:
+            ffs = list(e.ff)
+            if core.nicira:
+                assert not e.rejoin, (dpid, g.gid, e)  # (a detour ends in its link's one rejoin flow)
+            elif e.rejoin:
+                want[dpid].add(("rejoin", g.gid, e.rejoin[:2] + (ofmsgs.rejoin_actions(e.rejoin[2], g.address, g.gid),)))
+                ffs += [a[1] for a in e.rejoin[2] if a[0] == "group" and is_ff(a[1])]
+            for f in ffs:
                 d = core.detours.get(dpid, ff_port(f))
                 want[dpid].add(("ff", f, ff_buckets(ff_port(f), d, bool(f & IN_PORT_BIT),
                                                     tag(dpid, ff_port(f)))))
@@ -84,8 +90,9 @@ def assert_exact(core: MulticastCore, fabric: FakeFabric) -> None:
         d = core.detours.get(p, port)
         for x, i, o in d.transit:
             want[x].add(("detour", i, tag(p, port), (("output", o),)))
-        far_port = core.view.port_link[(p, port)].port_of(d.rejoin)
-        want[d.rejoin].add(("detour", d.arrival, tag(p, port), rejoin_actions(far_port, ofmsgs.TABLE)))
+        if core.nicira:
+            far_port = core.view.port_link[(p, port)].port_of(d.rejoin)
+            want[d.rejoin].add(("detour", d.arrival, tag(p, port), rejoin_actions(far_port, ofmsgs.TABLE)))
     for dpid, sw in fabric.switches.items():
         if not sw.up or dpid not in core.installed:
             continue
