@@ -32,9 +32,9 @@ DEFAULT_PORT = 5500
 MAX_GID = 0x7FFEFFFF  # its turn group id (ofmsgs.turn_id) stays below the fast-failover ids (protect.FF_BASE)
 UNKNOWN_PORT = -1  # in a believed entry: "whatever is there is wrong", never sent
 _ABSENT = object()
-_NO_ARRIVAL = -1  # a piece's arrival port when no group has a rejoin flow of its own (``nicira``)
 _IN_PORT_OUT = ("output", ofmsgs.ofp.OFPP_IN_PORT)  # a rejoin output back where the packet came in
 _NOTHING: dict = {}  # (never written)
+_SHARED_PRIO = {"transit": ofmsgs.PRIO_DETOUR, "rejoin": ofmsgs.PRIO_REJOIN}  # a shared detour flow's
 # one tuple object for every equal out-port or FF list of an entry (``_shape``): a tree
 # holds ~100 of each, mostly the same few, so every tree used to hold its own copies
 _SHAPES: dict[tuple, tuple] = {}
@@ -129,10 +129,11 @@ class SwitchState:
                     turned.add(gid)
                 else:
                     state.flows.add((gid, in_port))
-            elif prio == ofmsgs.PRIO_DETOUR and "eth_dst" in match:
+            elif prio in (ofmsgs.PRIO_DETOUR, ofmsgs.PRIO_REJOIN) and "eth_dst" in match:
                 if ck == ofmsgs.COOKIE_DETOUR:
-                    state.shared[("detour", in_port, match["eth_dst"])] = acts
-                elif 0 < gid <= MAX_GID:
+                    kind = "transit" if prio == ofmsgs.PRIO_DETOUR else "rejoin"
+                    state.shared[(kind, in_port, match["eth_dst"])] = acts
+                elif prio == ofmsgs.PRIO_DETOUR and 0 < gid <= MAX_GID:
                     state.rejoins.setdefault(gid, []).append((in_port, match["eth_dst"], acts))
         ours = {gid for gid, _ in state.flows} | set(known) | set(state.rejoins)
         ingress = state.ingress()
@@ -239,8 +240,10 @@ class MulticastCore:
         # are handled by the controller's reroute alone
         self.protection = protection
         # True: a detour ends in one flow per link, with Open vSwitch's Nicira actions
-        # (protect.rejoin_actions); False: in one flow per group and link, plain OpenFlow
-        # 1.3, for switches without them (a third more messages per new tree)
+        # (protect.rejoin_actions), and a group's own rejoin flow only where the detour
+        # arrives over one of the switch's outputs of that group's tree; False: in one flow
+        # per group and link, plain OpenFlow 1.3, for switches without them (a third more
+        # messages per new tree)
         self.nicira = nicira
         # False: a first tree goes through _protect, _swap and the general diff (tests)
         self.one_pass = True
@@ -921,8 +924,8 @@ class MulticastCore:
             d = self.detours.get(dpid, port)
             if d is not None:
                 link_tag = tag(dpid, port)
-                if self.nicira:  # (the detour's one flow at its end serves every tree: ``_guard``)
-                    return (d.first, ff_id(port, False), ff_id(port, True), _NO_ARRIVAL, link_tag, ())
+                if self.nicira:  # (the detour's one flow at its end serves the trees: ``_guard``)
+                    return (d.first, ff_id(port, False), ff_id(port, True), d.arrival, link_tag, ())
                 return (d.first, ff_id(port, False), ff_id(port, True), d.arrival, link_tag,
                         (d.arrival, link_tag, TO_OWN_GROUP))
         return ()
@@ -1036,17 +1039,17 @@ class MulticastCore:
         d = self.guards.pop(key, None)
         if d is not None:
             for x, i, _ in d.transit:
-                self._want(x, ("detour", i, link_tag), None)
+                self._want(x, ("transit", i, link_tag), None)
             if self.nicira:
-                self._want(d.rejoin, ("detour", d.arrival, link_tag), None)
+                self._want(d.rejoin, ("rejoin", d.arrival, link_tag), None)
         if on:
             d = self.guards[key] = self.detours.get(*key)
             if d is not None:
                 for x, i, o in d.transit:
-                    self._want(x, ("detour", i, link_tag), (("output", o),))
+                    self._want(x, ("transit", i, link_tag), (("output", o),))
                 if self.nicira:
                     far_port = self.view.port_link[key].port_of(d.rejoin)
-                    self._want(d.rejoin, ("detour", d.arrival, link_tag), rejoin_actions(far_port, ofmsgs.TABLE))
+                    self._want(d.rejoin, ("rejoin", d.arrival, link_tag), rejoin_actions(far_port, ofmsgs.TABLE))
         for via in (False, True):
             self._want_ff(key[0], ff_id(key[1], via))
 
@@ -1097,14 +1100,16 @@ class MulticastCore:
                 if w is _ABSENT:
                     del have[key]
                     removes.append((dpid, ofmsgs.group_delete(dpid, key[1]) if key[0] == "ff" else
-                                    ofmsgs.detour_flow_delete(dpid, ofmsgs.COOKIE_DETOUR, key[1], key[2])))
+                                    ofmsgs.detour_flow_delete(dpid, ofmsgs.COOKIE_DETOUR, key[1], key[2],
+                                                              priority=_SHARED_PRIO[key[0]])))
                     continue
                 have[key] = w
                 if key[0] == "ff":
                     adds.append((dpid, ofmsgs.ff_group(dpid, key[1], w, ofmsgs.ofp.OFPGC_ADD
                                                        if h is _ABSENT else ofmsgs.ofp.OFPGC_MODIFY)))
                 else:
-                    adds.append((dpid, ofmsgs.detour_flow(dpid, ofmsgs.COOKIE_DETOUR, key[1], key[2], w)))
+                    adds.append((dpid, ofmsgs.detour_flow(dpid, ofmsgs.COOKIE_DETOUR, key[1], key[2], w,
+                                                          priority=_SHARED_PRIO[key[0]])))
             if changed:
                 self.changes[dpid] += 1
         plan.phases[0][:0] = adds

@@ -33,7 +33,8 @@ FULL_MASK = (1 << 64) - 1
 # a host is learned even when it never broadcasts; table 1 forwards by destination.
 TABLE = 0
 TABLE_DST = 1
-PRIO_DETOUR = 1100  # table 0: detoured copies (transit and rejoin, controller.protect)
+PRIO_DETOUR = 1100  # table 0: detoured copies (transit, a group's rejoin: controller.protect)
+PRIO_REJOIN = 1099  # table 0: a detour's end shared by its link's groups (below a group's own)
 PRIO_SG = 1000  # table 0: (S,G) multicast forwarding
 PRIO_IGMP = 800  # table 0: membership reports to the controller
 PRIO_LINK_PORT = 650  # table 0: frames arriving over an inter-switch link
@@ -491,12 +492,12 @@ def _rejoin_flow(cookie_value: int, source: str, group: str, acts: tuple) -> tup
 
 
 def detour_flow(dpid: int, cookie_value: int, in_port: int, tag: str, acts: tuple,
-                source: str | None = None, group: str | None = None) -> Msg:
-    """A transit flow (``source`` None: shared, cookie ``COOKIE_DETOUR``) or a group's
-    rejoin flow (cookie of the group, ``acts`` as kept: ``rejoin_actions``) for copies
-    tagged ``tag`` arriving on ``in_port``."""
+                source: str | None = None, group: str | None = None, priority: int = PRIO_DETOUR) -> Msg:
+    """A shared flow (``source`` None: cookie ``COOKIE_DETOUR``, a transit flow or, at
+    ``PRIO_REJOIN``, a link's rejoin) or a group's rejoin flow (cookie of the group,
+    ``acts`` as kept: ``rejoin_actions``) for copies tagged ``tag`` arriving on ``in_port``."""
     if source is None:
-        return _flow_add(dpid, cookie_value, PRIO_DETOUR, in_port, _tag_oxm(tag), _TRANSIT_OXM, _apply(acts))
+        return _flow_add(dpid, cookie_value, priority, in_port, _tag_oxm(tag), _TRANSIT_OXM, _apply(acts))
     head, tail = _rejoin_flow(cookie_value, source, group, acts)
     m = _new(ReadyFlowMod)
     m._dpid, m.xid = dpid, None
@@ -610,8 +611,8 @@ _all_group = _all_group_c if native.NATIVE else _all_group_py
 
 
 def detour_flow_delete(dpid: int, cookie_value: int, in_port: int, tag: str,
-                       source: str | None = None, group: str | None = None) -> Msg:
-    return _flow_delete(dpid, cookie_value, PRIO_DETOUR, _detour_match(in_port, tag, source, group))
+                       source: str | None = None, group: str | None = None, priority: int = PRIO_DETOUR) -> Msg:
+    return _flow_delete(dpid, cookie_value, priority, _detour_match(in_port, tag, source, group))
 
 
 def cookie_delete(dpid: int, gid: int) -> Msg:

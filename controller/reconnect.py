@@ -107,9 +107,10 @@ def _flow_actions(instructions: Iterable[Any]) -> tuple:
     return out
 
 
-# flows whose actions are read back: detour flows (compared whole), and (S,G) flows (one
-# pointing at a turn group, ofmsgs.turn_id, is left by a move cut short and rewritten)
-_READ_ACTIONS = (ofmsgs.PRIO_DETOUR, ofmsgs.PRIO_SG)
+# flows whose actions are read back: detour flows and links' rejoins (compared whole), and
+# (S,G) flows (one pointing at a turn group, ofmsgs.turn_id, is left by a move cut short
+# and rewritten)
+_READ_ACTIONS = (ofmsgs.PRIO_DETOUR, ofmsgs.PRIO_REJOIN, ofmsgs.PRIO_SG)
 
 
 def _base_key(table_id: int, priority: int, match: Any) -> tuple:

@@ -19,8 +19,9 @@ Behaviour worth knowing (each is tested in ``test_fakeof.py``):
 * A packet is never sent back out its ingress port unless the action says ``OFPP_IN_PORT``.
 * Two Nicira actions are modelled as Open vSwitch runs them: ``move`` (bits of one
   modelled field into another) and ``resubmit`` (a lookup in a table as if the packet had
-  come in on another port: that port is its ingress for the entry found and what it
-  outputs, the packet's header changes stay afterwards).
+  come in on another port -- for the lookup only: OVS restores the real ingress before
+  the entry's actions run, so they never output there without ``OFPP_IN_PORT``; header
+  changes made by them stay).
 * SELECT groups pick the first live bucket (deterministic, where a real switch hashes).
 * Messages sent to a switch that is down are discarded (the connection is gone) and
   counted in ``FakeFabric.discarded``; a switch coming back up has empty tables.
@@ -559,7 +560,7 @@ class FakeSwitch:
                      depth: int) -> None:
         for act in actions:
             kind = act[0]
-            if kind == "output":  # (the copy keeps its in_port: a resubmit's, if one set it)
+            if kind == "output":
                 res.outputs.append((act[1], dict(pkt)))
             elif kind == "group":
                 self._run_group(act[1], dict(pkt), res, depth + 1)
@@ -574,11 +575,8 @@ class FakeSwitch:
                 if depth > 16:
                     res.notes.append(f"s{self.dpid}: resubmits too deep, dropped")
                     return
-                sub = dict(pkt)
-                if act[1] != ofp.OFPP_IN_PORT:
-                    sub["in_port"] = act[1]
-                self._pipeline(sub, act[2], res, depth + 1)
-                pkt.update(sub, in_port=pkt["in_port"])
+                self._pipeline(pkt, act[2], res, depth + 1,
+                               None if act[1] == ofp.OFPP_IN_PORT else act[1])
             else:
                 pkt[act[1]] = _compile(act[1], act[2])[0]
 
@@ -607,11 +605,14 @@ class FakeSwitch:
         self._pipeline(dict(pkt), 0, res, 0)
         return res
 
-    def _pipeline(self, pkt: dict[str, int], table: int, res: _Result, depth: int) -> None:
-        """The tables from ``table`` on, then the action set, for ``pkt`` (changed in place)."""
+    def _pipeline(self, pkt: dict[str, int], table: int, res: _Result, depth: int,
+                  look_in_port: int | None = None) -> None:
+        """The tables from ``table`` on, then the action set, for ``pkt`` (changed in place);
+        ``look_in_port``: the first lookup as if it had come in there (a resubmit's)."""
         action_set: dict[Any, Action] = {}
         while True:
-            entry = self._lookup(table, pkt)
+            entry = self._lookup(table, pkt if look_in_port is None else dict(pkt, in_port=look_in_port))
+            look_in_port = None
             if entry is None:
                 res.misses += 1
                 res.notes.append(f"s{self.dpid}: table {table} miss for {describe(pkt)}")
@@ -862,8 +863,8 @@ class FakeFabric:
             result.log.extend(res.notes)
             result.dropped_at.extend([copy.dpid] * res.misses)
             path = copy.path | {here}
+            in_port = pkt["in_port"]
             for port, out in res.outputs:
-                in_port = out["in_port"]  # (a resubmit's, where one set it)
                 if port == ofp.OFPP_CONTROLLER:
                     result.to_controller[copy.dpid] += 1
                     result.punted.append((copy.dpid, {k: _from_int(k, v) if k != "in_port" else v

@@ -93,10 +93,10 @@ def plain_shared(dpid: int, key: tuple, spec, command: int) -> bytes:
         assert is_ff(key[1])
         return wire(parser.OFPGroupMod(dp, command, ofp.OFPGT_FF, key[1], [
             parser.OFPBucket(watch_port=w, actions=ryu_actions(acts)) for w, acts in spec]))
-    _, in_port, tag = key
+    kind, in_port, tag = key
     return wire(parser.OFPFlowMod(
         dp, cookie=ofmsgs.COOKIE_DETOUR, table_id=ofmsgs.TABLE, command=ofp.OFPFC_ADD,
-        priority=ofmsgs.PRIO_DETOUR, flags=ofp.OFPFF_SEND_FLOW_REM,
+        priority=ofmsgs.PRIO_REJOIN if kind == "rejoin" else ofmsgs.PRIO_DETOUR, flags=ofp.OFPFF_SEND_FLOW_REM,
         match=parser.OFPMatch(in_port=in_port, eth_dst=tag, eth_type=0x0800, ipv4_dst=ofmsgs.SSM_NET),
         instructions=[parser.OFPInstructionActions(ofp.OFPIT_APPLY_ACTIONS, ryu_actions(spec))]))
 
@@ -363,8 +363,8 @@ def cached_pieces_hold(core: MulticastCore) -> None:
     for dpid, ports in core._pieces.items():
         for port, pc in ports.items():
             d = core.detours.known.get((dpid, port)) if (dpid, port) in core.view.port_link else None
-            assert pc == (() if d is None else (d.first, pc[1], pc[2], -1, pc[4], ()) if core.nicira else
-                          (d.first, pc[1], pc[2], d.arrival, pc[4], (d.arrival, pc[4], TO_OWN_GROUP)))
+            assert pc == (() if d is None else (d.first, pc[1], pc[2], d.arrival, pc[4],
+                                                () if core.nicira else (d.arrival, pc[4], TO_OWN_GROUP)))
     for n, ups in core._uplinks.items():
         for par, (in_port, pc) in ups.items():
             assert in_port == nbr[n][par]

@@ -100,13 +100,13 @@ def test_a_detours_rejoin_flow_is_what_ryu_sends_and_reads_back_the_same() -> No
     acts = rejoin_actions(4, ofmsgs.TABLE)
     ref = parser.OFPFlowMod(
         dp, cookie=ofmsgs.COOKIE_DETOUR, table_id=ofmsgs.TABLE, command=ofp.OFPFC_ADD,
-        priority=ofmsgs.PRIO_DETOUR, flags=ofp.OFPFF_SEND_FLOW_REM,
+        priority=ofmsgs.PRIO_REJOIN, flags=ofp.OFPFF_SEND_FLOW_REM,
         match=parser.OFPMatch(in_port=2, eth_dst=tag, eth_type=0x0800, ipv4_dst=("232.0.0.0", "255.0.0.0")),
         instructions=[parser.OFPInstructionActions(ofp.OFPIT_APPLY_ACTIONS, [
             parser.OFPActionSetField(eth_dst="01:00:5e:00:00:00"),
             parser.NXActionRegMove(src_field="ipv4_dst", dst_field="eth_dst", n_bits=23, src_ofs=0, dst_ofs=0),
             parser.NXActionResubmitTable(in_port=4, table_id=0)])])
-    msg = ofmsgs.detour_flow(9, ofmsgs.COOKIE_DETOUR, 2, tag, acts)
+    msg = ofmsgs.detour_flow(9, ofmsgs.COOKIE_DETOUR, 2, tag, acts, priority=ofmsgs.PRIO_REJOIN)
     assert wire(msg) == wire(ref)
     parsed = parser.OFPFlowMod.parser(dp, ofp.OFP_VERSION, ofp.OFPT_FLOW_MOD, len(msg.buf), 7, msg.buf)
     assert normalise_actions(parsed.instructions[0].actions) == acts

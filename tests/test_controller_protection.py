@@ -181,7 +181,7 @@ def test_hand_deleted_detour_entries_are_restored_by_the_audit():
     apply(fabric, core.create_group("m", ips[0], ips[2:])[1])
     want = fabric.snapshot()
     for dpid, sw in fabric.switches.items():
-        sw.flows = [f for f in sw.flows if f.priority != ofmsgs.PRIO_DETOUR]  # del-flows
+        sw.flows = [f for f in sw.flows if f.priority not in (ofmsgs.PRIO_DETOUR, ofmsgs.PRIO_REJOIN)]  # del-flows
         for gid, grp in list(sw.groups.items()):
             if len(grp.buckets) == 2 and grp.type == ofmsgs.ofp.OFPGT_FF:  # mod-group
                 sw.groups[gid] = grp._replace(buckets=grp.buckets[:1])

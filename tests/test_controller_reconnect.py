@@ -56,7 +56,8 @@ def old_app_plan(core: MulticastCore, dpid: int, parts: list, ports: list) -> tu
         if isinstance(msg, parser.OFPFlowStatsReply):
             flows += [(f.cookie, f.priority, dict(f.match.items()),
                        normalise_actions(f.instructions[0].actions)
-                       if f.priority in (ofmsgs.PRIO_DETOUR, ofmsgs.PRIO_SG) else ()) for f in msg.body]
+                       if f.priority in (ofmsgs.PRIO_DETOUR, ofmsgs.PRIO_REJOIN, ofmsgs.PRIO_SG) else ())
+                      for f in msg.body]
         else:
             for g in msg.body:
                 groups[g.group_id] = (g.type, [(b.watch_port, normalise_actions(b.actions))

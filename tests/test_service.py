@@ -80,7 +80,7 @@ def test_receiver_states_follow_confirmation():
         assert env.metric("modelcast_switch_entries", dpid=str(dpid), kind="ff_groups") == \
             sum(1 for gid in sw.groups if is_ff(gid))
         assert env.metric("modelcast_switch_entries", dpid=str(dpid), kind="detour_flows") == \
-            sum(1 for f in sw.flows if f.priority == ofmsgs.PRIO_DETOUR)
+            sum(1 for f in sw.flows if f.priority in (ofmsgs.PRIO_DETOUR, ofmsgs.PRIO_REJOIN))
     assert sum(env.metric("modelcast_switch_entries", dpid=str(d), kind="ff_groups")
                for d in env.topo.switches) > 0  # this tree has protected links
     assert env.metric("modelcast_install_seconds_count") == 1

@@ -67,8 +67,9 @@ def assert_exact(core: MulticastCore, fabric: FakeFabric) -> None:
     counters): one ALL group and one (S,G) flow per tree crossing it, one FF group per
     protected port (and ingress variant), one transit flow per protected link whose
     detour crosses it, one rejoin flow per protected link at its far end (shared by its
-    trees; with ``nicira`` off one per group whose parent link is protected instead) --
-    and nothing else."""
+    trees) and one per group whose parent link is protected and whose detour arrives over
+    one of the group's outputs there (with ``nicira`` off: one per group whose parent
+    link is protected, and none per link) -- and nothing else."""
     from controller.protect import IN_PORT_BIT, ff_buckets, ff_port, is_ff, rejoin_actions, tag
     guards = set()
     want: dict[int, set] = {d: set() for d in fabric.switches}
@@ -76,9 +77,11 @@ def assert_exact(core: MulticastCore, fabric: FakeFabric) -> None:
         for dpid, e in (g.tree.entries.items() if g.tree else ()):
             want[dpid] |= {("group", g.gid), ("sg", g.gid, e.in_port)}
             ffs = list(e.ff)
-            if core.nicira:
-                assert not e.rejoin, (dpid, g.gid, e)  # (a detour ends in its link's one rejoin flow)
-            elif e.rejoin:
+            par = g.tree.parent[dpid]
+            d = core.detours.get(par, core.view.nbr_ports[par][dpid]) if par is not None else None
+            own = core.protection and d is not None and (not core.nicira or d.arrival in e.out_ports)
+            assert bool(e.rejoin) == own and (not own or e.rejoin[0] == d.arrival), (dpid, g.gid, e, d)
+            if e.rejoin:
                 want[dpid].add(("rejoin", g.gid, e.rejoin[:2] + (ofmsgs.rejoin_actions(e.rejoin[2], g.address, g.gid),)))
                 ffs += [a[1] for a in e.rejoin[2] if a[0] == "group" and is_ff(a[1])]
             for f in ffs:
@@ -89,10 +92,10 @@ def assert_exact(core: MulticastCore, fabric: FakeFabric) -> None:
     for p, port in guards:
         d = core.detours.get(p, port)
         for x, i, o in d.transit:
-            want[x].add(("detour", i, tag(p, port), (("output", o),)))
+            want[x].add(("transit", i, tag(p, port), (("output", o),)))
         if core.nicira:
             far_port = core.view.port_link[(p, port)].port_of(d.rejoin)
-            want[d.rejoin].add(("detour", d.arrival, tag(p, port), rejoin_actions(far_port, ofmsgs.TABLE)))
+            want[d.rejoin].add(("link rejoin", d.arrival, tag(p, port), rejoin_actions(far_port, ofmsgs.TABLE)))
     for dpid, sw in fabric.switches.items():
         if not sw.up or dpid not in core.installed:
             continue
@@ -105,10 +108,12 @@ def assert_exact(core: MulticastCore, fabric: FakeFabric) -> None:
         for f in sw.flows:
             if f.priority == ofmsgs.PRIO_SG:
                 have.add(("sg", f.cookie & ~ofmsgs.COOKIE_MASK, f.match["in_port"]))
+            elif f.priority == ofmsgs.PRIO_REJOIN and f.cookie == ofmsgs.COOKIE_DETOUR:
+                have.add(("link rejoin", f.match["in_port"], f.match["eth_dst"], f.instructions[0][1]))
             elif f.priority == ofmsgs.PRIO_DETOUR:
                 acts = f.instructions[0][1]
                 if f.cookie == ofmsgs.COOKIE_DETOUR:
-                    have.add(("detour", f.match["in_port"], f.match["eth_dst"], acts))
+                    have.add(("transit", f.match["in_port"], f.match["eth_dst"], acts))
                 else:
                     have.add(("rejoin", f.cookie & ~ofmsgs.COOKIE_MASK,
                               (f.match["in_port"], f.match["eth_dst"], acts)))

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
 import topologies as T
+from controller import ofmsgs
 from controller.protect import is_ff
 from lab.controller import Controller
 from lab.ovs import Lab
@@ -59,5 +60,5 @@ def held(lab: Lab, dpid: int) -> tuple[set[int], int, int, int]:
     groups = {int(x) for x in re.findall(r"group_id=(\d+)", ofctl(lab, dpid, "dump-groups"))}
     flows = ofctl(lab, dpid, "dump-flows")
     ff = {x for x in groups if is_ff(x)}
-    return (groups - ff, len(re.findall(r"priority=1000\b", flows)), len(ff),
-            len(re.findall(r"priority=1100\b", flows)))
+    return (groups - ff, len(re.findall(rf"priority={ofmsgs.PRIO_SG}\b", flows)), len(ff),
+            len(re.findall(rf"priority=({ofmsgs.PRIO_DETOUR}|{ofmsgs.PRIO_REJOIN})\b", flows)))
