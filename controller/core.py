@@ -34,6 +34,7 @@ UNKNOWN_PORT = -1  # in a believed entry: "whatever is there is wrong", never se
 _ABSENT = object()
 _IN_PORT_OUT = ("output", ofmsgs.ofp.OFPP_IN_PORT)  # a rejoin output back where the packet came in
 _NOTHING: dict = {}  # (never written)
+_NO_ARRIVAL = -1  # a piece's arrival port where no group has a rejoin flow of its own (``nicira``)
 _SHARED_PRIO = {"transit": ofmsgs.PRIO_DETOUR, "rejoin": ofmsgs.PRIO_REJOIN}  # a shared detour flow's
 # one tuple object for every equal out-port or FF list of an entry (``_shape``): a tree
 # holds ~100 of each, mostly the same few, so every tree used to hold its own copies
@@ -240,10 +241,8 @@ class MulticastCore:
         # are handled by the controller's reroute alone
         self.protection = protection
         # True: a detour ends in one flow per link, with Open vSwitch's Nicira actions
-        # (protect.rejoin_actions), and a group's own rejoin flow only where the detour
-        # arrives over one of the switch's outputs of that group's tree; False: in one flow
-        # per group and link, plain OpenFlow 1.3, for switches without them (a third more
-        # messages per new tree)
+        # (protect.rejoin_actions); False: in one flow per group and link, plain OpenFlow
+        # 1.3, for switches without them (a third more messages per new tree)
         self.nicira = nicira
         # False: a first tree goes through _protect, _swap and the general diff (tests)
         self.one_pass = True
@@ -924,8 +923,8 @@ class MulticastCore:
             d = self.detours.get(dpid, port)
             if d is not None:
                 link_tag = tag(dpid, port)
-                if self.nicira:  # (the detour's one flow at its end serves the trees: ``_guard``)
-                    return (d.first, ff_id(port, False), ff_id(port, True), d.arrival, link_tag, ())
+                if self.nicira:  # (the detour's one flow at its end serves every tree: ``_guard``)
+                    return (d.first, ff_id(port, False), ff_id(port, True), _NO_ARRIVAL, link_tag, ())
                 return (d.first, ff_id(port, False), ff_id(port, True), d.arrival, link_tag,
                         (d.arrival, link_tag, TO_OWN_GROUP))
         return ()

@@ -15,6 +15,7 @@ import types
 from functools import lru_cache, partial
 from typing import Any, Iterable
 
+from ryu.ofproto import nicira_ext
 from ryu.ofproto import ofproto_v1_3 as ofp
 from ryu.ofproto import ofproto_v1_3_parser as parser
 
@@ -60,10 +61,12 @@ def cookie(gid: int) -> int:
 
 def actions(acts: Iterable[tuple]) -> list:
     """Ryu action objects for normalised actions: ("output", port), ("group", id),
-    ("set_field", field, value), and two Nicira extensions Open vSwitch has: ("move",
-    src_field, src_ofs, dst_field, dst_ofs, n_bits) copies bits of one header field into
-    another, ("resubmit", in_port, table) looks the packet up again in ``table`` as if it
-    had come in on ``in_port`` (that in_port holds for the actions of the entry found)."""
+    ("set_field", field, value), and Nicira extensions Open vSwitch has: ("set_field",
+    "in_port", port) changes the packet's ingress (OVS refuses it as an OpenFlow set-field:
+    it is sent as Nicira's load into NXM_OF_IN_PORT), ("move", src_field, src_ofs,
+    dst_field, dst_ofs, n_bits) copies bits of one header field into another, ("resubmit",
+    in_port, table) looks the packet up again in ``table`` as if it had come in on
+    ``in_port`` (for the lookup alone: the entry found runs with the real ingress)."""
     out: list = []
     for a in acts:
         if a[0] == "output":
@@ -75,6 +78,8 @@ def actions(acts: Iterable[tuple]) -> list:
                                               n_bits=a[5]))
         elif a[0] == "resubmit":
             out.append(parser.NXActionResubmitTable(in_port=a[1], table_id=a[2]))
+        elif a[1] == "in_port":
+            out.append(parser.NXActionRegLoad(ofs_nbits=nicira_ext.ofs_nbits(0, 15), dst="in_port_nxm", value=a[2]))
         else:
             out.append(parser.OFPActionSetField(**{a[1]: a[2]}))
     return out
@@ -250,7 +255,7 @@ def _action(a: tuple) -> bytes:
         return _OUTPUT.pack(ofp.OFPAT_OUTPUT, ofp.OFP_ACTION_OUTPUT_SIZE, a[1], 0)
     if a[0] == "group":
         return _GROUP.pack(ofp.OFPAT_GROUP, ofp.OFP_ACTION_GROUP_SIZE, a[1])
-    if a[0] in ("move", "resubmit"):  # (Nicira's: one per protected link, Ryu packs them)
+    if a[0] in ("move", "resubmit") or a[1] == "in_port":  # (Nicira's: one per protected link, Ryu packs them)
         buf = bytearray()
         actions((a,))[0].serialize(buf, 0)
         return bytes(buf)

@@ -100,13 +100,15 @@ GROUP_MAC_BASE = "01:00:5e:00:00:00"  # an IPv4 group's MAC: this and its low 23
 
 def rejoin_actions(port: int, table: int) -> tuple:
     """The actions of a detour's last flow, at the link's far end: the copy gets its
-    group's MAC back (from its destination address) and is looked up in ``table`` again
-    as if it had come over the link's own port ``port`` there. So the one (S,G) flow every
-    tree crossing the link has on that port takes it on, and its ALL group sends it out of
-    every tree port but that one, also the one the detour came in by. One flow per link
-    serves every group (it was one per group and link: a third of a new tree's messages)."""
+    group's MAC back (from its destination address), its ingress becomes the link's own
+    port ``port`` there, and it is looked up in ``table`` again. So the one (S,G) flow
+    every tree crossing the link has on that port takes it on, and its ALL group sends it
+    out of every tree port but that one -- also out of the one the detour came in by
+    (OVS's resubmit alone replaces the ingress for the lookup, not for the outputs). One
+    flow per link serves every group (it was one per group and link: a third of a new
+    tree's messages)."""
     return (("set_field", "eth_dst", GROUP_MAC_BASE), ("move", "ipv4_dst", 0, "eth_dst", 0, 23),
-            ("resubmit", port, table))
+            ("set_field", "in_port", port), ("resubmit", port, table))
 
 
 def ff_buckets(port: int, d: Detour, via_in_port: bool, link_tag: str) -> tuple:

@@ -91,6 +91,8 @@ def normalise_actions(actions: Iterable[Any]) -> tuple:
             out.append(("move", _oxm_name(a.src_field), a.src_ofs, _oxm_name(a.dst_field), a.dst_ofs, a.n_bits))
         elif isinstance(a, parser.NXActionResubmitTable):
             out.append(("resubmit", a.in_port, a.table_id))
+        elif isinstance(a, parser.NXActionRegLoad) and a.dst == "in_port_nxm" and a.ofs_nbits == 15:
+            out.append(("set_field", "in_port", a.value))  # (how ofmsgs sends that set-field)
         else:
             out.append(("?", type(a).__name__))
     return tuple(out)

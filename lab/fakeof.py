@@ -21,7 +21,9 @@ Behaviour worth knowing (each is tested in ``test_fakeof.py``):
   modelled field into another) and ``resubmit`` (a lookup in a table as if the packet had
   come in on another port -- for the lookup only: OVS restores the real ingress before
   the entry's actions run, so they never output there without ``OFPP_IN_PORT``; header
-  changes made by them stay).
+  changes made by them stay); and ``load`` into NXM_OF_IN_PORT, which changes the ingress
+  for what follows (outputs to the real one are then allowed; OVS refuses the same as an
+  OpenFlow set-field, and so does this switch).
 * SELECT groups pick the first live bucket (deterministic, where a real switch hashes).
 * Messages sent to a switch that is down are discarded (the connection is gone) and
   counted in ``FakeFabric.discarded``; a switch coming back up has empty tables.
@@ -221,6 +223,8 @@ def _normalise_actions(actions: Iterable[Any] | None) -> tuple[Action, ...]:
         elif isinstance(act, parser.OFPActionGroup):
             out.append(("group", act.group_id))
         elif isinstance(act, parser.OFPActionSetField):
+            if act.key == "in_port":  # (as OVS answers an OpenFlow set-field of it)
+                raise OFError(ofp.OFPET_BAD_ACTION, ofp.OFPBAC_BAD_SET_ARGUMENT, "set_field in_port")
             if act.key not in _SETTABLE:
                 raise TypeError(f"fake fabric does not model set_field {act.key}")
             out.append(("set_field", act.key, _readable(act.key, _compile(act.key, act.value))))
@@ -232,6 +236,10 @@ def _normalise_actions(actions: Iterable[Any] | None) -> tuple[Action, ...]:
                     raise OFError(ofp.OFPET_BAD_ACTION, ofp.OFPBAC_BAD_ARGUMENT,
                                   f"move of {act.n_bits} bits at {ofs} in {fname}")
             out.append(("move", act.src_field, act.src_ofs, act.dst_field, act.dst_ofs, act.n_bits))
+        elif isinstance(act, parser.NXActionRegLoad):
+            if act.dst != "in_port_nxm" or act.ofs_nbits != 15:
+                raise TypeError(f"fake fabric does not model load into {act.dst} ({act.ofs_nbits:#x})")
+            out.append(("set_field", "in_port", act.value))
         elif isinstance(act, parser.NXActionResubmitTable):
             if act.table_id == 0xFF:  # (OVS: "the current table"; ours always name one)
                 raise TypeError("fake fabric does not model resubmit to the current table")
@@ -863,8 +871,8 @@ class FakeFabric:
             result.log.extend(res.notes)
             result.dropped_at.extend([copy.dpid] * res.misses)
             path = copy.path | {here}
-            in_port = pkt["in_port"]
             for port, out in res.outputs:
+                in_port = out["in_port"]  # (a set_field in_port's, if one ran: as OVS)
                 if port == ofp.OFPP_CONTROLLER:
                     result.to_controller[copy.dpid] += 1
                     result.punted.append((copy.dpid, {k: _from_int(k, v) if k != "in_port" else v

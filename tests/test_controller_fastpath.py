@@ -363,8 +363,8 @@ def cached_pieces_hold(core: MulticastCore) -> None:
     for dpid, ports in core._pieces.items():
         for port, pc in ports.items():
             d = core.detours.known.get((dpid, port)) if (dpid, port) in core.view.port_link else None
-            assert pc == (() if d is None else (d.first, pc[1], pc[2], d.arrival, pc[4],
-                                                () if core.nicira else (d.arrival, pc[4], TO_OWN_GROUP)))
+            assert pc == (() if d is None else (d.first, pc[1], pc[2], -1, pc[4], ()) if core.nicira else
+                          (d.first, pc[1], pc[2], d.arrival, pc[4], (d.arrival, pc[4], TO_OWN_GROUP)))
     for n, ups in core._uplinks.items():
         for par, (in_port, pc) in ups.items():
             assert in_port == nbr[n][par]

@@ -105,6 +105,7 @@ def test_a_detours_rejoin_flow_is_what_ryu_sends_and_reads_back_the_same() -> No
         instructions=[parser.OFPInstructionActions(ofp.OFPIT_APPLY_ACTIONS, [
             parser.OFPActionSetField(eth_dst="01:00:5e:00:00:00"),
             parser.NXActionRegMove(src_field="ipv4_dst", dst_field="eth_dst", n_bits=23, src_ofs=0, dst_ofs=0),
+            parser.NXActionRegLoad(ofs_nbits=15, dst="in_port_nxm", value=4),
             parser.NXActionResubmitTable(in_port=4, table_id=0)])])
     msg = ofmsgs.detour_flow(9, ofmsgs.COOKIE_DETOUR, 2, tag, acts, priority=ofmsgs.PRIO_REJOIN)
     assert wire(msg) == wire(ref)
@@ -113,7 +114,8 @@ def test_a_detours_rejoin_flow_is_what_ryu_sends_and_reads_back_the_same() -> No
     # Open vSwitch reports the move by the fields' NXM headers (NXM_OF_IP_DST...): the same
     as_ovs = [parser.OFPActionSetField(eth_dst="01:00:5e:00:00:00"),
               parser.NXActionRegMove(src_field="ipv4_dst_nxm", dst_field="eth_dst_nxm", n_bits=23, src_ofs=0,
-                                     dst_ofs=0), parser.NXActionResubmitTable(in_port=4, table_id=0)]
+                                     dst_ofs=0), parser.NXActionRegLoad(ofs_nbits=15, dst="in_port_nxm", value=4),
+              parser.NXActionResubmitTable(in_port=4, table_id=0)]
     buf = bytearray()
     for a in as_ovs:
         a.serialize(buf, len(buf))
@@ -133,6 +135,7 @@ gids = st.integers(1, 0xFFFEFFFF)
 acts = st.lists(st.one_of(st.tuples(st.just("output"), st.one_of(ports, st.just(ofp.OFPP_IN_PORT))),
                           st.tuples(st.just("group"), gids),
                           st.tuples(st.just("set_field"), st.just("eth_dst"), macs),
+                          st.tuples(st.just("set_field"), st.just("in_port"), st.integers(1, 0xFEFF)),
                           st.tuples(st.just("resubmit"), st.integers(1, 0xFEFF), st.integers(0, 254)),  # (a 16-bit port)
                           st.tuples(st.just("move"), st.sampled_from(["ipv4_dst", "ipv4_src"]), st.integers(0, 8),
                                     st.just("eth_dst"), st.integers(0, 24), st.integers(1, 23))),

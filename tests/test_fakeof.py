@@ -342,7 +342,9 @@ def test_resubmit_looks_up_as_another_port_and_move_copies_bits_as_ovs_does(line
     (01:00:5e + the address's low 23 bits), and the lookup again as if the copy came in on
     another port (h2's). As in OVS that port is the ingress for the lookup alone: the
     entry found still never outputs to the real ingress (nor does the output after the
-    resubmit), h2 gets its copy, and the restored MAC stays (s3 matches on it)."""
+    resubmit), h2 gets its copy, and the restored MAC stays (s3 matches on it). With the
+    ingress set to h2's port first (OVS's set_field of in_port, as the controller's detour
+    end does), the group's output back where the copy came in goes out, h2's does not."""
     topo, fab = linear3
     tag, mac = "02:00:00:00:00:01", "01:00:5e:01:02:03"
     p12, p21, p23 = port(topo, 1, 2), port(topo, 2, 1), port(topo, 2, 3)
@@ -361,10 +363,23 @@ def test_resubmit_looks_up_as_another_port_and_move_copies_bits_as_ovs_does(line
     assert tr.delivered == Counter({ip(topo, "h2"): 1, ip(topo, "h3"): 1}), tr.log
     assert tr.link_copies == Counter({(1, 2): 1, (2, 3): 1})
     assert sum("ingress" in line for line in tr.log) == 2, tr.log  # (the group's and the one after)
+    fab.apply(2, flow([parser.OFPActionSetField(eth_dst="01:00:5e:00:00:00"),
+                       parser.NXActionRegMove(src_field="ipv4_dst", dst_field="eth_dst", n_bits=23, src_ofs=0,
+                                              dst_ofs=0),
+                       parser.NXActionRegLoad(ofs_nbits=15, dst="in_port_nxm", value=hport(topo, "h2")),
+                       parser.NXActionResubmitTable(in_port=hport(topo, "h2"), table_id=0)],
+                      priority=200, in_port=p21, eth_dst=tag, eth_type=0x0800,
+                      ipv4_dst=("232.0.0.0", "255.0.0.0")))  # (same match and priority: replaced)
+    tr = fab.trace(ip(topo, "h1"), GROUP)
+    assert tr.delivered == Counter({ip(topo, "h3"): 1}), tr.log
+    assert tr.link_copies == Counter({(1, 2): 1, (2, 1): 1, (2, 3): 1}), tr.log
     with pytest.raises(OFError) as err:  # (as OVS: a move of ipv4_dst needs eth_type IPv4)
         fab.switches[2].apply(flow([parser.NXActionRegMove(
             src_field="ipv4_dst", dst_field="eth_dst", n_bits=23, src_ofs=0, dst_ofs=0)], in_port=p21))
     assert err.value.code == ofp.OFPBAC_MATCH_INCONSISTENT
+    with pytest.raises(OFError) as err:  # (as OVS: the ingress is set by Nicira's load only)
+        fab.switches[2].apply(flow([parser.OFPActionSetField(in_port=3)], in_port=p21))
+    assert err.value.code == ofp.OFPBAC_BAD_SET_ARGUMENT
 
 
 def test_down_link_carries_nothing(linear3):

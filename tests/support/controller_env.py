@@ -67,9 +67,8 @@ def assert_exact(core: MulticastCore, fabric: FakeFabric) -> None:
     counters): one ALL group and one (S,G) flow per tree crossing it, one FF group per
     protected port (and ingress variant), one transit flow per protected link whose
     detour crosses it, one rejoin flow per protected link at its far end (shared by its
-    trees) and one per group whose parent link is protected and whose detour arrives over
-    one of the group's outputs there (with ``nicira`` off: one per group whose parent
-    link is protected, and none per link) -- and nothing else."""
+    trees; with ``nicira`` off one per group whose parent link is protected instead) --
+    and nothing else."""
     from controller.protect import IN_PORT_BIT, ff_buckets, ff_port, is_ff, rejoin_actions, tag
     guards = set()
     want: dict[int, set] = {d: set() for d in fabric.switches}
@@ -79,7 +78,7 @@ def assert_exact(core: MulticastCore, fabric: FakeFabric) -> None:
             ffs = list(e.ff)
             par = g.tree.parent[dpid]
             d = core.detours.get(par, core.view.nbr_ports[par][dpid]) if par is not None else None
-            own = core.protection and d is not None and (not core.nicira or d.arrival in e.out_ports)
+            own = core.protection and d is not None and not core.nicira
             assert bool(e.rejoin) == own and (not own or e.rejoin[0] == d.arrival), (dpid, g.gid, e, d)
             if e.rejoin:
                 want[dpid].add(("rejoin", g.gid, e.rejoin[:2] + (ofmsgs.rejoin_actions(e.rejoin[2], g.address, g.gid),)))
