@@ -16,18 +16,24 @@ never match the (S,G) flows' forwarding (detour entries are matched first, on
 
 * a *transit* flow on each switch in between (in_port from the previous hop + tag, in
   232/8) outputs toward the next hop, shared by all groups, one per protected link;
-* a *rejoin* flow at ``c`` per group (in_port from the last hop + tag + (S,G)) restores
-  the group's multicast MAC and continues exactly as ``c``'s ALL group would (its
-  actions are kept as ``TO_OWN_GROUP`` or the outputs, the same for every group): every
-  receiver still gets one copy. When the detour arrives over one of ``c``'s own tree
-  ports the rejoin lists ``c``'s outputs itself with ``OFPP_IN_PORT`` for that port
-  (a switch never outputs a packet where it came in otherwise).
+* a *rejoin* flow at ``c``, one per protected link and shared by its groups too
+  (``rejoin_actions``, Open vSwitch's Nicira actions): the copy gets its group's MAC
+  back, its ingress becomes ``c``'s port of the link, and it is looked up again, so the
+  (S,G) flow each tree crossing the link has on that port takes it on through its ALL
+  group -- also out of the port the detour came in by, when that is one of the tree's.
+  Switches without Nicira actions (``MulticastCore(nicira=False)``) get one rejoin flow
+  per group instead (in_port from the last hop + tag + (S,G)), which restores the
+  group's multicast MAC and continues exactly as ``c``'s ALL group would (its actions
+  are kept as ``TO_OWN_GROUP`` or the outputs, the same for every group), listing
+  ``c``'s outputs itself with ``OFPP_IN_PORT`` when the detour arrives over one of them.
+  Either way every receiver still gets one copy.
 
 Entries per switch: one FF group per protected link port (two when some group enters the
 switch on the detour's first port, which then needs ``OFPP_IN_PORT``), one transit flow
-per protected link whose detour crosses it, one rejoin flow per group whose parent link
-is protected. A link without a detour (a bridge) is not protected; the controller
-reroutes (or reports receivers unreachable) on PortStatus.
+per protected link whose detour crosses it, one rejoin flow per protected link ending
+there (without Nicira actions: one per group whose parent link is protected). A link
+without a detour (a bridge) is not protected; the controller reroutes (or reports
+receivers unreachable) on PortStatus.
 
 Detours are shortest paths found once and kept while they work (as trees keep their
 branches): a detour is recomputed only when a link or switch on it goes away, and a
