@@ -52,7 +52,7 @@ def parse(argv: list[str]) -> tuple[settings.Settings, list[str]]:
                     help="do not pre-install fast-failover groups and detours for tree links "
                     "(a failed link then waits for the controller's reroute)")
     ap.add_argument("--no-nicira", action="store_true",
-                    help="switches without Open vSwitch's Nicira actions (move, resubmit): end "
+                    help="switches without Open vSwitch's Nicira actions (move, load, resubmit): end "
                     "each detour with one flow per group and link instead of one per link "
                     "(plain OpenFlow 1.3; a third more messages per new tree)")
     ap.add_argument("--trace", type=Path, metavar="FILE",

@@ -27,7 +27,7 @@ class Settings:
     audit_interval_s: float = 5.0  # each switch's tables re-read and repaired this often (at most 2% of the time per switch); 0: never
     # fast-failover groups and detours pre-installed for tree links (controller.protect)
     protection: bool = True
-    # a detour ends in one flow per link, with Open vSwitch's Nicira actions (move,
+    # a detour ends in one flow per link, with Open vSwitch's Nicira actions (move, load,
     # resubmit); False: one per group and link, plain OpenFlow 1.3 (other switches)
     nicira: bool = True
     # several instances (controller.election): the state in etcd instead of state_file

@@ -100,6 +100,14 @@ def test_no_protection_turns_fast_failover_off():
     assert conf.protection is False and rest == ["--ofp-tcp-listen-port", "6653"]
 
 
+def test_no_nicira_keeps_plain_openflow_detour_ends():
+    """Switches without Open vSwitch's Nicira actions: one rejoin flow per group."""
+    from controller.main import parse
+    assert parse([])[0].nicira is True
+    conf, rest = parse(["--no-nicira"])
+    assert conf.nicira is False and conf.protection is True and rest == []
+
+
 @pytest.mark.parametrize("limits, connections, raised_to, said", [
     ((1024, 1 << 20), 4096, 4096 + 512, "raised to 4608"),  # (a common default soft limit)
     ((1024, 2048), 4096, 2048, "lowered to 1536"),  # the hard limit is too low: fewer connections
