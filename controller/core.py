@@ -36,6 +36,7 @@ _IN_PORT_OUT = ("output", ofmsgs.ofp.OFPP_IN_PORT)  # a rejoin output back where
 _NOTHING: dict = {}  # (never written)
 _NO_ARRIVAL = -1  # a piece's arrival port where no group has a rejoin flow of its own (``nicira``)
 _SHARED_PRIO = {"transit": ofmsgs.PRIO_DETOUR, "rejoin": ofmsgs.PRIO_REJOIN}  # a shared detour flow's
+_SHARED_KIND = {prio: kind for kind, prio in _SHARED_PRIO.items()}  # (read back off a switch)
 # one tuple object for every equal out-port or FF list of an entry (``_shape``): a tree
 # holds ~100 of each, mostly the same few, so every tree used to hold its own copies
 _SHAPES: dict[tuple, tuple] = {}
@@ -130,10 +131,9 @@ class SwitchState:
                     turned.add(gid)
                 else:
                     state.flows.add((gid, in_port))
-            elif prio in (ofmsgs.PRIO_DETOUR, ofmsgs.PRIO_REJOIN) and "eth_dst" in match:
+            elif prio in _SHARED_KIND and "eth_dst" in match:
                 if ck == ofmsgs.COOKIE_DETOUR:
-                    kind = "transit" if prio == ofmsgs.PRIO_DETOUR else "rejoin"
-                    state.shared[(kind, in_port, match["eth_dst"])] = acts
+                    state.shared[(_SHARED_KIND[prio], in_port, match["eth_dst"])] = acts
                 elif prio == ofmsgs.PRIO_DETOUR and 0 < gid <= MAX_GID:
                     state.rejoins.setdefault(gid, []).append((in_port, match["eth_dst"], acts))
         ours = {gid for gid, _ in state.flows} | set(known) | set(state.rejoins)

@@ -573,10 +573,7 @@ class FakeSwitch:
             elif kind == "group":
                 self._run_group(act[1], dict(pkt), res, depth + 1)
             elif kind == "move":
-                _, src, src_ofs, dst, dst_ofs, n_bits = act
-                if src not in pkt or dst not in pkt:  # (a flow without their prerequisites is refused)
-                    res.notes.append(f"s{self.dpid}: move {src}->{dst} on a packet without them: skipped")
-                    continue
+                _, src, src_ofs, dst, dst_ofs, n_bits = act  # (prerequisites checked when added)
                 mask = (1 << n_bits) - 1
                 pkt[dst] = pkt[dst] & ~(mask << dst_ofs) | ((pkt[src] >> src_ofs) & mask) << dst_ofs
             elif kind == "resubmit":
