@@ -247,7 +247,7 @@ class ModelcastApp(app_manager.RyuApp):
         for dpid, dp in list(self.dps.items()):
             dp.send_msg(ofmsgs.role_request(dpid, True, status.generation))
             self._send([(dpid, m) for m in self.reconnect.features(dpid)])
-            self._send([(dpid, m) for m in self.reconnect.start(dpid)])
+            self._send([(dpid, ofmsgs.desc_request(dpid)), *((dpid, m) for m in self.reconnect.start(dpid))])
 
     def _demote(self, status: Status) -> None:
         """Lost the lead (or cannot renew it): stop writing at once; switches keep
@@ -415,6 +415,29 @@ class ModelcastApp(app_manager.RyuApp):
         if errors is not None:
             errors.append(text)
         log.error("%s", text)
+        if ofmsgs.refuses_nicira(msg.type, msg.code):
+            self._without_nicira(dpid, "refused an experimenter action (Open vSwitch's Nicira actions)")
+
+    def _without_nicira(self, dpid: int, why: str) -> None:
+        """A switch lacks Open vSwitch's Nicira actions: from now on every detour ends in
+        one flow per group and link, plain OpenFlow 1.3 (``--no-nicira``), on every switch."""
+        if not self.core.nicira or not self.leading:
+            return
+        t0 = time.perf_counter()
+        plan = self.core.set_nicira(False)
+        log.warning("switch %#x %s: detours now end in one flow per group and link, plain OpenFlow 1.3, "
+                    "as with --no-nicira (start with it to skip this step): %d messages for %d groups "
+                    "in %.1f ms", dpid, why, len(plan), len(plan.groups), (time.perf_counter() - t0) * 1000)
+        self._apply(plan, "plain-openflow")
+
+    @set_ev_cls(ofp_event.EventOFPDescStatsReply, MAIN_DISPATCHER)
+    def _desc_reply(self, ev: Any) -> None:
+        """Asked for when a switch connects (and on a takeover), before its tables are read:
+        a switch that is not Open vSwitch makes detours plain OpenFlow before it gets any."""
+        d = ev.msg.body
+        if not ofmsgs.speaks_nicira(d.mfr_desc, d.hw_desc):
+            self._without_nicira(ev.msg.datapath.id, "is not Open vSwitch (%s)" % ", ".join(
+                repr(ofmsgs.desc_text(f)) for f in (d.mfr_desc, d.hw_desc, d.sw_desc)))
 
     def _apply(self, plan: Plan, reason: str) -> None:
         if len(plan):
@@ -444,7 +467,9 @@ class ModelcastApp(app_manager.RyuApp):
             if not self.leading:
                 return
             # Read what it already holds of ours before touching it: after a controller
-            # restart a healthy switch keeps forwarding and gets no message at all.
+            # restart a healthy switch keeps forwarding and gets no message at all. Its
+            # description first: the answers come in order (``_desc_reply``).
+            dp.send_msg(ofmsgs.desc_request(dp.id))
             for msg in self.reconnect.start(dp.id):
                 dp.send_msg(msg)
         elif self.dps.get(dp.id) is dp:

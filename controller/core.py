@@ -494,6 +494,34 @@ class MulticastCore:
         return self._sync([g.gid for g in self.groups.values()
                            if ip == g.source or ip in g.receivers])
 
+    def set_nicira(self, on: bool) -> Plan:
+        """Switch how detours end (``nicira``): one flow per link with Open vSwitch's
+        Nicira actions, or one per group and link in plain OpenFlow 1.3. Used when a
+        switch turns out not to have those actions (its description, or an error naming
+        them): every tree is re-protected in place and the returned plan moves the
+        switches over. The per-group rejoins are added before the shared ones go, so a
+        failure meanwhile is still bypassed."""
+        if on == self.nicira:
+            return Plan()
+        keys = list(self.guards)
+        for key in keys:  # (the detours' shared entries as the old way has them: dropped)
+            self._guard(key, False)
+        self.nicira = on
+        self._pieces_of = None  # (every piece says which way: all made anew)
+        self._pieces_now()
+        for key in keys:
+            self._guard(key, True)
+        gids = []
+        if self.protection:
+            for g in self.groups.values():
+                if g.tree is None:
+                    continue
+                was = dict(g.tree.entries)
+                self._protect(g, g.tree)
+                self._recount(was, g.tree.entries)
+                gids.append(g.gid)
+        return self._diff(gids)
+
     def sync_switch(self, dpid: int) -> Plan:
         """Whatever the switch lacks of the trees, by the core's belief (idempotent)."""
         self._dirty[dpid] |= self.shared_want.get(dpid, {}).keys() | self.shared.get(dpid, {}).keys()

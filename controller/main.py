@@ -54,7 +54,9 @@ def parse(argv: list[str]) -> tuple[settings.Settings, list[str]]:
     ap.add_argument("--no-nicira", action="store_true",
                     help="switches without Open vSwitch's Nicira actions (move, load, resubmit): end "
                     "each detour with one flow per group and link instead of one per link "
-                    "(plain OpenFlow 1.3; a third more messages per new tree)")
+                    "(plain OpenFlow 1.3; a third more messages per new tree). Without it the "
+                    "controller switches over by itself when a switch is not Open vSwitch (its "
+                    "OFPMP_DESC) or refuses a Nicira action")
     ap.add_argument("--trace", type=Path, metavar="FILE",
                     help="append every plan message, barrier reply, port change and audit with "
                     "its wall-clock time to FILE (env MODELCAST_TRACE; a debugging aid)")

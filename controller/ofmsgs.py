@@ -811,6 +811,32 @@ def group_desc_request(dpid: int) -> Msg:
     return parser.OFPGroupDescStatsRequest(datapath(dpid), 0)
 
 
+def desc_request(dpid: int) -> Msg:
+    """The switch's description (OFPMP_DESC): whether it is Open vSwitch (``speaks_nicira``)."""
+    return parser.OFPDescStatsRequest(datapath(dpid), 0)
+
+
+def desc_text(field: bytes | str) -> str:
+    """A description field of OFPMP_DESC as text (Ryu parses them as bytes, NUL padding
+    stripped)."""
+    if isinstance(field, bytes):
+        field = field.decode("ascii", "replace")
+    return field.strip("\0 ")
+
+
+def speaks_nicira(mfr_desc: bytes | str, hw_desc: bytes | str) -> bool:
+    """Whether a switch that describes itself so has Open vSwitch's Nicira actions (move,
+    load, resubmit: ``protect.rejoin_actions``). Open vSwitch answers mfr "Nicira, Inc."
+    and hw "Open vSwitch" (OVS 2.x and 3.x); anything else is taken to lack them."""
+    return desc_text(mfr_desc) == "Nicira, Inc." or desc_text(hw_desc) == "Open vSwitch"
+
+
+def refuses_nicira(err_type: int, code: int) -> bool:
+    """An OFPT_ERROR a switch without Nicira actions answers one of ours with: an
+    experimenter (vendor) or experimenter action it does not know."""
+    return err_type == ofp.OFPET_BAD_ACTION and code in (ofp.OFPBAC_BAD_EXPERIMENTER, ofp.OFPBAC_BAD_EXP_TYPE)
+
+
 def role_request(dpid: int, master: bool, generation: int) -> Msg:
     """OFPRoleRequest MASTER or SLAVE with ``generation`` (controller.election): the
     switch refuses one older than the newest it has seen (OFPRRFC_STALE)."""

@@ -338,14 +338,23 @@ class FakeSwitch:
     """Flow and group tables of one switch, changed only through OpenFlow messages.
 
     ``port_live`` tells fast-failover/select groups whether a watched port is up; the
-    fabric supplies it, a standalone switch treats every port as live."""
+    fabric supplies it, a standalone switch treats every port as live. ``nicira`` False:
+    a switch that is not Open vSwitch, without its Nicira actions (move, load,
+    resubmit): it refuses them as an OpenFlow 1.3 switch refuses an unknown
+    experimenter's action, and describes itself (OFPMP_DESC) as another vendor's."""
+
+    #: what Open vSwitch 3.1 answers to OFPMP_DESC (mfr, hw, sw, serial, dp) as Ryu parses
+    #: it (bytes), and a switch without Nicira actions
+    OVS_DESC = (b"Nicira, Inc.", b"Open vSwitch", b"3.1.0", b"None", b"None")
+    PLAIN_DESC = (b"Example Networks", b"OF-1.3 ASIC switch", b"1.0", b"0001", b"plain")
 
     _IGNORED = (parser.OFPBarrierRequest, parser.OFPEchoRequest, parser.OFPFeaturesRequest,
                 parser.OFPGetConfigRequest, parser.OFPSetConfig, parser.OFPSetAsync,
                 parser.OFPGetAsyncRequest, parser.OFPRoleRequest, parser.OFPMultipartRequest)
 
-    def __init__(self, dpid: int, port_live: Callable[[int], bool] | None = None) -> None:
+    def __init__(self, dpid: int, port_live: Callable[[int], bool] | None = None, nicira: bool = True) -> None:
         self.dpid = dpid
+        self.nicira = nicira
         self.flows: list[FlowEntry] = []
         self.groups: dict[int, GroupEntry] = {}
         self.meters: dict[int, tuple] = {}  # meter id -> (flags, ((band type, rate, burst), ...))
@@ -377,7 +386,13 @@ class FakeSwitch:
             err.dpid = self.dpid
             raise
 
-    def _check_groups_exist(self, actions: Iterable[Action], groups: dict[int, GroupEntry]) -> None:
+    def _check_actions(self, actions: Iterable[Action], groups: dict[int, GroupEntry]) -> None:
+        """Refuse what this switch would: Nicira actions on a plain switch, a missing group."""
+        actions = tuple(actions)
+        if not self.nicira:
+            for a in actions:
+                if a[0] in ("move", "resubmit") or a[:2] == ("set_field", "in_port"):
+                    raise OFError(ofp.OFPET_BAD_ACTION, ofp.OFPBAC_BAD_EXPERIMENTER, f"Nicira action {a[0]}")
         for act in actions:
             if act[0] == "group" and act[1] not in groups:
                 raise OFError(ofp.OFPET_BAD_ACTION, ofp.OFPBAC_BAD_OUT_GROUP,
@@ -425,7 +440,7 @@ class FakeSwitch:
             if kind == "goto" and payload <= msg.table_id:
                 raise OFError(ofp.OFPET_BAD_INSTRUCTION, ofp.OFPBIC_BAD_TABLE_ID,
                               f"goto {payload} from table {msg.table_id}")
-        self._check_groups_exist(_actions_of(instructions), self.groups)
+        self._check_actions(_actions_of(instructions), self.groups)
         for act in _actions_of(instructions):  # (as OVS: a move needs its fields' prerequisites)
             if act[0] == "move" and {act[1], act[3]} & set(_IPV4_FIELDS) and match.get("eth_type") != 0x0800:
                 raise OFError(ofp.OFPET_BAD_ACTION, ofp.OFPBAC_MATCH_INCONSISTENT,
@@ -496,7 +511,7 @@ class FakeSwitch:
             raise OFError(ofp.OFPET_GROUP_MOD_FAILED, ofp.OFPGMFC_INVALID_GROUP,
                           f"indirect group {gid} needs exactly one bucket, got {len(buckets)}")
         for b in buckets:
-            self._check_groups_exist(b.actions, self.groups)
+            self._check_actions(b.actions, self.groups)
             if b.watch_group != ofp.OFPG_ANY and b.watch_group not in self.groups:
                 raise OFError(ofp.OFPET_GROUP_MOD_FAILED, ofp.OFPGMFC_INVALID_GROUP,
                               f"watch_group {b.watch_group} does not exist")
@@ -520,6 +535,9 @@ class FakeSwitch:
                 instructions=_parser_instructions(e.instructions))
                 for e in (self.flows[i] for i in self._selected(
                     msg, _normalise_match(msg.match), False, True))]
+        elif isinstance(msg, parser.OFPDescStatsRequest):
+            return [parser.OFPDescStatsReply(msg.datapath, body=parser.OFPDescStats(
+                *(self.OVS_DESC if self.nicira else self.PLAIN_DESC)), flags=0)]
         elif isinstance(msg, parser.OFPGroupDescStatsRequest):
             reply = parser.OFPGroupDescStatsReply
             body = [parser.OFPGroupDescStats(g.type, gid, [
@@ -693,10 +711,12 @@ class _Copy:
 class FakeFabric:
     """Switches of a ``Topology`` joined by its links, with hosts on their ports."""
 
-    def __init__(self, topology: Topology) -> None:
+    def __init__(self, topology: Topology, plain: Iterable[int] = ()) -> None:
+        """``plain``: the switches without Open vSwitch's Nicira actions (``FakeSwitch``)."""
         self.topology = topology
+        plain = set(plain)
         self.switches: dict[int, FakeSwitch] = {
-            dpid: FakeSwitch(dpid, port_live=lambda port, d=dpid: self.port_live(d, port))
+            dpid: FakeSwitch(dpid, port_live=lambda port, d=dpid: self.port_live(d, port), nicira=dpid not in plain)
             for dpid in topology.switches}
         self.hosts: dict[str, Host] = {h.ip: h for h in topology.hosts}
         # (dpid, port) -> Host, or (peer dpid, peer port)

@@ -25,6 +25,8 @@ from controller import ofmsgs, settings
 from lab.fakeof import FakeFabric
 from tests.support.app_bench import (TOPO, H, Bench, arp_reply_to_probe, arp_request,
                                      igmpv3_include, ours, start, udp_to)
+from tests.support.controller_env import assert_exact
+from tests.support.fabric_checks import nicira_actions
 
 HANDLERS = sorted(name for name, m in inspect.getmembers(app_module.ModelcastApp)
                   if hasattr(m, "callers"))
@@ -71,7 +73,7 @@ def test_every_handler_runs_with_real_effects(make_bench, caplog):
     assert [f.cookie for f in fabric.switches[3].flows] == [ofmsgs.COOKIE_TAG] * len(ofmsgs.base_flows(3))
     assert set(fabric.switches[3].meters) == set(ofmsgs.METERS)  # (the app's default --punt-rate)
     assert [type(m) for m in dp3.sent_of(parser.OFPMultipartRequest)] == [
-        parser.OFPFlowStatsRequest, parser.OFPGroupDescStatsRequest]
+        parser.OFPDescStatsRequest, parser.OFPFlowStatsRequest, parser.OFPGroupDescStatsRequest]
     bench.settle()
     assert 3 in core.installed and 3 in core.view.switches
     assert "switch 0x3 reconciled: held 0 of our groups, 0 messages to fix" in caplog.text
@@ -219,3 +221,61 @@ def test_a_restarted_app_reconciles_and_leaves_healthy_switches_alone(make_bench
         assert bool(fixes) == (d == 4), (d, fixes)
     assert dict(fabric.trace(H["h1"].ip, g["address"]).delivered) == {H["h3"].ip: 1, H["h4"].ip: 1}
     assert second.app.service.get_group(gid)["state"] == "installed"
+
+
+def _bypassed_alone(fabric: FakeFabric, source: str, address: str, want: dict[str, int]) -> None:
+    """Each link of the fabric fails in turn, the controller hears nothing: the switches
+    alone still deliver one copy to each receiver."""
+    for k in TOPO.links:
+        fabric.set_link(k.a, k.b, False)
+        try:
+            tr = fabric.trace(source, address)
+            assert dict(tr.delivered) == want and not tr.loops and not tr.to_controller, (k, tr.log)
+        finally:
+            fabric.set_link(k.a, k.b, True)
+
+
+def test_a_switch_that_is_not_open_vswitch_gets_no_nicira_action(make_bench, caplog):
+    """Spine 2 describes itself as another vendor's switch (OFPMP_DESC) and would refuse
+    Open vSwitch's Nicira actions: as it connects, detours turn plain OpenFlow 1.3 on every
+    switch, before any is sent; no switch refuses anything, and every link failure is
+    still bypassed by the switches alone."""
+    fabric = FakeFabric(TOPO, plain=[2])
+    bench = make_bench(fabric)
+    with caplog.at_level(logging.WARNING, logger="modelcast.app"):
+        start(bench)
+    assert not bench.app.core.nicira
+    assert any("switch 0x2 is not Open vSwitch ('Example Networks'" in r.getMessage() for r in caplog.records)
+    g, _ = bench.app.service.create_group(
+        {"model": "plain", "source": H["h1"].ip, "receivers": [H["h3"].ip, H["h4"].ip]})
+    bench.settle()
+    assert bench.app.service.get_group(g["id"])["state"] == "installed"
+    assert not nicira_actions(fabric)
+    assert not [m for dp in bench.dps.values() for m in dp.sent if isinstance(m, parser.OFPErrorMsg)]
+    assert bench.calls["_error"] == 0
+    _bypassed_alone(fabric, H["h1"].ip, g["address"], {H["h3"].ip: 1, H["h4"].ip: 1})
+
+
+def test_a_switch_refusing_nicira_actions_turns_detours_plain(make_bench, caplog):
+    """Every switch claims to be Open vSwitch but refuses its Nicira actions: the trees go
+    up with them, the refusals (OFPET_BAD_ACTION, bad experimenter) come back, and the
+    controller moves every detour to plain OpenFlow 1.3; afterwards the switches hold
+    exactly that and every link failure is bypassed by the switches alone."""
+    fabric = FakeFabric(TOPO, plain=TOPO.switches)
+    for sw in fabric.switches.values():
+        sw.PLAIN_DESC = sw.OVS_DESC  # (lies)
+    bench = make_bench(fabric)
+    start(bench)
+    assert bench.app.core.nicira
+    with caplog.at_level(logging.WARNING, logger="modelcast.app"):
+        g, _ = bench.app.service.create_group(
+            {"model": "liar", "source": H["h1"].ip, "receivers": [H["h3"].ip, H["h4"].ip]})
+        bench.settle()
+    assert bench.calls["_error"] > 0 and not bench.app.core.nicira
+    assert any("refused an experimenter action" in r.getMessage() and "plain OpenFlow 1.3" in r.getMessage()
+               for r in caplog.records)
+    bench.settle()
+    assert not nicira_actions(fabric)
+    assert_exact(bench.app.core, fabric)
+    assert bench.app.service.get_group(g["id"])["state"] == "installed"
+    _bypassed_alone(fabric, H["h1"].ip, g["address"], {H["h3"].ip: 1, H["h4"].ip: 1})

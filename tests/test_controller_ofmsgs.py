@@ -344,3 +344,16 @@ def test_sg_match_addresses_are_read_as_strictly_as_ipaddress(address) -> None:
             ofmsgs._ipv4(address)
         return
     assert ofmsgs._ipv4(address) == want
+
+
+def test_a_switch_is_taken_for_open_vswitch_by_its_description_alone():
+    """OFPMP_DESC as Ryu parses it off the wire (bytes; NUL padding possible): Open vSwitch
+    has the Nicira actions, another vendor's switch is taken to lack them."""
+    assert ofmsgs.speaks_nicira(b"Nicira, Inc.", b"Open vSwitch")
+    assert ofmsgs.speaks_nicira(b"Nicira, Inc.\0\0\0", b"Open vSwitch\0")
+    assert ofmsgs.speaks_nicira("Nicira, Inc.", "something else")
+    assert not ofmsgs.speaks_nicira(b"Example Networks", b"OF-1.3 ASIC switch")
+    assert not ofmsgs.speaks_nicira(b"", b"")
+    assert ofmsgs.desc_text(b"caf\xc3\xa9 \0") == "caf\ufffd\ufffd"
+    assert ofmsgs.refuses_nicira(ofp.OFPET_BAD_ACTION, ofp.OFPBAC_BAD_EXPERIMENTER)
+    assert not ofmsgs.refuses_nicira(ofp.OFPET_BAD_ACTION, ofp.OFPBAC_BAD_OUT_PORT)

@@ -18,7 +18,8 @@ from controller.core import MulticastCore
 from controller.reconnect import Reconnect
 from lab.fakeof import FakeFabric
 from tests.support.controller_env import assert_exact, core_and_fabric
-from tests.support.fabric_checks import apply, assert_delivery, create_drawn_groups, topology_strategy
+from tests.support.fabric_checks import (apply, assert_delivery, create_drawn_groups, nicira_actions,
+                                        topology_strategy)
 
 
 
@@ -118,6 +119,39 @@ def test_every_single_tree_link_failure_is_bypassed_by_the_switches(topo, data, 
     for gid in list(core.groups):
         apply(fabric, core.delete_group(gid))
     assert_exact(core, fabric)  # nothing left: no FF group, no transit or rejoin flow
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(topo=topology_strategy, data=st.data())
+def test_a_switch_without_nicira_actions_turns_every_detour_into_plain_openflow(topo, data):
+    """A switch that lacks Open vSwitch's Nicira actions is found after trees are up:
+    ``set_nicira(False)`` moves every detour's end to one flow per group, with no Nicira
+    action left anywhere; halfway through the move (its adds and group changes done, the
+    shared flows not yet removed) and after it, every tree link failure is still bypassed
+    by the switches alone, one copy per receiver; the end state is exactly what a core
+    that started without them would install."""
+    ips = [h.ip for h in topo.hosts]
+    assume(len(ips) >= 2 and topo.links)
+    core, fabric = core_and_fabric(topo)
+    create_drawn_groups(data, core, fabric, ips)
+    protected, _ = fail_each_tree_link(core, fabric, topo)
+    assert bool(nicira_actions(fabric)) == (protected > 0)  # (a rejoin flow per protected link in use)
+    plan = core.set_nicira(False)
+    build, switch, remove = plan.phases
+    apply(fabric, build + switch)
+    fail_each_tree_link(core, fabric, topo)
+    apply(fabric, remove)
+    assert not nicira_actions(fabric)
+    assert_exact(core, fabric)
+    fail_each_tree_link(core, fabric, topo)
+    assert len(core.set_nicira(False)) == 0  # (once)
+
+    plain, plain_fabric = core_and_fabric(topo, nicira=False)
+    for g in sorted(core.groups.values(), key=lambda g: g.gid):
+        apply(plain_fabric, plain.create_group(g.model, g.source, g.receivers)[1])
+    same_trees = all(plain.groups[g.gid].tree.parent == g.tree.parent for g in core.groups.values() if g.tree)
+    if same_trees:  # (load balancing may pick other equal-cost trees in the other order)
+        assert fabric.snapshot() == plain_fabric.snapshot()
 
 
 def test_leaf_spine_every_link_protected_and_entries_bounded():

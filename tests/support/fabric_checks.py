@@ -74,6 +74,16 @@ def apply(fabric: FakeFabric, plan) -> None:
     assert not errs, errs
 
 
+def nicira_actions(fabric: FakeFabric) -> list[tuple[int, object]]:
+    """Every Nicira action a switch of the fabric holds, in a flow or a group bucket."""
+    found = []
+    for dpid, sw in fabric.switches.items():
+        acts = [a for f in sw.flows for i in f.instructions if i[0] in ("apply", "write") for a in i[1]]
+        acts += [a for grp in sw.groups.values() for b in grp.buckets for a in b.actions]
+        found += [(dpid, a) for a in acts if a[0] in ("move", "resubmit") or a[:2] == ("set_field", "in_port")]
+    return found
+
+
 def create_drawn_groups(data: st.DataObject, core: MulticastCore, fabric: FakeFabric, ips: list[str]) -> None:
     """1-3 groups, each a drawn source and 1-6 other hosts, created and their plans
     applied to ``fabric``."""
