@@ -247,7 +247,8 @@ class ModelcastApp(app_manager.RyuApp):
         for dpid, dp in list(self.dps.items()):
             dp.send_msg(ofmsgs.role_request(dpid, True, status.generation))
             self._send([(dpid, m) for m in self.reconnect.features(dpid)])
-            self._send([(dpid, ofmsgs.desc_request(dpid)), *((dpid, m) for m in self.reconnect.start(dpid))])
+            self._send([(dpid, ofmsgs.desc_request(dpid)), (dpid, ofmsgs.group_features_request(dpid)),
+                        *((dpid, m) for m in self.reconnect.start(dpid))])
 
     def _demote(self, status: Status) -> None:
         """Lost the lead (or cannot renew it): stop writing at once; switches keep
@@ -417,6 +418,31 @@ class ModelcastApp(app_manager.RyuApp):
         log.error("%s", text)
         if ofmsgs.refuses_nicira(msg.type, msg.code):
             self._without_nicira(dpid, "refused an experimenter action (Open vSwitch's Nicira actions)")
+            self.audits.soon(dpid)  # (what else of that plan it refused: read, and put right)
+        elif ofmsgs.refused_fast_failover(msg.type, msg.code, bytes(msg.data or b"")):
+            self._fast_failover(dpid, False, "refused a fast-failover group (bad type)")
+            self.audits.soon(dpid)  # (the ALL groups chained to it were refused with it)
+
+    def _fast_failover(self, dpid: int, on: bool, why: str) -> None:
+        """Whether a switch has fast-failover groups changed what it can protect: the links
+        leaving one without them wait for the controller's reroute."""
+        if not self.leading or on != (dpid in self.core.no_ff) or not self.core.protection:
+            return
+        t0 = time.perf_counter()
+        plan = self.core.set_fast_failover(dpid, on)
+        (log.info if on else log.warning)(
+            "switch %#x %s: the links leaving it are %s: %d messages for %d groups in %.1f ms", dpid, why,
+            "protected again" if on else "not protected (a failure there waits for the controller's reroute)",
+            len(plan), len(plan.groups), (time.perf_counter() - t0) * 1000)
+        self._apply(plan, "fast-failover")
+
+    @set_ev_cls(ofp_event.EventOFPGroupFeaturesStatsReply, MAIN_DISPATCHER)
+    def _group_features_reply(self, ev: Any) -> None:
+        """Asked for with the description (``_desc_reply``): a switch without OFPGT_FF."""
+        on = ofmsgs.has_fast_failover(ev.msg.body.types)
+        if on is not None:
+            self._fast_failover(ev.msg.datapath.id, on, "has fast-failover groups" if on else
+                                "has no fast-failover groups (its group features)")
 
     def _without_nicira(self, dpid: int, why: str) -> None:
         """A switch lacks Open vSwitch's Nicira actions: from now on every detour ends in
@@ -468,8 +494,10 @@ class ModelcastApp(app_manager.RyuApp):
                 return
             # Read what it already holds of ours before touching it: after a controller
             # restart a healthy switch keeps forwarding and gets no message at all. Its
-            # description first: the answers come in order (``_desc_reply``).
+            # description and group features first: the answers come in order
+            # (``_desc_reply``, ``_group_features_reply``).
             dp.send_msg(ofmsgs.desc_request(dp.id))
+            dp.send_msg(ofmsgs.group_features_request(dp.id))
             for msg in self.reconnect.start(dp.id):
                 dp.send_msg(msg)
         elif self.dps.get(dp.id) is dp:

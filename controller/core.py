@@ -16,7 +16,7 @@ import logging
 from collections import defaultdict
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 from controller import native, ofmsgs
 from controller.addressing import check_model, check_ssm, ssm_address
@@ -244,6 +244,7 @@ class MulticastCore:
         # (protect.rejoin_actions); False: in one flow per group and link, plain OpenFlow
         # 1.3, for switches without them (a third more messages per new tree)
         self.nicira = nicira
+        self.no_ff: set[int] = set()  # switches without fast-failover groups: their links unprotected
         # False: a first tree goes through _protect, _swap and the general diff (tests)
         self.one_pass = True
         self.detours = Detours(self.view)
@@ -498,19 +499,34 @@ class MulticastCore:
         """Switch how detours end (``nicira``): one flow per link with Open vSwitch's
         Nicira actions, or one per group and link in plain OpenFlow 1.3. Used when a
         switch turns out not to have those actions (its description, or an error naming
-        them): every tree is re-protected in place and the returned plan moves the
-        switches over. The per-group rejoins are added before the shared ones go, so a
-        failure meanwhile is still bypassed."""
+        them). The per-group rejoins are added before the shared ones go, so a failure
+        meanwhile is still bypassed."""
         if on == self.nicira:
             return Plan()
+        return self._protect_anew(lambda: setattr(self, "nicira", on))
+
+    def set_fast_failover(self, dpid: int, on: bool) -> Plan:
+        """Whether switch ``dpid`` has fast-failover groups (OFPGT_FF is optional in
+        OpenFlow 1.3: its group features say, or it refuses one). Without them the links
+        leaving it are not protected (a failure there waits for the controller's
+        reroute); detours may still cross it and end at it (plain flows)."""
+        if on != (dpid in self.no_ff):
+            return Plan()
+        return self._protect_anew(lambda: (self.no_ff.discard if on else self.no_ff.add)(dpid))
+
+    def _protect_anew(self, change: Callable[[], None]) -> Plan:
+        """Every tree re-protected in place after ``change`` to what the detours' pieces
+        depend on (``_piece_of``), with the shared entries and FF users in step; the plan
+        moves the switches over (new entries before the old go)."""
         keys = list(self.guards)
-        for key in keys:  # (the detours' shared entries as the old way has them: dropped)
+        for key in keys:  # (the detours' shared entries as they were: dropped)
             self._guard(key, False)
-        self.nicira = on
-        self._pieces_of = None  # (every piece says which way: all made anew)
+        change()
+        self._pieces_of = None  # (every piece made anew)
         self._pieces_now()
-        for key in keys:
-            self._guard(key, True)
+        for key in keys:  # (those still in use come back: ``_recount``)
+            if key[0] not in self.no_ff:
+                self._guard(key, True)
         gids = []
         if self.protection:
             for g in self.groups.values():
@@ -943,11 +959,11 @@ class MulticastCore:
         return pc
 
     def _piece_of(self, dpid: int, port: int) -> tuple:
-        """() when ``dpid:port`` is no link or has no detour, else (the detour's first
-        port, the FF group id, the id when the detour leaves by the ingress port, the
-        arrival port at the far end, the link's tag, the rejoin of a tree below the link
-        into its group's ALL group)."""
-        if (dpid, port) in self.view.port_link:
+        """() when ``dpid:port`` is no link, has no detour or ``dpid`` has no FF groups
+        (``no_ff``), else (the detour's first port, the FF group id, the id when the
+        detour leaves by the ingress port, the arrival port at the far end, the link's
+        tag, the rejoin of a tree below the link into its group's ALL group)."""
+        if (dpid, port) in self.view.port_link and dpid not in self.no_ff:
             d = self.detours.get(dpid, port)
             if d is not None:
                 link_tag = tag(dpid, port)

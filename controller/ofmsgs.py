@@ -831,6 +831,25 @@ def speaks_nicira(mfr_desc: bytes | str, hw_desc: bytes | str) -> bool:
     return desc_text(mfr_desc) == "Nicira, Inc." or desc_text(hw_desc) == "Open vSwitch"
 
 
+def group_features_request(dpid: int) -> Msg:
+    """The group types the switch has (OFPMP_GROUP_FEATURES): fast failover is optional
+    in OpenFlow 1.3 (``has_fast_failover``)."""
+    return parser.OFPGroupFeaturesStatsRequest(datapath(dpid), 0)
+
+
+def has_fast_failover(types: int) -> bool | None:
+    """Whether group features' ``types`` bitmap lists OFPGT_FF; None when it lists
+    nothing (a switch that does not fill it in: its refusals tell, ``refused_fast_failover``)."""
+    return bool(types & (1 << ofp.OFPGT_FF)) if types else None
+
+
+def refused_fast_failover(err_type: int, code: int, data: bytes) -> bool:
+    """An OFPT_ERROR refusing a group's type where the request it quotes (``data``: at
+    least its first 64 bytes) is a group-mod of an OFPGT_FF group."""
+    return (err_type == ofp.OFPET_GROUP_MOD_FAILED and code == ofp.OFPGMFC_BAD_TYPE and len(data) > 10
+            and data[1] == ofp.OFPT_GROUP_MOD and data[10] == ofp.OFPGT_FF)
+
+
 def refuses_nicira(err_type: int, code: int) -> bool:
     """An OFPT_ERROR a switch without Nicira actions answers one of ours with: an
     experimenter (vendor) or experimenter action it does not know."""

@@ -461,7 +461,9 @@ class Service:
     def health(self) -> dict[str, Any]:
         out = {"status": "ok", "switches": len(self.core.view.switches),
                "groups": len(self.core.groups),
-               "uptime_s": round(max(0.0, self.clock() - self._started), 3)}
+               "uptime_s": round(max(0.0, self.clock() - self._started), 3),
+               "protection": {"on": self.core.protection, "detour_ends": "per-link" if self.core.nicira else "per-group",
+                              "unprotected_switches": sorted(self.core.no_ff)}}
         if self.cluster is not None:  # several instances: role, leader, generation
             out.update(self.cluster())
         return out
@@ -649,6 +651,7 @@ class Service:
         old = self.core
         self.core = MulticastCore(algorithm=old.algorithm, udp_port=old.udp_port,
                                   balance=old.balance, protection=old.protection, nicira=old.nicira)
+        self.core.no_ff = set(old.no_ff)  # (what the switches said of themselves still holds)
         self.keys.clear()
         self.transfers.clear()
         self.offers.clear()

@@ -341,20 +341,27 @@ class FakeSwitch:
     fabric supplies it, a standalone switch treats every port as live. ``nicira`` False:
     a switch that is not Open vSwitch, without its Nicira actions (move, load,
     resubmit): it refuses them as an OpenFlow 1.3 switch refuses an unknown
-    experimenter's action, and describes itself (OFPMP_DESC) as another vendor's."""
+    experimenter's action, and describes itself (OFPMP_DESC) as another vendor's.
+    ``fast_failover`` False: it has no OFPGT_FF groups (optional in OpenFlow 1.3), refuses
+    them (bad type) and says so in its group features."""
 
     #: what Open vSwitch 3.1 answers to OFPMP_DESC (mfr, hw, sw, serial, dp) as Ryu parses
     #: it (bytes), and a switch without Nicira actions
     OVS_DESC = (b"Nicira, Inc.", b"Open vSwitch", b"3.1.0", b"None", b"None")
+    reports_group_types = True  # (False: its group features leave the types bitmap 0, as some switches do)
     PLAIN_DESC = (b"Example Networks", b"OF-1.3 ASIC switch", b"1.0", b"0001", b"plain")
 
     _IGNORED = (parser.OFPBarrierRequest, parser.OFPEchoRequest, parser.OFPFeaturesRequest,
                 parser.OFPGetConfigRequest, parser.OFPSetConfig, parser.OFPSetAsync,
                 parser.OFPGetAsyncRequest, parser.OFPRoleRequest, parser.OFPMultipartRequest)
 
-    def __init__(self, dpid: int, port_live: Callable[[int], bool] | None = None, nicira: bool = True) -> None:
+    def __init__(self, dpid: int, port_live: Callable[[int], bool] | None = None, nicira: bool = True,
+                 fast_failover: bool = True) -> None:
         self.dpid = dpid
         self.nicira = nicira
+        # the group types it has (OFPMP_GROUP_FEATURES): fast failover is optional in OF1.3
+        self.group_types = (ofp.OFPGT_ALL, ofp.OFPGT_SELECT, ofp.OFPGT_INDIRECT) + (
+            (ofp.OFPGT_FF,) if fast_failover else ())
         self.flows: list[FlowEntry] = []
         self.groups: dict[int, GroupEntry] = {}
         self.meters: dict[int, tuple] = {}  # meter id -> (flags, ((band type, rate, burst), ...))
@@ -499,7 +506,7 @@ class FakeSwitch:
             raise OFError(ofp.OFPET_GROUP_MOD_FAILED, ofp.OFPGMFC_BAD_COMMAND, f"command {cmd}")
         if gid > ofp.OFPG_MAX:
             raise OFError(ofp.OFPET_GROUP_MOD_FAILED, ofp.OFPGMFC_INVALID_GROUP, f"group {gid:#x}")
-        if msg.type not in (ofp.OFPGT_ALL, ofp.OFPGT_SELECT, ofp.OFPGT_INDIRECT, ofp.OFPGT_FF):
+        if msg.type not in self.group_types:
             raise OFError(ofp.OFPET_GROUP_MOD_FAILED, ofp.OFPGMFC_BAD_TYPE, f"type {msg.type}")
         if cmd == ofp.OFPGC_ADD and gid in self.groups:
             raise OFError(ofp.OFPET_GROUP_MOD_FAILED, ofp.OFPGMFC_GROUP_EXISTS, f"group {gid}")
@@ -535,6 +542,10 @@ class FakeSwitch:
                 instructions=_parser_instructions(e.instructions))
                 for e in (self.flows[i] for i in self._selected(
                     msg, _normalise_match(msg.match), False, True))]
+        elif isinstance(msg, parser.OFPGroupFeaturesStatsRequest):
+            types = sum(1 << t for t in self.group_types) if self.reports_group_types else 0
+            return [parser.OFPGroupFeaturesStatsReply(msg.datapath, body=parser.OFPGroupFeaturesStats(
+                types, ofp.OFPGFC_CHAINING, [0xFFFFFF00] * 4, [0] * 4), flags=0)]
         elif isinstance(msg, parser.OFPDescStatsRequest):
             return [parser.OFPDescStatsReply(msg.datapath, body=parser.OFPDescStats(
                 *(self.OVS_DESC if self.nicira else self.PLAIN_DESC)), flags=0)]
@@ -711,12 +722,14 @@ class _Copy:
 class FakeFabric:
     """Switches of a ``Topology`` joined by its links, with hosts on their ports."""
 
-    def __init__(self, topology: Topology, plain: Iterable[int] = ()) -> None:
-        """``plain``: the switches without Open vSwitch's Nicira actions (``FakeSwitch``)."""
+    def __init__(self, topology: Topology, plain: Iterable[int] = (), no_ff: Iterable[int] = ()) -> None:
+        """``plain``: the switches without Open vSwitch's Nicira actions, ``no_ff`` those
+        without fast-failover groups (``FakeSwitch``)."""
         self.topology = topology
-        plain = set(plain)
+        plain, no_ff = set(plain), set(no_ff)
         self.switches: dict[int, FakeSwitch] = {
-            dpid: FakeSwitch(dpid, port_live=lambda port, d=dpid: self.port_live(d, port), nicira=dpid not in plain)
+            dpid: FakeSwitch(dpid, port_live=lambda port, d=dpid: self.port_live(d, port), nicira=dpid not in plain,
+                             fast_failover=dpid not in no_ff)
             for dpid in topology.switches}
         self.hosts: dict[str, Host] = {h.ip: h for h in topology.hosts}
         # (dpid, port) -> Host, or (peer dpid, peer port)

@@ -73,7 +73,8 @@ def test_every_handler_runs_with_real_effects(make_bench, caplog):
     assert [f.cookie for f in fabric.switches[3].flows] == [ofmsgs.COOKIE_TAG] * len(ofmsgs.base_flows(3))
     assert set(fabric.switches[3].meters) == set(ofmsgs.METERS)  # (the app's default --punt-rate)
     assert [type(m) for m in dp3.sent_of(parser.OFPMultipartRequest)] == [
-        parser.OFPDescStatsRequest, parser.OFPFlowStatsRequest, parser.OFPGroupDescStatsRequest]
+        parser.OFPDescStatsRequest, parser.OFPGroupFeaturesStatsRequest, parser.OFPFlowStatsRequest,
+        parser.OFPGroupDescStatsRequest]
     bench.settle()
     assert 3 in core.installed and 3 in core.view.switches
     assert "switch 0x3 reconciled: held 0 of our groups, 0 messages to fix" in caplog.text
@@ -279,3 +280,34 @@ def test_a_switch_refusing_nicira_actions_turns_detours_plain(make_bench, caplog
     assert_exact(bench.app.core, fabric)
     assert bench.app.service.get_group(g["id"])["state"] == "installed"
     _bypassed_alone(fabric, H["h1"].ip, g["address"], {H["h3"].ip: 1, H["h4"].ip: 1})
+
+
+@pytest.mark.parametrize("reported", [True, False], ids=["group-features", "refusal"])
+def test_a_switch_without_fast_failover_groups_protects_none_of_its_links(make_bench, caplog, reported):
+    """Spine 1 has no OFPGT_FF groups (optional in OpenFlow 1.3). Its group features say
+    so as it connects, or (``refusal``) it leaves their types out and refuses the first
+    tree's FF group: then the controller stops protecting its links and audits it, and the
+    switch ends up holding exactly the trees' entries. Either way it holds no FF group,
+    the other switches still protect their links, and every receiver gets one copy."""
+    fabric = FakeFabric(TOPO, no_ff=[1])
+    fabric.switches[1].reports_group_types = reported
+    bench = make_bench(fabric)
+    with caplog.at_level(logging.WARNING, logger="modelcast.app"):
+        start(bench)
+        assert bench.app.core.no_ff == ({1} if reported else set())
+        g, _ = bench.app.service.create_group(
+            {"model": "noff", "source": H["h1"].ip, "receivers": [H["h3"].ip, H["h4"].ip]})
+        bench.settle()
+        deadline = time.monotonic() + 10
+        while g["id"] not in fabric.switches[1].groups and time.monotonic() < deadline:
+            hub.sleep(0.05)  # (after a refusal: the audit the app's timer loop starts)
+        bench.settle()
+    assert bench.app.core.no_ff == {1}
+    why = "has no fast-failover groups (its group features)" if reported else "refused a fast-failover group"
+    assert any(f"switch 0x1 {why}" in r.getMessage() and "not protected" in r.getMessage() for r in caplog.records)
+    assert (bench.calls["_error"] == 0) == reported  # (known from its features: nothing refused)
+    assert not [gid for gid in fabric.switches[1].groups if gid >= 0x80000000]
+    assert any(gid >= 0x80000000 for d in (3, 4) for gid in fabric.switches[d].groups)
+    assert_exact(bench.app.core, fabric)
+    assert dict(fabric.trace(H["h1"].ip, g["address"]).delivered) == {H["h3"].ip: 1, H["h4"].ip: 1}
+    assert bench.app.service.get_group(g["id"])["state"] == "installed"

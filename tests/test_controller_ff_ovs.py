@@ -237,7 +237,9 @@ def test_loss_window_with_and_without_protection(tmp_path):
         # with the controller stopped too
         if "plain openflow" in MODES:
             assert any(nicira_flows(lab, d) for d in TOPO.switches)  # (shared rejoin flows)
-            assert "is not Open vSwitch" not in ctl.log_text()  # (OVS describes itself as such)
+            # (OVS describes itself as such, and has fast-failover groups: nothing fell back)
+            assert ctl.api("GET", "/v1/health").json()["protection"] == {
+                "on": True, "detour_ends": "per-link", "unprotected_switches": []}, ctl.log_text()
             ctl.stop()
             ctl.args = ["--no-nicira"]
             ctl.start()
@@ -245,6 +247,7 @@ def test_loss_window_with_and_without_protection(tmp_path):
             ctl.wait_group(gid, lambda g: g["state"] == "installed", timeout=20)
             assert wait_for(lambda: not any(nicira_flows(lab, d) for d in TOPO.switches), 10), \
                 "the reconnect left a Nicira action on a switch"
+            assert ctl.api("GET", "/v1/health").json()["protection"]["detour_ends"] == "per-group"
             for i in range(REPEATS):
                 rows.append(("plain openflow", False, measure(lab, ctl, work, gid, False, True, name=f"plain-{i}")))
                 assert not any(nicira_flows(lab, d) for d in TOPO.switches)

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 import topologies as T
 from controller import ofmsgs
 from controller.core import MulticastCore
+from controller.protect import is_ff
 from controller.reconnect import Reconnect
 from lab.fakeof import FakeFabric
 from tests.support.controller_env import assert_exact, core_and_fabric
@@ -227,3 +228,80 @@ def test_hand_deleted_detour_entries_are_restored_by_the_audit():
     assert fabric.snapshot() == want
     assert_exact(core, fabric)
     assert all(len(fabric.audit(d, session)[0].plan) == 0 for d in sorted(topo.switches))
+
+
+def _below(tree, top: int) -> set[int]:
+    """``top`` and the switches below it in ``tree``."""
+    kids: dict[int, list[int]] = {}
+    for c, p in tree.parent.items():
+        kids.setdefault(p, []).append(c)
+    out, todo = set(), [top]
+    while todo:
+        n = todo.pop()
+        out.add(n)
+        todo += kids.get(n, [])
+    return out
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(topo=topology_strategy, data=st.data(), known=st.booleans())
+def test_links_leaving_a_switch_without_fast_failover_wait_for_the_controller(topo, data, known):
+    """Some switches have no fast-failover groups (optional in OpenFlow 1.3), known as
+    they connect (their group features) or only from their refusals of the first trees'
+    FF groups (bad type; an audit of every switch then puts them right). Afterwards they
+    hold no FF group; a tree link leaving one of them fails: the receivers below it lose
+    delivery until the controller reroutes, everyone else still gets one copy; every
+    other tree link is still bypassed by the switches alone."""
+    ips = [h.ip for h in topo.hosts]
+    assume(len(ips) >= 2 and topo.links)
+    core, fabric = core_and_fabric(topo)
+    no_ff = data.draw(st.sets(st.sampled_from(sorted(topo.switches)), min_size=1), label="switches without FF")
+    for d in no_ff:
+        fabric.switches[d].group_types = tuple(t for t in fabric.switches[d].group_types if t != ofmsgs.ofp.OFPGT_FF)
+    if known:
+        for d in sorted(no_ff):
+            apply(fabric, core.set_fast_failover(d, False))
+    refused: set[int] = set()
+    for i in range(data.draw(st.integers(1, 3), label="groups")):
+        source = data.draw(st.sampled_from(ips), label="source")
+        receivers = data.draw(st.sets(st.sampled_from([x for x in ips if x != source]), min_size=1, max_size=6),
+                              label="receivers")
+        plan = core.create_group(f"m{i}", source, receivers)[1]
+        errors = fabric.apply_all(plan)
+        if known:
+            assert not errors, errors
+        # (the fake switch refuses only an FF group's type; ``ofmsgs.refused_fast_failover``
+        # reads that off the quoted request: tests/test_app_smoke.py)
+        refused |= {e.dpid for e in errors
+                    if (e.type, e.code) == (ofmsgs.ofp.OFPET_GROUP_MOD_FAILED, ofmsgs.ofp.OFPGMFC_BAD_TYPE)}
+    assert refused <= no_ff
+    for d in sorted(refused):  # (what the app does on such a refusal: then it audits the switch)
+        fabric.apply_all(core.set_fast_failover(d, False))
+    session = Reconnect(core)
+    for d in sorted(topo.switches):
+        done, errors = fabric.audit(d, session)
+        assert not errors and done is not None
+    assert_exact(core, fabric)
+    assert_delivery(core, fabric, topo)
+    # (unknown, a switch none of whose tree links has a detour was never sent an FF group)
+    assert core.no_ff == no_ff if known else core.no_ff == refused
+    assert not any(is_ff(gid) for d in no_ff for gid in fabric.switches[d].groups)
+
+    before = copies(core, fabric)
+    links = sorted({(p, c) for g in core.groups.values() if g.tree for p, c in g.tree.links()})
+    for p, c in links:
+        fabric.set_link(p, c, False)
+        try:
+            now = copies(core, fabric)
+            graph = live_graph(fabric, topo)
+            for g in core.groups.values():
+                if not g.tree or not {(p, c), (c, p)} & g.tree.links():
+                    assert now[g.gid] == before[g.gid]
+                    continue
+                top = c if g.tree.parent.get(c) == p else p
+                cut = g.tree.parent[top] in no_ff or not nx.has_path(graph, p, c)
+                lost = {r for r in g.tree.reached if topo.host(r).dpid in _below(g.tree, top)} if cut else set()
+                assert now[g.gid] == {r: n for r, n in before[g.gid].items() if r not in lost}, (
+                    g.gid, (p, c), now[g.gid], before[g.gid], lost)
+        finally:
+            fabric.set_link(p, c, True)

@@ -236,6 +236,12 @@ def test_topology_and_health(api, env):
     create(api)
     h = valid("Health", api.json("GET", "/v1/health", auth=False))
     assert h["status"] == "ok" and h["switches"] == 5 and h["groups"] == 1
+    assert h["protection"] == {"on": True, "detour_ends": "per-link", "unprotected_switches": []}
+    # a switch without fast-failover groups, then one that is not Open vSwitch (controller.app)
+    env.service.apply(env.core.set_fast_failover(2, False), "fast-failover")
+    env.service.apply(env.core.set_nicira(False), "plain-openflow")
+    h = valid("Health", api.json("GET", "/v1/health", auth=False))
+    assert h["protection"] == {"on": True, "detour_ends": "per-group", "unprotected_switches": [2]}
 
 
 # ---------------------------------------------------------------------- errors

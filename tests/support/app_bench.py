@@ -65,7 +65,8 @@ class FakeDatapath:
             try:
                 self.bench.fabric.apply(self.id, msg)
             except OFError as err:
-                self.reply(parser.OFPErrorMsg(self, type_=err.type, code=err.code, data=b""),
+                # (quoting the request's first 64 bytes, as OpenFlow 1.3 asks)
+                self.reply(parser.OFPErrorMsg(self, type_=err.type, code=err.code, data=bytes(msg.buf[:64])),
                            msg.xid)
 
     def reply(self, msg: Any, xid: int) -> None:

@@ -68,7 +68,7 @@ def assert_exact(core: MulticastCore, fabric: FakeFabric) -> None:
     protected port (and ingress variant), one transit flow per protected link whose
     detour crosses it, one rejoin flow per protected link at its far end (shared by its
     trees; with ``nicira`` off one per group whose parent link is protected instead) --
-    and nothing else."""
+    and nothing else; no FF group on a switch without them (``no_ff``)."""
     from controller.protect import IN_PORT_BIT, ff_buckets, ff_port, is_ff, rejoin_actions, tag
     guards = set()
     want: dict[int, set] = {d: set() for d in fabric.switches}
@@ -77,7 +77,9 @@ def assert_exact(core: MulticastCore, fabric: FakeFabric) -> None:
             want[dpid] |= {("group", g.gid), ("sg", g.gid, e.in_port)}
             ffs = list(e.ff)
             par = g.tree.parent[dpid]
-            d = core.detours.get(par, core.view.nbr_ports[par][dpid]) if par is not None else None
+            # (a switch without fast-failover groups protects none of its links)
+            assert not (e.ff and dpid in core.no_ff), (dpid, g.gid, e)
+            d = core.detours.get(par, core.view.nbr_ports[par][dpid]) if par not in (None, *core.no_ff) else None
             own = core.protection and d is not None and not core.nicira
             assert bool(e.rejoin) == own and (not own or e.rejoin[0] == d.arrival), (dpid, g.gid, e, d)
             if e.rejoin:
