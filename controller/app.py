@@ -189,8 +189,10 @@ class ModelcastApp(app_manager.RyuApp):
     def _rebind(self) -> None:
         """The per-core helpers, after the service's core was (re)built."""
         conf = settings.current
+        unmetered = self.reconnect.unmetered if hasattr(self, "reconnect") else set()
         self.reconnect = Reconnect(self.core, host_idle_s=conf.host_timeout_s, punt_rate=conf.punt_rate,
                                    punt_port_rate=conf.punt_port_rate)
+        self.reconnect.unmetered = unmetered  # (what the switches said of themselves still holds)
         self.discovery = HostDiscovery(self.core, idle_s=conf.host_timeout_s)
         self.audits = AuditClock(conf.audit_interval_s)
 
@@ -248,6 +250,7 @@ class ModelcastApp(app_manager.RyuApp):
             dp.send_msg(ofmsgs.role_request(dpid, True, status.generation))
             self._send([(dpid, m) for m in self.reconnect.features(dpid)])
             self._send([(dpid, ofmsgs.desc_request(dpid)), (dpid, ofmsgs.group_features_request(dpid)),
+                        (dpid, ofmsgs.meter_features_request(dpid)),
                         *((dpid, m) for m in self.reconnect.start(dpid))])
 
     def _demote(self, status: Status) -> None:
@@ -415,13 +418,44 @@ class ModelcastApp(app_manager.RyuApp):
         errors = self._xid_errors.get((dpid, msg.xid))
         if errors is not None:
             errors.append(text)
-        log.error("%s", text)
-        if ofmsgs.refuses_nicira(msg.type, msg.code):
+        # a switch lacking something optional: the first refusal switches it over (with a
+        # warning saying so); the others already sent are expected, and logged quietly
+        data = bytes(msg.data or b"")
+        lacks = ("nicira" if ofmsgs.refuses_nicira(msg.type, msg.code) else
+                 "fast-failover" if ofmsgs.refused_fast_failover(msg.type, msg.code, data) else
+                 "meters" if ofmsgs.refuses_meters(msg.type, msg.code, data) else None)
+        known = {"nicira": not self.core.nicira, "fast-failover": dpid in self.core.no_ff,
+                 "meters": dpid in self.reconnect.unmetered, None: False}[lacks]
+        (log.debug if known else log.error)("%s", text)
+        if lacks == "nicira":
             self._without_nicira(dpid, "refused an experimenter action (Open vSwitch's Nicira actions)")
             self.audits.soon(dpid)  # (what else of that plan it refused: read, and put right)
-        elif ofmsgs.refused_fast_failover(msg.type, msg.code, bytes(msg.data or b"")):
+        elif lacks == "fast-failover":
             self._fast_failover(dpid, False, "refused a fast-failover group (bad type)")
             self.audits.soon(dpid)  # (the ALL groups chained to it were refused with it)
+        elif lacks == "meters":
+            self._meters(dpid, False, "refused our punt meters or a flow using them")
+
+    def _meters(self, dpid: int, on: bool, why: str) -> None:
+        """Whether a switch has meters changed how its frames reach the controller: without
+        them they are not rate-limited (as ``--punt-rate 0`` for it), and a port flooding
+        the controller cannot be held to a meter of its own. Its base flows go again."""
+        rc = self.reconnect
+        if not self.leading or rc.punt_rate <= 0 or on != (dpid in rc.unmetered):
+            return
+        (rc.unmetered.discard if on else rc.unmetered.add)(dpid)
+        (log.info if on else log.warning)(
+            "switch %#x %s: its frames to the controller %s", dpid, why,
+            "pass its punt meters again" if on else "are not rate-limited (as with --punt-rate 0 for it)")
+        self._send([(dpid, m) for m in rc.features(dpid)])
+        self.audits.soon(dpid)  # (and whatever else the refusal left out)
+
+    @set_ev_cls(ofp_event.EventOFPMeterFeaturesStatsReply, MAIN_DISPATCHER)
+    def _meter_features_reply(self, ev: Any) -> None:
+        """Asked for with the description (``_desc_reply``): a switch without meters."""
+        if ev.msg.body:
+            on = ofmsgs.has_meters(ev.msg.body[0].max_meter)
+            self._meters(ev.msg.datapath.id, on, f"has {ev.msg.body[0].max_meter} meters (its meter features)")
 
     def _fast_failover(self, dpid: int, on: bool, why: str) -> None:
         """Whether a switch has fast-failover groups changed what it can protect: the links
@@ -494,10 +528,11 @@ class ModelcastApp(app_manager.RyuApp):
                 return
             # Read what it already holds of ours before touching it: after a controller
             # restart a healthy switch keeps forwarding and gets no message at all. Its
-            # description and group features first: the answers come in order
-            # (``_desc_reply``, ``_group_features_reply``).
+            # description, group and meter features first: the answers come in order
+            # (``_desc_reply``, ``_group_features_reply``, ``_meter_features_reply``).
             dp.send_msg(ofmsgs.desc_request(dp.id))
             dp.send_msg(ofmsgs.group_features_request(dp.id))
+            dp.send_msg(ofmsgs.meter_features_request(dp.id))
             for msg in self.reconnect.start(dp.id):
                 dp.send_msg(msg)
         elif self.dps.get(dp.id) is dp:
@@ -640,6 +675,11 @@ class ModelcastApp(app_manager.RyuApp):
         if not self.core.view.edge_port(dpid, port):
             return  # (an inter-switch link carries many hosts' frames: never quarantined)
         limit = self.punt_guard.limit
+        if not self.reconnect.metered(dpid):
+            log.warning("switch %#x port %d sent the controller more than %d frames in 1 s (a host "
+                        "flooding new addresses or discovery frames?), but the switch has no meters "
+                        "to hold it to", dpid, port, limit)
+            return
         log.warning("switch %#x port %d sent the controller more than %d frames in 1 s (a host "
                     "flooding new addresses or discovery frames?): its frames to the controller "
                     "pass a meter of their own (%d/s) for %d s", dpid, port, limit, limit, QUARANTINE_S)

@@ -850,6 +850,32 @@ def refused_fast_failover(err_type: int, code: int, data: bytes) -> bool:
             and data[1] == ofp.OFPT_GROUP_MOD and data[10] == ofp.OFPGT_FF)
 
 
+def meter_features_request(dpid: int) -> Msg:
+    """How many meters the switch has (OFPMP_METER_FEATURES): meters are optional in
+    OpenFlow 1.3, and the punt flows pass ``METERS`` (``has_meters``)."""
+    return parser.OFPMeterFeaturesStatsRequest(datapath(dpid), 0)
+
+
+def has_meters(max_meter: int) -> bool:
+    """Whether a switch with ``max_meter`` meters (its meter features) holds ours."""
+    return max_meter >= max(METERS)
+
+
+def refuses_meters(err_type: int, code: int, data: bytes) -> bool:
+    """An OFPT_ERROR saying the switch cannot hold our punt meters, by the request it
+    quotes (``data``; any when it quotes none): a meter-mod of ours refused (not because
+    the meter is there already: ``benign_error``), a flow refused for its meter, or
+    meter-mod or the meter instruction unknown to it."""
+    kind = data[1] if len(data) > 1 else None
+    if err_type == ofp.OFPET_METER_MOD_FAILED:
+        return code != ofp.OFPMMFC_METER_EXISTS and (kind != ofp.OFPT_METER_MOD or meter_of_error(data) in METERS)
+    if err_type == ofp.OFPET_BAD_REQUEST and code == ofp.OFPBRC_BAD_TYPE:
+        return kind == ofp.OFPT_METER_MOD
+    if err_type == ofp.OFPET_BAD_INSTRUCTION and code == ofp.OFPBIC_UNSUP_INST:
+        return kind == ofp.OFPT_FLOW_MOD  # (ours use apply, goto and meter: the first two are required)
+    return False
+
+
 def refuses_nicira(err_type: int, code: int) -> bool:
     """An OFPT_ERROR a switch without Nicira actions answers one of ours with: an
     experimenter (vendor) or experimenter action it does not know."""

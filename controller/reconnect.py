@@ -186,6 +186,9 @@ class Reconnect:
         self.host_idle_s = host_idle_s
         self.punt_rate = punt_rate  # the switches' punt meter (0: none; controller.settings)
         self.punt_port_rate = punt_port_rate  # their quarantine meter (0: none; controller.punt)
+        # switches without meters (optional in OpenFlow 1.3: their meter features, or a
+        # refusal): their frames to the controller go unmetered, as with punt_rate 0
+        self.unmetered: set[int] = set()
         self._reads: dict[int, _Reads] = {}
 
     def features(self, dpid: int) -> list[ofmsgs.Msg]:
@@ -193,9 +196,14 @@ class Reconnect:
         meter, the base flows, and the source-table entries of the links and hosts
         already known (after a controller restart they are re-asserted, identical entries
         replace themselves)."""
-        return (ofmsgs.punt_meter(dpid, self.punt_rate, port_rate=self.punt_port_rate)
-                + ofmsgs.base_flows(dpid, self.punt_rate > 0)
+        rate = self.punt_rate if self.metered(dpid) else 0
+        return (ofmsgs.punt_meter(dpid, rate, port_rate=self.punt_port_rate)
+                + ofmsgs.base_flows(dpid, rate > 0)
                 + source_table(self.core.view, dpid, self.host_idle_s))
+
+    def metered(self, dpid: int) -> bool:
+        """Whether the switch's frames to the controller pass its punt meters."""
+        return self.punt_rate > 0 and dpid not in self.unmetered
 
     def start(self, dpid: int, audit: bool = False) -> list[ofmsgs.Msg]:
         """Begin (or restart) reading a switch; returns the requests to send it."""

@@ -343,7 +343,8 @@ class FakeSwitch:
     resubmit): it refuses them as an OpenFlow 1.3 switch refuses an unknown
     experimenter's action, and describes itself (OFPMP_DESC) as another vendor's.
     ``fast_failover`` False: it has no OFPGT_FF groups (optional in OpenFlow 1.3), refuses
-    them (bad type) and says so in its group features."""
+    them (bad type) and says so in its group features. ``meters`` False: no meters
+    (optional too): a meter-mod is refused (out of meters), its meter features say 0."""
 
     #: what Open vSwitch 3.1 answers to OFPMP_DESC (mfr, hw, sw, serial, dp) as Ryu parses
     #: it (bytes), and a switch without Nicira actions
@@ -356,9 +357,11 @@ class FakeSwitch:
                 parser.OFPGetAsyncRequest, parser.OFPRoleRequest, parser.OFPMultipartRequest)
 
     def __init__(self, dpid: int, port_live: Callable[[int], bool] | None = None, nicira: bool = True,
-                 fast_failover: bool = True) -> None:
+                 fast_failover: bool = True, meters: bool = True) -> None:
         self.dpid = dpid
         self.nicira = nicira
+        self.has_meters = meters
+        self.max_meter = 65536 if meters else 0  # (what its meter features say)
         # the group types it has (OFPMP_GROUP_FEATURES): fast failover is optional in OF1.3
         self.group_types = (ofp.OFPGT_ALL, ofp.OFPGT_SELECT, ofp.OFPGT_INDIRECT) + (
             (ofp.OFPGT_FF,) if fast_failover else ())
@@ -476,6 +479,8 @@ class FakeSwitch:
 
     def _meter_mod(self, msg: Any) -> None:
         mid, cmd = msg.meter_id, msg.command
+        if not self.has_meters:
+            raise OFError(ofp.OFPET_METER_MOD_FAILED, ofp.OFPMMFC_OUT_OF_METERS, "no meters", meter_id=mid)
         if cmd == ofp.OFPMC_DELETE:  # OF1.3 §5.7: the flows that use it go with it
             gone = set(self.meters) if mid == ofp.OFPM_ALL else {mid} & set(self.meters)
             for m in gone:
@@ -546,6 +551,9 @@ class FakeSwitch:
             types = sum(1 << t for t in self.group_types) if self.reports_group_types else 0
             return [parser.OFPGroupFeaturesStatsReply(msg.datapath, body=parser.OFPGroupFeaturesStats(
                 types, ofp.OFPGFC_CHAINING, [0xFFFFFF00] * 4, [0] * 4), flags=0)]
+        elif isinstance(msg, parser.OFPMeterFeaturesStatsRequest):
+            return [parser.OFPMeterFeaturesStatsReply(msg.datapath, body=[parser.OFPMeterFeaturesStats(
+                self.max_meter, 1 << ofp.OFPMBT_DROP, ofp.OFPMF_PKTPS | ofp.OFPMF_BURST, 1, 0)], flags=0)]
         elif isinstance(msg, parser.OFPDescStatsRequest):
             return [parser.OFPDescStatsReply(msg.datapath, body=parser.OFPDescStats(
                 *(self.OVS_DESC if self.nicira else self.PLAIN_DESC)), flags=0)]
@@ -722,14 +730,15 @@ class _Copy:
 class FakeFabric:
     """Switches of a ``Topology`` joined by its links, with hosts on their ports."""
 
-    def __init__(self, topology: Topology, plain: Iterable[int] = (), no_ff: Iterable[int] = ()) -> None:
+    def __init__(self, topology: Topology, plain: Iterable[int] = (), no_ff: Iterable[int] = (),
+                 no_meters: Iterable[int] = ()) -> None:
         """``plain``: the switches without Open vSwitch's Nicira actions, ``no_ff`` those
-        without fast-failover groups (``FakeSwitch``)."""
+        without fast-failover groups, ``no_meters`` those without meters (``FakeSwitch``)."""
         self.topology = topology
-        plain, no_ff = set(plain), set(no_ff)
+        plain, no_ff, no_meters = set(plain), set(no_ff), set(no_meters)
         self.switches: dict[int, FakeSwitch] = {
             dpid: FakeSwitch(dpid, port_live=lambda port, d=dpid: self.port_live(d, port), nicira=dpid not in plain,
-                             fast_failover=dpid not in no_ff)
+                             fast_failover=dpid not in no_ff, meters=dpid not in no_meters)
             for dpid in topology.switches}
         self.hosts: dict[str, Host] = {h.ip: h for h in topology.hosts}
         # (dpid, port) -> Host, or (peer dpid, peer port)

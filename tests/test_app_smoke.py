@@ -73,8 +73,8 @@ def test_every_handler_runs_with_real_effects(make_bench, caplog):
     assert [f.cookie for f in fabric.switches[3].flows] == [ofmsgs.COOKIE_TAG] * len(ofmsgs.base_flows(3))
     assert set(fabric.switches[3].meters) == set(ofmsgs.METERS)  # (the app's default --punt-rate)
     assert [type(m) for m in dp3.sent_of(parser.OFPMultipartRequest)] == [
-        parser.OFPDescStatsRequest, parser.OFPGroupFeaturesStatsRequest, parser.OFPFlowStatsRequest,
-        parser.OFPGroupDescStatsRequest]
+        parser.OFPDescStatsRequest, parser.OFPGroupFeaturesStatsRequest, parser.OFPMeterFeaturesStatsRequest,
+        parser.OFPFlowStatsRequest, parser.OFPGroupDescStatsRequest]
     bench.settle()
     assert 3 in core.installed and 3 in core.view.switches
     assert "switch 0x3 reconciled: held 0 of our groups, 0 messages to fix" in caplog.text
@@ -311,3 +311,51 @@ def test_a_switch_without_fast_failover_groups_protects_none_of_its_links(make_b
     assert_exact(bench.app.core, fabric)
     assert dict(fabric.trace(H["h1"].ip, g["address"]).delivered) == {H["h3"].ip: 1, H["h4"].ip: 1}
     assert bench.app.service.get_group(g["id"])["state"] == "installed"
+
+
+def test_a_switch_without_meters_still_sends_the_controller_its_frames(make_bench, caplog):
+    """Leaf 3 has no meters (optional in OpenFlow 1.3) and refuses the punt meters sent as
+    it connects and the flows using them: it ends up holding every base flow, unmetered,
+    so its hosts are learned and its links found; the refusals are one error and a
+    warning saying what changed, and nothing more is refused (an audit finds it whole); a
+    host flooding the controller from it is reported, not quarantined. Replaced by a
+    switch with meters (its meter features say so), it gets its metered flows back."""
+    fabric = FakeFabric(TOPO, no_meters=[3])
+    bench = make_bench(fabric)
+    with caplog.at_level(logging.WARNING, logger="modelcast.app"):
+        start(bench)
+    assert bench.app.reconnect.unmetered == {3}
+    assert [r.getMessage() for r in caplog.records if "switch 0x3" in r.getMessage()] == [
+        "switch 0x3: OpenFlow error type 12 code 10 (xid 1)",
+        "switch 0x3 refused our punt meters or a flow using them: its frames to the controller are not "
+        "rate-limited (as with --punt-rate 0 for it)"]
+    base = {(m.table_id, m.priority) for m in ofmsgs.base_flows(3, False)}
+
+    def held(dpid: int) -> dict:
+        return {(f.table_id, f.priority): f for f in fabric.switches[dpid].flows if f.cookie == ofmsgs.COOKIE_TAG}
+
+    assert set(held(3)) == base and not any(k == "meter" for f in held(3).values() for k, _ in f.instructions)
+    assert set(held(4)) == base and set(fabric.switches[4].meters) == set(ofmsgs.METERS)  # (the others: metered)
+    assert bench.app.core.view.hosts.keys() >= {H["h1"].ip, H["h2"].ip}  # (learned from leaf 3's punts)
+    errors, reads = bench.calls["_error"], bench.calls["_stats_reply"]
+    bench.app.audits.soon(3)
+    hub.sleep(0.5)  # (the app's timer loop starts the audit)
+    bench.settle()
+    assert bench.calls["_stats_reply"] > reads and bench.calls["_error"] == errors  # (nothing refused any more)
+
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="modelcast.app"):
+        for _ in range(bench.app.punt_guard.limit + 1):
+            bench.packet_in("h2", udp_to("h2", "h3"))
+    assert "switch 0x3 port 4 sent the controller more than" in caplog.text and "no meters" in caplog.text
+    assert not [f for f in fabric.switches[3].flows if f.cookie == ofmsgs.COOKIE_QUARANTINE]
+
+    sw = fabric.switches[3]  # replaced by one with meters
+    sw.has_meters, sw.max_meter = True, 65536
+    bench.state(3, DEAD_DISPATCHER)
+    bench.connect(3)
+    bench.settle()
+    assert bench.app.reconnect.unmetered == set()
+    assert set(sw.meters) == set(ofmsgs.METERS)
+    assert set(held(3)) == base and {v for f in held(3).values() for k, v in f.instructions if k == "meter"} == {
+        ofmsgs.PUNT_METER, ofmsgs.LLDP_METER}

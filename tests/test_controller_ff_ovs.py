@@ -240,6 +240,7 @@ def test_loss_window_with_and_without_protection(tmp_path):
             # (OVS describes itself as such, and has fast-failover groups: nothing fell back)
             assert ctl.api("GET", "/v1/health").json()["protection"] == {
                 "on": True, "detour_ends": "per-link", "unprotected_switches": []}, ctl.log_text()
+            assert "not rate-limited" not in ctl.log_text()  # (and meters: its punts stay metered)
             ctl.stop()
             ctl.args = ["--no-nicira"]
             ctl.start()

@@ -357,3 +357,32 @@ def test_a_switch_is_taken_for_open_vswitch_by_its_description_alone():
     assert ofmsgs.desc_text(b"caf\xc3\xa9 \0") == "caf\ufffd\ufffd"
     assert ofmsgs.refuses_nicira(ofp.OFPET_BAD_ACTION, ofp.OFPBAC_BAD_EXPERIMENTER)
     assert not ofmsgs.refuses_nicira(ofp.OFPET_BAD_ACTION, ofp.OFPBAC_BAD_OUT_PORT)
+
+
+def test_what_a_switch_lacking_an_optional_feature_answers_is_told_apart():
+    """Meters and fast-failover groups are optional in OpenFlow 1.3: the errors a switch
+    without them answers ours with, by the request each quotes, and nothing else."""
+    meter_add = ofmsgs.punt_meter(1, 500)[0]
+    meter_add.set_xid(1)
+    meter_add.serialize()
+    quoted = bytes(meter_add.buf[:64])
+    assert ofmsgs.refuses_meters(ofp.OFPET_METER_MOD_FAILED, ofp.OFPMMFC_OUT_OF_METERS, quoted)
+    assert ofmsgs.refuses_meters(ofp.OFPET_METER_MOD_FAILED, ofp.OFPMMFC_BAD_FLAGS, quoted)  # (no pktps)
+    assert ofmsgs.refuses_meters(ofp.OFPET_BAD_REQUEST, ofp.OFPBRC_BAD_TYPE, quoted)
+    assert not ofmsgs.refuses_meters(ofp.OFPET_METER_MOD_FAILED, ofp.OFPMMFC_METER_EXISTS, quoted)
+    flow = ofmsgs.base_flows(1, True)[0]
+    flow.set_xid(2)
+    flow.serialize()
+    assert ofmsgs.refuses_meters(ofp.OFPET_BAD_INSTRUCTION, ofp.OFPBIC_UNSUP_INST, bytes(flow.buf[:64]))
+    assert ofmsgs.refuses_meters(ofp.OFPET_METER_MOD_FAILED, ofp.OFPMMFC_UNKNOWN_METER, bytes(flow.buf[:64]))
+    assert not ofmsgs.refuses_meters(ofp.OFPET_BAD_REQUEST, ofp.OFPBRC_BAD_TYPE, bytes(flow.buf[:64]))
+    assert ofmsgs.has_meters(65536) and not ofmsgs.has_meters(0) and not ofmsgs.has_meters(2)
+
+    ff = ofmsgs.ff_group(1, ff_id(2, False), ((2, (("output", 2),)),))
+    ff.set_xid(3)
+    ff.serialize()
+    assert ofmsgs.refused_fast_failover(ofp.OFPET_GROUP_MOD_FAILED, ofp.OFPGMFC_BAD_TYPE, bytes(ff.buf[:64]))
+    assert not ofmsgs.refused_fast_failover(ofp.OFPET_GROUP_MOD_FAILED, ofp.OFPGMFC_BAD_TYPE, quoted)
+    assert not ofmsgs.refused_fast_failover(ofp.OFPET_GROUP_MOD_FAILED, ofp.OFPGMFC_OUT_OF_GROUPS, bytes(ff.buf[:64]))
+    assert ofmsgs.has_fast_failover(0xF) and ofmsgs.has_fast_failover(0x7) is False
+    assert ofmsgs.has_fast_failover(0) is None  # (not filled in: its refusals tell)
