@@ -349,8 +349,8 @@ class FakeSwitch:
     #: what Open vSwitch 3.1 answers to OFPMP_DESC (mfr, hw, sw, serial, dp) as Ryu parses
     #: it (bytes), and a switch without Nicira actions
     OVS_DESC = (b"Nicira, Inc.", b"Open vSwitch", b"3.1.0", b"None", b"None")
-    reports_group_types = True  # (False: its group features leave the types bitmap 0, as some switches do)
     PLAIN_DESC = (b"Example Networks", b"OF-1.3 ASIC switch", b"1.0", b"0001", b"plain")
+    reports_group_types = True  # (False: its group features leave the types bitmap 0, as some switches do)
 
     _IGNORED = (parser.OFPBarrierRequest, parser.OFPEchoRequest, parser.OFPFeaturesRequest,
                 parser.OFPGetConfigRequest, parser.OFPSetConfig, parser.OFPSetAsync,
@@ -536,7 +536,8 @@ class FakeSwitch:
 
     def request(self, msg: Any) -> list[Any]:
         """Answer a flow-stats or group-desc request with its reply parts, every part but
-        the last flagged ``OFPMPF_REPLY_MORE``, as a switch with a small buffer would."""
+        the last flagged ``OFPMPF_REPLY_MORE``, as a switch with a small buffer would; a
+        description, group-features or meter-features request with its one reply."""
         if isinstance(msg, parser.OFPFlowStatsRequest):
             reply = parser.OFPFlowStatsReply
             body = [parser.OFPFlowStats(
