@@ -249,9 +249,7 @@ class ModelcastApp(app_manager.RyuApp):
         for dpid, dp in list(self.dps.items()):
             dp.send_msg(ofmsgs.role_request(dpid, True, status.generation))
             self._send([(dpid, m) for m in self.reconnect.features(dpid)])
-            self._send([(dpid, ofmsgs.desc_request(dpid)), (dpid, ofmsgs.group_features_request(dpid)),
-                        (dpid, ofmsgs.meter_features_request(dpid)),
-                        *((dpid, m) for m in self.reconnect.start(dpid))])
+            self._send([(dpid, m) for m in ofmsgs.capability_requests(dpid) + self.reconnect.start(dpid)])
 
     def _demote(self, status: Status) -> None:
         """Lost the lead (or cannot renew it): stop writing at once; switches keep
@@ -409,7 +407,8 @@ class ModelcastApp(app_manager.RyuApp):
                 log.info("switches refused %d messages of ours as from a SLAVE (expected on a "
                          "follower)", self._slave_refusals)
             return
-        if ofmsgs.benign_error(msg.type, msg.code, ofmsgs.meter_of_error(bytes(msg.data or b""))):
+        data = bytes(msg.data or b"")  # (the refused request's first bytes)
+        if ofmsgs.benign_error(msg.type, msg.code, ofmsgs.meter_of_error(data)):
             return  # the punt meter was there already (a switch that kept its tables)
         if msg.type == ofp.OFPET_ROLE_REQUEST_FAILED:
             log.warning("switch %#x refused our role request (code %d%s)", dpid, msg.code,
@@ -420,7 +419,6 @@ class ModelcastApp(app_manager.RyuApp):
             errors.append(text)
         # a switch lacking something optional: the first refusal switches it over (with a
         # warning saying so); the others already sent are expected, and logged quietly
-        data = bytes(msg.data or b"")
         lacks = ("nicira" if ofmsgs.refuses_nicira(msg.type, msg.code) else
                  "fast-failover" if ofmsgs.refused_fast_failover(msg.type, msg.code, data) else
                  "meters" if ofmsgs.refuses_meters(msg.type, msg.code, data) else None)
@@ -530,10 +528,7 @@ class ModelcastApp(app_manager.RyuApp):
             # restart a healthy switch keeps forwarding and gets no message at all. Its
             # description, group and meter features first: the answers come in order
             # (``_desc_reply``, ``_group_features_reply``, ``_meter_features_reply``).
-            dp.send_msg(ofmsgs.desc_request(dp.id))
-            dp.send_msg(ofmsgs.group_features_request(dp.id))
-            dp.send_msg(ofmsgs.meter_features_request(dp.id))
-            for msg in self.reconnect.start(dp.id):
+            for msg in ofmsgs.capability_requests(dp.id) + self.reconnect.start(dp.id):
                 dp.send_msg(msg)
         elif self.dps.get(dp.id) is dp:
             del self.dps[dp.id]

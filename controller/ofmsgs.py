@@ -876,6 +876,12 @@ def refuses_meters(err_type: int, code: int, data: bytes) -> bool:
     return False
 
 
+def capability_requests(dpid: int) -> list[Msg]:
+    """What a switch is asked first when it connects (or on a takeover): its description
+    and its group and meter features, each answered before the tables are read."""
+    return [desc_request(dpid), group_features_request(dpid), meter_features_request(dpid)]
+
+
 def refuses_nicira(err_type: int, code: int) -> bool:
     """An OFPT_ERROR a switch without Nicira actions answers one of ours with: an
     experimenter (vendor) or experimenter action it does not know."""
