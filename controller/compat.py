@@ -11,6 +11,9 @@ import warnings
 
 # eventlet announces its own deprecation on import; Ryu 4.34 has no other event loop.
 warnings.filterwarnings("ignore", message=r"\s*Eventlet is deprecated", category=Warning)
+# eventlet's resolver imports dnspython, whose DNSSEC module loads DSA at import; cryptography
+# >= 51 deprecates DSA, so every start printed 8 lines of warnings (nothing here uses DNSSEC)
+warnings.filterwarnings("ignore", message=r"DSA is deprecated", category=Warning)
 
 import eventlet.wsgi  # noqa: E402
 
