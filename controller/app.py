@@ -38,6 +38,7 @@ from controller.core import MulticastCore, Plan, tune_gc
 from controller.errors import CoreError
 from controller.hosts import PROBE_MAC, Actions, HostDiscovery
 from controller.igmp import IgmpPolicy
+from controller.linkgate import LinkGate
 from controller.punt import QUARANTINE_S, PuntGuard
 from controller.reconnect import AuditClock, Reconnect, normalise_actions, port_status, removal_is_drift
 from controller.rest import RestApi
@@ -143,6 +144,7 @@ class ModelcastApp(app_manager.RyuApp):
         self.service = Service(core, installer=self, state_path=conf.state_file, token=conf.token,
                                host_tokens=conf.host_tokens, writer=self._write_state,
                                store=self.store)
+        self.service.gate = LinkGate(conf.fabric)  # (before load: restored links are checked too)
         self.service.changes = Changes(hub.Event, conf.held_max)  # (green: a held GET waits on the hub)
         metrics = self.service.metrics
         metrics.rest_connections.set_function(lambda: sum(webserver.POOL.open.values()) if webserver.POOL else 0)
@@ -176,8 +178,10 @@ class ModelcastApp(app_manager.RyuApp):
             log.warning("no REST token configured (--token or MODELCAST_TOKEN): local callers "
                         "may change groups, and no caller is given a session key")
         native.warn_if_pure(log)
-        log.info("modelcast controller: %d groups restored, algorithm %s, fast-failover protection %s, "
-                 "state file %s", len(core.groups), conf.algorithm,
+        log.info("modelcast controller: %d groups restored, algorithm %s, links %s, fast-failover "
+                 "protection %s, state file %s", len(core.groups), conf.algorithm,
+                 f"only the {len(conf.fabric.links)} of --fabric {conf.fabric.name}" if conf.fabric else
+                 "from signed discovery frames, none between two host ports",
                  ("on (detours end in one flow per link: Nicira actions)" if conf.nicira else
                   "on (detours end in one flow per group: plain OpenFlow 1.3)") if conf.protection else "off",
                  conf.state_file or "(none: groups are not persisted)")
@@ -598,10 +602,23 @@ class ModelcastApp(app_manager.RyuApp):
         if not self.leading:
             return
         trace("link-add s%d:%d s%d:%d", s.dpid, s.port_no, d.dpid, d.port_no)
+        refused = self.service.gate.check(self.core.view, s.dpid, s.port_no, d.dpid, d.port_no)
+        if refused is not None:  # (Ryu reports a link once while its frames keep arriving)
+            self.service.metrics.links_refused.labels(why=refused.kind).inc()
+            log.warning("link %#x:%d <-> %#x:%d not believed: %s", s.dpid, s.port_no, d.dpid,
+                        d.port_no, refused.why)
+            return
+        suspects = [ip for p in ((s.dpid, s.port_no), (d.dpid, d.port_no))
+                    for ip in self.service.gate.hosts_at(self.core.view, *p)]
         before = self.core.view.version
         plan = self.core.link_add(s.dpid, s.port_no, d.dpid, d.port_no)
         if self.core.view.version != before:
             log.info("link %#x:%d <-> %#x:%d discovered", s.dpid, s.port_no, d.dpid, d.port_no)
+            if suspects:
+                log.warning("link %#x:%d <-> %#x:%d discovered where host %s was attached: the host "
+                            "is forgotten (if that port is not cabled to a switch, a host is relaying "
+                            "discovery frames: pin the fabric with --fabric)", s.dpid, s.port_no,
+                            d.dpid, d.port_no, ", ".join(suspects))
             self._send(self.discovery.link_up(s.dpid, s.port_no, d.dpid, d.port_no))
             self._apply(plan, "reroute")
             self._flush_unicast()

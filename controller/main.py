@@ -21,6 +21,8 @@ from controller.auth import CredentialsError, load_host_tokens
 from controller.igmp import parse_allow
 from controller.store import parse_store_url
 from controller.trees import ALGORITHMS
+from topologies.spec import TopologyError
+from topologies.spec import parse as parse_topology
 
 
 def parse(argv: list[str]) -> tuple[settings.Settings, list[str]]:
@@ -57,6 +59,12 @@ def parse(argv: list[str]) -> tuple[settings.Settings, list[str]]:
                     "(plain OpenFlow 1.3; a third more messages per new tree). Without it the "
                     "controller switches over by itself when a switch is not Open vSwitch (its "
                     "OFPMP_DESC) or refuses a Nicira action")
+    ap.add_argument("--fabric", metavar="SPEC",
+                    help="the fabric's cabling: a topology (file:PATH.yaml|.json, or a family such as "
+                    "leaf-spine:2,4,2) with the switches' real dpids and port numbers. Only its links "
+                    "are believed from discovery frames, so hosts relaying those frames between them "
+                    "cannot make a link (without it, a link between two ports where hosts are "
+                    "attached is refused, and other links are believed)")
     ap.add_argument("--trace", type=Path, metavar="FILE",
                     help="append every plan message, barrier reply, port change and audit with "
                     "its wall-clock time to FILE (env MODELCAST_TRACE; a debugging aid)")
@@ -148,6 +156,13 @@ def parse(argv: list[str]) -> tuple[settings.Settings, list[str]]:
         ap.error(f"--punt-port-rate must be 0..{1 << 24} frames/s, not {conf.punt_port_rate}")
     if not 0.5 <= conf.rest_idle_s <= 3600:
         ap.error(f"--rest-idle must be 0.5..3600 s, not {conf.rest_idle_s:g}")
+    if ours.fabric is not None:
+        try:
+            conf.fabric = parse_topology(ours.fabric)
+        except TopologyError as exc:
+            ap.error(f"--fabric: {exc}")
+        if not conf.fabric.links:
+            ap.error(f"--fabric: {ours.fabric} has no links between switches")
     if conf.trace_file is not None:
         try:
             with open(conf.trace_file, "a"):

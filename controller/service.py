@@ -32,6 +32,7 @@ from controller.auth import (ADMIN, Credentials, Principal, check_admin, check_c
                              check_source, may_see_key)
 from controller.core import MAX_GID, Group, MulticastCore, Plan
 from controller.errors import Conflict, CoreError, InvalidAddress, UnknownOffer
+from controller.linkgate import LinkGate
 from controller.store import FileStore, Store, write_atomic
 from controller.topoview import check_unicast
 from controller.trees import ALGORITHMS
@@ -99,6 +100,11 @@ class Metrics:
             "modelcast_lldp_refused",
             "Discovery (LLDP) frames refused since start: our format without a valid, fresh "
             "signature (a host forging links?)", registry=registry)
+        self.links_refused = PCounter(
+            "modelcast_links_refused",
+            "Discovered links not believed, by why: not pinned (not a link of --fabric), host "
+            "ports (hosts attached at both ends: hosts relaying discovery frames?)",
+            ["why"], registry=registry)
         self.punt_quarantines = Gauge(  # (set by the app from controller.punt)
             "modelcast_punt_quarantines",
             "Host ports quarantined since start: more than --punt-port-rate frames to the "
@@ -197,6 +203,8 @@ class Service:
         self._started = clock()
         # () -> {"role", "leader", "generation"} when several instances run (the app's)
         self.cluster: Callable[[], dict[str, Any]] | None = None
+        # which discovered links are believed (the app sets the one of --fabric before load)
+        self.gate = LinkGate()
         self.metrics.groups.set_function(lambda: len(self.core.groups))
         self.metrics.registry.register(_SwitchEntries(self))
         for state in RECEIVER_STATES:
@@ -463,7 +471,8 @@ class Service:
                "groups": len(self.core.groups),
                "uptime_s": round(max(0.0, self.clock() - self._started), 3),
                "protection": {"on": self.core.protection, "detour_ends": "per-link" if self.core.nicira else "per-group",
-                              "unprotected_switches": sorted(self.core.no_ff)}}
+                              "unprotected_switches": sorted(self.core.no_ff)},
+               "fabric": self.gate.health(self.core.view)}
         if self.cluster is not None:  # several instances: role, leader, generation
             out.update(self.cluster())
         return out
@@ -699,9 +708,14 @@ class Service:
         for o in data.get("offers", []):  # (checked by check_state)
             self.offers[o["id"]] = {"model": o["model"].strip(), "source": o["source"], "name": o.get("name", ""),
                                     "size": o.get("size", 0), "files": o.get("files", 0)}
+        view = self.core.view
+        for k in sorted(view.links):
+            if not self.gate.allowed(k):  # saved before --fabric was given (or changed)
+                self.core.link_remove(k.a, k.a_port, k.b, k.b_port)  # (nothing is connected yet)
+                problems.append(f"link {k.a:#x}:{k.a_port} <-> {k.b:#x}:{k.b_port} is not a link of "
+                                "the pinned fabric (--fabric): not restored")
         for p in problems:
             log.warning("state file %s: %s", path, p)
-        view = self.core.view
         log.info("restored %d groups, %d switches, %d links, %d hosts from %s",
                  len(set(self.core.groups) - before), len(view.switches), len(view.links),
                  len(view.hosts), path)

@@ -9,6 +9,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from topologies.spec import Topology
+
 
 @dataclass
 class Settings:
@@ -57,6 +59,9 @@ class Settings:
     # audit with its wall-clock time, appended (controller.app.trace)
     trace_file: Path | None = field(default_factory=lambda: Path(p) if (
         p := os.environ.get("MODELCAST_TRACE")) else None)
+    # --fabric SPEC: the fabric's cabling (a topology of topologies.spec with the real dpids
+    # and ports); only its links are believed from discovery (controller.linkgate)
+    fabric: Topology | None = None
 
 
     @property

@@ -46,10 +46,10 @@ def make_bench(monkeypatch):
 
     monkeypatch.setattr(hub, "spawn", tracked)
 
-    def make(fabric: FakeFabric, state_file=None) -> Bench:
+    def make(fake: FakeFabric, state_file=None, **more: Any) -> Bench:
         monkeypatch.setattr(settings, "current", settings.Settings(
-            token=None, state_file=state_file, algorithm="spt", barrier_timeout_s=2.0))
-        return Bench(app_module.ModelcastApp(wsgi=WSGIApplication()), fabric)
+            token=None, state_file=state_file, algorithm="spt", barrier_timeout_s=2.0, **more))
+        return Bench(app_module.ModelcastApp(wsgi=WSGIApplication()), fake)
 
     thresholds = gc.get_threshold()  # the app tunes the collector process-wide
     yield make
@@ -359,3 +359,105 @@ def test_a_switch_without_meters_still_sends_the_controller_its_frames(make_benc
     assert set(sw.meters) == set(ofmsgs.METERS)
     assert set(held(3)) == base and {v for f in held(3).values() for k, v in f.instructions if k == "meter"} == {
         ofmsgs.PUNT_METER, ofmsgs.LLDP_METER}
+
+
+def _relay(bench: Bench, a: str, b: str) -> None:
+    """Hosts ``a`` and ``b`` relay the (genuine, signed) discovery frames their switch
+    ports send them to each other: Ryu reports a link between their two ports."""
+    bench.link(H[a].dpid, H[a].port, H[b].dpid, H[b].port, True)
+
+
+def test_discovery_frames_relayed_between_two_known_hosts_make_no_link(make_bench, caplog):
+    """Before, the relay made a one-hop link between leaves 3 and 4 through h1 and h3,
+    forgot both hosts and moved the group's tree onto it."""
+    fabric = FakeFabric(TOPO)
+    bench = make_bench(fabric)
+    start(bench)
+    g, _ = bench.app.service.create_group(
+        {"model": "relay", "source": H["h2"].ip, "receivers": [H["h3"].ip, H["h4"].ip]})
+    bench.settle()
+    view = bench.app.core.view
+    before = (set(view.links), dict(view.hosts), bench.app.service.get_group(g["id"])["tree"])
+    with caplog.at_level(logging.WARNING, logger="modelcast.app"):
+        _relay(bench, "h1", "h3")
+        bench.settle()
+    assert (set(view.links), dict(view.hosts), bench.app.service.get_group(g["id"])["tree"]) == before
+    assert bench.app.service.get_group(g["id"])["state"] == "installed"
+    assert dict(fabric.trace(H["h2"].ip, g["address"]).delivered) == {H["h3"].ip: 1, H["h4"].ip: 1}
+    said = [r.getMessage() for r in caplog.records if "not believed" in r.getMessage()]
+    assert len(said) == 2 and H["h1"].ip in said[0] and H["h3"].ip in said[0], said  # (each direction)
+    assert bench.app.service.metrics.registry.get_sample_value(
+        "modelcast_links_refused_total", {"why": "host ports"}) == 2
+    fab = bench.app.service.health()["fabric"]
+    assert fab["pinned"] is False and fab["refused_total"] == 2 and len(fab["refused"]) == 1
+
+
+def test_a_pinned_fabric_refuses_a_relay_between_silent_hosts_also_from_saved_state(make_bench, tmp_path, caplog):
+    """h2 and h4 never sent a frame of their own, so no host is attached at their ports:
+    without --fabric the relayed link is believed (the documented limit of the default
+    rule), and saved; with the fabric pinned it is refused, and dropped from the saved
+    state at start."""
+    state = tmp_path / "state.json"
+    fabric = FakeFabric(TOPO)
+    loose = make_bench(fabric, state)
+    for dpid in sorted(TOPO.switches):
+        loose.connect(dpid)
+    loose.settle()
+    for k in TOPO.links:
+        loose.link(k.a, k.a_port, k.b, k.b_port, True)
+    for name in ("h1", "h3"):
+        loose.packet_in(name, arp_request(name, "h1" if name != "h1" else "h3"))
+    loose.settle()
+    _relay(loose, "h2", "h4")
+    loose.settle()
+    wormhole = (H["h2"].dpid, H["h2"].port, H["h4"].dpid, H["h4"].port)
+    assert len(loose.app.core.view.links) == len(TOPO.links) + 1
+    assert loose.app.service.save()
+
+    with caplog.at_level(logging.WARNING):
+        pinned = make_bench(fabric, state, fabric=TOPO)
+    view = pinned.app.core.view
+    assert len(view.links) == len(TOPO.links)  # the saved relay link was not restored
+    assert any("not a link of the pinned fabric (--fabric): not restored" in r.getMessage()
+               for r in caplog.records)
+    for dpid in sorted(TOPO.switches):
+        pinned.connect(dpid)
+    pinned.settle()
+    for k in TOPO.links:
+        pinned.link(k.a, k.a_port, k.b, k.b_port, True)
+    pinned.settle()
+    _relay(pinned, "h2", "h4")
+    pinned.settle()
+    assert len(view.links) == len(TOPO.links)
+    fab = pinned.app.service.health()["fabric"]
+    assert fab["pinned"] is True and fab["missing_links"] == [] and fab["refused_total"] == 2
+    assert fab["refused"][0]["why"].startswith("not a link of the pinned fabric")
+    assert (fab["refused"][0]["a"], fab["refused"][0]["b"]) == (wormhole[0], wormhole[2])
+    g, _ = pinned.app.service.create_group(
+        {"model": "pinned", "source": H["h1"].ip, "receivers": [H["h3"].ip]})
+    pinned.settle()
+    assert pinned.app.service.get_group(g["id"])["state"] == "installed"
+    assert dict(fabric.trace(H["h1"].ip, g["address"]).delivered) == {H["h3"].ip: 1}
+
+
+def test_a_link_found_where_one_host_was_is_believed_and_the_host_named(make_bench, caplog):
+    """A host learned on a switch port before the link behind it was discovered (a start-up
+    race) is one end only: the link is believed, the host forgotten, and the warning says
+    which host and what to do if that port is not cabled to a switch."""
+    fabric = FakeFabric(TOPO)
+    bench = make_bench(fabric)
+    for dpid in sorted(TOPO.switches):
+        bench.connect(dpid)
+    bench.settle()
+    for k in TOPO.links:
+        bench.link(k.a, k.a_port, k.b, k.b_port, True)
+    bench.packet_in("h1", arp_request("h1", "h3"))
+    bench.settle()
+    with caplog.at_level(logging.WARNING, logger="modelcast.app"):
+        _relay(bench, "h1", "h4")  # h4 silent
+        bench.settle()
+    view = bench.app.core.view
+    assert len(view.links) == len(TOPO.links) + 1 and H["h1"].ip not in view.hosts
+    said = [r.getMessage() for r in caplog.records if "discovered where host" in r.getMessage()]
+    assert said and H["h1"].ip in said[0] and "--fabric" in said[0], said
+    assert bench.app.service.health()["fabric"]["refused_total"] == 0

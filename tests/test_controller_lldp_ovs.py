@@ -13,6 +13,9 @@ import re
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -47,6 +50,46 @@ for _ in range(n):
                 replayed += 1
 print(replayed)
 '''
+
+
+# run inside a host's netns: "recv" writes every discovery frame the host's port sends it
+# to stdout (length-prefixed); "send" sends each one read from stdin out of the host's port
+RELAY = r'''
+import socket, struct, sys
+s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(0x88CC))
+s.bind(("eth0", 0))
+if sys.argv[1] == "recv":
+    while True:
+        data, addr = s.recvfrom(2048)
+        if addr[2] != socket.PACKET_OUTGOING:
+            sys.stdout.buffer.write(struct.pack("!H", len(data)) + data)
+            sys.stdout.buffer.flush()
+else:
+    while len(head := sys.stdin.buffer.read(2)) == 2:
+        s.send(sys.stdin.buffer.read(struct.unpack("!H", head)[0]))
+'''
+
+
+@contextmanager
+def relay(lab, a: str, b: str, work: Path) -> Iterator[None]:
+    """Hosts ``a`` and ``b`` relay discovery frames to each other (both ways) until the
+    block ends; the relay processes are stopped by PID."""
+    script = work / "relay.py"
+    script.write_text(RELAY)
+    procs: list[subprocess.Popen] = []
+    try:
+        for src, dst in ((a, b), (b, a)):
+            rx = subprocess.Popen(["ip", "netns", "exec", lab._netns[src], sys.executable, str(script), "recv"],
+                                  stdout=subprocess.PIPE)
+            procs.append(rx)
+            procs.append(subprocess.Popen(["ip", "netns", "exec", lab._netns[dst], sys.executable,
+                                           str(script), "send"], stdin=rx.stdout))
+            rx.stdout.close()  # (the sender holds the pipe now)
+        yield
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
 
 
 def links(ctl) -> set[tuple[int, int, int, int]]:
@@ -103,3 +146,72 @@ def test_forged_and_replayed_discovery_frames_from_a_host_change_no_link(tmp_pat
         assert "refused a discovery frame claiming switch" in log
     print(f"\n15 forged discovery frames and {replayed} replayed ones from h1 over 3 s: "
           f"links unchanged in {len(seen)} looks, the group's tree unchanged, {refused:.0f} refused")
+
+
+RELAY_S = 4.0  # Ryu sends each port's discovery frame about every 0.9 s
+
+
+def watch_links(ctl, seconds: float) -> list[set]:
+    seen, end = [], time.monotonic() + seconds
+    while time.monotonic() < end:
+        seen.append(links(ctl))
+        time.sleep(0.1)
+    return seen
+
+
+def test_discovery_frames_relayed_between_two_known_hosts_make_no_link(tmp_path):
+    """h1 (leaf 3) and h3 (leaf 4), both known to the controller, relay the frames their
+    ports send them: before, leaves 3 and 4 got a one-hop link through the two hosts
+    within a few seconds, both hosts were forgotten and trees moved onto it."""
+    with controller_lab(TOPO, tmp_path) as (lab, ctl):
+        for h in TOPO.hosts[1:]:
+            assert lab.ping(h.name, "h1", count=1, wait=2), ctl.log_text()
+        ip = {h.name: h.ip for h in TOPO.hosts}
+        r = ctl.api("POST", "/v1/groups", json={"model": "relay-test", "source": ip["h2"],
+                                                "receivers": [ip["h4"], ip["h6"]]})
+        assert r.status_code == 201, r.text
+        gid = r.json()["id"]
+        tree = ctl.wait_group(gid, lambda g: g["state"] == "installed")["tree"]["links"]
+        before = links(ctl)
+        hosts = {h["ip"] for h in ctl.client.topology()["hosts"]}
+        assert {ip["h1"], ip["h3"]} <= hosts
+        t0 = time.monotonic()
+        with relay(lab, "h1", "h3", tmp_path):
+            seen = watch_links(ctl, RELAY_S)
+            fabric = ctl.api("GET", "/v1/health").json()["fabric"]
+        assert all(s == before for s in seen), [s ^ before for s in seen if s != before]
+        assert fabric["pinned"] is False and fabric["refused_total"] >= 1, fabric
+        h1, h3 = TOPO.host("h1"), TOPO.host("h3")
+        assert [(x["a"], x["a_port"], x["b"], x["b_port"]) for x in fabric["refused"]] == [
+            (*min((h1.dpid, h1.port), (h3.dpid, h3.port)), *max((h1.dpid, h1.port), (h3.dpid, h3.port)))]
+        assert {h["ip"] for h in ctl.client.topology()["hosts"]} == hosts  # nobody forgotten
+        g = ctl.client.get_group(gid)
+        assert g["tree"]["links"] == tree and g["state"] == "installed"
+        log = ctl.log_text()
+        said = [ln for ln in log.splitlines() if "not believed" in ln]
+        assert said and ip["h1"] in said[0] and ip["h3"] in said[0], log[-2000:]
+    print(f"\nh1 <-> h3 relaying discovery frames for {RELAY_S:.0f} s: links unchanged in "
+          f"{len(seen)} looks, {fabric['refused_total']} reports refused, tree and hosts unchanged "
+          f"({time.monotonic() - t0:.1f} s)")
+
+
+def test_a_pinned_fabric_refuses_a_relay_between_hosts_that_never_spoke(tmp_path):
+    """h2 and h4 send nothing of their own, so no host is attached at their ports (the
+    default rule would believe their relay); with --fabric the link is refused."""
+    spec = "leaf-spine:2,3,2"
+    assert T.parse(spec).links == TOPO.links
+    with controller_lab(TOPO, tmp_path, args=["--fabric", spec]) as (lab, ctl):
+        before = links(ctl)
+        known = {h["ip"] for h in ctl.client.topology()["hosts"]}
+        assert not known & {TOPO.host("h2").ip, TOPO.host("h4").ip}
+        with relay(lab, "h2", "h4", tmp_path):
+            seen = watch_links(ctl, RELAY_S)
+        assert all(s == before for s in seen), [s ^ before for s in seen if s != before]
+        health = ctl.api("GET", "/v1/health").json()["fabric"]
+        assert health["pinned"] is True and health["missing_links"] == [], health
+        assert health["refused_total"] >= 1 and health["refused"][0]["why"].startswith(
+            "not a link of the pinned fabric"), health
+        assert re.search(r'^modelcast_links_refused_total\{why="not pinned"\} [1-9]',
+                         ctl.api("GET", "/metrics").text, re.M)
+    print(f"\nh2 <-> h4 (silent) relaying for {RELAY_S:.0f} s with --fabric {spec}: links unchanged in "
+          f"{len(seen)} looks, {health['refused_total']} reports refused")

@@ -31,6 +31,9 @@ def run(*args: str, timeout: float = 30) -> subprocess.CompletedProcess:
     (["--ofp-tcp-listen-port", "x"], "Invalid Integer value"),
     (["--punt-rate", "-5"], "--punt-rate must be 0.."),
     (["--punt-port-rate", "-1"], "--punt-port-rate must be 0.."),
+    (["--fabric", "mesh:3"], "--fabric: unknown topology family 'mesh'"),
+    (["--fabric", "file:/nonexistent-dir/fabric.yaml"], "--fabric: cannot read topology file"),
+    (["--fabric", "linear:1"], "--fabric: linear:1 has no links between switches"),
 ])
 def test_bad_options_exit_nonzero_with_a_clear_message(args, needle):
     proc = run(*args)
@@ -98,6 +101,17 @@ def test_no_protection_turns_fast_failover_off():
     assert parse([])[0].protection is True
     conf, rest = parse(["--no-protection", "--ofp-tcp-listen-port", "6653"])
     assert conf.protection is False and rest == ["--ofp-tcp-listen-port", "6653"]
+
+
+def test_a_fabric_file_pins_its_links(tmp_path):
+    """The cabling as a topology file (topologies.spec's format, real dpids and ports)."""
+    from controller.main import parse
+    assert parse([])[0].fabric is None
+    path = tmp_path / "fabric.json"
+    path.write_text('{"switches": [{"name": "a", "dpid": 7}, {"name": "b", "dpid": 9}],'
+                    ' "links": [{"a": "a", "b": "b", "a_port": 48, "b_port": 1}]}')
+    conf, _ = parse(["--fabric", f"file:{path}"])
+    assert [(lk.a, lk.a_port, lk.b, lk.b_port) for lk in conf.fabric.links] == [(7, 48, 9, 1)]
 
 
 def test_no_nicira_keeps_plain_openflow_detour_ends():
