@@ -105,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
     base = ""
     interrupted = False
     try:
-        fabric.start()
+        fabric.start(ping_hosts=False)  # (real clusters' hosts do not ping first)
         assert fabric.lab is not None
         base = fabric.lab.base
         if args.moe:

@@ -86,8 +86,12 @@ class Fabric:
 
     # ---------------------------------------------------------------- lifecycle
 
-    def start(self, learn_timeout: float = 60) -> None:
-        """Controller up, lab built, links discovered, hosts learned; undone on failure."""
+    def start(self, learn_timeout: float = 60, ping_hosts: bool = True) -> None:
+        """Controller up, lab built, links discovered, hosts learned; undone on failure.
+        ``ping_hosts=False`` (the demo): no host sends anything first, as in a cluster whose
+        hosts never broadcast; the controller finds each by its own first frames (a
+        receiver's IGMP join, the sender's datagrams) or by ARP probes for an address a
+        group names, and a receiver it has not found yet is ``pending``."""
         topo = self.topology
         try:
             self.say(f"building lab {topo.name}: {len(topo.switches)} OVS bridges (userspace "
@@ -104,7 +108,11 @@ class Fabric:
                      f"{len(topo.links)} links (LLDP)")
             self.controller.wait_topology(len(topo.switches), len(topo.links), timeout=learn_timeout)
             self.say(f"host agents reach the REST API at {self.url}")
-            self.learn_hosts(timeout=learn_timeout)
+            if ping_hosts:
+                self.learn_hosts(timeout=learn_timeout)
+            else:
+                self.say("hosts send nothing first: the controller finds them by their own "
+                         "frames and by ARP probes for the addresses a group names")
         except BaseException:
             self.stop()
             raise
