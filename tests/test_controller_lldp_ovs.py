@@ -101,16 +101,22 @@ def links(ctl) -> set[tuple[int, int, int, int]]:
     return out
 
 
+def installed_group(lab, ctl, model: str, source: str, receivers: list[str]) -> tuple[int, list]:
+    """Every host pings h1 (so all are known); a group from ``source`` to ``receivers``
+    (host names) is created and installed: (its id, its tree's links)."""
+    for h in TOPO.hosts[1:]:
+        assert lab.ping(h.name, "h1", count=1, wait=2), ctl.log_text()
+    ip = {h.name: h.ip for h in TOPO.hosts}
+    r = ctl.api("POST", "/v1/groups", json={"model": model, "source": ip[source],
+                                            "receivers": [ip[r] for r in receivers]})
+    assert r.status_code == 201, r.text
+    gid = r.json()["id"]
+    return gid, ctl.wait_group(gid, lambda g: g["state"] == "installed")["tree"]["links"]
+
+
 def test_forged_and_replayed_discovery_frames_from_a_host_change_no_link(tmp_path):
     with controller_lab(TOPO, tmp_path) as (lab, ctl):
-        for h in TOPO.hosts[1:]:
-            assert lab.ping(h.name, "h1", count=1, wait=2), ctl.log_text()
-        ip = {h.name: h.ip for h in TOPO.hosts}
-        r = ctl.api("POST", "/v1/groups", json={"model": "lldp-test", "source": ip["h1"],
-                                                "receivers": [ip["h3"], ip["h5"]]})
-        assert r.status_code == 201, r.text
-        gid = r.json()["id"]
-        tree = ctl.wait_group(gid, lambda g: g["state"] == "installed")["tree"]["links"]
+        gid, tree = installed_group(lab, ctl, "lldp-test", "h1", ["h3", "h5"])
         before = links(ctl)
         assert len(before) == len(TOPO.links)
         spine, leaf = next((p, c) for p, c in tree if p in (1, 2))  # a tree link from a spine
@@ -164,14 +170,8 @@ def test_discovery_frames_relayed_between_two_known_hosts_make_no_link(tmp_path)
     ports send them: before, leaves 3 and 4 got a one-hop link through the two hosts
     within a few seconds, both hosts were forgotten and trees moved onto it."""
     with controller_lab(TOPO, tmp_path) as (lab, ctl):
-        for h in TOPO.hosts[1:]:
-            assert lab.ping(h.name, "h1", count=1, wait=2), ctl.log_text()
+        gid, tree = installed_group(lab, ctl, "relay-test", "h2", ["h4", "h6"])
         ip = {h.name: h.ip for h in TOPO.hosts}
-        r = ctl.api("POST", "/v1/groups", json={"model": "relay-test", "source": ip["h2"],
-                                                "receivers": [ip["h4"], ip["h6"]]})
-        assert r.status_code == 201, r.text
-        gid = r.json()["id"]
-        tree = ctl.wait_group(gid, lambda g: g["state"] == "installed")["tree"]["links"]
         before = links(ctl)
         hosts = {h["ip"] for h in ctl.client.topology()["hosts"]}
         assert {ip["h1"], ip["h3"]} <= hosts
