@@ -61,7 +61,8 @@ def parse(argv: list[str]) -> tuple[settings.Settings, list[str]]:
                     "OFPMP_DESC) or refuses a Nicira action")
     ap.add_argument("--fabric", metavar="SPEC",
                     help="the fabric's cabling: a topology (file:PATH.yaml|.json, or a family such as "
-                    "leaf-spine:2,4,2) with the switches' real dpids and port numbers. Only its links "
+                    "leaf-spine:2,4,2) with the switches' real dpids and port numbers; a saved "
+                    "GET /v1/topology is one. Only its links "
                     "are believed from discovery frames, so hosts relaying those frames between them "
                     "cannot make a link (without it, a link between two ports where hosts are "
                     "attached is refused, and other links are believed)")

@@ -54,6 +54,23 @@ def test_load_from_json_and_yaml(tmp_path):
     assert any(link.a_port == 7 for link in a.links)
 
 
+@pytest.mark.parametrize("topo", [t.leaf_spine(2, 3, 2), t.fat_tree(4), t.ring(5, 2)], ids=str)
+def test_what_the_controller_found_saves_as_a_fabric_to_pin(tmp_path, topo):
+    """GET /v1/topology saved to a file loads as the same fabric (``--fabric file:...``)."""
+    from controller.linkgate import LinkGate
+    from controller.topoview import LinkKey
+    from tests.support.controller_env import make_env
+
+    found = make_env(topo).service.topology()
+    (tmp_path / "fabric.json").write_text(json.dumps(found))
+    pinned = t.parse(f"file:{tmp_path / 'fabric.json'}")
+    keys = {LinkKey.make(lk.a, lk.a_port, lk.b, lk.b_port) for lk in topo.links}
+    assert LinkGate(pinned).pinned == keys
+    assert sorted(pinned.switches) == sorted(topo.switches)
+    assert {(h.ip, h.mac, h.dpid, h.port) for h in pinned.hosts} == {
+        (h.ip, h.mac, h.dpid, h.port) for h in topo.hosts}
+
+
 @pytest.mark.parametrize("bad,msg", [
     ({"switches": ["s1"], "links": [["s1", "s1"]]}, "itself"),
     ({"switches": ["s1", "s2"], "links": [["s1", "s2"], ["s2", "s1"]]}, "parallel"),
@@ -61,6 +78,7 @@ def test_load_from_json_and_yaml(tmp_path):
     ({"switches": ["s1", "s2"], "links": [{"a": "s1", "b": "s2", "a_port": 1}],
       "hosts": [{"switch": "s1", "port": 1}]}, "already used"),
     ({"switches": ["s1"], "links": [["s1", "s9"]]}, "unknown switch"),
+    ({"switches": [1, 2], "links": [{"a": 1, "a_port": 1, "b": 3, "b_port": 1}]}, "unknown switch dpid 3"),
     ({"links": []}, "malformed"),
 ])
 def test_bad_definitions_are_rejected_with_a_clear_message(bad, msg):

@@ -157,6 +157,8 @@ class Builder:
             if switch not in self._by_name:
                 raise TopologyError(f"unknown switch {switch!r}")
             return self._by_name[switch]
+        if switch not in self.topo.switches:
+            raise TopologyError(f"unknown switch dpid {switch!r}")
         return switch
 
     def link(self, a: int | str, b: int | str, a_port: int | None = None,
@@ -260,10 +262,14 @@ def fat_tree(k: int = 4, hosts_per_edge: int | None = None) -> Topology:
 
 def from_dict(data: dict[str, Any]) -> Topology:
     """Load ``{"name", "switches": [{"name", "dpid"?}], "links": [{"a","b","a_port"?,"b_port"?}
-    or ["s1","s2"]], "hosts": [{"name"?, "switch", "ip"?, "mac"?, "port"?}]}``."""
+    or ["s1","s2"]], "hosts": [{"name"?, "switch", "ip"?, "mac"?, "port"?}]}``. The
+    controller's ``GET /v1/topology`` loads too (switches as dpids, links and hosts by
+    dpid), so a fabric it found can be saved and pinned (``modelcast-controller --fabric``)."""
     try:
         b = Builder(str(data.get("name", "custom")))
         for sw in data["switches"]:
+            if isinstance(sw, int) and not isinstance(sw, bool):  # a dpid (GET /v1/topology)
+                sw = {"name": f"s{sw}", "dpid": sw}
             sw = {"name": sw} if isinstance(sw, str) else sw
             b.switch(sw["name"], sw.get("dpid"))
         for link in data.get("links", []):
@@ -271,7 +277,8 @@ def from_dict(data: dict[str, Any]) -> Topology:
                 link = {"a": link[0], "b": link[1]}
             b.link(link["a"], link["b"], link.get("a_port"), link.get("b_port"))
         for h in data.get("hosts", []):
-            b.host(h["switch"], h.get("name"), h.get("ip"), h.get("mac"), h.get("port"))
+            b.host(h["switch"] if "switch" in h else h["dpid"], h.get("name"), h.get("ip"),
+                   h.get("mac"), h.get("port"))
     except (KeyError, TypeError, AttributeError) as exc:
         raise TopologyError(f"malformed topology definition: {exc!r}") from exc
     return b.done()
