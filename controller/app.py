@@ -151,6 +151,7 @@ class ModelcastApp(app_manager.RyuApp):
         metrics.rest_connections_refused.set_function(lambda: webserver.POOL.refused if webserver.POOL else 0)
         metrics.lldp_refused.set_function(lambda: lldpauth.SIGNER.forged if lldpauth.SIGNER else 0)
         self.punt_guard = PuntGuard(conf.punt_port_rate if conf.punt_rate > 0 else 0)
+        self._spoof_warned: dict[str, float] = {}  # pinned host -> when a claim on it was last logged
         metrics.punt_quarantines.set_function(lambda: self.punt_guard.quarantined)
         self._rebind()
         if self.election is not None:
@@ -165,6 +166,7 @@ class ModelcastApp(app_manager.RyuApp):
                 raise SystemExit(2) from None
             for problem in problems:
                 log.error("state file %s: %s", conf.state_file, problem)
+            self.discovery.pin()  # (over a place the saved state had)
         kwargs["wsgi"].register(RestApi, {"service": self.service,
                                           "barrier_timeout": 3 * conf.barrier_timeout_s + 2,
                                           "forward": self._forward if self.election else None})
@@ -197,7 +199,8 @@ class ModelcastApp(app_manager.RyuApp):
         self.reconnect = Reconnect(self.core, host_idle_s=conf.host_timeout_s, punt_rate=conf.punt_rate,
                                    punt_port_rate=conf.punt_port_rate)
         self.reconnect.unmetered = unmetered  # (what the switches said of themselves still holds)
-        self.discovery = HostDiscovery(self.core, idle_s=conf.host_timeout_s)
+        self.discovery = HostDiscovery(self.core, idle_s=conf.host_timeout_s, pinned=self.service.gate.hosts)
+        self.discovery.pin()  # (its plan: what the switches get when they connect or are read)
         self.audits = AuditClock(conf.audit_interval_s)
 
     # -- several instances: election, OpenFlow roles, follower view -----------------------
@@ -751,6 +754,13 @@ class ModelcastApp(app_manager.RyuApp):
             log.info("host %s (%s) at switch %#x port %d", ip, h.mac, h.dpid, h.port)
         for ip in acts.forgotten:
             log.info("host %s forgotten (port down, or silent and not answering probes)", ip)
+        now = time.monotonic()
+        for ip in acts.spoofed:
+            if now - self._spoof_warned.get(ip, float("-inf")) >= 60:
+                self._spoof_warned[ip] = now
+                mac, dpid, port = self.discovery.pinned[ip]
+                log.warning("a frame claims host %s's address from elsewhere: dropped (--fabric pins it "
+                            "at switch %#x port %d, %s; said at most once a minute)", ip, dpid, port, mac)
         for ip in acts.contested:
             h = view.hosts[ip]
             log.warning("a frame claims host %s's address from elsewhere: not moved; probing it at "

@@ -29,6 +29,10 @@ How a host is found and kept:
   a spoof); if it stays silent for ``probe_tries`` probes it is forgotten, and the
   claimant's next frame teaches the new place (a real move costs ~3 s). A host whose
   old port went down is already forgotten, so it moves at once.
+* **Pinned hosts** (the hosts of ``--fabric``, ``controller.linkgate``): placed at start
+  (``pin``), so a silent one is installed without a probe; a frame claiming one's address
+  from elsewhere is refused without probing it (no silence makes the claim win), and it
+  is never forgotten -- behind a port that is down it is unreachable until the port is up.
 """
 
 from __future__ import annotations
@@ -68,6 +72,7 @@ class Actions:
     forgotten: list[str] = field(default_factory=list)
     refused: list[str] = field(default_factory=list)  # claims on a known host's address
     contested: list[str] = field(default_factory=list)  # ... that started probing its holder
+    spoofed: list[str] = field(default_factory=list)  # ... on a pinned host's (--fabric)
 
 
 @dataclass
@@ -101,8 +106,10 @@ class HostDiscovery:
 
     def __init__(self, core: MulticastCore, idle_s: int = HOST_IDLE_S,
                  probe_interval_s: float = PROBE_INTERVAL_S, probe_tries: int = PROBE_TRIES,
-                 wanted_max_interval_s: float = WANTED_MAX_INTERVAL_S) -> None:
+                 wanted_max_interval_s: float = WANTED_MAX_INTERVAL_S,
+                 pinned: Mapping[str, tuple[str, int, int]] | None = None) -> None:
         self.core = core
+        self.pinned = dict(pinned or {})  # address -> (mac, dpid, port): see ``pin``
         self.idle_s = idle_s
         self.probe_interval_s = probe_interval_s
         self.probe_tries = probe_tries
@@ -113,6 +120,17 @@ class HostDiscovery:
     @property
     def view(self) -> TopologyView:
         return self.core.view
+
+    def pin(self) -> Plan:
+        """Place every pinned host where the fabric says (also over a different place a
+        saved state had): at start, and after the core is rebuilt."""
+        plan = Plan()
+        for ip, (mac, dpid, port) in sorted(self.pinned.items()):
+            known = self.view.hosts.get(ip)
+            if known is not None and (known.mac, known.dpid, known.port) != (mac, dpid, port):
+                plan.extend(self.core.host_remove(ip))
+            plan.extend(self.core.host_add(ip, mac, dpid, port))
+        return plan
 
     def looking_for(self) -> list[str]:
         """Addresses being probed for (named by a group, not found yet)."""
@@ -128,6 +146,10 @@ class HostDiscovery:
         acts = Actions()
         mac = mac.lower()
         known = self.view.hosts.get(ip)
+        if ip in self.pinned and self.pinned[ip] != (mac, dpid, port):
+            acts.refused.append(ip)  # (its frame is dropped; the pinned host stays)
+            acts.spoofed.append(ip)
+            return acts
         if known is not None and (known.dpid, known.port, known.mac) != (dpid, port, mac) \
                 and self.view.host_attached(known):
             acts.refused.append(ip)
@@ -155,7 +177,8 @@ class HostDiscovery:
         hosts behind it (``tick`` sends the probes)."""
         mac = mac.lower()
         for h in self.view.hosts.values():
-            if (h.dpid, h.port, h.mac) == (dpid, port, mac) and h.ip not in self._suspects:
+            if (h.dpid, h.port, h.mac) == (dpid, port, mac) and h.ip not in self._suspects \
+                    and h.ip not in self.pinned:
                 self._suspects[h.ip] = _Probing(now, self.probe_interval_s)
 
     def port_down(self, dpid: int, port: int) -> Actions:
@@ -163,7 +186,8 @@ class HostDiscovery:
         them as receivers, looked for again)."""
         acts = Actions()
         for ip in sorted(self.view.hosts_at(dpid, port)):
-            self._forget(ip, acts)
+            if ip not in self.pinned:  # (a pinned one is unreachable until the port is up)
+                self._forget(ip, acts)
         return acts
 
     def link_up(self, a: int, a_port: int, b: int, b_port: int) -> list[tuple[int, ofmsgs.Msg]]:

@@ -15,6 +15,9 @@ Two rules, checked before a discovered link changes anything:
   ``file:/etc/modelcast/fabric.yaml``, whose switches have the real dpids and port
   numbers): only its links are believed, whatever the frames say. This stops every
   relay, also between hosts that never sent a frame of their own.
+  Its hosts are pinned too (``controller.hosts``): known at their port from the start
+  (a silent one needs no probe), never moved by a frame claiming their address, never
+  forgotten for silence or a port going down.
 - **Without one, a link between two host ports is refused**: both of its ends are ports
   where a host the controller learned is still attached. A real cable between two
   switches does not have a learned host at both ends (a host learned on a link port
@@ -47,6 +50,9 @@ class LinkGate:
     def __init__(self, fabric: Topology | None = None) -> None:
         self.pinned: frozenset[LinkKey] | None = None if fabric is None else frozenset(
             LinkKey.make(lk.a, lk.a_port, lk.b, lk.b_port) for lk in fabric.links)
+        # the pinned fabric's hosts: address -> (mac, dpid, port)
+        self.hosts: dict[str, tuple[str, int, int]] = {} if fabric is None else {
+            h.ip: (h.mac.lower(), h.dpid, h.port) for h in fabric.hosts}
         self.refused: dict[LinkKey, Refusal] = {}  # (oldest first)
         self.refused_total = 0  # reports refused (Ryu reports each direction of a link)
 
@@ -96,7 +102,7 @@ class LinkGate:
         """``fabric`` of ``GET /v1/health``."""
         def as_json(k: LinkKey) -> dict:
             return {"a": k.a, "a_port": k.a_port, "b": k.b, "b_port": k.b_port}
-        return {"pinned": self.pinned is not None,
+        return {"pinned": self.pinned is not None, "pinned_hosts": len(self.hosts),
                 "missing_links": [as_json(k) for k in self.missing(view)],
                 "refused_total": self.refused_total,
                 "refused": [dict(as_json(r.link), why=r.why) for r in self.refused.values()]}

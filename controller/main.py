@@ -65,7 +65,8 @@ def parse(argv: list[str]) -> tuple[settings.Settings, list[str]]:
                     "GET /v1/topology is one. Only its links "
                     "are believed from discovery frames, so hosts relaying those frames between them "
                     "cannot make a link (without it, a link between two ports where hosts are "
-                    "attached is refused, and other links are believed)")
+                    "attached is refused, and other links are believed); its hosts (each with ip "
+                    "and mac) are known from the start and never moved or forgotten")
     ap.add_argument("--trace", type=Path, metavar="FILE",
                     help="append every plan message, barrier reply, port change and audit with "
                     "its wall-clock time to FILE (env MODELCAST_TRACE; a debugging aid)")
@@ -159,7 +160,7 @@ def parse(argv: list[str]) -> tuple[settings.Settings, list[str]]:
         ap.error(f"--rest-idle must be 0.5..3600 s, not {conf.rest_idle_s:g}")
     if ours.fabric is not None:
         try:
-            conf.fabric = parse_topology(ours.fabric)
+            conf.fabric = parse_topology(ours.fabric, invent=False)
         except TopologyError as exc:
             ap.error(f"--fabric: {exc}")
         if not conf.fabric.links:

@@ -452,6 +452,9 @@ class Service:
         check_admin(who, "remove hosts")
         ip = check_unicast(ip)
         self.core.view.host(ip)  # UnknownHost -> 404
+        if ip in self.gate.hosts:
+            raise Conflict(f"host {ip} is pinned by the fabric the controller was started with "
+                           "(--fabric): change that file to move it")
         self.apply(self.core.host_remove(ip), "host")
         self.save()
 

@@ -396,7 +396,8 @@ def test_a_pinned_fabric_refuses_a_relay_between_silent_hosts_also_from_saved_st
     """h2 and h4 never sent a frame of their own, so no host is attached at their ports:
     without --fabric the relayed link is believed (the documented limit of the default
     rule), and saved; with the fabric pinned it is refused, and dropped from the saved
-    state at start."""
+    state at start. The pinned fabric's hosts are known from the start and not moved by
+    a frame claiming one's address."""
     state = tmp_path / "state.json"
     fabric = FakeFabric(TOPO)
     loose = make_bench(fabric, state)
@@ -433,11 +434,26 @@ def test_a_pinned_fabric_refuses_a_relay_between_silent_hosts_also_from_saved_st
     assert fab["pinned"] is True and fab["missing_links"] == [] and fab["refused_total"] == 2
     assert fab["refused"][0]["why"].startswith("not a link of the pinned fabric")
     assert (fab["refused"][0]["a"], fab["refused"][0]["b"]) == (wormhole[0], wormhole[2])
+    # the fabric's hosts are pinned: h4 never sent a frame, and is installed at once; a
+    # frame from h2's port claiming h4's address is dropped, and moves nothing
+    assert fab["pinned_hosts"] == len(TOPO.hosts) and H["h4"].ip in view.hosts
     g, _ = pinned.app.service.create_group(
-        {"model": "pinned", "source": H["h1"].ip, "receivers": [H["h3"].ip]})
+        {"model": "pinned", "source": H["h1"].ip, "receivers": [H["h3"].ip, H["h4"].ip]})
     pinned.settle()
     assert pinned.app.service.get_group(g["id"])["state"] == "installed"
-    assert dict(fabric.trace(H["h1"].ip, g["address"]).delivered) == {H["h3"].ip: 1}
+    want = {H["h3"].ip: 1, H["h4"].ip: 1}
+    assert dict(fabric.trace(H["h1"].ip, g["address"]).delivered) == want
+    spoof = packet.Packet()
+    spoof.add_protocol(ethernet.ethernet("ff:ff:ff:ff:ff:ff", H["h2"].mac, 0x0806))
+    spoof.add_protocol(arp.arp_ip(arp.ARP_REQUEST, H["h2"].mac, H["h4"].ip, "00:00:00:00:00:00", H["h1"].ip))
+    with caplog.at_level(logging.WARNING, logger="modelcast.app"):
+        for _ in range(3):
+            pinned.packet_in("h2", spoof)
+        pinned.settle()
+    assert (view.hosts[H["h4"].ip].dpid, view.hosts[H["h4"].ip].port) == (H["h4"].dpid, H["h4"].port)
+    assert dict(fabric.trace(H["h1"].ip, g["address"]).delivered) == want
+    said = [r.getMessage() for r in caplog.records if f"claims host {H['h4'].ip}" in r.getMessage()]
+    assert len(said) == 1 and "--fabric pins it" in said[0], said  # (once a minute, not per frame)
 
 
 def test_a_link_found_where_one_host_was_is_believed_and_the_host_named(make_bench, caplog):

@@ -6,6 +6,7 @@ frame is traced through the switches' real pipeline."""
 
 from __future__ import annotations
 
+import pytest
 from ryu.lib.packet import arp, ethernet, packet
 from ryu.ofproto import ofproto_v1_3_parser as parser
 
@@ -250,3 +251,68 @@ def test_probing_for_many_named_hosts_is_spread_over_timer_steps():
         assert len(now) == min(MAX_PROBES_PER_TICK, len(many) - len(asked)), step
         asked += sorted(now)
     assert sorted(asked) == sorted(many)  # every address asked once, none twice
+
+
+def pinned_setup(*unknown: str, **options: float) -> tuple[Env, HostDiscovery]:
+    """Discovery with every host of the topology pinned (``--fabric``) and placed."""
+    env = make_env(unknown_hosts=unknown, pipeline=True)
+    disc = HostDiscovery(env.core, pinned={h.ip: (h.mac, h.dpid, h.port) for h in env.topo.hosts},
+                         **options)
+    env.service.apply(disc.pin(), "host")
+    return env, disc
+
+
+def test_a_pinned_host_that_never_sent_a_frame_is_installed_without_a_probe():
+    env, disc = pinned_setup(S, R1, R2)
+    g, _ = env.service.create_group({"model": "m", "source": S, "receivers": [R1, R2]})
+    assert g["state"] == "installed" and env.delivered(g["id"]) == {R1: 1, R2: 1}
+    assert disc.looking_for() == [] and probes(disc.tick(T0, ports(env))) == []
+
+
+def test_a_claim_on_a_pinned_host_never_wins_not_even_while_the_host_is_silent():
+    """Unpinned, a silent host's address goes to whoever claims it once the host stays
+    silent for 3 probes; pinned, the claim is refused at once and nobody is probed."""
+    env, disc = pinned_setup(probe_interval_s=1.0, probe_tries=3)
+    r1 = env.topo.host(R1)
+    gid = env.service.create_group({"model": "m", "source": S, "receivers": [R1]})[0]["id"]
+    for t in range(6):
+        acts = disc.seen(R1, "02:66:66:66:66:66", 5, 9)
+        assert acts.refused == [R1] and acts.spoofed == [R1] and not acts.contested
+        assert not acts.learned and not acts.msgs and not len(acts.plan)
+        later = disc.tick(T0 + t, ports(env))
+        assert not later.forgotten and not probes(later)
+    held = env.core.view.hosts[R1]
+    assert (held.mac, held.dpid, held.port) == (r1.mac, r1.dpid, r1.port)
+    assert env.delivered(gid) == {R1: 1}
+
+
+def test_a_pinned_host_is_not_forgotten_for_silence_or_its_port_going_down():
+    env, disc = pinned_setup(probe_interval_s=1.0, probe_tries=3)
+    r1 = env.topo.host(R1)
+    gid = env.service.create_group({"model": "m", "source": S, "receivers": [R1, R2]})[0]["id"]
+    disc.idle(r1.dpid, r1.port, r1.mac, T0)  # its source entry idled out: no probing
+    for t in range(5):
+        acts = disc.tick(T0 + t, ports(env))
+        assert not acts.forgotten and not probes(acts)
+    env.service.apply(env.core.port_down(r1.dpid, r1.port), "reroute")
+    assert not disc.port_down(r1.dpid, r1.port).forgotten and R1 in env.core.view.hosts
+    assert env.delivered(gid) == {R2: 1}  # unreachable while its port is down ...
+    env.service.apply(env.core.port_up(r1.dpid, r1.port), "reroute")
+    assert env.delivered(gid) == {R1: 1, R2: 1}  # ... and back with it, nothing probed
+
+
+def test_pinning_moves_a_host_a_saved_state_had_elsewhere_and_rest_cannot_remove_it():
+    from controller.errors import Conflict
+    from controller.linkgate import LinkGate
+
+    env = make_env(pipeline=True)
+    r1 = env.topo.host(R1)
+    env.service.apply(env.core.host_remove(R1), "host")
+    env.service.apply(env.core.host_add(R1, "02:66:66:66:66:66", 5, 9), "host")  # (saved)
+    env.service.gate = LinkGate(env.topo)
+    disc = HostDiscovery(env.core, pinned=env.service.gate.hosts)
+    env.service.apply(disc.pin(), "host")
+    held = env.core.view.hosts[R1]
+    assert (held.mac, held.dpid, held.port) == (r1.mac, r1.dpid, r1.port)
+    with pytest.raises(Conflict, match="--fabric"):
+        env.service.remove_host(R1)

@@ -108,8 +108,9 @@ def test_health_reports_missing_pinned_links_and_the_latest_refusals_once_each()
     other = topo.links[1]
     view.port_down(other.a, other.a_port)  # still a known link, but not up
     assert len(gate.health(view)["missing_links"]) == 2
-    assert LinkGate().health(view) == {"pinned": False, "missing_links": [], "refused_total": 0,
-                                       "refused": []}
+    assert h["pinned_hosts"] == len(topo.hosts)
+    assert LinkGate().health(view) == {"pinned": False, "pinned_hosts": 0, "missing_links": [],
+                                       "refused_total": 0, "refused": []}
 
 
 def test_restored_links_stay_only_if_pinned():

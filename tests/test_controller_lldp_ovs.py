@@ -196,14 +196,20 @@ def test_discovery_frames_relayed_between_two_known_hosts_make_no_link(tmp_path)
 
 
 def test_a_pinned_fabric_refuses_a_relay_between_hosts_that_never_spoke(tmp_path):
-    """h2 and h4 send nothing of their own, so no host is attached at their ports (the
-    default rule would believe their relay); with --fabric the link is refused."""
+    """h2 and h4 send nothing of their own, so without --fabric no host would be attached
+    at their ports and the default rule would believe their relay; with it the link is
+    refused. The fabric's hosts are pinned: known from the start, so a group to the silent
+    h4 installs at once."""
     spec = "leaf-spine:2,3,2"
     assert T.parse(spec).links == TOPO.links
     with controller_lab(TOPO, tmp_path, args=["--fabric", spec]) as (lab, ctl):
         before = links(ctl)
         known = {h["ip"] for h in ctl.client.topology()["hosts"]}
-        assert not known & {TOPO.host("h2").ip, TOPO.host("h4").ip}
+        assert known == {h.ip for h in TOPO.hosts}
+        r = ctl.api("POST", "/v1/groups", json={"model": "pinned", "source": TOPO.host("h1").ip,
+                                                "receivers": [TOPO.host("h4").ip]})
+        assert r.status_code == 201, r.text
+        ctl.wait_group(r.json()["id"], lambda g: g["state"] == "installed")
         with relay(lab, "h2", "h4", tmp_path):
             seen = watch_links(ctl, RELAY_S)
         assert all(s == before for s in seen), [s ^ before for s in seen if s != before]

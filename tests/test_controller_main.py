@@ -112,6 +112,12 @@ def test_a_fabric_file_pins_its_links(tmp_path):
                     ' "links": [{"a": "a", "b": "b", "a_port": 48, "b_port": 1}]}')
     conf, _ = parse(["--fabric", f"file:{path}"])
     assert [(lk.a, lk.a_port, lk.b, lk.b_port) for lk in conf.fabric.links] == [(7, 48, 9, 1)]
+    # its hosts are pinned, so each needs its own addresses: none are made up for it
+    path.write_text('{"switches": [{"name": "a", "dpid": 7}, {"name": "b", "dpid": 9}],'
+                    ' "links": [{"a": "a", "b": "b", "a_port": 48, "b_port": 1}],'
+                    ' "hosts": [{"switch": "a", "name": "gpu1", "ip": "10.1.0.1"}]}')
+    proc = run("--fabric", f"file:{path}")
+    assert proc.returncode == 2 and "--fabric: host gpu1: no ip and mac of its own" in proc.stderr
 
 
 def test_no_nicira_keeps_plain_openflow_detour_ends():

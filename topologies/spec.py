@@ -260,11 +260,13 @@ def fat_tree(k: int = 4, hosts_per_edge: int | None = None) -> Topology:
     return b.done()
 
 
-def from_dict(data: dict[str, Any]) -> Topology:
+def from_dict(data: dict[str, Any], invent: bool = True) -> Topology:
     """Load ``{"name", "switches": [{"name", "dpid"?}], "links": [{"a","b","a_port"?,"b_port"?}
     or ["s1","s2"]], "hosts": [{"name"?, "switch", "ip"?, "mac"?, "port"?}]}``. The
     controller's ``GET /v1/topology`` loads too (switches as dpids, links and hosts by
-    dpid), so a fabric it found can be saved and pinned (``modelcast-controller --fabric``)."""
+    dpid), so a fabric it found can be saved and pinned (``modelcast-controller --fabric``).
+    ``invent=False``: a host without its own ``ip`` and ``mac`` is an error instead of
+    getting the lab's next addresses (a pinned fabric's hosts are real ones)."""
     try:
         b = Builder(str(data.get("name", "custom")))
         for sw in data["switches"]:
@@ -276,7 +278,9 @@ def from_dict(data: dict[str, Any]) -> Topology:
             if isinstance(link, (list, tuple)):
                 link = {"a": link[0], "b": link[1]}
             b.link(link["a"], link["b"], link.get("a_port"), link.get("b_port"))
-        for h in data.get("hosts", []):
+        for i, h in enumerate(data.get("hosts", [])):
+            if not invent and not (h.get("ip") and h.get("mac")):
+                raise TopologyError(f"host {h.get('name') or i + 1}: no ip and mac of its own")
             b.host(h["switch"] if "switch" in h else h["dpid"], h.get("name"), h.get("ip"),
                    h.get("mac"), h.get("port"))
     except (KeyError, TypeError, AttributeError) as exc:
@@ -284,7 +288,7 @@ def from_dict(data: dict[str, Any]) -> Topology:
     return b.done()
 
 
-def from_file(path: str | Path) -> Topology:
+def from_file(path: str | Path, invent: bool = True) -> Topology:
     """Load a topology from a ``.json`` or ``.yaml``/``.yml`` file."""
     path = Path(path)
     try:
@@ -299,7 +303,7 @@ def from_file(path: str | Path) -> Topology:
         data = json.loads(text)
     if not isinstance(data, dict):
         raise TopologyError(f"{path}: top level must be a mapping")
-    return from_dict(data)
+    return from_dict(data, invent)
 
 
 FAMILIES = {
@@ -310,13 +314,14 @@ FAMILIES = {
 }
 
 
-def parse(spec: str) -> Topology:
+def parse(spec: str, invent: bool = True) -> Topology:
     """Build a topology from ``family:arg,arg`` (e.g. ``fat-tree:4``, ``leaf-spine:2,4,2``)
-    or ``file:PATH``; underscores and dashes are interchangeable in the family name."""
+    or ``file:PATH``; underscores and dashes are interchangeable in the family name.
+    ``invent``: as for ``from_dict`` (a file's hosts; a family's are the lab's)."""
     family, _, args = spec.partition(":")
     family = family.strip().replace("_", "-")
     if family == "file":
-        return from_file(args)
+        return from_file(args, invent)
     if family not in FAMILIES:
         raise TopologyError(
             f"unknown topology family {family!r}; known: {', '.join(sorted(FAMILIES))}, file")
