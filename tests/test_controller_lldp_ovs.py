@@ -52,6 +52,21 @@ print(replayed)
 '''
 
 
+# run inside a host's netns: N ARP requests 0.5 s apart whose sender is ADDRESS (another
+# host's), out of eth0
+CLAIM = r'''
+import socket, struct, sys, time
+address, n = socket.inet_aton(sys.argv[1]), int(sys.argv[2])
+s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(0x0806))
+s.bind(("eth0", 0))
+mac = s.getsockname()[4]
+frame = (b"\xff" * 6 + mac + b"\x08\x06" + struct.pack("!HHBBH", 1, 0x0800, 6, 4, 1)
+         + mac + address + b"\x00" * 6 + socket.inet_aton("10.0.0.1"))
+for _ in range(n):
+    s.send(frame)
+    time.sleep(0.5)
+'''
+
 # run inside a host's netns: "recv" writes every discovery frame the host's port sends it
 # to stdout (length-prefixed); "send" sends each one read from stdin out of the host's port
 RELAY = r'''
@@ -213,6 +228,20 @@ def test_a_pinned_fabric_refuses_a_relay_between_hosts_that_never_spoke(tmp_path
         with relay(lab, "h2", "h4", tmp_path):
             seen = watch_links(ctl, RELAY_S)
         assert all(s == before for s in seen), [s ^ before for s in seen if s != before]
+        # h4 answers no ARP (a host that is busy, hung or rebooting), and h2 claims its
+        # address for 5 s: unpinned, h4 would be forgotten after 3 unanswered probes and h2
+        # take its place; pinned, every claim is dropped and h4 stays
+        script = tmp_path / "claim.py"
+        script.write_text(CLAIM)
+        h4 = TOPO.host("h4")
+        subprocess.run(["ip", "netns", "exec", lab._netns["h4"], "ip", "link", "set", "eth0", "arp", "off"],
+                       check=True)
+        subprocess.run(["ip", "netns", "exec", lab._netns["h2"], sys.executable, str(script), h4.ip, "10"],
+                       check=True, timeout=30)
+        at = {h["ip"]: (h["dpid"], h["port"], h["mac"]) for h in ctl.client.topology()["hosts"]}
+        assert at[h4.ip] == (h4.dpid, h4.port, h4.mac), at[h4.ip]
+        assert ctl.client.get_group(r.json()["id"])["state"] == "installed"
+        assert f"claims host {h4.ip}'s address from elsewhere: dropped" in ctl.log_text()
         health = ctl.api("GET", "/v1/health").json()["fabric"]
         assert health["pinned"] is True and health["missing_links"] == [], health
         assert health["refused_total"] >= 1 and health["refused"][0]["why"].startswith(
