@@ -126,10 +126,7 @@ class HostDiscovery:
         saved state had): at start, and after the core is rebuilt."""
         plan = Plan()
         for ip, (mac, dpid, port) in sorted(self.pinned.items()):
-            known = self.view.hosts.get(ip)
-            if known is not None and (known.mac, known.dpid, known.port) != (mac, dpid, port):
-                plan.extend(self.core.host_remove(ip))
-            plan.extend(self.core.host_add(ip, mac, dpid, port))
+            plan.extend(self.core.host_add(ip, mac, dpid, port))  # (moves it from elsewhere)
         return plan
 
     def looking_for(self) -> list[str]:
