@@ -3236,6 +3236,253 @@ static int by_depth(const void *a, const void *b) {  /* deepest first, then as t
     return x->at < y->at ? -1 : x->at > y->at;
 }
 
+/* -- the shared protection entries' diff ------------------------------------------------
+ * diff_shared(items, want_of, have_of, changes, adds, removes, absent, make, parts,
+ *             flow_cls, group_cls): MulticastCore._diff_shared_py's loop (see there).
+ * items: (dpid, keys) in order. A new tree's first use of ~4000 protected links on
+ * fat-tree:16 wants ~16,000 of these entries (a link's FF groups, its detour's transit
+ * flows), ~1.5 us each in Python. The two usual shapes are packed here from templates
+ * that Python built with its own builders (ofmsgs.SHARED_PARTS: the bytes with zeros
+ * where the values go, and those places): a transit flow's add, an FF group's add or
+ * modify of protect.ff_buckets's shape. Anything else (a removal, a rejoin, another
+ * shape, a value out of range) is make(dpid, key, want, have)'s. */
+typedef struct {
+    PyObject *transit, *ff, *output, *set_field, *eth_dst;  /* (the kinds' and actions' names) */
+    PyObject *transit_wire, *ff_wire;
+    Py_ssize_t transit_at[3], ff_at[7];
+    unsigned modify;
+} SharedParts;
+
+static int same_str(PyObject *o, PyObject *name) {
+    if (o == name) return 1;
+    return PyUnicode_CheckExact(o) && PyUnicode_Compare(o, name) == 0;
+}
+
+/* 1 and *v when o is an int of 32 bits, else 0 (no error: the caller hands it to Python). */
+static int u32_in(PyObject *o, unsigned long *v) {
+    if (!PyLong_Check(o)) return 0;
+    int overflow;
+    long long x = PyLong_AsLongLongAndOverflow(o, &overflow);
+    if (overflow || x < 0 || x > 0xFFFFFFFFLL) {
+        if (x == -1 && PyErr_Occurred()) PyErr_Clear();
+        return 0;
+    }
+    *v = (unsigned long)x;
+    return 1;
+}
+
+/* 1 and the port when a is ("output", port of 32 bits). */
+static int output_in(const SharedParts *sp, PyObject *a, unsigned long *port) {
+    return PyTuple_Check(a) && PyTuple_GET_SIZE(a) == 2 && same_str(PyTuple_GET_ITEM(a, 0), sp->output) &&
+           u32_in(PyTuple_GET_ITEM(a, 1), port);
+}
+
+static int parts_of(PyObject *parts, SharedParts *sp) {
+    if (!PyTuple_Check(parts) || PyTuple_GET_SIZE(parts) != 10) goto bad;
+    PyObject **p = &PyTuple_GET_ITEM(parts, 0);
+    sp->transit = p[0], sp->ff = p[1], sp->output = p[2], sp->set_field = p[3], sp->eth_dst = p[4];
+    sp->transit_wire = p[5], sp->ff_wire = p[7];
+    if (!PyBytes_Check(p[5]) || !PyBytes_Check(p[7]) || !PyTuple_Check(p[6]) || PyTuple_GET_SIZE(p[6]) != 3 ||
+        !PyTuple_Check(p[8]) || PyTuple_GET_SIZE(p[8]) != 7)
+        goto bad;
+    static const int width[10] = {4, 6, 4, 2, 4, 4, 4, 4, 6, 4};  /* (what shared_wire writes there) */
+    for (int i = 0; i < 10; i++) {
+        PyObject *t = i < 3 ? p[6] : p[8];
+        Py_ssize_t *at = i < 3 ? &sp->transit_at[i] : &sp->ff_at[i - 3];
+        Py_ssize_t size = PyBytes_GET_SIZE(i < 3 ? p[5] : p[7]);
+        long v;
+        if (get_long(PyTuple_GET_ITEM(t, i < 3 ? i : i - 3), &v) < 0) return -1;
+        if (v < 0 || v + width[i] > size) goto bad;
+        *at = v;
+    }
+    long modify;
+    if (get_long(p[9], &modify) < 0) return -1;
+    if (modify < 0 || modify > 0xFFFF) goto bad;
+    sp->modify = (unsigned)modify;
+    return 0;
+bad:
+    PyErr_SetString(PyExc_TypeError, "diff_shared: parts are (transit, ff, output, set_field, eth_dst, "
+                                     "transit wire, its 3 places, ff wire, its 7 places, modify)");
+    return -1;
+}
+
+static PyObject *patched(PyObject *wire) {
+    return PyBytes_FromStringAndSize(PyBytes_AS_STRING(wire), PyBytes_GET_SIZE(wire));
+}
+
+/* The wire of an add of key with want w (h_absent: nothing there yet) when it has one of
+ * the usual shapes; NULL without an error otherwise. */
+static PyObject *shared_wire(const SharedParts *sp, PyObject *key, PyObject *w, int h_absent) {
+    if (!PyTuple_Check(key) || !PyTuple_Check(w)) return NULL;
+    unsigned long a, b, c, d;
+    char tlv[10];
+    if (PyTuple_GET_SIZE(key) == 3 && same_str(PyTuple_GET_ITEM(key, 0), sp->transit)) {
+        /* ("transit", in_port, tag) -> (("output", port),) */
+        if (!u32_in(PyTuple_GET_ITEM(key, 1), &a) || !mac_tlv_into(PyTuple_GET_ITEM(key, 2), tlv) ||
+            PyTuple_GET_SIZE(w) != 1 || !output_in(sp, PyTuple_GET_ITEM(w, 0), &b))
+            return NULL;
+        PyObject *out = patched(sp->transit_wire);
+        if (out == NULL) return NULL;
+        unsigned char *p = (unsigned char *)PyBytes_AS_STRING(out);
+        put32(p + sp->transit_at[0], a);
+        memcpy(p + sp->transit_at[1], tlv + 4, 6);
+        put32(p + sp->transit_at[2], b);
+        return out;
+    }
+    if (PyTuple_GET_SIZE(key) != 2 || !same_str(PyTuple_GET_ITEM(key, 0), sp->ff) || PyTuple_GET_SIZE(w) != 2)
+        return NULL;
+    /* ("ff", id) -> ((watch, (("output", port),)), (watch, (("set_field", "eth_dst", tag), ("output", port)))) */
+    PyObject *b1 = PyTuple_GET_ITEM(w, 0), *b2 = PyTuple_GET_ITEM(w, 1), *acts1, *acts2, *set;
+    unsigned long gid;
+    if (!u32_in(PyTuple_GET_ITEM(key, 1), &gid) || !PyTuple_Check(b1) || PyTuple_GET_SIZE(b1) != 2 ||
+        !PyTuple_Check(b2) || PyTuple_GET_SIZE(b2) != 2 || !u32_in(PyTuple_GET_ITEM(b1, 0), &a) ||
+        !u32_in(PyTuple_GET_ITEM(b2, 0), &c))
+        return NULL;
+    acts1 = PyTuple_GET_ITEM(b1, 1), acts2 = PyTuple_GET_ITEM(b2, 1);
+    if (!PyTuple_Check(acts1) || PyTuple_GET_SIZE(acts1) != 1 || !output_in(sp, PyTuple_GET_ITEM(acts1, 0), &b) ||
+        !PyTuple_Check(acts2) || PyTuple_GET_SIZE(acts2) != 2 || !output_in(sp, PyTuple_GET_ITEM(acts2, 1), &d))
+        return NULL;
+    set = PyTuple_GET_ITEM(acts2, 0);
+    if (!PyTuple_Check(set) || PyTuple_GET_SIZE(set) != 3 || !same_str(PyTuple_GET_ITEM(set, 0), sp->set_field) ||
+        !same_str(PyTuple_GET_ITEM(set, 1), sp->eth_dst) || !mac_tlv_into(PyTuple_GET_ITEM(set, 2), tlv))
+        return NULL;
+    PyObject *out = patched(sp->ff_wire);
+    if (out == NULL) return NULL;
+    unsigned char *p = (unsigned char *)PyBytes_AS_STRING(out);
+    put16(p + sp->ff_at[0], h_absent ? OFPGC_ADD : sp->modify);
+    put32(p + sp->ff_at[1], gid);
+    put32(p + sp->ff_at[2], a);
+    put32(p + sp->ff_at[3], b);
+    put32(p + sp->ff_at[4], c);
+    memcpy(p + sp->ff_at[5], tlv + 4, 6);
+    put32(p + sp->ff_at[6], d);
+    return out;
+}
+
+/* (dpid, make(dpid, key, w, h)) appended to lst. */
+static int put_made(PyObject *lst, PyObject *make, PyObject *dpid, PyObject *key, PyObject *w, PyObject *h) {
+    PyObject *m = PyObject_CallFunctionObjArgs(make, dpid, key, w, h, NULL);
+    if (m == NULL) return -1;
+    PyObject *pair = PyTuple_Pack(2, dpid, m);
+    Py_DECREF(m);
+    if (pair == NULL) return -1;
+    int rc = PyList_Append(lst, pair);
+    Py_DECREF(pair);
+    return rc;
+}
+
+/* One switch's keys: have brought to want, the messages appended; 1 when one changed. */
+static int diff_shared_at(const SharedParts *sp, PyObject *dpid, PyObject *keys, PyObject *want, PyObject *have,
+                          PyObject *adds, PyObject *removes, PyObject *absent, PyObject *make) {
+    PyObject *order = PySequence_List(keys);
+    if (order == NULL || PyList_Sort(order) < 0) {
+        Py_XDECREF(order);
+        return -1;
+    }
+    int changed = 0, rc = 0;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(order) && rc == 0; i++) {
+        PyObject *key = PyList_GET_ITEM(order, i), *w = NULL, *h;
+        if (want != NULL && (w = PyDict_GetItemWithError(want, key)) == NULL && PyErr_Occurred()) {
+            rc = -1;
+            break;
+        }
+        if ((h = PyDict_GetItemWithError(have, key)) == NULL && PyErr_Occurred()) {
+            rc = -1;
+            break;
+        }
+        w = w != NULL ? w : absent, h = h != NULL ? h : absent;
+        Py_INCREF(w);
+        Py_INCREF(h);
+        int eq = PyObject_RichCompareBool(w, h, Py_EQ);
+        if (eq != 0) {
+            rc = eq < 0 ? -1 : 0;
+        } else {
+            changed = 1;
+            if (w == absent) {
+                rc = PyDict_DelItem(have, key) < 0 || put_made(removes, make, dpid, key, w, h) < 0 ? -1 : 0;
+            } else if (PyDict_SetItem(have, key, w) < 0) {
+                rc = -1;
+            } else {
+                int is_ff = PyTuple_Check(key) && PyTuple_GET_SIZE(key) == 2;
+                PyObject *wire = shared_wire(sp, key, w, h == absent);
+                if (wire != NULL)
+                    rc = put_msg(adds, is_ff ? &group_slots : &flow_slots, dpid, wire);
+                else
+                    rc = PyErr_Occurred() || put_made(adds, make, dpid, key, w, h) < 0 ? -1 : 0;
+            }
+        }
+        Py_DECREF(w);
+        Py_DECREF(h);
+    }
+    Py_DECREF(order);
+    return rc < 0 ? -1 : changed;
+}
+
+static PyObject *diff_shared(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 11) {
+        PyErr_SetString(PyExc_TypeError, "diff_shared takes 11 arguments");
+        return NULL;
+    }
+    PyObject *items = args[0], *want_of = args[1], *have_of = args[2], *changes = args[3], *adds = args[4],
+             *removes = args[5], *absent = args[6], *make = args[7];
+    SharedParts sp;
+    if (!PyList_Check(items) || !PyDict_Check(want_of) || !PyDict_Check(have_of) || !PyList_Check(adds) ||
+        !PyList_Check(removes)) {
+        PyErr_SetString(PyExc_TypeError, "diff_shared: items, adds and removes are lists, want_of and have_of dicts");
+        return NULL;
+    }
+    if (parts_of(args[8], &sp) < 0 || slots_for(args[9], &flow_slots) < 0 || slots_for(args[10], &group_slots) < 0)
+        return NULL;
+    PyObject *step = PyLong_FromLong(1);
+    if (step == NULL) return NULL;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(items); i++) {
+        PyObject *item = PyList_GET_ITEM(items, i), *dpid, *want, *have, *count = NULL, *more = NULL;
+        if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) != 2) {
+            PyErr_SetString(PyExc_TypeError, "diff_shared: items are (dpid, keys)");
+            goto fail;
+        }
+        Py_INCREF(item);  /* (held: make and the comparisons run Python) */
+        dpid = PyTuple_GET_ITEM(item, 0);
+        int rc = -1;
+        want = PyDict_GetItemWithError(want_of, dpid);  /* want_of.get(dpid, {}) */
+        if (want == NULL && PyErr_Occurred()) goto next;
+        if (want != NULL && !PyDict_Check(want)) {
+            PyErr_SetString(PyExc_TypeError, "diff_shared: want_of holds dicts");
+            goto next;
+        }
+        Py_XINCREF(want);
+        have = PyDict_GetItemWithError(have_of, dpid);  /* have_of.setdefault(dpid, {}) */
+        if (have != NULL) {
+            Py_INCREF(have);
+        } else if (!PyErr_Occurred() && (have = PyDict_New()) != NULL && PyDict_SetItem(have_of, dpid, have) < 0) {
+            Py_CLEAR(have);
+        }
+        if (have != NULL && !PyDict_Check(have)) {
+            PyErr_SetString(PyExc_TypeError, "diff_shared: have_of holds dicts");
+        } else if (have != NULL) {
+            int changed = diff_shared_at(&sp, dpid, PyTuple_GET_ITEM(item, 1), want, have, adds, removes, absent, make);
+            if (changed == 0) {
+                rc = 0;
+            } else if (changed > 0 && (count = PyObject_GetItem(changes, dpid)) != NULL &&  /* changes[dpid] += 1 */
+                       (more = PyNumber_Add(count, step)) != NULL && PyObject_SetItem(changes, dpid, more) == 0) {
+                rc = 0;
+            }
+        }
+        Py_XDECREF(want);
+        Py_XDECREF(have);
+    next:
+        Py_XDECREF(count);
+        Py_XDECREF(more);
+        Py_DECREF(item);
+        if (rc < 0) goto fail;
+    }
+    Py_DECREF(step);
+    Py_RETURN_NONE;
+fail:
+    Py_DECREF(step);
+    return NULL;
+}
+
 /* changed_of(dpids, placed, installed, gid, want, parent) -> (changed, have):
  * MulticastCore._changed_py (see there). */
 static PyObject *changed_of(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
@@ -3566,6 +3813,8 @@ static PyMethodDef module_methods[] = {
     {"group_mod", (PyCFunction)(void (*)(void))group_mod, METH_FASTCALL, "ofmsgs._group_mod_py's bytes (see there)"},
     {"bfs_dag", (PyCFunction)(void (*)(void))bfs_dag, METH_FASTCALL, "trees.PathCache.dag's search (see there)"},
     {"path_around", (PyCFunction)(void (*)(void))path_around, METH_FASTCALL, "protect._path_around (see there)"},
+    {"diff_shared", (PyCFunction)(void (*)(void))diff_shared, METH_FASTCALL,
+     "MulticastCore._diff_shared_py's loop (see there)"},
     {"live_of", (PyCFunction)(void (*)(void))live_of, METH_FASTCALL, "MulticastCore._place_py's filter (see there)"},
     {"note_placed", (PyCFunction)(void (*)(void))note_placed, METH_FASTCALL,
      "MulticastCore._place_py's bookkeeping (see there)"},

@@ -620,6 +620,73 @@ def detour_flow_delete(dpid: int, cookie_value: int, in_port: int, tag: str,
     return _flow_delete(dpid, cookie_value, priority, _detour_match(in_port, tag, source, group))
 
 
+def _place(zero: bytes, probe: bytes, width: int) -> int:
+    """Where a value of ``width`` bytes sits in a message: ``zero`` and ``probe`` are the
+    message built twice, differing only in that value (0, then one that differs from 0
+    in its last byte at least)."""
+    if len(zero) != len(probe):
+        raise RuntimeError("a shared entry's template changes length with its values")
+    at = [i for i, (x, y) in enumerate(zip(zero, probe)) if x != y]
+    if not at or at[0] < at[-1] - width + 1:
+        raise RuntimeError("a shared entry's value is not one run of bytes")
+    return at[-1] - width + 1
+
+
+def _transit_wire(in_port: int, link_tag: str, port: int, priority: int) -> bytes:
+    return detour_flow(0, COOKIE_DETOUR, in_port, link_tag, (("output", port),), priority=priority)._wire
+
+
+def _ff_wire(command: int, ffid: int, watch: int, port: int, first: int, link_tag: str, out: int) -> bytes:
+    return ff_group(0, ffid, ((watch, (("output", port),)),
+                              (first, (("set_field", "eth_dst", link_tag), ("output", out)))), command)._wire
+
+
+_ZERO_TAG, _PROBE_TAG = "00:00:00:00:00:00", "ff:ff:ff:ff:ff:ff"
+
+
+# each value of the two templates: (zero, a probe that differs from it, its width in bytes)
+_U32 = (0, 0xFFFFFFFF, 4)
+_TAG = (_ZERO_TAG, _PROBE_TAG, 6)
+_TRANSIT_VALUES = (_U32, _TAG, _U32)  # in_port, tag, output port
+_FF_VALUES = ((ofp.OFPGC_ADD, ofp.OFPGC_MODIFY, 2), _U32, _U32, _U32, _U32, _TAG, _U32)  # (``_ff_wire``'s)
+
+
+def shared_parts(transit_priority: int) -> tuple:
+    """What ``_fastplan.diff_shared`` packs the usual shared protection entries from: a
+    transit flow add (``detour_flow`` at ``transit_priority``) and an FF group of
+    ``protect.ff_buckets``'s shape (``ff_group``), each built here with zeros for its
+    values, and where those values go (found by building it again with one value
+    changed). Checked against the builders with other values before use."""
+    templates = []
+    for build, values in ((partial(_transit_wire, priority=transit_priority), _TRANSIT_VALUES),
+                          (_ff_wire, _FF_VALUES)):
+        zero = [v[0] for v in values]
+        base = build(*zero)
+        places = []
+        for i, (_, probe, width) in enumerate(values):
+            places.append(_place(base, build(*zero[:i], probe, *zero[i + 1:]), width))
+        templates += [base, tuple(places)]
+    parts = ("transit", "ff", "output", "set_field", "eth_dst", *templates, ofp.OFPGC_MODIFY)
+    _check_parts(parts, transit_priority)
+    return parts
+
+
+def _patch(wire: bytes, places: tuple[int, ...], values: tuple, widths: tuple[int, ...]) -> bytes:
+    out = bytearray(wire)
+    for at, v, n in zip(places, values, widths):
+        out[at:at + n] = bytes.fromhex(v.replace(":", "")) if type(v) is str else v.to_bytes(n, "big")
+    return bytes(out)
+
+
+def _check_parts(parts: tuple, transit_priority: int) -> None:
+    """The templates with values patched in are what the builders make."""
+    t = (0x01020304, "0a:1b:2c:3d:4e:5f", 0xFFFFFFF8)
+    f = (ofp.OFPGC_MODIFY, 0xFFFF8005, 5, 0x0708090A, 9, "02:00:00:01:00:05", ofp.OFPP_IN_PORT)
+    if _patch(parts[5], parts[6], t, [v[2] for v in _TRANSIT_VALUES]) != _transit_wire(*t, transit_priority) or \
+            _patch(parts[7], parts[8], f, [v[2] for v in _FF_VALUES]) != _ff_wire(*f):
+        raise RuntimeError("a shared entry's template does not pack as its builder")
+
+
 def cookie_delete(dpid: int, gid: int) -> Msg:
     """Every flow of group ``gid`` (a group the controller no longer has)."""
     return parser.OFPFlowMod(datapath(dpid), cookie=cookie(gid), cookie_mask=FULL_MASK,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections import Counter
+from collections import Counter, defaultdict
 
 import networkx as nx
 import pytest
@@ -19,7 +19,8 @@ from ryu.ofproto import ofproto_v1_3_parser as parser
 
 import topologies as T
 from controller import native, ofmsgs, trees
-from controller.core import MulticastCore
+from controller import core as C
+from controller.core import MulticastCore, Plan
 from controller.protect import OWN_GROUP, TO_OWN_GROUP, ff_port, is_ff
 from controller.topoview import LinkKey, TopologyView
 from controller.trees import SwitchEntry
@@ -425,6 +426,7 @@ def test_the_c_builder_is_built_in_ci():
         assert MulticastCore._recount is MulticastCore._recount_c and MulticastCore._changed is MulticastCore._changed_c
         assert MulticastCore._reprotect is MulticastCore._reprotect_c
         assert MulticastCore._place is MulticastCore._place_c
+        assert MulticastCore._diff_shared is MulticastCore._diff_shared_c
         from controller import protect
 
         assert protect._path_around is protect._path_around_c
@@ -441,6 +443,7 @@ class InC(MulticastCore):
     _reprotect = MulticastCore._reprotect_c
     _place = MulticastCore._place_c
     _tree_adds = staticmethod(ofmsgs.tree_adds_c)
+    _diff_shared = MulticastCore._diff_shared_c
 
 
 class InPython(MulticastCore):
@@ -454,6 +457,7 @@ class InPython(MulticastCore):
     _reprotect = MulticastCore._reprotect_py
     _place = MulticastCore._place_py
     _tree_adds = staticmethod(ofmsgs.tree_adds_py)
+    _diff_shared = MulticastCore._diff_shared_py
 
 
 @needs_c
@@ -1240,3 +1244,73 @@ def test_reprotecting_in_c_keeps_unchanged_groups_out_and_refuses_bad_input():
                 [(4, same, {1: None}, {9})]):
         with pytest.raises((TypeError, KeyError)):
             protect(bad, *args)
+
+
+
+_u32 = st.integers(0, 0xFFFFFFFF)
+_mac = st.binary(min_size=6, max_size=6).map(lambda b: b.hex(":"))
+_output = st.tuples(st.just("output"), _u32)
+_ff_pair = st.tuples(st.tuples(_u32, st.tuples(_output)),
+                     st.tuples(_u32, st.tuples(st.tuples(st.just("set_field"), st.just("eth_dst"),
+                                                         st.one_of(_mac, _mac.map(str.upper))), _output)))
+_shared_key_want = st.one_of(
+    st.tuples(st.tuples(st.just("transit"), _u32, _mac), st.tuples(_output)),
+    st.tuples(st.tuples(st.just("ff"), _u32), _ff_pair),
+    # shapes the templates do not cover: Python's builders make them
+    st.tuples(st.tuples(st.just("rejoin"), st.integers(1, 0xFFFF), _mac), st.just((("output", 7), ("output", 8)))),
+    st.tuples(st.tuples(st.just("ff"), _u32), st.tuples(st.tuples(_u32, st.tuples(_output)))),
+)
+_SHARED_FF = ((5, (("output", 5),)), (6, (("set_field", "eth_dst", "02:00:00:00:00:01"), ("output", 6))))
+
+
+@needs_c
+@settings(max_examples=300, deadline=None)
+@given(entries=st.lists(st.tuples(st.integers(1, 4), _shared_key_want,
+                                  st.sampled_from(["add", "same", "change", "drop"])), max_size=12))
+def test_shared_entries_are_the_same_messages_in_c_and_python(entries):
+    """What switches must hold of the shared protection entries (FF groups, transit and
+    rejoin flows) against what they hold: the same adds, modifies, deletes, bookkeeping
+    and bytes from the C loop (its templates) as from Python's builders."""
+    cores = [MulticastCore(TopologyView(), protection=True) for _ in range(2)]
+    for core in cores:
+        for dpid, (key, want), how in entries:
+            if how != "add":
+                core.shared.setdefault(dpid, {})[key] = want if how == "same" else (("output", 1),)
+            if how != "drop":
+                core.shared_want[dpid][key] = want
+            core._dirty[dpid].add(key)
+    plans = []
+    for core, diff in zip(cores, (MulticastCore._diff_shared_c, MulticastCore._diff_shared_py)):
+        plan = Plan()
+        diff(core, dict(core._dirty), plan)
+        plans.append([[(d, type(m).__name__, m._wire) for d, m in phase] for phase in plan.phases])
+    assert plans[0] == plans[1]
+    assert cores[0].shared == cores[1].shared and cores[0].changes == cores[1].changes
+
+
+@needs_c
+def test_the_shared_diff_in_c_refuses_bad_input():
+    """Wrong types raise TypeError, an error of a builder it calls back comes through."""
+    diff = native.module.diff_shared
+
+    def args(**change):
+        a = dict(items=[(1, {("ff", 5)})], want_of={1: {("ff", 5): _SHARED_FF}}, have_of={}, changes=defaultdict(int),
+                 adds=[], removes=[], absent=C._ABSENT, make=C._shared_msg, parts=C._SHARED_PARTS,
+                 flow=ofmsgs.ReadyFlowMod, group=ofmsgs.ReadyGroupMod)
+        a.update(change)
+        return a
+
+    good = args()
+    diff(*good.values())
+    assert [(d, m._wire) for d, m in good["adds"]] == [(1, ofmsgs.ff_group(1, 5, _SHARED_FF)._wire)]
+    assert good["changes"] == {1: 1} and good["have_of"] == {1: {("ff", 5): _SHARED_FF}}
+    parts = C._SHARED_PARTS
+    for bad in (dict(items=[1]), dict(want_of=[]), dict(want_of={1: "not a dict"}), dict(parts=()),
+                dict(parts=parts[:5] + (b"", (0, 0, 0)) + parts[7:]), dict(flow=object),
+                dict(group=ofmsgs.ReadyGroupMod.__mro__[1])):
+        with pytest.raises(TypeError):
+            diff(*args(**bad).values())
+    with pytest.raises(ZeroDivisionError):  # (make is asked for what the templates do not cover)
+        diff(*args(want_of={1: {("ff", 5): _SHARED_FF[:1]}}, make=lambda *a: 1 / 0).values())
+    with pytest.raises(TypeError):
+        diff(1, 2)
