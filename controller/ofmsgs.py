@@ -671,7 +671,8 @@ def shared_parts(transit_priority: int) -> tuple:
     return parts
 
 
-def _patch(wire: bytes, places: tuple[int, ...], values: tuple, widths: tuple[int, ...]) -> bytes:
+def _patch(wire: bytes, places: tuple[int, ...], values: tuple, widths: list[int]) -> bytes:
+    """``wire`` with ``values`` written at ``places``, as ``_fastplan.diff_shared`` writes them."""
     out = bytearray(wire)
     for at, v, n in zip(places, values, widths):
         out[at:at + n] = bytes.fromhex(v.replace(":", "")) if type(v) is str else v.to_bytes(n, "big")
