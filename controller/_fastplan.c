@@ -3386,12 +3386,14 @@ static int diff_shared_at(const SharedParts *sp, PyObject *dpid, PyObject *keys,
             rc = -1;
             break;
         }
+        w = w != NULL ? w : absent;
+        Py_INCREF(w);  /* (held before the next lookup: a key's comparison may run Python) */
         if ((h = PyDict_GetItemWithError(have, key)) == NULL && PyErr_Occurred()) {
+            Py_DECREF(w);
             rc = -1;
             break;
         }
-        w = w != NULL ? w : absent, h = h != NULL ? h : absent;
-        Py_INCREF(w);
+        h = h != NULL ? h : absent;
         Py_INCREF(h);
         int eq = PyObject_RichCompareBool(w, h, Py_EQ);
         if (eq != 0) {
