@@ -3242,12 +3242,13 @@ static int by_depth(const void *a, const void *b) {  /* deepest first, then as t
  * items: (dpid, keys) in order. A new tree's first use of ~4000 protected links on
  * fat-tree:16 wants ~16,000 of these entries (a link's FF groups, its detour's transit
  * flows), ~1.5 us each in Python. The two usual shapes are packed here from templates
- * that Python built with its own builders (ofmsgs.SHARED_PARTS: the bytes with zeros
+ * that Python built with its own builders (ofmsgs.shared_parts: the bytes with zeros
  * where the values go, and those places): a transit flow's add, an FF group's add or
  * modify of protect.ff_buckets's shape. Anything else (a removal, a rejoin, another
  * shape, a value out of range) is make(dpid, key, want, have)'s. */
+static PyObject *str_transit, *str_ff, *str_set_field, *str_eth_dst;  /* (the kinds' and actions' names) */
+
 typedef struct {
-    PyObject *transit, *ff, *output, *set_field, *eth_dst;  /* (the kinds' and actions' names) */
     PyObject *transit_wire, *ff_wire;
     Py_ssize_t transit_at[3], ff_at[7];
     unsigned modify;
@@ -3272,37 +3273,36 @@ static int u32_in(PyObject *o, unsigned long *v) {
 }
 
 /* 1 and the port when a is ("output", port of 32 bits). */
-static int output_in(const SharedParts *sp, PyObject *a, unsigned long *port) {
-    return PyTuple_Check(a) && PyTuple_GET_SIZE(a) == 2 && same_str(PyTuple_GET_ITEM(a, 0), sp->output) &&
+static int output_in(PyObject *a, unsigned long *port) {
+    return PyTuple_Check(a) && PyTuple_GET_SIZE(a) == 2 && same_str(PyTuple_GET_ITEM(a, 0), str_output) &&
            u32_in(PyTuple_GET_ITEM(a, 1), port);
 }
 
 static int parts_of(PyObject *parts, SharedParts *sp) {
-    if (!PyTuple_Check(parts) || PyTuple_GET_SIZE(parts) != 10) goto bad;
+    if (!PyTuple_Check(parts) || PyTuple_GET_SIZE(parts) != 5) goto bad;
     PyObject **p = &PyTuple_GET_ITEM(parts, 0);
-    sp->transit = p[0], sp->ff = p[1], sp->output = p[2], sp->set_field = p[3], sp->eth_dst = p[4];
-    sp->transit_wire = p[5], sp->ff_wire = p[7];
-    if (!PyBytes_Check(p[5]) || !PyBytes_Check(p[7]) || !PyTuple_Check(p[6]) || PyTuple_GET_SIZE(p[6]) != 3 ||
-        !PyTuple_Check(p[8]) || PyTuple_GET_SIZE(p[8]) != 7)
+    sp->transit_wire = p[0], sp->ff_wire = p[2];
+    if (!PyBytes_Check(p[0]) || !PyBytes_Check(p[2]) || !PyTuple_Check(p[1]) || PyTuple_GET_SIZE(p[1]) != 3 ||
+        !PyTuple_Check(p[3]) || PyTuple_GET_SIZE(p[3]) != 7)
         goto bad;
     static const int width[10] = {4, 6, 4, 2, 4, 4, 4, 4, 6, 4};  /* (what shared_wire writes there) */
     for (int i = 0; i < 10; i++) {
-        PyObject *t = i < 3 ? p[6] : p[8];
+        PyObject *t = i < 3 ? p[1] : p[3];
         Py_ssize_t *at = i < 3 ? &sp->transit_at[i] : &sp->ff_at[i - 3];
-        Py_ssize_t size = PyBytes_GET_SIZE(i < 3 ? p[5] : p[7]);
+        Py_ssize_t size = PyBytes_GET_SIZE(i < 3 ? p[0] : p[2]);
         long v;
         if (get_long(PyTuple_GET_ITEM(t, i < 3 ? i : i - 3), &v) < 0) return -1;
         if (v < 0 || v + width[i] > size) goto bad;
         *at = v;
     }
     long modify;
-    if (get_long(p[9], &modify) < 0) return -1;
+    if (get_long(p[4], &modify) < 0) return -1;
     if (modify < 0 || modify > 0xFFFF) goto bad;
     sp->modify = (unsigned)modify;
     return 0;
 bad:
-    PyErr_SetString(PyExc_TypeError, "diff_shared: parts are (transit, ff, output, set_field, eth_dst, "
-                                     "transit wire, its 3 places, ff wire, its 7 places, modify)");
+    PyErr_SetString(PyExc_TypeError, "diff_shared: parts are (transit wire, its 3 places, ff wire, its 7 places, "
+                                     "modify)");
     return -1;
 }
 
@@ -3316,10 +3316,10 @@ static PyObject *shared_wire(const SharedParts *sp, PyObject *key, PyObject *w, 
     if (!PyTuple_Check(key) || !PyTuple_Check(w)) return NULL;
     unsigned long a, b, c, d;
     char tlv[10];
-    if (PyTuple_GET_SIZE(key) == 3 && same_str(PyTuple_GET_ITEM(key, 0), sp->transit)) {
+    if (PyTuple_GET_SIZE(key) == 3 && same_str(PyTuple_GET_ITEM(key, 0), str_transit)) {
         /* ("transit", in_port, tag) -> (("output", port),) */
         if (!u32_in(PyTuple_GET_ITEM(key, 1), &a) || !mac_tlv_into(PyTuple_GET_ITEM(key, 2), tlv) ||
-            PyTuple_GET_SIZE(w) != 1 || !output_in(sp, PyTuple_GET_ITEM(w, 0), &b))
+            PyTuple_GET_SIZE(w) != 1 || !output_in(PyTuple_GET_ITEM(w, 0), &b))
             return NULL;
         PyObject *out = patched(sp->transit_wire);
         if (out == NULL) return NULL;
@@ -3329,7 +3329,7 @@ static PyObject *shared_wire(const SharedParts *sp, PyObject *key, PyObject *w, 
         put32(p + sp->transit_at[2], b);
         return out;
     }
-    if (PyTuple_GET_SIZE(key) != 2 || !same_str(PyTuple_GET_ITEM(key, 0), sp->ff) || PyTuple_GET_SIZE(w) != 2)
+    if (PyTuple_GET_SIZE(key) != 2 || !same_str(PyTuple_GET_ITEM(key, 0), str_ff) || PyTuple_GET_SIZE(w) != 2)
         return NULL;
     /* ("ff", id) -> ((watch, (("output", port),)), (watch, (("set_field", "eth_dst", tag), ("output", port)))) */
     PyObject *b1 = PyTuple_GET_ITEM(w, 0), *b2 = PyTuple_GET_ITEM(w, 1), *acts1, *acts2, *set;
@@ -3339,12 +3339,12 @@ static PyObject *shared_wire(const SharedParts *sp, PyObject *key, PyObject *w, 
         !u32_in(PyTuple_GET_ITEM(b2, 0), &c))
         return NULL;
     acts1 = PyTuple_GET_ITEM(b1, 1), acts2 = PyTuple_GET_ITEM(b2, 1);
-    if (!PyTuple_Check(acts1) || PyTuple_GET_SIZE(acts1) != 1 || !output_in(sp, PyTuple_GET_ITEM(acts1, 0), &b) ||
-        !PyTuple_Check(acts2) || PyTuple_GET_SIZE(acts2) != 2 || !output_in(sp, PyTuple_GET_ITEM(acts2, 1), &d))
+    if (!PyTuple_Check(acts1) || PyTuple_GET_SIZE(acts1) != 1 || !output_in(PyTuple_GET_ITEM(acts1, 0), &b) ||
+        !PyTuple_Check(acts2) || PyTuple_GET_SIZE(acts2) != 2 || !output_in(PyTuple_GET_ITEM(acts2, 1), &d))
         return NULL;
     set = PyTuple_GET_ITEM(acts2, 0);
-    if (!PyTuple_Check(set) || PyTuple_GET_SIZE(set) != 3 || !same_str(PyTuple_GET_ITEM(set, 0), sp->set_field) ||
-        !same_str(PyTuple_GET_ITEM(set, 1), sp->eth_dst) || !mac_tlv_into(PyTuple_GET_ITEM(set, 2), tlv))
+    if (!PyTuple_Check(set) || PyTuple_GET_SIZE(set) != 3 || !same_str(PyTuple_GET_ITEM(set, 0), str_set_field) ||
+        !same_str(PyTuple_GET_ITEM(set, 1), str_eth_dst) || !mac_tlv_into(PyTuple_GET_ITEM(set, 2), tlv))
         return NULL;
     PyObject *out = patched(sp->ff_wire);
     if (out == NULL) return NULL;
@@ -3834,7 +3834,13 @@ PyMODINIT_FUNC PyInit__fastplan(void) {
     str_dpid = PyUnicode_InternFromString("_dpid");
     str_wire = PyUnicode_InternFromString("_wire");
     str_xid = PyUnicode_InternFromString("xid");
+    str_transit = PyUnicode_InternFromString("transit");
+    str_ff = PyUnicode_InternFromString("ff");
+    str_set_field = PyUnicode_InternFromString("set_field");
+    str_eth_dst = PyUnicode_InternFromString("eth_dst");
     empty = PyTuple_New(0);
-    if (!str_group || !str_output || !str_dpid || !str_wire || !str_xid || !empty) return NULL;
+    if (!str_group || !str_output || !str_dpid || !str_wire || !str_xid || !str_transit || !str_ff ||
+        !str_set_field || !str_eth_dst || !empty)
+        return NULL;
     return PyModule_Create(&moduledef);
 }

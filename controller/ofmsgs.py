@@ -666,7 +666,7 @@ def shared_parts(transit_priority: int) -> tuple:
         for i, (_, probe, width) in enumerate(values):
             places.append(_place(base, build(*zero[:i], probe, *zero[i + 1:]), width))
         templates += [base, tuple(places)]
-    parts = ("transit", "ff", "output", "set_field", "eth_dst", *templates, ofp.OFPGC_MODIFY)
+    parts = (*templates, ofp.OFPGC_MODIFY)
     _check_parts(parts, transit_priority)
     return parts
 
@@ -683,8 +683,8 @@ def _check_parts(parts: tuple, transit_priority: int) -> None:
     """The templates with values patched in are what the builders make."""
     t = (0x01020304, "0a:1b:2c:3d:4e:5f", 0xFFFFFFF8)
     f = (ofp.OFPGC_MODIFY, 0xFFFF8005, 5, 0x0708090A, 9, "02:00:00:01:00:05", ofp.OFPP_IN_PORT)
-    if _patch(parts[5], parts[6], t, [v[2] for v in _TRANSIT_VALUES]) != _transit_wire(*t, transit_priority) or \
-            _patch(parts[7], parts[8], f, [v[2] for v in _FF_VALUES]) != _ff_wire(*f):
+    if _patch(parts[0], parts[1], t, [v[2] for v in _TRANSIT_VALUES]) != _transit_wire(*t, transit_priority) or \
+            _patch(parts[2], parts[3], f, [v[2] for v in _FF_VALUES]) != _ff_wire(*f):
         raise RuntimeError("a shared entry's template does not pack as its builder")
 
 
