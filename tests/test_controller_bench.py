@@ -35,3 +35,24 @@ def test_quantiles_are_by_nearest_rank() -> None:
     assert _pct(values, 0.99, 2) == 99.0 and _pct(values, 0.5, 2) == 50.0 and _pct(values, 1.0, 2) == 100.0
     assert _pct([3.0], 0.99, 2) == 3.0 and _pct([], 0.5, 2) is None
     assert _pct(values[:10], 0.99, 2) == 10.0  # (of 10 failures, p99 is the worst)
+
+
+def test_bridges_are_not_failed_and_a_line_times_no_failure(tmp_path, capsys) -> None:
+    """A bridge's failure cuts receivers off whatever the controller does: the bench fails
+    only the other links (a reroute that then loses a receiver is still an error) and counts
+    the bridges; on a line, where every link is one, it says so and times no failure."""
+    import json
+
+    spec = tmp_path / "ring-and-tail.json"
+    spec.write_text(json.dumps({
+        "switches": ["s1", "s2", "s3", "s4", "s5"],
+        "links": [["s1", "s2"], ["s2", "s3"], ["s3", "s4"], ["s4", "s1"], ["s4", "s5"]],
+        "hosts": [{"switch": f"s{i}"} for i in (1, 2, 3, 5, 5)]}))
+    args = dict(groups=20, receivers=3, algorithm="spt", failures=10, seed=1, no_protection=False)
+    out = run(argparse.Namespace(topology=f"file:{spec}", **args))
+    assert out["link_failures"] == 4 and out["bridges_not_failed"] == 1  # the ring's links alone
+    assert out["reroute_vs_reference_cpu_p99"] > 0
+    line = run(argparse.Namespace(topology="linear:4", **args))
+    assert line["link_failures"] == 0 and line["bridges_not_failed"] == 3
+    assert line["reroute_vs_reference_p99"] is None and line["trees_vs_reference"] > 0
+    assert "every link of linear:4" in capsys.readouterr().err
