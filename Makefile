@@ -2,7 +2,7 @@
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: venv lab-deps test demo bench bench-controller clean
+.PHONY: venv lab-deps test demo bench bench-controller bench-controller-sweep clean
 
 $(VENV)/.installed: pyproject.toml scripts/venv.sh
 	bash scripts/venv.sh
@@ -30,6 +30,10 @@ demo: $(VENV)/.installed
 # Controller benchmark (prints JSON): tree computation and reroutes on fat-tree k=16.
 bench-controller: $(VENV)/.installed
 	$(PY) -m bench.controller --json
+
+# The same beyond fat-tree:16: every topology family at a few sizes, a table of ratios.
+bench-controller-sweep: $(VENV)/.installed
+	$(PY) -m bench.controller_sweep
 
 # Side-by-side distribution benchmark on the OVS lab (root, ~30 min): TCP fan-out, UFTP,
 # modelcast, BitTorrent and a pipelined chain, N = 1..16, with total fabric traffic; the

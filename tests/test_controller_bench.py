@@ -56,3 +56,28 @@ def test_bridges_are_not_failed_and_a_line_times_no_failure(tmp_path, capsys) ->
     assert line["link_failures"] == 0 and line["bridges_not_failed"] == 3
     assert line["reroute_vs_reference_p99"] is None and line["trees_vs_reference"] > 0
     assert "every link of linear:4" in capsys.readouterr().err
+
+
+def test_the_sweep_reports_each_case_with_what_explains_its_ratio() -> None:
+    """``bench.controller_sweep`` runs each case in fresh processes and reports the ratios'
+    range next to the reference's time per tree and the messages per group; a case that
+    fails names itself and exits non-zero."""
+    import json
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "bench.controller_sweep", "--runs", "2", "--groups", "20", "--failures", "2",
+           "--case", "fat-tree:4@4", "--case", "linear:4@2", "--json"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    rows = [json.loads(line) for line in done.stdout.splitlines()]
+    assert [(r["topology"], r["receivers"], r["runs"]) for r in rows] == [("fat-tree:4,2", 4, 2), ("linear:4,1", 2, 2)]
+    fat, line = rows
+    low, median, high = fat["trees_vs_reference"]
+    assert 0 < low <= median <= high and fat["reroute_vs_reference_cpu_p99"][0] > 0 and fat["failures"] == 2
+    assert fat["reference_us_per_tree"] > 0 and fat["build_us_per_group"] > 0 and fat["messages_per_group"] > 1
+    assert line["failures"] == 0 and line["bridges_not_failed"] == 3 and line["reroute_vs_reference_cpu_p99"] is None
+    assert fat["machine"]["cpu"]
+    bad = subprocess.run([sys.executable, "-m", "bench.controller_sweep", "--runs", "1", "--case", "bogus:3@2"],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode != 0 and "bogus:3" in bad.stderr and "unknown topology family" in bad.stderr

@@ -1,0 +1,114 @@
+"""The controller benchmark beyond fat-tree:16 (not a test): every topology family at a
+few sizes and receiver counts, each run in a fresh process as ``bench.controller`` is.
+
+    python -m bench.controller_sweep [--runs 3] [--failures 20] [--json]
+
+One row per case: the build and the reroutes as ratios to the reference timed in the
+same run (``bench.controller``'s), next to what explains them: the reference's time per
+tree (a BFS over the whole graph: tiny on a small one) and the messages per group and per
+failed group (what the controller must build whatever the graph). The ratio targets of
+issue 12 were set on fat-tree:16 x64; a tree that reaches most of a small graph, or a
+failure that turns half of each tree around (a ring), costs more messages than the
+reference's whole search, and the table shows where that is.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+from typing import Any
+
+from bench.machine import machine
+
+# (topology, receivers per group): the issue's case first, then other families and sizes
+CASES: tuple[tuple[str, int], ...] = (
+    ("fat-tree:16", 64), ("fat-tree:16", 8), ("fat-tree:16", 256),
+    ("fat-tree:12", 32), ("fat-tree:8", 16), ("fat-tree:8", 64),
+    ("leaf-spine:8,32,16", 32), ("leaf-spine:4,16,8", 16),
+    ("ring:24", 8), ("linear:16", 8),
+)
+
+
+def one(topology: str, receivers: int, failures: int, groups: int) -> dict[str, Any]:
+    """One ``bench.controller`` run in a process of its own (a fresh heap, as measured)."""
+    cmd = [sys.executable, "-m", "bench.controller", "--topology", topology, "--groups", str(groups),
+           "--receivers", str(receivers), "--failures", str(failures), "--json"]
+    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"bench.controller {topology} x{receivers} failed (exit {done.returncode}): "
+                         f"{done.stderr.strip()[-400:]}")
+    return json.loads(done.stdout)
+
+
+def row(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The runs of one case: medians with their range, and the per-group figures."""
+    first = runs[0]
+
+    def span(key: str) -> list[float] | None:
+        values = [r[key] for r in runs if r.get(key) is not None]
+        return [min(values), statistics.median(values), max(values)] if values else None
+
+    groups = first["groups"]
+    ref_us = statistics.median(r["reference_trees_s"] for r in runs) / groups * 1e6
+    failed = first["affected_groups"]
+    return {
+        "topology": first["topology"], "switches": first["switches"], "hosts": first["hosts"],
+        "receivers": first["receivers"], "runs": len(runs),
+        "trees_vs_reference": span("trees_vs_reference"),
+        "trees_vs_reference_cpu": span("trees_vs_reference_cpu"),
+        "reroute_vs_reference_cpu_p99": span("reroute_vs_reference_cpu_p99"),
+        "reference_us_per_tree": round(ref_us, 1),
+        "build_us_per_group": round(statistics.median(r["trees_total_s"] for r in runs) / groups * 1e6, 1),
+        "messages_per_group": round(first["messages_total"] / groups, 1),
+        "messages_per_failed_group": round(first["messages_per_failure"] / failed, 1) if failed else None,
+        "failures": first["link_failures"], "bridges_not_failed": first["bridges_not_failed"],
+        "max_link_load_ratio": first["max_link_load_ratio"], "machine": first["machine"],
+    }
+
+
+def _fmt(span: list[float] | None) -> str:
+    return "-" if span is None else f"{span[1]:.2f} ({span[0]:.2f}-{span[2]:.2f})"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.controller_sweep", description=__doc__.split("\n")[0])
+    ap.add_argument("--runs", type=int, default=3, help="fresh-process runs per case")
+    ap.add_argument("--failures", type=int, default=20, help="link failures per run")
+    ap.add_argument("--groups", type=int, default=1000)
+    ap.add_argument("--case", action="append", metavar="TOPOLOGY@RECEIVERS",
+                    help="a case instead of the default list, e.g. fat-tree:8@64 (repeatable)")
+    ap.add_argument("--json", action="store_true", help="one JSON object per case")
+    args = ap.parse_args(argv)
+    if args.runs < 1 or args.groups < 1 or args.failures < 0:
+        ap.error("--runs and --groups must be at least 1, --failures at least 0")
+    cases = list(CASES)
+    if args.case:
+        cases = []
+        for case in args.case:
+            topology, _, receivers = case.rpartition("@")
+            if not topology or not receivers.isdigit() or int(receivers) < 1:
+                ap.error(f"--case {case!r}: expected TOPOLOGY@RECEIVERS, e.g. fat-tree:8@64")
+            cases.append((topology, int(receivers)))
+    print(f"# {machine()}", file=sys.stderr)
+    if not args.json:
+        print(f"{'topology':22} {'rcv':>4} {'build/ref (median, range)':>27} {'CPU':>6} "
+              f"{'reroute CPU p99/ref':>22} {'ref us/tree':>11} {'us/group':>8} {'msgs/group':>10} "
+              f"{'msgs/failed':>11} {'load':>6}")
+    for topology, receivers in cases:
+        r = row([one(topology, receivers, args.failures, args.groups) for _ in range(args.runs)])
+        if args.json:
+            print(json.dumps(r), flush=True)
+            continue
+        cpu = r["trees_vs_reference_cpu"]
+        print(f"{r['topology']:22} {receivers:4} {_fmt(r['trees_vs_reference']):>27} {cpu[1]:6.2f} "
+              f"{_fmt(r['reroute_vs_reference_cpu_p99']):>22} {r['reference_us_per_tree']:11.1f} "
+              f"{r['build_us_per_group']:8.1f} {r['messages_per_group']:10.1f} "
+              f"{r['messages_per_failed_group'] or '-':>11} {r['max_link_load_ratio']:6.3f}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
