@@ -199,7 +199,8 @@ class ModelcastApp(app_manager.RyuApp):
         self.reconnect = Reconnect(self.core, host_idle_s=conf.host_timeout_s, punt_rate=conf.punt_rate,
                                    punt_port_rate=conf.punt_port_rate)
         self.reconnect.unmetered = unmetered  # (what the switches said of themselves still holds)
-        self.discovery = HostDiscovery(self.core, idle_s=conf.host_timeout_s, pinned=self.service.gate.hosts)
+        self.discovery = HostDiscovery(self.core, idle_s=conf.host_timeout_s, pinned=self.service.gate.hosts,
+                                       reserved=self.service.declared)
         self.discovery.pin()  # (its plan: what the switches get when they connect or are read)
         self.audits = AuditClock(conf.audit_interval_s)
 
@@ -758,9 +759,14 @@ class ModelcastApp(app_manager.RyuApp):
         for ip in acts.spoofed:
             if now - self._spoof_warned.get(ip, float("-inf")) >= 60:
                 self._spoof_warned[ip] = now
-                mac, dpid, port = self.discovery.pinned[ip]
-                log.warning("a frame claims host %s's address from elsewhere: dropped (--fabric pins it "
-                            "at switch %#x port %d, %s; said at most once a minute)", ip, dpid, port, mac)
+                pinned = ip in self.discovery.pinned
+                place = self.discovery.pinned.get(ip) or self.discovery.reserved.get(ip)
+                if place is None:  # (its declaration was removed meanwhile)
+                    continue
+                mac, dpid, port = place
+                log.warning("a frame claims host %s's address from elsewhere: dropped (%s at switch %#x "
+                            "port %d, %s; said at most once a minute)", ip,
+                            "--fabric pins it" if pinned else "declared over REST", dpid, port, mac)
         for ip in acts.contested:
             h = view.hosts[ip]
             log.warning("a frame claims host %s's address from elsewhere: not moved; probing it at "

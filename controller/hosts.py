@@ -33,6 +33,11 @@ How a host is found and kept:
   (``pin``), so a silent one is installed without a probe; a frame claiming one's address
   from elsewhere is refused without probing it (no silence makes the claim win), and it
   is never forgotten -- behind a port that is down it is unreachable until the port is up.
+* **Declared hosts** (``POST /v1/hosts``, ``reserved``): a frame claiming one's address
+  from another port or MAC is refused without probing it, as for a pinned host, until the
+  declaration is removed (``DELETE /v1/hosts/{ip}``); unlike a pinned host it is forgotten
+  like any other (port down, silence) and found again at its declared place. Without
+  this, a host answering probes for a declared one that was silent took its address.
 """
 
 from __future__ import annotations
@@ -72,7 +77,7 @@ class Actions:
     forgotten: list[str] = field(default_factory=list)
     refused: list[str] = field(default_factory=list)  # claims on a known host's address
     contested: list[str] = field(default_factory=list)  # ... that started probing its holder
-    spoofed: list[str] = field(default_factory=list)  # ... on a pinned host's (--fabric)
+    spoofed: list[str] = field(default_factory=list)  # ... on a pinned (--fabric) or declared host's
 
 
 @dataclass
@@ -107,9 +112,12 @@ class HostDiscovery:
     def __init__(self, core: MulticastCore, idle_s: int = HOST_IDLE_S,
                  probe_interval_s: float = PROBE_INTERVAL_S, probe_tries: int = PROBE_TRIES,
                  wanted_max_interval_s: float = WANTED_MAX_INTERVAL_S,
-                 pinned: Mapping[str, tuple[str, int, int]] | None = None) -> None:
+                 pinned: Mapping[str, tuple[str, int, int]] | None = None,
+                 reserved: Mapping[str, tuple[str, int, int]] | None = None) -> None:
         self.core = core
         self.pinned = dict(pinned or {})  # address -> (mac, dpid, port): see ``pin``
+        # address -> (mac, dpid, port) of declared hosts: the service's own dict, read live
+        self.reserved: Mapping[str, tuple[str, int, int]] = reserved if reserved is not None else {}
         self.idle_s = idle_s
         self.probe_interval_s = probe_interval_s
         self.probe_tries = probe_tries
@@ -143,8 +151,9 @@ class HostDiscovery:
         acts = Actions()
         mac = mac.lower()
         known = self.view.hosts.get(ip)
-        if ip in self.pinned and self.pinned[ip] != (mac, dpid, port):
-            acts.refused.append(ip)  # (its frame is dropped; the pinned host stays)
+        place = self.pinned.get(ip) or self.reserved.get(ip)
+        if place is not None and place != (mac, dpid, port):
+            acts.refused.append(ip)  # (its frame is dropped; the pinned or declared host stays)
             acts.spoofed.append(ip)
             return acts
         if known is not None and (known.dpid, known.port, known.mac) != (dpid, port, mac) \

@@ -197,6 +197,10 @@ class Service:
         # offer id -> {"model", "source", "name", "size", "files"}: what `modelcast serve`
         # publishes (README "Serving models to an autoscaling fleet")
         self.offers: dict[int, dict[str, Any]] = {}
+        # address -> (mac, dpid, port) of the hosts declared over REST: a frame claiming one's
+        # address from elsewhere never wins (``HostDiscovery.reserved``; cleared in place,
+        # never replaced: discovery holds this dict), until ``DELETE /v1/hosts/{ip}``
+        self.declared: dict[str, tuple[str, int, int]] = {}
         self._inflight: Counter[int] = Counter()  # gid -> plans sent, not yet confirmed
         self._plans_inflight = 0
         self._errors: dict[int, list[str]] = {}  # gid -> errors of its last confirmed plan
@@ -424,7 +428,10 @@ class Service:
                      who: Principal | None = ADMIN) -> dict[str, Any]:
         """A host declared by an operator (it may not have sent a packet yet). Declaring
         an address already known elsewhere, or on an inter-switch link port, is a
-        conflict: a declaration must not silently move a live receiver."""
+        conflict: a declaration must not silently move a live receiver. The declaration
+        stands until ``remove_host``: a frame claiming the address from another port or
+        MAC is refused without probing the host (no silence makes the claim win), while
+        the host itself is forgotten and found again as any other (port down, silence)."""
         check_admin(who, "declare hosts")
         ip = check_unicast(ip)
         if not isinstance(mac, str) or not _MAC.match(mac.lower()):
@@ -442,20 +449,26 @@ class Service:
         if not view.edge_port(dpid, port):
             raise Conflict(f"switch {dpid} port {port} is an inter-switch link, not a host port")
         log.info("host %s declared at %s on switch %d port %d", ip, mac, dpid, port)
+        self.declared[ip] = (mac, dpid, port)
         self.apply(self.core.host_add(ip, mac, dpid, port), "host")
         self.save()
         return {"ip": ip, "mac": mac, "dpid": dpid, "port": port}
 
     def remove_host(self, ip: str, who: Principal | None = ADMIN) -> None:
-        """Forget a host (e.g. before declaring it somewhere else); its groups keep it
-        as an unreachable receiver until it is seen again."""
+        """Forget a host and its declaration (e.g. before declaring it somewhere else);
+        its groups keep it as an unreachable receiver until it is seen again."""
         check_admin(who, "remove hosts")
         ip = check_unicast(ip)
-        self.core.view.host(ip)  # UnknownHost -> 404
+        known = ip in self.core.view.hosts
+        if not known and ip not in self.declared:
+            self.core.view.host(ip)  # UnknownHost -> 404
         if ip in self.gate.hosts:
             raise Conflict(f"host {ip} is pinned by the fabric the controller was started with "
                            "(--fabric): change that file to move it")
-        self.apply(self.core.host_remove(ip), "host")
+        if self.declared.pop(ip, None) is not None:
+            log.info("host %s: its declaration is removed", ip)
+        if known:
+            self.apply(self.core.host_remove(ip), "host")
         self.save()
 
     def topology(self) -> dict[str, Any]:
@@ -576,6 +589,9 @@ class Service:
                 d["transfer"] = dict(self.transfers[d["id"]])
         if self.offers:
             data["offers"] = [{"id": oid, **o} for oid, o in sorted(self.offers.items())]
+        if self.declared:  # (as topology.hosts: [ip, mac, dpid, port])
+            data["declared_hosts"] = [[ip, *place] for ip, place in sorted(self.declared.items(),
+                                                                          key=lambda kv: _ip_key(kv[0]))]
         return data
 
     def save(self) -> bool:
@@ -667,6 +683,7 @@ class Service:
         self.keys.clear()
         self.transfers.clear()
         self.offers.clear()
+        self.declared.clear()  # (in place: discovery holds it)
         self._errors.clear()
         return self._restore(data, self.store.name if self.store is not None else "state")
 
@@ -708,6 +725,8 @@ class Service:
             transfer = d.get("transfer")
             if transfer:
                 self.transfers[gid] = dict(transfer)
+        for ip, mac, dpid, port in data.get("declared_hosts", []):  # (checked by check_state)
+            self.declared[check_unicast(ip)] = (mac.lower(), dpid, port)
         for o in data.get("offers", []):  # (checked by check_state)
             self.offers[o["id"]] = {"model": o["model"].strip(), "source": o["source"], "name": o.get("name", ""),
                                     "size": o.get("size", 0), "files": o.get("files", 0)}
@@ -762,9 +781,11 @@ def check_state(data: dict[str, Any]) -> None:
         for v, hi, what in ((a, MAX_DPID, "dpid"), (ap, MAX_PORT, "port"), (b, MAX_DPID, "dpid"),
                             (bp, MAX_PORT, "port")):
             integer(v, 1, hi, f"topology.links[{i}] {what}")
-    for i, host in enumerate(listed(topo.get("hosts", []), "topology.hosts")):
-        ip, mac, dpid, port = items(host, 4, f"topology.hosts[{i}]")
-        where = f"topology.hosts[{i}]"
+    hosts = [(f"topology.hosts[{i}]", h) for i, h in enumerate(listed(topo.get("hosts", []), "topology.hosts"))]
+    hosts += [(f"declared_hosts[{i}]", h) for i, h in enumerate(listed(data.get("declared_hosts", []),
+                                                                       "declared_hosts"))]
+    for where, host in hosts:
+        ip, mac, dpid, port = items(host, 4, where)
         if not isinstance(ip, str):
             raise ValueError(f"{where} address is {ip!r:.60}, not a string")
         check_unicast(ip, f"{where} host")

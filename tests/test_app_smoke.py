@@ -456,6 +456,41 @@ def test_a_pinned_fabric_refuses_a_relay_between_silent_hosts_also_from_saved_st
     assert len(said) == 1 and "--fabric pins it" in said[0], said  # (once a minute, not per frame)
 
 
+def test_a_declared_host_keeps_its_address_against_a_claim_also_after_a_restart(make_bench, tmp_path, caplog):
+    """Without --fabric: h4 declared over REST; h2 sending frames that claim h4's address
+    moves nothing and is logged once, and an app restarted on the same state file still
+    refuses the claim (the declaration is saved and wired into discovery again)."""
+    state = tmp_path / "state.json"
+    fabric = FakeFabric(TOPO)
+    h4 = H["h4"]
+    spoof = packet.Packet()
+    spoof.add_protocol(ethernet.ethernet("ff:ff:ff:ff:ff:ff", H["h2"].mac, 0x0806))
+    spoof.add_protocol(arp.arp_ip(arp.ARP_REQUEST, H["h2"].mac, h4.ip, "00:00:00:00:00:00", H["h1"].ip))
+    for attempt in ("first", "restarted"):
+        bench = make_bench(fabric, state)
+        start(bench)
+        if attempt == "first":
+            bench.app.service.declare_host(h4.ip, h4.mac, h4.dpid, h4.port)
+        g, _ = bench.app.service.create_group(
+            {"model": "declared", "source": H["h1"].ip, "receivers": [H["h3"].ip, h4.ip]})
+        bench.settle()
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="modelcast.app"):
+            for _ in range(3):
+                bench.packet_in("h2", spoof)
+            bench.settle()
+            for _ in range(12):  # timer steps (the holder of a contested address would be probed)
+                bench.app._discovery_tick()
+        view = bench.app.core.view
+        assert (view.hosts[h4.ip].dpid, view.hosts[h4.ip].port, view.hosts[h4.ip].mac) == (
+            h4.dpid, h4.port, h4.mac), attempt
+        want = {H["h3"].ip: 1, h4.ip: 1}
+        assert dict(fabric.trace(H["h1"].ip, g["address"]).delivered) == want, attempt
+        said = [r.getMessage() for r in caplog.records if f"claims host {h4.ip}" in r.getMessage()]
+        assert len(said) == 1 and "declared over REST" in said[0], (attempt, said)
+        assert bench.app.service.save()
+
+
 def test_a_link_found_where_one_host_was_is_believed_and_the_host_named(make_bench, caplog):
     """A host learned on a switch port before the link behind it was discovered (a start-up
     race) is one end only: the link is believed, the host forgotten, and the warning says

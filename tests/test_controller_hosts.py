@@ -316,3 +316,73 @@ def test_pinning_moves_a_host_a_saved_state_had_elsewhere_and_rest_cannot_remove
     assert (held.mac, held.dpid, held.port) == (r1.mac, r1.dpid, r1.port)
     with pytest.raises(Conflict, match="--fabric"):
         env.service.remove_host(R1)
+
+
+def test_a_claim_on_a_declared_host_never_wins_until_the_declaration_is_removed():
+    """A host declared over REST: a frame claiming its address from another port or MAC
+    is refused at once and nobody is probed (undeclared, the incumbent is probed and a
+    silent one loses its address). The declared host itself is forgotten for silence like
+    any other, and then too the claim is refused while its own frame is learned; once the
+    declaration is removed, the claimant is learned."""
+    env, disc = setup(R2, probe_interval_s=1.0, probe_tries=3)
+    disc = HostDiscovery(env.core, probe_interval_s=1.0, probe_tries=3, reserved=env.service.declared)
+    r2 = env.topo.host(R2)
+    env.service.declare_host(R2, r2.mac.upper(), r2.dpid, r2.port)
+    gid = env.service.create_group({"model": "m", "source": S, "receivers": [R2]})[0]["id"]
+    assert env.delivered(gid) == {R2: 1}
+    thief = ("02:66:66:66:66:66", 5, 9)  # another MAC on a free edge port of another leaf
+
+    def claims_refused(t0: float) -> None:
+        """Claims for 6 s: each refused; the only probes are the search for a forgotten
+        R2 that its group names (broadcast), never one of the holder."""
+        for t in range(6):
+            for mac, dpid, port in (thief, (r2.mac, 5, 9), (thief[0], r2.dpid, r2.port)):
+                acts = disc.seen(R2, mac, dpid, port)
+                assert acts.refused == [R2] and acts.spoofed == [R2] and not acts.contested
+                assert not acts.learned and not acts.msgs and not len(acts.plan)
+            sent = probes(disc.tick(t0 + t, ports(env)))
+            assert all((ip, dst) == (R2, BROADCAST) for *_, ip, dst in sent) and (
+                R2 not in env.core.view.hosts or not sent)
+
+    claims_refused(T0)
+    held = env.core.view.hosts[R2]
+    assert (held.mac, held.dpid, held.port) == (r2.mac, r2.dpid, r2.port) and env.delivered(gid) == {R2: 1}
+    disc.idle(r2.dpid, r2.port, r2.mac, T0 + 10)  # silent past the host timeout: probed, forgotten
+    for t in range(3):
+        assert [ip for *_, ip, _ in probes(disc.tick(T0 + 10 + t, ports(env)))] == [R2]
+    acts = disc.tick(T0 + 13, ports(env))
+    assert acts.forgotten == [R2]
+    run(env, acts)
+    assert env.service.get_group(gid)["receivers"] == {R2: "pending"}
+    claims_refused(T0 + 20)  # forgotten, and still nobody else's
+    assert R2 not in env.core.view.hosts
+    acts = disc.seen(R2, r2.mac, r2.dpid, r2.port)  # back at its declared place
+    assert acts.learned == [R2]
+    run(env, acts)
+    assert env.delivered(gid) == {R2: 1}
+    env.service.remove_host(R2)
+    assert R2 not in env.service.declared and R2 not in env.core.view.hosts
+    acts = disc.seen(R2, *thief)
+    assert acts.learned == [R2] and not acts.refused
+
+
+def test_a_declaration_is_saved_restored_and_removed_even_while_its_host_is_forgotten():
+    from controller.errors import UnknownHost
+    from controller.service import check_state
+
+    env = make_env(unknown_hosts=(R2,), pipeline=True)
+    r2 = env.topo.host(R2)
+    declared = env.service.declared
+    env.service.declare_host(R2, r2.mac, r2.dpid, r2.port)
+    state = env.service.state()
+    assert state["declared_hosts"] == [[R2, r2.mac, r2.dpid, r2.port]]
+    env.service.reload(state)  # (a follower, a new leader: discovery keeps reading the same dict)
+    assert env.service.declared is declared and declared == {R2: (r2.mac, r2.dpid, r2.port)}
+    env.service.apply(env.core.host_remove(R2), "host")  # forgotten (silence, port down)
+    env.service.remove_host(R2)  # the declaration alone: 204, not 404
+    assert declared == {} and "declared_hosts" not in env.service.state()
+    with pytest.raises(UnknownHost):
+        env.service.remove_host(R2)
+    bad = dict(state, declared_hosts=[[R2, "not-a-mac", r2.dpid, r2.port]])
+    with pytest.raises(ValueError, match=r"declared_hosts\[0\] MAC"):
+        check_state(bad)
