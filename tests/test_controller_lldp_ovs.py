@@ -250,3 +250,39 @@ def test_a_pinned_fabric_refuses_a_relay_between_hosts_that_never_spoke(tmp_path
                          ctl.api("GET", "/metrics").text, re.M)
     print(f"\nh2 <-> h4 (silent) relaying for {RELAY_S:.0f} s with --fabric {spec}: links unchanged in "
           f"{len(seen)} looks, {health['refused_total']} reports refused")
+
+
+def test_a_declared_host_keeps_its_address_without_a_fabric(tmp_path):
+    """Without --fabric, h4 (which never sent a frame) is declared over REST; a group to
+    it installs at once. h4 then answers no ARP and h2 claims its address for 5 s: an
+    undeclared silent host would lose it to h2 (at once, having never spoken); declared,
+    every claim is dropped and h4 stays, until the declaration is removed."""
+    with controller_lab(TOPO, tmp_path) as (lab, ctl):
+        h1, h2, h4 = TOPO.host("h1"), TOPO.host("h2"), TOPO.host("h4")
+        assert h4.ip not in {h["ip"] for h in ctl.client.topology()["hosts"]}
+        r = ctl.api("POST", "/v1/hosts", json={"ip": h4.ip, "mac": h4.mac, "dpid": h4.dpid, "port": h4.port})
+        assert r.status_code == 201, r.text
+        r = ctl.api("POST", "/v1/groups", json={"model": "declared", "source": h1.ip, "receivers": [h4.ip]})
+        assert r.status_code == 201, r.text
+        ctl.wait_group(r.json()["id"], lambda g: g["state"] == "installed")
+        script = tmp_path / "claim.py"
+        script.write_text(CLAIM)
+        subprocess.run(["ip", "netns", "exec", lab._netns["h4"], "ip", "link", "set", "eth0", "arp", "off"],
+                       check=True)
+        t0 = time.monotonic()
+        subprocess.run(["ip", "netns", "exec", lab._netns["h2"], sys.executable, str(script), h4.ip, "10"],
+                       check=True, timeout=30)
+        claimed_s = time.monotonic() - t0
+        at = {h["ip"]: (h["dpid"], h["port"], h["mac"]) for h in ctl.client.topology()["hosts"]}
+        assert at[h4.ip] == (h4.dpid, h4.port, h4.mac), at[h4.ip]
+        assert ctl.client.get_group(r.json()["id"])["receivers"] == {h4.ip: "installed"}
+        log = ctl.log_text()
+        assert f"claims host {h4.ip}'s address from elsewhere: dropped (declared over REST" in log, log[-2000:]
+        # the declaration removed, the next claim teaches h2's place (h4 is silent)
+        assert ctl.api("DELETE", f"/v1/hosts/{h4.ip}").status_code == 204
+        subprocess.run(["ip", "netns", "exec", lab._netns["h2"], sys.executable, str(script), h4.ip, "4"],
+                       check=True, timeout=30)
+        at = {h["ip"]: (h["dpid"], h["port"]) for h in ctl.client.topology()["hosts"]}
+        assert at.get(h4.ip) == (h2.dpid, h2.port), at.get(h4.ip)
+    print(f"\nh2 claiming the declared, silent h4's address 10 times over {claimed_s:.1f} s: every "
+          "claim refused, h4 kept; after DELETE /v1/hosts the next claims were learned")
