@@ -427,6 +427,7 @@ def test_the_c_builder_is_built_in_ci():
         assert MulticastCore._reprotect is MulticastCore._reprotect_c
         assert MulticastCore._place is MulticastCore._place_c
         assert MulticastCore._diff_shared is MulticastCore._diff_shared_c
+        assert MulticastCore._guard is MulticastCore._guard_c and MulticastCore._want_ff is MulticastCore._want_ff_c
         from controller import protect
 
         assert protect._path_around is protect._path_around_c
@@ -444,6 +445,8 @@ class InC(MulticastCore):
     _place = MulticastCore._place_c
     _tree_adds = staticmethod(ofmsgs.tree_adds_c)
     _diff_shared = MulticastCore._diff_shared_c
+    _guard = MulticastCore._guard_c
+    _want_ff = MulticastCore._want_ff_c
 
 
 class InPython(MulticastCore):
@@ -458,6 +461,8 @@ class InPython(MulticastCore):
     _place = MulticastCore._place_py
     _tree_adds = staticmethod(ofmsgs.tree_adds_py)
     _diff_shared = MulticastCore._diff_shared_py
+    _guard = MulticastCore._guard_py
+    _want_ff = MulticastCore._want_ff_py
 
 
 @needs_c
