@@ -2945,6 +2945,240 @@ static int put_msg(PyObject *lst, const Slots *s, PyObject *dpid, PyObject *wire
     return rc;
 }
 
+/* -- protect.Detours._miss_py: the detour around a link end, found and indexed --------
+ * A new core's first trees ask for ~4,100 link ends' detours on fat-tree:16: the search
+ * is path_around's, and the rest (the link's far end, the pair's cached path, the hops,
+ * the by-edge index) was ~0.015 s of Python. The same steps and the same state as
+ * _miss_py, whose docstring says why each is there. parts: (MAX_PORT, MAX_TAG_DPID,
+ * Detour). */
+static PyObject *str_paths, *str_none, *str_by_edge, *str_around, *str_pair, *str_hint, *str_far_end,
+    *str_nbr_ports, *str_port_link, *str_port_of, *str_view_attr;
+
+static PyObject *ordered_pair(PyObject *x, PyObject *y) {
+    int lt = PyObject_RichCompareBool(x, y, Py_LT);
+    if (lt < 0) return NULL;
+    return lt ? PyTuple_Pack(2, x, y) : PyTuple_Pack(2, y, x);
+}
+
+/* protect._detour: the Detour along path (a list, from the link's one end to its other). */
+static PyObject *detour_along(PyObject *nbr, PyObject *path, PyTypeObject *type) {
+    Py_ssize_t n = PyList_GET_SIZE(path);
+    if (n < 2) {
+        PyErr_SetString(PyExc_ValueError, "detour_miss: a path has at least two switches");
+        return NULL;
+    }
+    PyObject *hops = PyTuple_New(n - 2), *first = NULL, *arrival = NULL, *d = NULL;
+    if (!hops) return NULL;
+    for (Py_ssize_t i = 1; i < n - 1; i++) {
+        PyObject *x = PyList_GET_ITEM(path, i);
+        PyObject *at = PyObject_GetItem(nbr, x);
+        PyObject *in = at ? PyObject_GetItem(at, PyList_GET_ITEM(path, i - 1)) : NULL;
+        PyObject *out = in ? PyObject_GetItem(at, PyList_GET_ITEM(path, i + 1)) : NULL;
+        PyObject *hop = out ? PyTuple_Pack(3, x, in, out) : NULL;
+        Py_XDECREF(out);
+        Py_XDECREF(in);
+        Py_XDECREF(at);
+        if (!hop) goto done;
+        PyTuple_SET_ITEM(hops, i - 1, hop);
+    }
+    PyObject *at = PyObject_GetItem(nbr, PyList_GET_ITEM(path, 0));
+    first = at ? PyObject_GetItem(at, PyList_GET_ITEM(path, 1)) : NULL;
+    Py_XDECREF(at);
+    at = first ? PyObject_GetItem(nbr, PyList_GET_ITEM(path, n - 1)) : NULL;
+    arrival = at ? PyObject_GetItem(at, PyList_GET_ITEM(path, n - 2)) : NULL;
+    Py_XDECREF(at);
+    if (arrival) {
+        d = type->tp_alloc(type, 4);
+        if (d) {
+            Py_INCREF(first);
+            Py_INCREF(hops);
+            Py_INCREF(PyList_GET_ITEM(path, n - 1));
+            Py_INCREF(arrival);
+            PyTuple_SET_ITEM(d, 0, first);
+            PyTuple_SET_ITEM(d, 1, hops);
+            PyTuple_SET_ITEM(d, 2, PyList_GET_ITEM(path, n - 1));
+            PyTuple_SET_ITEM(d, 3, arrival);
+        }
+    }
+done:
+    Py_XDECREF(arrival);
+    Py_XDECREF(first);
+    Py_DECREF(hops);
+    return d;
+}
+
+/* protect._edges_of, each edge's users gaining key (the by-edge index). */
+static int index_edges(PyObject *by_edge, PyObject *start, PyObject *d, PyObject *key) {
+    PyObject *transit = PyTuple_GET_ITEM(d, 1), *a = start;
+    Py_ssize_t n = PyTuple_GET_SIZE(transit);
+    for (Py_ssize_t i = 0; i <= n; i++) {
+        PyObject *b = i < n ? PyTuple_GET_ITEM(PyTuple_GET_ITEM(transit, i), 0) : PyTuple_GET_ITEM(d, 2);
+        PyObject *e = ordered_pair(a, b);
+        if (!e) return -1;
+        PyObject *users = PyDict_GetItemWithError(by_edge, e);
+        int rc;
+        if (users) {
+            rc = PySet_Add(users, key);
+        } else if (PyErr_Occurred()) {
+            rc = -1;
+        } else {
+            PyObject *fresh = PySet_New(NULL);
+            rc = fresh ? PySet_Add(fresh, key) : -1;
+            if (rc == 0) rc = PyDict_SetItem(by_edge, e, fresh);
+            Py_XDECREF(fresh);
+        }
+        Py_DECREF(e);
+        if (rc < 0) return -1;
+        a = b;
+    }
+    return 0;
+}
+
+/* The path around link end key (dpid, port) to its far end, from the pair's cache or a
+ * search (one per link, from its lower dpid), or from the dropped detour's hint. New
+ * reference; Py_None when there is none. */
+static PyObject *path_for(PyObject *detours, PyObject *nbr, PyObject *key, PyObject *dpid, PyObject *far) {
+    PyObject *hints = PyObject_GetAttr(detours, str_hint), *hint = NULL, *path = NULL;
+    if (!hints) return NULL;
+    if (!PyDict_Check(hints)) {
+        PyErr_SetString(PyExc_TypeError, "detour_miss: _hint must be a dict");
+        goto done;
+    }
+    if (PyDict_GET_SIZE(hints)) {
+        hint = PyDict_GetItemWithError(hints, key);
+        if (!hint && PyErr_Occurred()) goto done;
+        if (hint) {
+            Py_INCREF(hint);
+            if (PyDict_DelItem(hints, key) < 0) goto done;
+        }
+    }
+    if (hint && hint != Py_None) {
+        PyObject *argv[4] = {nbr, dpid, far, hint};
+        path = path_around(NULL, argv, 4);
+        goto done;
+    }
+    PyObject *pair = ordered_pair(dpid, far), *pairs = NULL, *around = NULL;
+    if (pair) pairs = PyObject_GetAttr(detours, str_pair);
+    if (pairs && PyObject_SetItem(pairs, key, pair) == 0) around = PyObject_GetAttr(detours, str_around);
+    if (around) {
+        path = PyDict_Check(around) ? PyDict_GetItemWithError(around, pair) : NULL;
+        if (path) {
+            Py_INCREF(path);
+        } else if (!PyErr_Occurred()) {
+            if (!PyDict_Check(around)) {
+                PyErr_SetString(PyExc_TypeError, "detour_miss: _around must be a dict");
+            } else {
+                PyObject *argv[4] = {nbr, PyTuple_GET_ITEM(pair, 0), PyTuple_GET_ITEM(pair, 1), Py_None};
+                path = path_around(NULL, argv, 4);
+                if (path && PyDict_SetItem(around, pair, path) < 0) Py_CLEAR(path);
+            }
+        }
+    }
+    Py_XDECREF(around);
+    Py_XDECREF(pairs);
+    Py_XDECREF(pair);
+done:
+    Py_XDECREF(hint);
+    Py_DECREF(hints);
+    return path;
+}
+
+static PyObject *detour_miss(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4 || !PyTuple_CheckExact(args[3]) || PyTuple_GET_SIZE(args[3]) != 3 ||
+        !PyType_Check(PyTuple_GET_ITEM(args[3], 2))) {
+        PyErr_SetString(PyExc_TypeError, "detour_miss(detours, dpid, port, (MAX_PORT, MAX_TAG_DPID, Detour))");
+        return NULL;
+    }
+    PyObject *detours = args[0], *dpid = args[1], *port = args[2];
+    unsigned long long max_port = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(args[3], 0));
+    unsigned long long max_dpid = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(args[3], 1));
+    PyTypeObject *type = (PyTypeObject *)PyTuple_GET_ITEM(args[3], 2);
+    if (PyErr_Occurred()) return NULL;
+    PyObject *key = PyTuple_Pack(2, dpid, port), *view = NULL, *port_link = NULL, *link = NULL, *far = NULL,
+             *nbr = NULL, *path = NULL, *d = NULL, *result = NULL;
+    if (!key) return NULL;
+    view = PyObject_GetAttr(detours, str_view_attr);
+    port_link = view ? PyObject_GetAttr(view, str_port_link) : NULL;
+    if (!port_link) goto done;
+    link = PyObject_GetItem(port_link, key);
+    if (!link) {
+        if (!PyErr_ExceptionMatches(PyExc_KeyError)) goto done;
+        PyErr_Clear();
+    }
+    if (link) {
+        far = PyObject_CallMethodObjArgs(link, str_far_end, dpid, port, NULL);
+        if (!far) goto done;
+    }
+    if (far && far != Py_None) {
+        /* protectable(dpid, port), and the far end's port fits a 16-bit resubmit */
+        int overflow = 0;
+        long long dv = PyLong_AsLongLongAndOverflow(dpid, &overflow);
+        long long pv = overflow ? 0 : PyLong_AsLongLongAndOverflow(port, &overflow);
+        if ((dv == -1 || pv == -1) && PyErr_Occurred()) goto done;
+        int ok = !overflow && dv > 0 && (unsigned long long)dv <= max_dpid && pv > 0 &&
+                 (unsigned long long)pv <= max_port;
+        if (ok) {
+            PyObject *far_port = PyObject_CallMethodObjArgs(link, str_port_of, far, NULL);
+            if (!far_port) goto done;
+            long long fp = PyLong_AsLongLongAndOverflow(far_port, &overflow);
+            Py_DECREF(far_port);
+            if (fp == -1 && PyErr_Occurred()) goto done;
+            ok = !overflow && fp <= (long long)max_port;
+        }
+        if (ok) {
+            nbr = PyObject_GetAttr(view, str_nbr_ports);
+            path = nbr ? path_for(detours, nbr, key, dpid, far) : NULL;
+            if (!path) goto done;
+            if (path != Py_None) {
+                if (!PyList_Check(path) || PyList_GET_SIZE(path) < 2) {
+                    PyErr_SetString(PyExc_TypeError, "detour_miss: a path must be a list of switches");
+                    goto done;
+                }
+                int fwd = PyObject_RichCompareBool(PyList_GET_ITEM(path, 0), dpid, Py_EQ);
+                if (fwd < 0) goto done;
+                PyObject *along = fwd ? (Py_INCREF(path), path) : PyList_GetSlice(path, 0, PY_SSIZE_T_MAX);
+                if (along && !fwd && PyList_Reverse(along) < 0) Py_CLEAR(along);
+                if (!along) goto done;
+                d = detour_along(nbr, along, type);
+                Py_DECREF(along);
+                if (!d) goto done;
+            }
+        }
+    }
+    if (!d) {
+        d = Py_None;
+        Py_INCREF(d);
+    }
+    PyObject *paths = PyObject_GetAttr(detours, str_paths);
+    int rc = paths ? PyObject_SetItem(paths, key, d) : -1;
+    Py_XDECREF(paths);
+    if (rc < 0) goto done;
+    if (d == Py_None) {
+        PyObject *none = PyObject_GetAttr(detours, str_none);
+        rc = none ? (PySet_Check(none) ? PySet_Add(none, key) : -1) : -1;
+        if (none && rc < 0 && !PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "detour_miss: _none must be a set");
+        Py_XDECREF(none);
+    } else {
+        PyObject *by_edge = PyObject_GetAttr(detours, str_by_edge);
+        rc = by_edge ? (PyDict_Check(by_edge) ? index_edges(by_edge, dpid, d, key) : -1) : -1;
+        if (by_edge && rc < 0 && !PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "detour_miss: _by_edge must be a dict");
+        Py_XDECREF(by_edge);
+    }
+    if (rc < 0) goto done;
+    result = d;
+    d = NULL;
+done:
+    Py_XDECREF(d);
+    Py_XDECREF(path);
+    Py_XDECREF(nbr);
+    Py_XDECREF(far);
+    Py_XDECREF(link);
+    Py_XDECREF(port_link);
+    Py_XDECREF(view);
+    Py_DECREF(key);
+    return result;
+}
+
 /* bytes pre + port (32 bits, big-endian) + mid (NULL: none) + post */
 static PyObject *sandwich(PyObject *pre, PyObject *port, PyObject *mid, PyObject *post) {
     char be[4];
@@ -3804,7 +4038,7 @@ fail:
  * call (nicira and the dicts may be replaced). parts: (protect.tag,
  * protect.rejoin_actions, ofmsgs.TABLE, OFPP_IN_PORT, FF_BASE, IN_PORT_BIT, MAX_PORT). */
 static PyObject *str_guards, *str_detours, *str_get, *str_shared_want, *str_dirty_attr, *str_ff_refs,
-    *str_nicira, *str_view, *str_port_link, *str_port_of, *str_rejoin;
+    *str_nicira, *str_rejoin;  /* (str_view_attr, str_port_link, str_port_of: detour_miss's) */
 
 typedef struct {
     PyObject *core, *tag, *rejoin_actions, *table, *in_port;
@@ -3975,7 +4209,7 @@ static int detour_entries(Guard *g, PyObject *key, PyObject *d, PyObject *link_t
     if (nicira <= 0) return nicira;
     PyObject *rejoin = PyTuple_GET_ITEM(d, 2), *acts = NULL, *k;
     if (arm) {  /* (the far end's port of the link: where the copy is looked up again) */
-        PyObject *view = PyObject_GetAttr(g->core, str_view);
+        PyObject *view = PyObject_GetAttr(g->core, str_view_attr);
         PyObject *port_link = view ? PyObject_GetAttr(view, str_port_link) : NULL;
         PyObject *link = port_link ? PyObject_GetItem(port_link, key) : NULL;
         PyObject *far = link ? PyObject_CallMethodObjArgs(link, str_port_of, rejoin, NULL) : NULL;
@@ -4085,6 +4319,7 @@ static PyMethodDef module_methods[] = {
      "MulticastCore._diff_shared_py's loop (see there)"},
     {"live_of", (PyCFunction)(void (*)(void))live_of, METH_FASTCALL, "MulticastCore._place_py's filter (see there)"},
     {"guard", (PyCFunction)(void (*)(void))guard, METH_FASTCALL, "MulticastCore._guard_py (see there)"},
+    {"detour_miss", (PyCFunction)(void (*)(void))detour_miss, METH_FASTCALL, "protect.Detours._miss_py (see there)"},
     {"want_ff", (PyCFunction)(void (*)(void))want_ff, METH_FASTCALL, "MulticastCore._want_ff_py (see there)"},
     {"note_placed", (PyCFunction)(void (*)(void))note_placed, METH_FASTCALL,
      "MulticastCore._place_py's bookkeeping (see there)"},
@@ -4113,15 +4348,24 @@ PyMODINIT_FUNC PyInit__fastplan(void) {
     str_dirty_attr = PyUnicode_InternFromString("_dirty");
     str_ff_refs = PyUnicode_InternFromString("ff_refs");
     str_nicira = PyUnicode_InternFromString("nicira");
-    str_view = PyUnicode_InternFromString("view");
     str_port_link = PyUnicode_InternFromString("port_link");
     str_port_of = PyUnicode_InternFromString("port_of");
     str_rejoin = PyUnicode_InternFromString("rejoin");
+    str_view_attr = PyUnicode_InternFromString("view");
+    str_paths = PyUnicode_InternFromString("_paths");
+    str_none = PyUnicode_InternFromString("_none");
+    str_by_edge = PyUnicode_InternFromString("_by_edge");
+    str_around = PyUnicode_InternFromString("_around");
+    str_pair = PyUnicode_InternFromString("_pair");
+    str_hint = PyUnicode_InternFromString("_hint");
+    str_far_end = PyUnicode_InternFromString("far_end");
+    str_nbr_ports = PyUnicode_InternFromString("nbr_ports");
     empty = PyTuple_New(0);
     if (!str_group || !str_output || !str_dpid || !str_wire || !str_xid || !str_transit || !str_ff ||
         !str_set_field || !str_eth_dst || !str_guards || !str_detours || !str_get || !str_shared_want ||
-        !str_dirty_attr || !str_ff_refs || !str_nicira || !str_view || !str_port_link || !str_port_of ||
-        !str_rejoin || !empty)
+        !str_dirty_attr || !str_ff_refs || !str_nicira || !str_port_link || !str_port_of ||
+        !str_rejoin || !str_view_attr || !str_paths || !str_none || !str_by_edge || !str_around || !str_pair ||
+        !str_hint || !str_far_end || !str_nbr_ports || !empty)
         return NULL;
     return PyModule_Create(&moduledef);
 }

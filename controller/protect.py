@@ -177,10 +177,18 @@ class Detours:
     def get(self, dpid: int, port: int) -> Detour | None:
         """The detour around link ``dpid:port`` (None: no other path, or not taggable).
         The caller runs ``stale()`` after each topology change first."""
+        d = self._paths.get((dpid, port), _ABSENT)
+        return self._miss(dpid, port) if d is _ABSENT else d
+
+    def _miss_c(self, dpid: int, port: int) -> Detour | None:
+        """``_miss_py`` in C (``controller._fastplan.detour_miss``): a new core's first
+        trees on fat-tree:16 ask for ~4,100 link ends' detours, and all but the search
+        was ~0.015 s of Python."""
+        return native.module.detour_miss(self, dpid, port, _MISS_PARTS)
+
+    def _miss_py(self, dpid: int, port: int) -> Detour | None:
+        """A detour not cached: found, cached, and indexed by the edges it crosses."""
         key = (dpid, port)
-        d = self._paths.get(key, _ABSENT)
-        if d is not _ABSENT:
-            return d
         link = self.view.port_link.get(key)
         d = None
         far = link.far_end(dpid, port) if link is not None else None
@@ -211,6 +219,11 @@ class Detours:
                 else:
                     users.add(key)
         return d
+
+    _miss = _miss_c if native.NATIVE else _miss_py
+
+
+_MISS_PARTS = (MAX_PORT, MAX_TAG_DPID, Detour)  # (what ``_fastplan.detour_miss`` takes from here)
 
 
 def _edges_of(start: int, d: Detour) -> list[tuple[int, int]]:

@@ -1319,3 +1319,63 @@ def test_the_shared_diff_in_c_refuses_bad_input():
         diff(*args(want_of={1: {("ff", 5): _SHARED_FF[:1]}}, make=lambda *a: 1 / 0).values())
     with pytest.raises(TypeError):
         diff(1, 2)
+
+
+def detours_state(d) -> tuple:
+    """Everything a ``protect.Detours`` keeps (with the detours' types: C makes Detours)."""
+    return (list(d._paths.items()), [type(v) for v in d._paths.values()], d._by_edge, d._none,
+            list(d._around.items()), list(d._pair.items()), d._hint)
+
+
+@needs_c
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(topo=topology_strategy, data=st.data())
+def test_the_detours_found_in_c_and_python_are_the_same(topo, data):
+    """``Detours._miss_c`` against ``_miss_py``: every link end asked for (in a drawn
+    order, some twice), then links failed and restored with ``stale()`` between (so a
+    replaced detour follows its hint), also ends of links that are gone: the same
+    detours, cache and index in both, in the same insertion orders."""
+    from controller import protect
+
+    class InPy(protect.Detours):
+        _miss = protect.Detours._miss_py
+
+    class InC(protect.Detours):
+        _miss = protect.Detours._miss_c
+
+    views = [TopologyView.from_topology(topo) for _ in range(2)]
+    both = [InC(views[0]), InPy(views[1])]
+    ends = [(k.a, k.a_port) for k in topo.links] + [(k.b, k.b_port) for k in topo.links]
+    assume(ends)
+    for step in range(data.draw(st.integers(1, 5), label="steps")):
+        asked = data.draw(st.lists(st.sampled_from(ends), max_size=3 * len(ends)), label="asked")
+        got = [[d.get(*e) for e in asked] for d in both]
+        assert got[0] == got[1] and [type(x) for x in got[0]] == [type(x) for x in got[1]]
+        assert detours_state(both[0]) == detours_state(both[1])
+        link = data.draw(st.sampled_from(topo.links), label="link")
+        for v in views:
+            key = LinkKey.make(link.a, link.a_port, link.b, link.b_port)
+            if key in v.links:
+                v.remove_link(link.a, link.a_port, link.b, link.b_port)
+            else:
+                v.add_link(link.a, link.a_port, link.b, link.b_port)
+        assert both[0].stale() == both[1].stale()
+    assert detours_state(both[0]) == detours_state(both[1])
+
+
+@needs_c
+def test_the_detour_miss_in_c_refuses_bad_input():
+    from controller import protect
+
+    view = TopologyView.from_topology(T.ring(4))
+    d = protect.Detours(view)
+    miss = native.module.detour_miss
+    with pytest.raises(TypeError):
+        miss(d, 1, 1, ())
+    with pytest.raises(TypeError):
+        miss(d, 1, 1, (protect.MAX_PORT, protect.MAX_TAG_DPID, "not a type"))
+    d._around = []  # (not the dict a Detours holds)
+    end = next(iter(view.port_link))
+    with pytest.raises(TypeError):
+        miss(d, *end, protect._MISS_PARTS)
+    assert miss(protect.Detours(view), 99, 1, protect._MISS_PARTS) is None  # (no such link end)
