@@ -449,8 +449,8 @@ class Service:
         if not view.edge_port(dpid, port):
             raise Conflict(f"switch {dpid} port {port} is an inter-switch link, not a host port")
         log.info("host %s declared at %s on switch %d port %d", ip, mac, dpid, port)
-        self.declared[ip] = (mac, dpid, port)
         self.apply(self.core.host_add(ip, mac, dpid, port), "host")
+        self.declared[ip] = (mac, dpid, port)
         self.save()
         return {"ip": ip, "mac": mac, "dpid": dpid, "port": port}
 
