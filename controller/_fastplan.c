@@ -4148,11 +4148,13 @@ static int want_ff_entry(Guard *g, PyObject *dpid, unsigned long ffid) {
                 goto done;
             }
             PyObject *first = PyTuple_GET_ITEM(d, 0);
+            Py_INCREF(first);  /* (held across the call into Python: the guard may change meanwhile) */
             PyObject *link_tag = PyObject_CallFunctionObjArgs(g->tag, dpid, port, NULL);
-            if (!link_tag) goto done;
-            spec = Py_BuildValue("((O((OO)))(O((OOO)(OO))))", port, str_output, port, first, str_set_field,
-                                 str_eth_dst, link_tag, str_output, (ffid & g->in_port_bit) ? g->in_port : first);
-            Py_DECREF(link_tag);
+            if (link_tag)
+                spec = Py_BuildValue("((O((OO)))(O((OOO)(OO))))", port, str_output, port, first, str_set_field,
+                                     str_eth_dst, link_tag, str_output, (ffid & g->in_port_bit) ? g->in_port : first);
+            Py_XDECREF(link_tag);
+            Py_DECREF(first);
             if (!spec) goto done;
         }
     }

@@ -1379,3 +1379,27 @@ def test_the_detour_miss_in_c_refuses_bad_input():
     with pytest.raises(TypeError):
         miss(d, *end, protect._MISS_PARTS)
     assert miss(protect.Detours(view), 99, 1, protect._MISS_PARTS) is None  # (no such link end)
+
+
+@needs_c
+def test_the_guard_in_c_refuses_bad_input():
+    """Wrong parts, a key that is no (dpid, port) pair, a negative FF id, a core whose
+    bookkeeping is not what a core holds: errors, not crashes."""
+    topo = T.leaf_spine(2, 2, 1)
+    core = MulticastCore(TopologyView.from_topology(topo))
+    guard, want_ff = native.module.guard, native.module.want_ff
+    key = next(iter(core.view.port_link))
+    with pytest.raises(TypeError):
+        guard(core, key, True, ())
+    for bad in ([key[0], key[1]], (key[0],), "ab"):
+        with pytest.raises(TypeError):
+            guard(core, bad, True, C._GUARD_PARTS)
+    with pytest.raises(OverflowError):
+        want_ff(core, key[0], -1, C._GUARD_PARTS)
+    guard(core, key, True, C._GUARD_PARTS)  # (the real thing, then the Python one undoes it)
+    assert key in core.guards
+    MulticastCore._guard_py(core, key, False)
+    assert key not in core.guards and not any(core.shared_want.values())
+    core.guards = []
+    with pytest.raises(TypeError):
+        guard(core, key, True, C._GUARD_PARTS)
