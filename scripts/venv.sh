@@ -19,7 +19,7 @@ fi
 echo "venv: installing modelcast and test dependencies"
 # compat: a plain path entry in a .pth; the default finder costs every agent process
 # ~12 ms of CPU at start-up (measured: 18 ms against 6 ms for python -c pass)
-$PIP install -e '.[test]' --config-settings editable_mode=compat
+$PIP install -e '.[test,docs]' --config-settings editable_mode=compat
 bash scripts/venv-mininet.sh
 touch "$VENV/.installed"
 echo "venv: ready ($VENV)"
