@@ -32,7 +32,7 @@ from ryu.ofproto import ofproto_v1_3_parser as parser
 from ryu.topology import event as topo_event
 
 from controller import igmp as igmp_decisions
-from controller import lldpauth, native, ofmsgs, settings, unicast, webserver
+from controller import lldpauth, ofmsgs, settings, unicast, webserver
 from controller.election import LEADER, MASTER, Election, Status, role_for
 from controller.core import MulticastCore, Plan, tune_gc
 from controller.errors import CoreError
@@ -179,7 +179,6 @@ class ModelcastApp(app_manager.RyuApp):
         if self.service.credentials.open:
             log.warning("no REST token configured (--token or MODELCAST_TOKEN): local callers "
                         "may change groups, and no caller is given a session key")
-        native.warn_if_pure(log)
         log.info("modelcast controller: %d groups restored, algorithm %s, links %s, fast-failover "
                  "protection %s, state file %s", len(core.groups), conf.algorithm,
                  f"only the {len(conf.fabric.links)} of --fabric {conf.fabric.name}" if conf.fabric else
