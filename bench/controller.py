@@ -40,7 +40,6 @@ from typing import Any
 import networkx as nx
 
 from bench.machine import machine
-from controller import native
 from controller.core import MulticastCore, tune_gc
 from controller.topoview import TopologyView
 from topologies import Topology, TopologyError, parse
@@ -184,8 +183,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "topology": topo.name, "switches": len(topo.switches), "hosts": len(topo.hosts),
         "groups": args.groups, "receivers": args.receivers, "algorithm": args.algorithm,
         "machine": machine(),
-        # the C loops of controller._fastplan, or the Python ones (MODELCAST_PURE_PYTHON=1, or not built)
-        "tree_builder": "c" if native.NATIVE else "python",
         "trees_total_s": round(total_s, 3), "messages_total": messages,
         "reference_trees_s": round(ref_s, 4),
         "trees_vs_reference": round(total_s / ref_s, 2),

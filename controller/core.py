@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Callable, Iterable, Iterator
 
-from controller import native, ofmsgs
+from controller import ofmsgs
 from controller.addressing import check_model, check_ssm, ssm_address
 from controller.errors import Conflict, CoreError, ReceiverIsSource, UnknownGroup
-from controller.protect import (FF_BASE, IN_PORT_BIT, MAX_PORT, TO_OWN_GROUP, Detours, ff_buckets, ff_id, ff_port,
+from controller.protect import (IN_PORT_BIT, TO_OWN_GROUP, Detours, ff_buckets, ff_id, ff_port,
                                 is_ff, rejoin_actions, tag)
 from controller.topoview import TopologyView, check_unicast, known_hosts
 from controller.trees import ALGORITHMS, LinkLoad, PathCache, SwitchEntry, Tree, compute_tree, regraft
@@ -63,11 +63,6 @@ def _shared_msg(dpid: int, key: tuple, want: Any, have: Any) -> Any:
         return ofmsgs.ff_group(dpid, key[1], want, ofmsgs.ofp.OFPGC_ADD if have is _ABSENT else ofmsgs.ofp.OFPGC_MODIFY)
     return ofmsgs.detour_flow(dpid, ofmsgs.COOKIE_DETOUR, key[1], key[2], want, priority=_SHARED_PRIO[key[0]])
 
-
-_SHARED_PARTS = ofmsgs.shared_parts(_SHARED_PRIO["transit"])  # (``_fastplan.diff_shared``'s templates)
-# what ``_fastplan.guard`` and ``want_ff`` take from Python: the tag and a rejoin's actions
-# as the protect module makes them, and the constants of the FF group ids
-_GUARD_PARTS = (tag, rejoin_actions, ofmsgs.TABLE, ofmsgs.ofp.OFPP_IN_PORT, FF_BASE, IN_PORT_BIT, MAX_PORT)
 
 
 def _counted(e: SwitchEntry) -> tuple[int, ...]:
@@ -270,7 +265,7 @@ class MulticastCore:
         self._pieces: dict[int, dict[int, tuple]] = {}  # dpid -> port -> _piece, this topology's
         self._uplinks: dict[int, dict[int, tuple]] = {}  # child -> parent -> _uplink, the same
         self._pieces_of: tuple[int, int] | None = None
-        self._near_of: Any = None  # (``_protect_c``'s: the stale set whose switches ``_near`` holds)
+        self._near_of: Any = None  # (the stale set whose switches ``_near`` holds)
         self._near: set[int] = set()
         # detours dropped since the pieces were last brought up to date, and the topology
         # version the detours were caught up at (``_restale``): the pieces forget only those
@@ -703,19 +698,8 @@ class MulticastCore:
         return self._diff(gids, within=within).extend(self._diff(sorted(again), only=nodes, shared=False,
                                                                  within=again))
 
-    def _reprotect_c(self, again: dict[int, set[int]]) -> list[int]:
-        """``_reprotect_py`` with its loop in C (``controller._fastplan.reprotect``): on
-        leaf-spine:8,32,16 the worst failures re-protect the link ends of ~200-400 groups."""
-        view = self.view
-        if self._pieces_of != (view.edge_count, view.removals):
-            self._pieces_now()
-        groups = self.groups
-        return native.module.reprotect(
-            [(gid, groups[gid].tree.entries, groups[gid].tree.parent, at) for gid, at in again.items()],
-            frozenset(), self._touches, self._uplinks, self._uplink, self._pieces, self._piece, SwitchEntry,
-            _IN_PORT_OUT, _SHAPES, self.ff_refs, self._want_ff, self._guard, TO_OWN_GROUP)
 
-    def _reprotect_py(self, again: dict[int, set[int]]) -> list[int]:
+    def _reprotect(self, again: dict[int, set[int]]) -> list[int]:
         """Each group of ``again`` (group -> the two ends of its links whose detour
         changed) protected anew at those switches, the FF users of its entries that
         changed recounted; returns the groups with a changed entry (about half of them
@@ -733,7 +717,6 @@ class MulticastCore:
                 kept.append(gid)
         return kept
 
-    _reprotect = _reprotect_c if native.NATIVE else _reprotect_py
 
     def _stale_links(self, reguard: set[tuple[int, int]]) -> list[tuple[int, int]]:
         """The links (parent, child) leaving the protected ports ``reguard``."""
@@ -780,18 +763,8 @@ class MulticastCore:
         self._swap(g, tree, changed)
         return changed
 
-    def _fill_c(self, g: Group, tree: Tree, source_port: int, nbr: dict[int, dict[int, int]]) -> None:
-        """``_fill_py`` with its loop in C (``controller._fastplan.fill_tree``: each
-        switch's output ports gathered and sorted there too): the pieces made once per
-        topology, link or FF group (``_uplink``, ``_piece``, ``_want_ff``, ``_guard``) are
-        this class's, called back on a miss."""
-        self._pieces_now()
-        tree.entries = native.module.fill_tree(
-            tree.entries or None, tree.parent, nbr, tree.ends, source_port, self._uplinks, self._uplink,
-            self.protection, self._pieces, self._piece, self.ff_refs, self._want_ff, self._guard, TO_OWN_GROUP,
-            SwitchEntry, _IN_PORT_OUT, _SHAPES)
 
-    def _fill_py(self, g: Group, tree: Tree, source_port: int, nbr: dict[int, dict[int, int]]) -> None:
+    def _fill(self, g: Group, tree: Tree, source_port: int, nbr: dict[int, dict[int, int]]) -> None:
         """A group's first tree (``compute_tree``'s ``fill``): each switch's entry made
         once, protected as ``_protect`` makes it, and its FF groups' users counted as
         ``_swap`` counts them, in one pass over the switches instead of four. Those
@@ -840,28 +813,12 @@ class MulticastCore:
                         else:
                             self._want_ff(n, f)
 
-    _fill = _fill_c if native.NATIVE else _fill_py
     _tree_adds = staticmethod(ofmsgs.tree_adds)  # (the same choice: a class attribute, so a test can pick)
-    _regraft_tree = staticmethod(regraft)  # (``trees.regraft_c`` or ``regraft_py``, likewise)
+    _regraft_tree = staticmethod(regraft)
 
     # -- protection (controller.protect) ---------------------------------------------
-    def _protect_c(self, g: Group, tree: Tree, nodes: Iterable[int] | None = None,
-                   old: Tree | None = None, stale: set[tuple[int, int]] = frozenset()) -> None:
-        """``_protect_py`` with its loop in C (``controller._fastplan.protect``): on
-        leaf-spine:8,32,16 a failure re-protects ~100 moved groups' changed switches and
-        the ends of ~200 more groups' links whose detour changed, ~18% of a reroute in
-        Python."""
-        view = self.view
-        if self._pieces_of != (view.edge_count, view.removals):
-            self._pieces_now()
-        if stale is not self._near_of:  # (the switches a stale detour starts at: once per set)
-            self._near_of, self._near = stale, {d for d, _ in stale}
-        was, was_parent = (old.entries, old.parent) if old is not None else (_NOTHING, _NOTHING)
-        native.module.protect(tree.entries, tree.parent, nodes, was, was_parent, self._near, stale,
-                              self._touches, self._uplinks, self._uplink, self._pieces, self._piece, SwitchEntry,
-                              _IN_PORT_OUT, _SHAPES)
 
-    def _protect_py(self, g: Group, tree: Tree, nodes: Iterable[int] | None = None,
+    def _protect(self, g: Group, tree: Tree, nodes: Iterable[int] | None = None,
                     old: Tree | None = None, stale: set[tuple[int, int]] = frozenset()) -> None:
         """Rewrite ``tree.entries`` (only those of ``nodes``, if given) with fast-failover
         groups on every tree link leaving a switch that has a detour, and a rejoin flow
@@ -891,7 +848,6 @@ class MulticastCore:
             if ff != e[2] or rejoin != e[3]:
                 entries[n] = entry(SwitchEntry, (in_port, out_ports, ff, rejoin))
 
-    _protect = _protect_c if native.NATIVE else _protect_py
 
     def _protection(self, n: int, in_port: int, out_ports: tuple[int, ...], up: tuple) -> tuple[tuple, tuple]:
         """(FF group ids, rejoin) of switch ``n``'s entry: an FF group on each output with
@@ -1013,11 +969,8 @@ class MulticastCore:
         return (par is not None and (par, self.view.nbr_ports[par].get(n)) in stale) or \
             any((n, q) in stale for q in outs)
 
-    def _recount_c(self, was: dict[int, SwitchEntry], now: dict[int, SwitchEntry]) -> None:
-        """``_recount_py`` with its loop in C (``controller._fastplan.recount``)."""
-        native.module.recount(was, now, self.ff_refs, self._want_ff, self._guard, TO_OWN_GROUP)
 
-    def _recount_py(self, was: dict[int, SwitchEntry], now: dict[int, SwitchEntry]) -> None:
+    def _recount(self, was: dict[int, SwitchEntry], now: dict[int, SwitchEntry]) -> None:
         """The FF groups' users counted from entries ``was`` to ``now`` (switch -> entry;
         either may lack a switch), every user taken off before any is added, as counting
         all of ``was`` down and all of ``now`` up would; but at a switch in both only the
@@ -1045,14 +998,8 @@ class MulticastCore:
         if came:
             self._count(came, 1)
 
-    _recount = _recount_c if native.NATIVE else _recount_py
 
-    def _count_c(self, entries: dict[int, SwitchEntry], step: int) -> None:
-        """``_count_py`` with its loop in C (``controller._fastplan.count``): a reroute on
-        leaf-spine:8,32,16 counted ~370 entries per failure, some with 30 FF groups."""
-        native.module.count(entries, step, self.ff_refs, self._want_ff, self._guard, TO_OWN_GROUP)
-
-    def _count_py(self, entries: dict[int, SwitchEntry], step: int) -> None:
+    def _count(self, entries: dict[int, SwitchEntry], step: int) -> None:
         """Keep the users of each FF group and protected link in step with the trees."""
         appear = 1 if step > 0 else 0
         for dpid, e in entries.items():
@@ -1074,7 +1021,6 @@ class MulticastCore:
                     else:
                         self._want_ff(dpid, f)
 
-    _count = _count_c if native.NATIVE else _count_py
 
     def _want(self, dpid: int, key: tuple, spec: Any) -> None:
         """Set (None: drop) one shared entry ``dpid`` must hold, noting the change."""
@@ -1088,7 +1034,7 @@ class MulticastCore:
             want[key] = spec
         self._dirty[dpid].add(key)
 
-    def _want_ff_py(self, dpid: int, ffid: int) -> None:
+    def _want_ff(self, dpid: int, ffid: int) -> None:
         """The FF group ``ffid`` of ``dpid`` wanted with its buckets while its link is
         guarded and a tree uses it, else dropped."""
         key = (dpid, ff_port(ffid))
@@ -1096,7 +1042,7 @@ class MulticastCore:
         self._want(dpid, ("ff", ffid), ff_buckets(key[1], d, bool(ffid & IN_PORT_BIT), tag(*key))
                    if d is not None and ffid in self.ff_refs.get(dpid, ()) else None)
 
-    def _guard_py(self, key: tuple[int, int], on: bool) -> None:
+    def _guard(self, key: tuple[int, int], on: bool) -> None:
         """A protected link came into use (its detour's transit entries are wanted), went
         out of use, or (``on`` again) its detour changed."""
         link_tag = tag(*key)
@@ -1117,18 +1063,6 @@ class MulticastCore:
         for via in (False, True):
             self._want_ff(key[0], ff_id(key[1], via))
 
-    def _guard_c(self, key: tuple[int, int], on: bool) -> None:
-        """``_guard_py`` in C (``controller._fastplan.guard``, its ``_want`` and
-        ``_want_ff`` too): a new core's first 1000 trees on fat-tree:16 guard ~3,900 link
-        ends, ~20,000 wanted entries, ~0.04 s of a ~0.5 s build in Python."""
-        native.module.guard(self, key, on, _GUARD_PARTS)
-
-    def _want_ff_c(self, dpid: int, ffid: int) -> None:
-        """``_want_ff_py`` in C (``controller._fastplan.want_ff``)."""
-        native.module.want_ff(self, dpid, ffid, _GUARD_PARTS)
-
-    _guard = _guard_c if native.NATIVE else _guard_py
-    _want_ff = _want_ff_c if native.NATIVE else _want_ff_py
 
     def _restale(self) -> set[tuple[int, int]]:
         """Detours the topology broke (or made possible): the links in use get their new
@@ -1161,7 +1095,7 @@ class MulticastCore:
         ("transit", in_port, tag) -> actions."""
         return dict(self.shared_want.get(dpid, {}))
 
-    def _diff_shared_py(self, dirty: dict[int, set[tuple]], plan: Plan) -> None:
+    def _diff_shared(self, dirty: dict[int, set[tuple]], plan: Plan) -> None:
         """Shared protection entries added or changed first (phase 0: before anything
         points at them), removed last (phase 2: after nothing does)."""
         adds, removes = [], []
@@ -1185,19 +1119,6 @@ class MulticastCore:
         plan.phases[0][:0] = adds
         plan.phases[2].extend(removes)
 
-    def _diff_shared_c(self, dirty: dict[int, set[tuple]], plan: Plan) -> None:
-        """``_diff_shared_py`` with its loop in C (``_fastplan.diff_shared``), the usual
-        entries packed there from templates (``_SHARED_PARTS``): a new core's first trees
-        want ~17,600 of them on fat-tree:16 (each protected link's FF groups and transit
-        flows): ~10% of building 1000 trees with the loop in Python, ~6% less in all with it here."""
-        adds: list = []
-        removes: list = []
-        native.module.diff_shared(sorted(dirty.items()), self.shared_want, self.shared, self.changes, adds, removes,
-                                  _ABSENT, _shared_msg, _SHARED_PARTS, ofmsgs.ReadyFlowMod, ofmsgs.ReadyGroupMod)
-        plan.phases[0][:0] = adds
-        plan.phases[2].extend(removes)
-
-    _diff_shared = _diff_shared_c if native.NATIVE else _diff_shared_py
 
     def _diff(self, gids: Iterable[int], only: set[int] | None = None, shared: bool = True,
               within: dict[int, set[int]] | None = None) -> Plan:
@@ -1252,7 +1173,7 @@ class MulticastCore:
             self._diff_shared(ready, plan)
         return plan
 
-    def _place_py(self, g: Group, order: list[int], want: dict[int, SwitchEntry], build: list) -> bool:
+    def _place(self, g: Group, order: list[int], want: dict[int, SwitchEntry], build: list) -> bool:
         """A new tree's messages (``_tree_adds``, into ``build``) for its live switches in
         ``order`` (leaves first), which from then on are believed to hold ``want``'s
         entries; False when none is live."""
@@ -1269,25 +1190,8 @@ class MulticastCore:
         self.placed[gid] = dict.fromkeys(want if len(todo) == len(want) else todo)
         return True
 
-    def _place_c(self, g: Group, order: list[int], want: dict[int, SwitchEntry], build: list) -> bool:
-        """``_place_py`` with its loops in C (``_fastplan.live_of``, ``note_placed``): ~130
-        switches per new tree on fat-tree:16, a tenth of building it in Python."""
-        todo = native.module.live_of(order, self.installed, self.view.switches)
-        if not todo:
-            return False
-        self._tree_adds(g.gid, g.source, g.address, todo, want, build)
-        native.module.note_placed(g.gid, todo, want, self.installed, self.changes)
-        self.placed[g.gid] = dict.fromkeys(want if len(todo) == len(want) else todo)
-        return True
 
-    _place = _place_c if native.NATIVE else _place_py
-
-    def _changed_c(self, gid: int, dpids: set[int], placed: dict[int, None], want: dict[int, SwitchEntry],
-                   parent: dict[int, int | None] | None) -> tuple[list[int], dict[int, SwitchEntry]]:
-        """``_changed_py`` in C (``_fastplan.changed_of``)."""
-        return native.module.changed_of(dpids, placed, self.installed, gid, want, parent)
-
-    def _changed_py(self, gid: int, dpids: set[int], placed: dict[int, None], want: dict[int, SwitchEntry],
+    def _changed(self, gid: int, dpids: set[int], placed: dict[int, None], want: dict[int, SwitchEntry],
                     parent: dict[int, int | None] | None) -> tuple[list[int], dict[int, SwitchEntry]]:
         """Which of switches ``dpids`` believe (``installed``) otherwise than ``want`` for
         group ``gid``, deepest in the tree (``parent``) first, ties in dpid order; and what
@@ -1306,9 +1210,8 @@ class MulticastCore:
             changed.sort(key=lambda d: -depth.get(d, 0))
         return changed, have
 
-    _changed = _changed_c if native.NATIVE else _changed_py
 
-    def _diff_switches_py(self, g: Group, changed: list[int], have: dict[int, SwitchEntry],
+    def _diff_switches(self, g: Group, changed: list[int], have: dict[int, SwitchEntry],
                           want: dict[int, SwitchEntry], placed: dict[int, None], build: list, switch: list,
                           cut: list, remove: list) -> None:
         """The messages taking each of ``changed`` (in order) from its believed entry
@@ -1326,19 +1229,6 @@ class MulticastCore:
                 installed[dpid][gid] = new
                 placed[dpid] = None
 
-    def _diff_switches_c(self, g: Group, changed: list[int], have: dict[int, SwitchEntry],
-                         want: dict[int, SwitchEntry], placed: dict[int, None], build: list, switch: list,
-                         cut: list, remove: list) -> None:
-        """``_diff_switches_py`` with its loop and messages in C (``_fastplan.diff_switches``:
-        on leaf-spine:8,32,16 a failure changes ~450 groups' entries on ~2-4 switches
-        each, and that loop was ~35% of a reroute). A switch whose tree turns around is
-        ``_diff_one``'s, called back."""
-        gid, source, address = g.gid, g.source, g.address
-        native.module.diff_switches(
-            gid, changed, have, want, self.installed, placed, self.changes, build, switch, cut, remove,
-            ofmsgs.diff_parts(gid, source, address), ofmsgs.rejoin_flow(gid, source, address), ofmsgs.TAGS,
-            ofmsgs.tag_tlv, partial(self._diff_one, g, build=build, switch=switch, cut=cut, remove=remove),
-            ofmsgs.ReadyFlowMod, ofmsgs.ReadyGroupMod, UNKNOWN_PORT)
 
     def _diff_one(self, g: Group, dpid: int, old: SwitchEntry | None, new: SwitchEntry | None, build: list,
                   switch: list, cut: list, remove: list) -> None:
@@ -1403,7 +1293,6 @@ class MulticastCore:
             remove.append((dpid, ofmsgs.flow_add(dpid, gid, new.in_port, source, address)))
             remove.append((dpid, ofmsgs.group_delete(dpid, tid)))
 
-    _diff_switches = _diff_switches_c if native.NATIVE else _diff_switches_py
 
     @staticmethod
     def _rejoin(dpid: int, g: Group, rejoin: tuple, delete: bool = False) -> Any:

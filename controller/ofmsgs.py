@@ -12,14 +12,13 @@ from __future__ import annotations
 import socket
 import struct
 import types
-from functools import lru_cache, partial
+from functools import lru_cache
 from typing import Any, Iterable
 
 from ryu.ofproto import nicira_ext
 from ryu.ofproto import ofproto_v1_3 as ofp
 from ryu.ofproto import ofproto_v1_3_parser as parser
 
-from controller import native
 from controller.protect import FF_BASE, OWN_GROUP, TO_OWN_GROUP, ff_port
 
 COOKIE_TAG = 0x4D43 << 48  # "MC"
@@ -350,22 +349,10 @@ def _group_mod(dpid: int, command: int, gid: int, body: bytes, gtype: int = ofp.
     return m
 
 
-def _all_group_py(dpid: int, command: int, gid: int, in_port: int, out_ports: Iterable[int],
+def _all_group(dpid: int, command: int, gid: int, in_port: int, out_ports: Iterable[int],
                   ff: Iterable[int]) -> Msg:
     """An ALL group's add or modify (``buckets``)."""
     return _group_mod(dpid, command, gid, _group_buckets(in_port, out_ports, ff))
-
-
-def _all_group_c(dpid: int, command: int, gid: int, in_port: int, out_ports: Iterable[int],
-                 ff: Iterable[int]) -> Msg:
-    """``_all_group_py`` packed in C (``_fastplan.group_mod``, the bytes of a new tree's
-    adds): a reroute's group changes have port sets the bytes cache has mostly not seen
-    (on leaf-spine:8,32,16 packing them was ~10% of a reroute)."""
-    m = _new(ReadyGroupMod)
-    m._dpid, m.xid = dpid, None
-    m._wire = _native.group_mod(command, gid, in_port, out_ports if type(out_ports) is tuple else tuple(out_ports),
-                                ff if type(ff) is tuple else tuple(ff))
-    return m
 
 
 def group_add(dpid: int, gid: int, in_port: int, out_ports: Iterable[int], ff: Iterable[int] = ()) -> Msg:
@@ -510,26 +497,6 @@ def detour_flow(dpid: int, cookie_value: int, in_port: int, tag: str, acts: tupl
     return m
 
 
-@lru_cache(maxsize=65536)
-def diff_parts(gid: int, source: str, group: str) -> tuple[bytes, ...]:
-    """What ``_fastplan.diff_switches`` packs group ``gid``'s messages from, as these
-    builders make them: its (S,G) flow add (``flow_add``) and delete (``flow_delete``)
-    before and after their in_port, a rejoin flow's delete (``detour_flow_delete``)
-    before its arrival port and after its tag, and its group delete (``group_delete``)."""
-    sg_head, sg_tail = _sg_flow(gid, source, group)
-    sg_del = flow_delete(0, gid, 0, source, group)._wire
-    rj_del = detour_flow_delete(0, cookie(gid), 0, "00:00:00:00:00:00", source, group)._wire
-    return (sg_head, sg_tail, sg_del[:_IN_PORT_AT], sg_del[_IN_PORT_AT + 4:], rj_del[:_IN_PORT_AT],
-            rj_del[_IN_PORT_AT + 4 + len(_OXM_ETH_DST) + 6:], group_delete(0, gid)._wire)
-
-
-def rejoin_flow(gid: int, source: str, group: str) -> partial:
-    """Group ``gid``'s rejoin flow adds before their in_port and after their tag, by the
-    actions kept (``_rejoin_flow``): what ``_fastplan.tree_adds`` and ``diff_switches``
-    call back (a partial of the cache: no Python frame in between)."""
-    return partial(_rejoin_flow, COOKIE_TAG | gid, source, group)
-
-
 _GROUP_HEAD = struct.Struct("!BBHIHBx")  # a group-mod before its group id
 _ADD_PARTS: dict[tuple, tuple[bytes, bytes]] = {}  # (in_port, out_ports, ff) -> around the gid
 _MAX_PARTS = 1 << 16
@@ -546,17 +513,7 @@ def _add_parts(key: tuple) -> tuple[bytes, bytes]:
     return parts
 
 
-def tree_adds_c(gid: int, source: str, group: str, dpids: Iterable[int], entries: dict[int, tuple],
-                out: list[tuple[int, Msg]]) -> None:
-    """``tree_adds_py`` with its loop in C (``controller._fastplan``): each ALL group's
-    buckets packed there (as ``buckets`` packs them), the pieces made once per group or
-    tag are this module's, called back on a miss."""
-    sg_head, sg_tail = _sg_flow(gid, source, group)
-    _native.tree_adds(gid, sg_head, sg_tail, dpids, entries, out, TAGS, tag_tlv, rejoin_flow(gid, source, group),
-                      ReadyGroupMod, ReadyFlowMod)
-
-
-def tree_adds_py(gid: int, source: str, group: str, dpids: Iterable[int], entries: dict[int, tuple],
+def tree_adds(gid: int, source: str, group: str, dpids: Iterable[int], entries: dict[int, tuple],
                  out: list[tuple[int, Msg]]) -> None:
     """Appends to ``out`` what switches holding nothing of group ``gid`` must be sent
     for their ``entries`` (``SwitchEntry`` per dpid; those of ``dpids``, in that order):
@@ -610,82 +567,9 @@ def tag_tlv(link_tag: str) -> bytes:
     return tlv
 
 
-_native = native.module
-tree_adds = tree_adds_c if native.NATIVE else tree_adds_py
-_all_group = _all_group_c if native.NATIVE else _all_group_py
-
-
 def detour_flow_delete(dpid: int, cookie_value: int, in_port: int, tag: str,
                        source: str | None = None, group: str | None = None, priority: int = PRIO_DETOUR) -> Msg:
     return _flow_delete(dpid, cookie_value, priority, _detour_match(in_port, tag, source, group))
-
-
-def _place(zero: bytes, probe: bytes, width: int) -> int:
-    """Where a value of ``width`` bytes sits in a message: ``zero`` and ``probe`` are the
-    message built twice, differing only in that value (0, then one that differs from 0
-    in its last byte at least)."""
-    if len(zero) != len(probe):
-        raise RuntimeError("a shared entry's template changes length with its values")
-    at = [i for i, (x, y) in enumerate(zip(zero, probe)) if x != y]
-    if not at or at[0] < at[-1] - width + 1:
-        raise RuntimeError("a shared entry's value is not one run of bytes")
-    return at[-1] - width + 1
-
-
-def _transit_wire(in_port: int, link_tag: str, port: int, priority: int) -> bytes:
-    return detour_flow(0, COOKIE_DETOUR, in_port, link_tag, (("output", port),), priority=priority)._wire
-
-
-def _ff_wire(command: int, ffid: int, watch: int, port: int, first: int, link_tag: str, out: int) -> bytes:
-    return ff_group(0, ffid, ((watch, (("output", port),)),
-                              (first, (("set_field", "eth_dst", link_tag), ("output", out)))), command)._wire
-
-
-_ZERO_TAG, _PROBE_TAG = "00:00:00:00:00:00", "ff:ff:ff:ff:ff:ff"
-
-
-# each value of the two templates: (zero, a probe that differs from it, its width in bytes)
-_U32 = (0, 0xFFFFFFFF, 4)
-_TAG = (_ZERO_TAG, _PROBE_TAG, 6)
-_TRANSIT_VALUES = (_U32, _TAG, _U32)  # in_port, tag, output port
-_FF_VALUES = ((ofp.OFPGC_ADD, ofp.OFPGC_MODIFY, 2), _U32, _U32, _U32, _U32, _TAG, _U32)  # (``_ff_wire``'s)
-
-
-def shared_parts(transit_priority: int) -> tuple:
-    """What ``_fastplan.diff_shared`` packs the usual shared protection entries from: a
-    transit flow add (``detour_flow`` at ``transit_priority``) and an FF group of
-    ``protect.ff_buckets``'s shape (``ff_group``), each built here with zeros for its
-    values, and where those values go (found by building it again with one value
-    changed). Checked against the builders with other values before use."""
-    templates = []
-    for build, values in ((partial(_transit_wire, priority=transit_priority), _TRANSIT_VALUES),
-                          (_ff_wire, _FF_VALUES)):
-        zero = [v[0] for v in values]
-        base = build(*zero)
-        places = []
-        for i, (_, probe, width) in enumerate(values):
-            places.append(_place(base, build(*zero[:i], probe, *zero[i + 1:]), width))
-        templates += [base, tuple(places)]
-    parts = (*templates, ofp.OFPGC_MODIFY)
-    _check_parts(parts, transit_priority)
-    return parts
-
-
-def _patch(wire: bytes, places: tuple[int, ...], values: tuple, widths: list[int]) -> bytes:
-    """``wire`` with ``values`` written at ``places``, as ``_fastplan.diff_shared`` writes them."""
-    out = bytearray(wire)
-    for at, v, n in zip(places, values, widths):
-        out[at:at + n] = bytes.fromhex(v.replace(":", "")) if type(v) is str else v.to_bytes(n, "big")
-    return bytes(out)
-
-
-def _check_parts(parts: tuple, transit_priority: int) -> None:
-    """The templates with values patched in are what the builders make."""
-    t = (0x01020304, "0a:1b:2c:3d:4e:5f", 0xFFFFFFF8)
-    f = (ofp.OFPGC_MODIFY, 0xFFFF8005, 5, 0x0708090A, 9, "02:00:00:01:00:05", ofp.OFPP_IN_PORT)
-    if _patch(parts[0], parts[1], t, [v[2] for v in _TRANSIT_VALUES]) != _transit_wire(*t, transit_priority) or \
-            _patch(parts[2], parts[3], f, [v[2] for v in _FF_VALUES]) != _ff_wire(*f):
-        raise RuntimeError("a shared entry's template does not pack as its builder")
 
 
 def cookie_delete(dpid: int, gid: int) -> Msg:

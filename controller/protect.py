@@ -47,7 +47,6 @@ from typing import NamedTuple
 
 from ryu.ofproto import ofproto_v1_3 as ofp
 
-from controller import native
 from controller.topoview import TopologyView
 
 _ABSENT = object()
@@ -180,13 +179,8 @@ class Detours:
         d = self._paths.get((dpid, port), _ABSENT)
         return self._miss(dpid, port) if d is _ABSENT else d
 
-    def _miss_c(self, dpid: int, port: int) -> Detour | None:
-        """``_miss_py`` in C (``controller._fastplan.detour_miss``): a new core's first
-        trees on fat-tree:16 ask for ~4,100 link ends' detours, and all but the search
-        was ~0.015 s of Python."""
-        return native.module.detour_miss(self, dpid, port, _MISS_PARTS)
 
-    def _miss_py(self, dpid: int, port: int) -> Detour | None:
+    def _miss(self, dpid: int, port: int) -> Detour | None:
         """A detour not cached: found, cached, and indexed by the edges it crosses."""
         key = (dpid, port)
         link = self.view.port_link.get(key)
@@ -220,11 +214,6 @@ class Detours:
                     users.add(key)
         return d
 
-    _miss = _miss_c if native.NATIVE else _miss_py
-
-
-_MISS_PARTS = (MAX_PORT, MAX_TAG_DPID, Detour)  # (what ``_fastplan.detour_miss`` takes from here)
-
 
 def _edges_of(start: int, d: Detour) -> list[tuple[int, int]]:
     """The edges detour ``d`` (from ``start``) crosses, each as (lower dpid, higher)."""
@@ -237,15 +226,7 @@ def _edges_of(start: int, d: Detour) -> list[tuple[int, int]]:
     return out
 
 
-def _path_around_c(nbr: dict[int, dict[int, int]], src: int, dst: int,
-                   hint: tuple[int, int] | None = None) -> list[int] | None:
-    """``_path_around_py`` in C (``controller._fastplan.path_around``): the same paths;
-    one search per protected link of a topology cost ~0.3 x the benchmark's reference
-    in Python before the first tree could be installed."""
-    return native.module.path_around(nbr, src, dst, hint)
-
-
-def _path_around_py(nbr: dict[int, dict[int, int]], src: int, dst: int,
+def _path_around(nbr: dict[int, dict[int, int]], src: int, dst: int,
                     hint: tuple[int, int] | None = None) -> list[int] | None:
     """A shortest path from ``src`` to ``dst`` without the edge between them: breadth-first
     from both ends (a whole level at a time, the smaller frontier first, meetings found by
@@ -303,9 +284,6 @@ def _path_around_py(nbr: dict[int, dict[int, int]], src: int, dst: int,
                     nxt.append(v)
         fronts[side] = nxt
     return None
-
-
-_path_around = _path_around_c if native.NATIVE else _path_around_py
 
 
 def _detour(nbr: dict[int, dict[int, int]], path: list[int]) -> Detour:

@@ -23,7 +23,6 @@ import networkx as nx
 import numpy as np
 from networkx.algorithms.approximation import steiner_tree
 
-from controller import native
 from controller.errors import EmptyReceivers, ReceiverIsSource, Unreachable
 from controller.topoview import TopologyView, check_unicast, known_hosts
 
@@ -134,7 +133,7 @@ class LinkLoad:
         self.noted(links, step, numbered)
 
     def noted(self, links: dict[int, int | None], step: int, numbered: tuple | None = None) -> None:
-        """Links already added to ``into`` (``regraft_c`` counts them itself): the vector
+        """Links already added to ``into`` (as a ``regraft`` counts them): the vector
         catches up from ``pending``."""
         if self._vec is not None and links:
             if len(self.pending) >= _MAX_PENDING:  # (no new tree for a long while)
@@ -180,7 +179,7 @@ class LinkLoad:
         return (n for ps in self.into.values() for n in ps.values())
 
 
-def _bump_py(into: dict[int, dict[int, int]], links: dict[int, int | None], step: int) -> None:
+def _bump(into: dict[int, dict[int, int]], links: dict[int, int | None], step: int) -> None:
     """``into[child][parent] += step`` for each link of ``links`` (child -> parent or None)."""
     for c, p in links.items():
         if p is not None:
@@ -190,7 +189,6 @@ def _bump_py(into: dict[int, dict[int, int]], links: dict[int, int | None], step
             loads[p] = loads.get(p, 0) + step
 
 
-_bump = native.module.bump if native.NATIVE else _bump_py  # (the same loop in C: ~10^5 links per 1000 groups)
 _NO_LOAD: dict[int, int] = {}
 _MAX_PENDING = 1 << 14  # link changes waiting for the vector: reroutes alone would grow it forever
 
@@ -219,7 +217,6 @@ class PathCache:
         self._edges = 0
         self._dags: dict[int, tuple[dict[int, int], dict[int, list[int]]]] = {}
         self._layers: dict[int, list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]] = {}
-        self._orders: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # root -> ``order``
         # numbers for the vectorised search, never reused: switches from 1 (0 stands for
         # "no predecessor"), directed links from 1 (0: "no link", load 0)
         self.node_ids: dict[int, int] = {}
@@ -289,27 +286,9 @@ class PathCache:
             self._layers[root] = hit
         return hit
 
-    def order(self, root: int) -> tuple[np.ndarray, np.ndarray]:
-        """The root's switches in its DAG's order (breadth-first) as node numbers, and
-        their hop counts: with the neighbour arrays (``_neighbours``, shared by every
-        root) all the C search needs. ~5 KB per root where its ``layers`` are ~60 KB."""
-        dist, _preds = self.dag(root)  # (catches up first: stale orders are gone)
-        hit = self._orders.get(root)
-        nid = self.node_ids
-        if hit is None and any(n not in nid for n in dist):  # (a switch that came without links)
-            self._grid = None
-        if self._grid is not None and len(self._grid[0]) < len(self.dpids):  # (numbers given since)
-            self._grid = None
-        self._neighbours()
-        if hit is None:
-            hit = self._orders[root] = (np.fromiter([nid[n] for n in dist], dtype=np.intp, count=len(dist)),
-                                        np.fromiter(dist.values(), dtype=np.intp, count=len(dist)))
-        return hit
-
     def _catch_up(self) -> None:
         view = self.view
         self._layers.clear()  # (rebuilt from the patched DAGs when next asked)
-        self._orders.clear()
         self._grid = None
         changes = view.edge_changes(self._edges)
         if view.removals != self._removals or changes is None:
@@ -339,7 +318,7 @@ class PathCache:
         return hit
 
 
-def _bfs_dag_py(adj: dict[int, dict[int, int]], root: int) -> tuple[dict[int, int], dict[int, list[int]]]:
+def _bfs_dag(adj: dict[int, dict[int, int]], root: int) -> tuple[dict[int, int], dict[int, list[int]]]:
     """(distance, predecessors on some shortest path, sorted) of every switch reachable
     from ``root``, in breadth-first order."""
     dist = {root: 0}
@@ -363,13 +342,7 @@ def _bfs_dag_py(adj: dict[int, dict[int, int]], root: int) -> tuple[dict[int, in
     return dist, preds
 
 
-def _bfs_dag_c(adj: dict[int, dict[int, int]], root: int) -> tuple[dict[int, int], dict[int, list[int]]]:
-    """``_bfs_dag_py`` in C (``controller._fastplan.bfs_dag``): the same dicts in the
-    same orders; one per source switch of a topology."""
-    return native.module.bfs_dag(adj, root)
 
-
-_bfs_dag = _bfs_dag_c if native.NATIVE else _bfs_dag_py
 
 
 def _patch(dist: dict[int, int], preds: dict[int, list[int]], a: int, b: int, added: bool,
@@ -622,32 +595,8 @@ def _settle(todo: list[int], cost: dict[int, int], choice: dict[int, int | None]
         cost[n], choice[n] = best, ps[costs.index(best)]
 
 
-def regraft_c(view: TopologyView, old: Tree, receivers: set[str] | frozenset[str] | None, load: LinkLoad,
-              cache: PathCache) -> tuple[Tree, set[int]] | None:
-    """``regraft_py`` with its steps after the checks in C (``controller._fastplan.regraft``,
-    which counts the loads itself): on leaf-spine:8,32,16 a failure regrafts ~100 trees,
-    and in Python that was ~28% of a reroute."""
-    root = old.root
-    if root is None or old.unreachable or old.attach != view.attach or not old.ends or (
-            receivers is not None and old.reached != receivers):
-        return None
-    dist, preds = cache.dag(root)
-    got = native.module.regraft(old.parent, old.entries, old.ends, preds, dist, load.into, view.nbr_ports,
-                                root, SwitchEntry)
-    if got is None:
-        return None
-    if not got:
-        return Tree(old.source, root, dict(old.parent), dict(old.entries), old.reached, old.unreachable,
-                    ends=old.ends, attach=old.attach, members=old.members), set()
-    parent, entries, changed, taken, walked, pruned = got
-    load.noted(taken, -1)
-    load.noted(walked, 1)
-    load.noted(pruned, -1)
-    return Tree(old.source, root, parent, entries, old.reached, old.unreachable,
-                ends=old.ends, attach=old.attach, members=old.members), changed
 
-
-def regraft_py(view: TopologyView, old: Tree, receivers: set[str] | frozenset[str] | None, load: LinkLoad,
+def regraft(view: TopologyView, old: Tree, receivers: set[str] | frozenset[str] | None, load: LinkLoad,
                cache: PathCache) -> tuple[Tree, set[int]] | None:
     """The tree ``compute_tree(view, old.source, receivers, "spt", load, cache,
     keep=old.parent)`` gives, with ``old``'s links counted in ``load`` (not taken off
@@ -746,7 +695,6 @@ def regraft_py(view: TopologyView, old: Tree, receivers: set[str] | frozenset[st
                 ends=old.ends, attach=old.attach, members=old.members), changed
 
 
-regraft = regraft_c if native.NATIVE else regraft_py
 
 
 def _children(links: dict[int, int | None]) -> dict[int | None, list[int]]:
@@ -763,23 +711,8 @@ def _children(links: dict[int, int | None]) -> dict[int | None, list[int]]:
 _FAR = 1 << 60  # the cost of "no predecessor" (padding): never the least
 
 
-def _spt_vector_c(root: int, targets: set[int], cache: PathCache, link_load: LinkLoad
-                  ) -> tuple[dict[int, int | None], np.ndarray, list[int]]:
-    """``_spt_vector_py`` in C (``controller._fastplan.spt_grid``): the same choices and
-    orders, one pass over the root's switches instead of a dozen numpy calls per layer,
-    reading each switch's predecessors off the neighbour arrays every root shares
-    rather than off the root's own layers (those, ~60 KB per source switch read cold
-    by each new tree, were half the benchmark's last-level cache misses)."""
-    nodes, hops = cache.order(root)
-    around, links = cache._neighbours()
-    load = link_load.vector(cache)  # (after the order: the grid may number new links)
-    ids = cache.node_ids
-    parent, used, deepest = native.module.spt_grid(nodes, hops, around, links, load, len(cache.dpids), ids[root],
-                                                   [ids[t] for t in targets], cache.dpids)
-    return parent, np.frombuffer(used, dtype=np.intp), deepest
 
-
-def _spt_vector_py(root: int, targets: set[int], cache: PathCache, link_load: LinkLoad
+def _spt_vector(root: int, targets: set[int], cache: PathCache, link_load: LinkLoad
                    ) -> tuple[dict[int, int | None], np.ndarray, list[int]]:
     """``_spt`` without a kept tree, a layer of the DAG at a time as array operations:
     every switch's least-loaded path cost and choice, then the tree's switches marked
@@ -821,7 +754,6 @@ def _spt_vector_py(root: int, targets: set[int], cache: PathCache, link_load: Li
     return parent, np.concatenate(used) if used else np.zeros(0, dtype=np.intp), deepest
 
 
-_spt_vector = _spt_vector_c if native.NATIVE else _spt_vector_py
 
 
 def _steiner(graph: nx.Graph, root: int, targets: set[int],
@@ -868,7 +800,7 @@ def _deepest_first(parent: dict[int, int | None], dist: dict[int, int]) -> list[
     return [n for level in reversed(by) for n in level]
 
 
-def _outs_py(parent: dict[int, int | None], nbr: dict[int, dict[int, int]],
+def _outs(parent: dict[int, int | None], nbr: dict[int, dict[int, int]],
              ends: Iterable[tuple[int, int]]) -> dict[int, list[int]]:
     """Each switch of the tree (in ``parent``'s order) -> its output ports, unsorted: the
     port towards each child, then the receivers' (switch, port) ``ends``."""
@@ -881,10 +813,9 @@ def _outs_py(parent: dict[int, int | None], nbr: dict[int, dict[int, int]],
     return outs
 
 
-_outs = native.module.outs if native.NATIVE else _outs_py  # (the same loop in C)
 
 
-def _crossing_py(parents: dict[int, dict[int, int | None]], below: dict[int, list[int]]
+def crossing(parents: dict[int, dict[int, int | None]], below: dict[int, list[int]]
                  ) -> dict[int, list[DirectedLink]]:
     """Group id -> the links (parent, child) of ``below`` (child -> its parents) that the
     group's tree crosses (``parents``: group id -> its tree's child -> parent), in
@@ -903,7 +834,6 @@ def _crossing_py(parents: dict[int, dict[int, int | None]], below: dict[int, lis
     return found
 
 
-crossing = native.module.crossing if native.NATIVE else _crossing_py  # (the same scan in C)
 
 
 def _fill_entries(view: TopologyView, tree: Tree, source_port: int, receivers: Iterable,
