@@ -189,10 +189,10 @@ def loopback(host: str | None) -> bool:
 
 
 def _on_sigterm(signum: int, frame: object) -> None:
-    """One of several instances resigns before it exits (``controller.app.request_stop``);
+    """One of several instances resigns before it exits (``controller.ha.request_stop``);
     otherwise SIGTERM does what it always did."""
-    app = sys.modules.get("controller.app")
-    if app is not None and app.request_stop():
+    ha = sys.modules.get("controller.ha")
+    if ha is not None and ha.request_stop():
         return
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     os.kill(os.getpid(), signal.SIGTERM)
