@@ -18,6 +18,7 @@ from ryu.ofproto import ofproto_v1_3_parser as parser
 import topologies as T
 from controller import ofmsgs
 from controller.core import MulticastCore
+from controller.failover import Failover
 from controller.protect import OWN_GROUP, TO_OWN_GROUP, ff_port, is_ff
 from controller.topoview import LinkKey, TopologyView
 from controller.trees import SwitchEntry
@@ -279,7 +280,7 @@ def in_order(plan) -> list[list[tuple[int, bytes]]]:
        algorithm=st.sampled_from(["spt", "spt", "steiner"]), nicira=st.booleans())
 def test_first_trees_built_in_one_pass_equal_the_passes_apart(topo, data, protection, balance, algorithm, nicira):
     """A group's first tree gets its entries, protection, usage indexes and FF counts in
-    one pass (``MulticastCore._fill``) and its messages in one loop
+    one pass (``Failover.fill``) and its messages in one loop
     (``ofmsgs.tree_adds``, leaves first from the search's depths): after every change
     of a random sequence the plans, in sending order, and the whole core state are
     those of a core that builds them through ``_protect``, ``_swap`` and the general
@@ -288,7 +289,7 @@ def test_first_trees_built_in_one_pass_equal_the_passes_apart(topo, data, protec
     assume(len(ips) >= 2)
     cores = [MulticastCore(TopologyView.from_topology(topo), protection=protection, balance=balance,
                            algorithm=algorithm, nicira=nicira) for _ in range(2)]
-    cores[1].one_pass = False
+    cores[1].planner.one_pass = False
     play_alike(data, topo, cores, ips, 5)
 
 
@@ -310,25 +311,34 @@ def play_alike(data, topo: T.Topology, cores: list[MulticastCore], ips: list[str
         protection_holds(cores[0])
 
 
-class Uncached(MulticastCore):
-    """The core computing every port's and parent link's protection pieces afresh each
-    time it asks (``_pieces_now`` forgets them): what the per-topology caches must give."""
-
-    def _pieces_now(self):
+class UncachedFailover(Failover):
+    def pieces_now(self):
         self._pieces.clear()
         self._uplinks.clear()
-        return super()._pieces_now()
+        return super().pieces_now()
+
+
+class Uncached(MulticastCore):
+    """The core computing every port's and parent link's protection pieces afresh each
+    time it asks (``Failover.pieces_now`` forgets them): what the per-topology caches
+    must give."""
+
+    Failover = UncachedFailover
+
+
+class ReprotectingFailover(Failover):
+    def restale(self):
+        self._pieces.clear()
+        self._uplinks.clear()
+        return super().restale()
 
 
 class Reprotecting(MulticastCore):
     """The core re-protecting the ends of every link whose detour changed, as before
-    ``_restale`` compared the pieces: with none known, every stale link counts as
-    changed."""
+    ``Failover.restale`` compared the pieces: with none known, every stale link counts
+    as changed."""
 
-    def _restale(self):
-        self._pieces.clear()
-        self._uplinks.clear()
-        return super()._restale()
+    Failover = ReprotectingFailover
 
 
 def protection_holds(core: MulticastCore) -> None:
@@ -340,7 +350,7 @@ def protection_holds(core: MulticastCore) -> None:
         if g.tree is not None:
             fresh = dataclasses.replace(g.tree, entries={n: SwitchEntry(e[0], e[1], (), ())
                                                          for n, e in g.tree.entries.items()})
-            MulticastCore._protect(core, g, fresh)
+            core.failover.protect(fresh)
             assert fresh.entries == g.tree.entries, g.gid
     # the FF groups' users, counted afresh from every tree's entries, and the protected
     # links in use: those with a user of either of their port's FF groups
@@ -356,28 +366,29 @@ def protection_holds(core: MulticastCore) -> None:
 
 def cached_pieces_hold(core: MulticastCore) -> None:
     """Every cached piece and parent link is what the core's topology gives now."""
-    core._pieces_now()  # (forgets them when the topology changed since)
+    fo = core.failover
+    fo.pieces_now()  # (forgets them when the topology changed since)
     nbr = core.view.nbr_ports
-    for dpid, ports in core._pieces.items():
+    for dpid, ports in fo._pieces.items():
         for port, pc in ports.items():
             d = core.detours.known.get((dpid, port)) if (dpid, port) in core.view.port_link else None
             assert pc == (() if d is None else (d.first, pc[1], pc[2], -1, pc[4], ()) if core.nicira else
                           (d.first, pc[1], pc[2], d.arrival, pc[4], (d.arrival, pc[4], TO_OWN_GROUP)))
-    for n, ups in core._uplinks.items():
+    for n, ups in fo._uplinks.items():
         for par, (in_port, pc) in ups.items():
             assert in_port == nbr[n][par]
-            assert pc == (core._pieces[par][nbr[par][n]] if core.protection else ())
+            assert pc == (fo._pieces[par][nbr[par][n]] if core.protection else ())
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(topo=topology_strategy, data=st.data(), protection=st.booleans(), nicira=st.booleans())
 def test_cached_protection_pieces_follow_the_topology(topo, data, protection, nicira):
     """The protection pieces of ports and parent links are kept per topology
-    (``_pieces_now``, ``_uplink``): through random failures, returns and new groups the
+    (``Failover.pieces_now``, ``_uplink``): through random failures, returns and new groups the
     plans and the whole state are a core's that computes them afresh every time, and
     what is cached is what the topology gives; and a core that re-protects the ends of
     every link whose detour changed (``Reprotecting``) sends and keeps the same: those
-    whose piece did not change are rightly left alone (``_restale``)."""
+    whose piece did not change are rightly left alone (``Failover.restale``)."""
     ips = [h.ip for h in topo.hosts]
     assume(len(ips) >= 2)
     cores = [cls(TopologyView.from_topology(topo), protection=protection, nicira=nicira)

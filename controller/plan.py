@@ -1,0 +1,455 @@
+"""What each switch is believed to hold of ours, and the messages that take it to what
+the trees want.
+
+Owns: the belief per switch (``installed``: group id -> entry; ``placed``: each group's
+switches; ``shared``: the shared protection entries held; ``changes``: a counter per
+switch that a table read compares with), and the diff of wanted against held entries
+into a ``Plan``: messages in three phases, each acknowledged (barrier) before the next,
+so that new paths are built before traffic moves onto them and old ones go last.
+
+Does not touch: the trees (``controller.core``) or what protection wants
+(``controller.failover``; the plan reads ``shared_want`` and consumes its ``dirty``
+marks), nor any socket: messages are built without a live datapath (``ofmsgs``).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Iterator
+
+from controller import ofmsgs
+from controller.failover import Failover
+from controller.protect import ff_port, is_ff
+from controller.topoview import TopologyView
+from controller.trees import SwitchEntry
+
+Group = Any  # (``controller.core.Group``: read for its id, addresses and tree; not imported, core imports this)
+
+MAX_GID = 0x7FFEFFFF  # its turn group id (ofmsgs.turn_id) stays below the fast-failover ids (protect.FF_BASE)
+UNKNOWN_PORT = -1  # in a believed entry: "whatever is there is wrong", never sent
+_ABSENT = object()
+_NOTHING: dict = {}  # (never written)
+_SHARED_PRIO = {"transit": ofmsgs.PRIO_DETOUR, "rejoin": ofmsgs.PRIO_REJOIN}  # a shared detour flow's
+_SHARED_KIND = {prio: kind for kind, prio in _SHARED_PRIO.items()}  # (read back off a switch)
+
+
+def _shared_msg(dpid: int, key: tuple, want: Any, have: Any) -> Any:
+    """The message taking shared entry ``key`` of ``dpid`` from ``have`` to ``want``
+    (either ``_ABSENT``): ("ff", id) an FF group, ("transit" | "rejoin", in_port, tag)
+    a detour flow."""
+    if want is _ABSENT:
+        return ofmsgs.group_delete(dpid, key[1]) if key[0] == "ff" else \
+            ofmsgs.detour_flow_delete(dpid, ofmsgs.COOKIE_DETOUR, key[1], key[2], priority=_SHARED_PRIO[key[0]])
+    if key[0] == "ff":
+        return ofmsgs.ff_group(dpid, key[1], want, ofmsgs.ofp.OFPGC_ADD if have is _ABSENT else ofmsgs.ofp.OFPGC_MODIFY)
+    return ofmsgs.detour_flow(dpid, ofmsgs.COOKIE_DETOUR, key[1], key[2], want, priority=_SHARED_PRIO[key[0]])
+
+
+@dataclass
+class SwitchState:
+    """What a switch reports holding of ours: group id -> entry (None when its buckets
+    are not what we install), the (group id, in_port) of each (S,G) flow, each group's
+    rejoin flows (arrival port, tag, actions), and the shared protection entries
+    (``("ff", id)`` -> buckets, ``("transit", in_port, tag)`` -> actions)."""
+
+    groups: dict[int, SwitchEntry | None] = field(default_factory=dict)
+    flows: set[tuple[int, int]] = field(default_factory=set)
+    rejoins: dict[int, list[tuple]] = field(default_factory=dict)
+    shared: dict[tuple, Any] = field(default_factory=dict)
+    # turn groups (ofmsgs.turn_id) left by a move cut short: deleted first, with the
+    # flows pointing at them (those flows are not in ``flows``: the diff rewrites them)
+    turns: set[int] = field(default_factory=set)
+
+    def ingress(self) -> dict[int, set[int]]:
+        """Group id -> the in_ports of its (S,G) flows (one pass: tables hold thousands)."""
+        out: dict[int, set[int]] = {}
+        for gid, port in self.flows:
+            out.setdefault(gid, set()).add(port)
+        return out
+
+    @classmethod
+    def from_tables(cls, flows: Iterable[tuple[int, int, dict[str, Any], tuple]],
+                    groups: dict[int, tuple[int, list[tuple[int, tuple]]]],
+                    known: Iterable[int] = ()) -> "SwitchState":
+        """Read our state out of a switch's tables: ``flows`` as (cookie, priority, match,
+        actions), ``groups`` as group id -> (type, per-bucket (watch_port, actions)), in
+        ``ofmsgs.actions``' normalised form. A group is ours when one of our (S,G) flows
+        points at it, the core knows its id, or it is in the fast-failover id range; others
+        are left alone."""
+        state = cls()
+        turned: set[int] = set()  # groups with an (S,G) flow pointing at their turn group
+        for ck, prio, match, acts in flows:
+            in_port = match.get("in_port")
+            if ck & ofmsgs.COOKIE_MASK != ofmsgs.COOKIE_TAG or in_port is None:
+                continue
+            gid = ck & ~ofmsgs.COOKIE_MASK
+            if prio == ofmsgs.PRIO_SG and 0 < gid <= MAX_GID:
+                if any(a[0] == "group" and ofmsgs.is_turn(a[1]) for a in acts):
+                    turned.add(gid)
+                else:
+                    state.flows.add((gid, in_port))
+            elif prio in _SHARED_KIND and "eth_dst" in match:
+                if ck == ofmsgs.COOKIE_DETOUR:
+                    state.shared[(_SHARED_KIND[prio], in_port, match["eth_dst"])] = acts
+                elif prio == ofmsgs.PRIO_DETOUR and 0 < gid <= MAX_GID:
+                    state.rejoins.setdefault(gid, []).append((in_port, match["eth_dst"], acts))
+        ours = {gid for gid, _ in state.flows} | set(known) | set(state.rejoins)
+        ingress = state.ingress()
+        for gid, (gtype, bucket_list) in groups.items():
+            if ofmsgs.is_turn(gid):  # (another application's group with that bit: left alone)
+                if gid & ~ofmsgs.TURN_BIT in ours or gid & ~ofmsgs.TURN_BIT in turned:
+                    state.turns.add(gid)
+                continue
+            if is_ff(gid):
+                state.shared[("ff", gid)] = tuple(bucket_list) if gtype == ofmsgs.ofp.OFPGT_FF else None
+                continue
+            if gid not in ours:
+                continue
+            ins = ingress.get(gid, set())
+            ports, ffs = [], []
+            for _watch, acts in bucket_list:
+                kind, value = acts[0][:2] if len(acts) == 1 else ("?", None)
+                if kind == "group" and is_ff(value):
+                    ffs.append(value)
+                    value = ff_port(value)
+                elif kind != "output":
+                    value = None
+                ports.append(value)
+            if gtype != ofmsgs.ofp.OFPGT_ALL or None in ports or (
+                    ofmsgs.ofp.OFPP_IN_PORT in ports and len(ins) != 1):
+                state.groups[gid] = None
+            else:
+                out = {next(iter(ins)) if p == ofmsgs.ofp.OFPP_IN_PORT else p for p in ports}
+                rj = state.rejoins.get(gid, [])
+                state.groups[gid] = SwitchEntry(min(ins) if ins else UNKNOWN_PORT, tuple(sorted(out)),
+                                                tuple(sorted(ffs, key=ff_port)), rj[0] if len(rj) == 1 else ())
+        return state
+
+
+@dataclass
+class Plan:
+    """Messages in phases: every phase must be acknowledged (barrier) by the switches
+    before the next starts. Phase 0 builds the new paths, phase 1 switches traffic onto
+    them in place, phase 2 removes what no tree uses any more (make-before-break)."""
+
+    phases: list[list[tuple[int, Any]]] = field(default_factory=lambda: [[], [], []])
+    groups: set[int] = field(default_factory=set)  # groups whose switch state this changes
+
+    def messages(self) -> list[tuple[int, Any]]:
+        return [m for phase in self.phases for m in phase]
+
+    def switches(self) -> set[int]:
+        return {dpid for dpid, _ in self.messages()}
+
+    def extend(self, other: "Plan") -> "Plan":
+        for mine, theirs in zip(self.phases, other.phases):
+            mine.extend(theirs)
+        self.groups |= other.groups
+        return self
+
+    def __len__(self) -> int:
+        return sum(len(p) for p in self.phases)
+
+    def __iter__(self) -> Iterator[tuple[int, Any]]:
+        return iter(self.messages())
+
+class Planner:
+    """The switches' believed state and the diff into plans (see the module's
+    docstring). ``groups``: the core's groups, read for their trees; ``one_pass``
+    False: a new tree goes through the general diff (tests)."""
+
+    _tree_adds = staticmethod(ofmsgs.tree_adds)  # (a class attribute, so a test can pick)
+
+    def __init__(self, view: TopologyView, groups: dict[int, Group], failover: Failover) -> None:
+        self.view = view
+        self.groups = groups
+        self.failover = failover
+        self.one_pass = True
+        # dpid -> gid -> entry, for switches with a live control channel: messages go only
+        # to these. A restored controller knows the topology before switches reconnect;
+        # until one does, nothing is sent to it and nothing of it is torn down.
+        self.installed: dict[int, dict[int, SwitchEntry]] = {}
+        # gid -> dpids in installed (a dict used as an ordered set: half a set's memory)
+        self.placed: defaultdict[int, dict[int, None]] = defaultdict(dict)
+        # dpid -> shared protection entries the switch holds (FF groups, transit flows)
+        self.shared: dict[int, dict[tuple, Any]] = {}
+        # dpid -> how many times the belief about it changed: a table read (audit) that
+        # started before a change cannot be compared with the belief after it
+        self.changes: defaultdict[int, int] = defaultdict(int)
+
+    def adopt(self, dpid: int, present: "SwitchState | None") -> list[tuple[int, Any]]:
+        """Believe what a (re)connected switch reports holding (``present``; None: it
+        holds nothing). Returns the deletes of groups the core no longer has."""
+        self.forget(dpid)
+        self.installed[dpid] = {}
+        self.changes[dpid] += 1
+        stale: list[tuple[int, Any]] = []
+        if present is None:
+            return stale
+        ingress = present.ingress()
+        for gid, entry in present.groups.items():
+            g = self.groups.get(gid)
+            if g is None:  # a group we no longer have: deleting it deletes its flows
+                stale.append((dpid, ofmsgs.group_delete(dpid, gid)))
+                continue
+            ins = sorted(ingress.get(gid, ()))
+            rejoin = entry.rejoin if entry is not None else ()
+            if rejoin:  # (kept as the trees keep it; actions not the group's stay as read: wrong)
+                kept = ofmsgs.rejoin_kept(rejoin[2], g.address, gid)
+                if kept is not None:
+                    rejoin = (rejoin[0], rejoin[1], kept)
+            # An unreadable entry or several flows: believe "wrong", so the diff rewrites it.
+            self.installed[dpid][gid] = SwitchEntry(
+                ins[0] if len(ins) == 1 else UNKNOWN_PORT,
+                entry.out_ports if entry is not None else (UNKNOWN_PORT,),
+                entry.ff if entry is not None else (), rejoin)
+            self.placed[gid][dpid] = None
+        self.shared[dpid] = dict(present.shared)
+        return stale
+
+    def leftovers(self, dpid: int, present: "SwitchState") -> list[tuple[int, Any]]:
+        """Deletes of what ``present`` (a reconnected switch's report) holds that the
+        trees no longer use there: flows on other ingress ports, rejoin flows not
+        intended, every flow of a group the core no longer has."""
+        out: list[tuple[int, Any]] = []
+        mine = self.installed[dpid]
+        for gid, in_port in sorted(present.flows):
+            have = mine.get(gid)
+            g = self.groups.get(gid)
+            if g is not None and gid in present.groups and (have is None or have.in_port != in_port):
+                out.append((dpid, ofmsgs.flow_delete(dpid, gid, in_port, g.source, g.address)))
+        for gid, found in sorted(present.rejoins.items()):
+            have = mine.get(gid)
+            g = self.groups.get(gid)
+            for arrival, link_tag, _acts in found:
+                if g is None:  # (a group we no longer have: every flow of its cookie)
+                    out.append((dpid, ofmsgs.cookie_delete(dpid, gid)))
+                    break
+                if have is None or have.rejoin[:2] != (arrival, link_tag):
+                    out.append((dpid, ofmsgs.detour_flow_delete(
+                        dpid, ofmsgs.cookie(gid), arrival, link_tag, g.source, g.address)))
+        return out
+
+    def shared_dirty(self, dpid: int) -> None:
+        """Compare every shared entry of ``dpid`` at the next diff (a switch synced whole)."""
+        want = self.failover.shared_want
+        self.failover.dirty[dpid] |= want.get(dpid, {}).keys() | self.shared.get(dpid, {}).keys()
+
+    def forget(self, dpid: int) -> None:
+        """Drop the belief about one switch (it left, or it reports afresh)."""
+        for gid in self.installed.pop(dpid, {}):
+            self.placed[gid].pop(dpid, None)
+        self.shared.pop(dpid, None)
+
+    def entries_at(self, dpid: int) -> dict[str, int]:
+        """What the core believes ``dpid`` holds of ours, by kind: ALL groups and (S,G)
+        flows (one each per tree crossing it), FF groups, detour flows (transit + rejoin)."""
+        mine = self.installed.get(dpid, {})
+        shared = self.shared.get(dpid, {})
+        ff = sum(1 for k in shared if k[0] == "ff")
+        return {"groups": len(mine), "sg_flows": len(mine), "ff_groups": ff,
+                "detour_flows": len(shared) - ff + sum(1 for e in mine.values() if e.rejoin)}
+
+    def _diff_shared(self, dirty: dict[int, set[tuple]], plan: Plan) -> None:
+        """Shared protection entries added or changed first (phase 0: before anything
+        points at them), removed last (phase 2: after nothing does)."""
+        adds, removes = [], []
+        for dpid, keys in sorted(dirty.items()):
+            want = self.failover.shared_want.get(dpid, {})
+            have = self.shared.setdefault(dpid, {})
+            changed = False
+            for key in sorted(keys):
+                w, h = want.get(key, _ABSENT), have.get(key, _ABSENT)
+                if w == h:
+                    continue
+                changed = True
+                if w is _ABSENT:
+                    del have[key]
+                    removes.append((dpid, _shared_msg(dpid, key, w, h)))
+                    continue
+                have[key] = w
+                adds.append((dpid, _shared_msg(dpid, key, w, h)))
+            if changed:
+                self.changes[dpid] += 1
+        plan.phases[0][:0] = adds
+        plan.phases[2].extend(removes)
+
+    def diff(self, gids: Iterable[int], only: set[int] | None = None, shared: bool = True,
+              within: dict[int, set[int]] | None = None) -> Plan:
+        """Messages taking the switches from ``installed`` to the groups' trees.
+        ``within``: group -> the only switches where its tree changed since the last
+        diff (elsewhere every live switch's belief is the tree's: each public method
+        leaves it so), compared alone."""
+        plan = Plan()
+        build, switch, remove = plan.phases
+        cut: list[tuple[int, Any]] = []  # phase 1, after ``switch``
+        installed, switches = self.installed, self.view.switches
+        # the live switches (known and connected), as a set only where one is needed: a
+        # new set of every switch per call was a quarter of the benchmark's cache misses
+        live: set[int] | None = None
+        for gid in gids:
+            g = self.groups[gid]
+            want = g.tree.entries if g.tree is not None else {}
+            placed = self.placed[gid]
+            if placed:  # (``within``: a reroute's changed switches; else every one it or the tree has)
+                if live is None:
+                    live = switches & installed.keys()
+                at = within.get(gid) if within else None
+                dpids = (at if at is not None else want.keys() | placed.keys()) & live
+                changed, have = self._changed(gid, dpids if only is None else dpids & only, placed, want,
+                                              g.tree.parent if g.tree is not None else None)
+                if changed:  # (leaves first already)
+                    plan.groups.add(gid)
+                    self._diff_switches(g, changed, have, want, placed, build, switch, cut, remove)
+                continue
+            # a new tree (or one whose switches all came back empty): all of it
+            have = _NOTHING
+            order = g.tree.leaves_first if g.tree is not None else None
+            if order is not None and only is None and self.one_pass:  # (the search's order)
+                if self._place(g, order, want, build):
+                    plan.groups.add(gid)
+                continue
+            changed = [d for d in want if d in installed and d in switches and (only is None or d in only)]
+            if not changed:
+                continue
+            plan.groups.add(gid)
+            if g.tree is not None and len(changed) > 1:  # leaves first
+                depth = g.tree.depths() if len(changed) > 16 else {
+                    d: g.tree.depth(d) for d in changed if d in want}
+                changed.sort(key=lambda d: -depth.get(d, 0))
+            self._diff_switches(g, changed, have, want, placed, build, switch, cut, remove)
+        remove[:0] = cut  # first in phase 2: after phase 1's feeds are confirmed
+        if shared and self.failover.dirty:
+            ready = {d: self.failover.dirty.pop(d) for d in list(self.failover.dirty)
+                     if d in installed and d in switches and (only is None or d in only)}
+            for d in [d for d in self.failover.dirty if d not in self.view.switches]:
+                del self.failover.dirty[d]  # (a switch that returns is synced whole)
+            self._diff_shared(ready, plan)
+        return plan
+
+    def _place(self, g: Group, order: list[int], want: dict[int, SwitchEntry], build: list) -> bool:
+        """A new tree's messages (``_tree_adds``, into ``build``) for its live switches in
+        ``order`` (leaves first), which from then on are believed to hold ``want``'s
+        entries; False when none is live."""
+        installed, switches, gid = self.installed, self.view.switches, g.gid
+        todo = [d for d in order if d in installed and d in switches]
+        if not todo:
+            return False
+        self._tree_adds(gid, g.source, g.address, todo, want, build)
+        changes = self.changes
+        for d in todo:
+            changes[d] += 1
+            installed[d][gid] = want[d]
+        # (it held none of them; sized once when every switch is live)
+        self.placed[gid] = dict.fromkeys(want if len(todo) == len(want) else todo)
+        return True
+
+    def _changed(self, gid: int, dpids: set[int], placed: dict[int, None], want: dict[int, SwitchEntry],
+                    parent: dict[int, int | None] | None) -> tuple[list[int], dict[int, SwitchEntry]]:
+        """Which of switches ``dpids`` believe (``installed``) otherwise than ``want`` for
+        group ``gid``, deepest in the tree (``parent``) first, ties in dpid order; and what
+        they believe, for those of ``placed``."""
+        installed = self.installed
+        have = {dpid: installed[dpid][gid] for dpid in dpids & placed.keys()}
+        changed = [d for d in sorted(dpids) if have.get(d) != want.get(d)]
+        if parent is not None and len(changed) > 1:
+            depth = {}
+            for d in changed:
+                if d in want:
+                    n, k = d, 0
+                    while parent.get(n) is not None:
+                        n, k = parent[n], k + 1
+                    depth[d] = k
+            changed.sort(key=lambda d: -depth.get(d, 0))
+        return changed, have
+
+    def _diff_switches(self, g: Group, changed: list[int], have: dict[int, SwitchEntry],
+                          want: dict[int, SwitchEntry], placed: dict[int, None], build: list, switch: list,
+                          cut: list, remove: list) -> None:
+        """The messages taking each of ``changed`` (in order) from its believed entry
+        (``have``) to the tree's (``want``), into the plan's phases (``cut``: phase 2's
+        first), and the beliefs updated."""
+        installed, changes, gid = self.installed, self.changes, g.gid
+        for dpid in changed:
+            changes[dpid] += 1
+            old, new = have.get(dpid), want.get(dpid)
+            self._diff_one(g, dpid, old, new, build, switch, cut, remove)
+            if new is None:
+                installed[dpid].pop(gid, None)
+                placed.pop(dpid, None)
+            else:
+                installed[dpid][gid] = new
+                placed[dpid] = None
+
+    def _diff_one(self, g: Group, dpid: int, old: SwitchEntry | None, new: SwitchEntry | None, build: list,
+                  switch: list, cut: list, remove: list) -> None:
+        """The messages taking switch ``dpid`` from ``old`` to ``new`` (None: nothing)."""
+        gid, source, address = g.gid, g.source, g.address
+        if old is None:  # (every switch of a new tree)
+            in_port = new[0]
+            build.append((dpid, ofmsgs.group_add(dpid, gid, in_port, new[1], new[2])))
+            build.append((dpid, ofmsgs.flow_add(dpid, gid, in_port, source, address)))
+            if new[3]:
+                arrival, link_tag, acts = new[3]
+                build.append((dpid, ofmsgs.detour_flow(dpid, ofmsgs.cookie(gid), arrival, link_tag, acts, source,
+                                                       address)))
+            return
+        if new is None:  # deleting the group deletes the flows that point to it
+            if old.rejoin:  # (a rejoin listing its outputs itself may not)
+                remove.append((dpid, self._rejoin(dpid, g, old.rejoin, delete=True)))
+            remove.append((dpid, ofmsgs.group_delete(dpid, gid)))
+            return
+        turn = False
+        if new.out_ports != old.out_ports or new.ff != old.ff or (
+                new.in_port != old.in_port and new.in_port in new.out_ports + old.out_ports):
+            # a switch that stops copying to a port does so a phase after every
+            # new feed is on (only a barrier orders two switches' messages):
+            # one that also starts copying somewhere copies to both meanwhile
+            # (make-before-break on the switch too; issue 12)
+            msg = ofmsgs.group_modify(dpid, gid, new.in_port, new.out_ports, new.ff)
+            if set(new.out_ports) >= set(old.out_ports):
+                switch.append((dpid, msg))
+            else:
+                both = tuple(sorted(set(old.out_ports) | set(new.out_ports)))
+                if len(both) == len(old.out_ports):
+                    cut.append((dpid, msg))
+                elif new.in_port == old.in_port or (
+                        old.in_port not in both and new.in_port not in both):
+                    ffs = new.ff + tuple(f for f in old.ff if ff_port(f) not in new.out_ports)
+                    switch.append((dpid, ofmsgs.group_modify(
+                        dpid, gid, new.in_port, both, tuple(sorted(ffs, key=ff_port)))))
+                    cut.append((dpid, msg))
+                else:  # the ingress turns onto a port it copied to (or back): no
+                    # one group serves both directions, so the new one gets a
+                    # group of its own until the old feeds are cut
+                    turn = True
+        if turn:  # copies from the new parent go the new way from phase 0 on,
+            # those from the old one the old way until phase 2 cuts them; then the
+            # group takes the new buckets and the flow points back at it
+            tid = ofmsgs.turn_id(gid)
+            build.append((dpid, ofmsgs.group_add(dpid, tid, new.in_port, new.out_ports, new.ff)))
+            build.append((dpid, ofmsgs.flow_to(dpid, gid, new.in_port, source, address, tid)))
+        elif new.in_port != old.in_port:
+            build.append((dpid, ofmsgs.flow_add(dpid, gid, new.in_port, source, address)))
+        if new.in_port != old.in_port and old.in_port != UNKNOWN_PORT:
+            remove.append((dpid, ofmsgs.flow_delete(dpid, gid, old.in_port, source, address)))
+        if new.rejoin != old.rejoin:
+            moved = not old.rejoin or old.rejoin[:2] != new.rejoin[:2]
+            if new.rejoin:  # a new match before the old one goes; same match in place
+                (build if moved else switch).append((dpid, self._rejoin(dpid, g, new.rejoin)))
+            if old.rejoin and moved:
+                remove.append((dpid, self._rejoin(dpid, g, old.rejoin, delete=True)))
+        if turn:  # (nothing points at the group now: its old flow is gone)
+            remove.append((dpid, msg))
+            remove.append((dpid, ofmsgs.flow_add(dpid, gid, new.in_port, source, address)))
+            remove.append((dpid, ofmsgs.group_delete(dpid, tid)))
+
+    @staticmethod
+    def _rejoin(dpid: int, g: Group, rejoin: tuple, delete: bool = False) -> Any:
+        arrival, link_tag, acts = rejoin
+        if delete:
+            return ofmsgs.detour_flow_delete(dpid, ofmsgs.cookie(g.gid), arrival, link_tag,
+                                             g.source, g.address)
+        return ofmsgs.detour_flow(dpid, ofmsgs.cookie(g.gid), arrival, link_tag, acts,
+                                  g.source, g.address)
