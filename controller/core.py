@@ -40,18 +40,12 @@ DEFAULT_PORT = 5500
 
 
 def tune_gc() -> None:
-    """The core holds large long-lived state (an entry per switch per group). With
-    CPython's default thresholds the older generations, i.e. all of it, are rescanned
-    every few thousand allocations, and a reroute that builds a few hundred messages then
-    stalls for 100-250 ms (measured on fat-tree:16 with 1000 groups). Older generations
-    are therefore collected rarely (gen1 after 10,000 young passes, i.e. every ~10^7
-    allocations; gen2 after 1000 of those). The young generation stays small: a pass
-    visits everything its objects point to, and on that state (fat-tree:16, 1000 groups,
-    2026-12-02) a young pass during the reroutes took ~20 ms at a 10,000-object
-    threshold (in 4 of 100 reroutes: the p99) but ~1-2 ms at 1,000, with the same total
-    collection time in the build (~0.08 s, longest pause 2-3 ms -> 0.2-0.5 ms). A
-    100,000-object threshold had put a ~45 ms pause into 1-2 of 100 reroutes. Called
-    once by the controller and by the benchmark."""
+    """The core holds large long-lived state (an entry per switch per group): with
+    CPython's default thresholds all of it is rescanned every few thousand allocations
+    and a reroute stalls for 100-250 ms. The older generations are collected rarely;
+    the young one stays small, since a young pass visits everything its objects point
+    to (a larger threshold puts 20-45 ms pauses into reroutes). Called once by the
+    controller and by the benchmark."""
     gc.set_threshold(1000, 10_000, 1000)
 
 
@@ -502,10 +496,8 @@ class MulticastCore:
 
     def _crossing(self, links: Iterable[tuple[int, int]]) -> dict[int, list[tuple[int, int]]]:
         """Group id -> those of ``links`` (parent, child) its tree crosses, by a scan of the
-        trees (``trees.crossing``: one dict read per tree and loaded link's child) rather
-        than an index: a failure or a changed detour is rare next to new trees, and the
-        index of each link's groups cost every new tree a set insertion per switch,
-        ~300,000 of the benchmark build's 3.2 million last-level cache misses."""
+        trees (``trees.crossing``) rather than an index: a failure is rare next to new
+        trees, and an index would cost every new tree a set insertion per switch."""
         below: dict[int, list[int]] = {}
         load = self.load
         for p, c in links:

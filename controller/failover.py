@@ -30,7 +30,7 @@ _NOTHING: dict = {}  # (never written)
 _IN_PORT_OUT = ("output", ofmsgs.ofp.OFPP_IN_PORT)  # a rejoin output back where the packet came in
 _NO_ARRIVAL = -1  # a piece's arrival port where no group has a rejoin flow of its own (``nicira``)
 # one tuple object for every equal out-port or FF list of an entry (``_shape``): a tree
-# holds ~100 of each, mostly the same few, so every tree used to hold its own copies
+# holds ~100 of each, mostly the same few
 _SHAPES: dict[tuple, tuple] = {}
 _MAX_SHAPES = 1 << 16
 
@@ -108,13 +108,9 @@ class Failover:
 
     def fill(self, tree: Tree, source_port: int, nbr: dict[int, dict[int, int]]) -> None:
         """A group's first tree (``compute_tree``'s ``fill``): each switch's entry made
-        once, protected as ``_protect`` makes it, and its FF groups' users counted as
-        ``_swap`` counts them, in one pass over the switches instead of four. Those
-        passes cost more than the tree's ~300 messages (bench, fat-tree:16: ~1.7 x the
-        reference against ~0.6 x; one pass ~1.6 x). What a switch's parent link gives
-        every tree crossing it (``_uplink``) is looked up by two ints, not hashed as a
-        pair per entry. ``nbr``: the view's neighbour ports, for each switch's output
-        ports (``trees._outs``)."""
+        once, protected as ``protect`` makes it, and its FF groups' users counted as
+        ``count`` counts them, in one pass over the switches instead of four. ``nbr``:
+        the view's neighbour ports, for each switch's output ports (``trees._outs``)."""
         outs = _outs(tree.parent, nbr, tree.ends)
         if not tree.entries:  # (sized once, in the same order: every switch of outs gets one)
             tree.entries = dict.fromkeys(outs)
@@ -216,9 +212,9 @@ class Failover:
     def pieces_now(self) -> dict[int, dict[int, tuple]]:
         """The per-port protection pieces (``_piece``) of the current topology; the
         parent links' pieces (``_uplink``) with them. After edge changes whose detours
-        were caught up (``_restale``), only the pieces they touch are forgotten: those of
-        the changed links' switches and of the links whose detour was dropped (a failure
-        used to recompute ~470 pieces, ~5% of a reroute); otherwise all of them."""
+        were caught up (``restale``), only the pieces they touch are forgotten: those of
+        the changed links' switches and of the links whose detour was dropped; otherwise
+        all of them."""
         view = self.view
         version = (view.edge_count, view.removals)
         was = self._pieces_of
@@ -401,8 +397,7 @@ class Failover:
         one. Returns those links whose piece (``_piece_of``: all that an entry at either
         end takes from the detour) changed: the entries at their ends need re-protecting.
         A replaced detour keeps its first and last hop where it can (``protect.Detours``),
-        and then no entry changes: on leaf-spine:8,32,16 that spared about half of the
-        ~200 groups a failure used to re-protect besides those it moves."""
+        and then no entry changes."""
         stale = self.detours.stale()
         self._stale_keys |= stale  # (their pieces are forgotten by ``_pieces_now``)
         self._detours_at = (self.view.edge_count, self.view.removals)

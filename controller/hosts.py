@@ -4,40 +4,14 @@ Pure: inputs are what the switches report (a punted frame's source, a source ent
 idled out, a port going down) and ``now``; outputs are ``Actions``: group changes for
 ``Service.apply`` and switch messages to send at once. The Ryu app only forwards events.
 
-How a host is found and kept:
-
-* **Source table** (faucet's eth_src table): table 0 passes only frames of learned hosts
-  (``in_port`` + ``eth_src``) and frames arriving over inter-switch links. The first frame
-  of any other source reaches the controller, which learns the host and installs its
-  entry. A host that talks only along existing unicast paths is therefore still learned.
-* **Probing for named hosts**: an address a group names (source or receiver) that the
-  controller has not seen is looked for with an ARP probe (sender IP 0.0.0.0, RFC 5227,
-  so no host's ARP cache changes) out of every edge port: at the next timer step (the
-  app ticks every 0.25 s), then after 1, 2, 4, ... s, at most every
-  ``wanted_max_interval_s`` (30 s), for as long as a group names it. The host's reply reaches the
-  controller (nothing else expects frames to ``PROBE_MAC``) and teaches its place. Until
-  then the receiver is ``pending``, not an error.
-* **Forgetting**: a host's source entry has an idle timeout (``idle_s``, default 300 s):
-  when the switch removes it the host was silent that long, and gets ``probe_tries``
-  unicast ARP probes ``probe_interval_s`` apart. An answer re-learns it; silence
-  forgets it (default: ~303 s after its last frame), as does its port going down. Its
-  groups are re-planned at once and keep it as a ``pending`` receiver, probed for again.
-* **Moves follow the REST rule**: REST never moves a known host (declaring it elsewhere
-  is a 409 until it is removed), and neither does a frame. A frame claiming a known
-  host's address from another port or MAC is ``refused`` (the app drops it) and the
-  incumbent is probed at once at its known place: if it answers, it stays (the claim was
-  a spoof); if it stays silent for ``probe_tries`` probes it is forgotten, and the
-  claimant's next frame teaches the new place (a real move costs ~3 s). A host whose
-  old port went down is already forgotten, so it moves at once.
-* **Pinned hosts** (the hosts of ``--fabric``, ``controller.linkgate``): placed at start
-  (``pin``), so a silent one is installed without a probe; a frame claiming one's address
-  from elsewhere is refused without probing it (no silence makes the claim win), and it
-  is never forgotten -- behind a port that is down it is unreachable until the port is up.
-* **Declared hosts** (``POST /v1/hosts``, ``reserved``): a frame claiming one's address
-  from another port or MAC is refused without probing it, as for a pinned host, until the
-  declaration is removed (``DELETE /v1/hosts/{ip}``); unlike a pinned host it is forgotten
-  like any other (port down, silence) and found again at its declared place. Without
-  this, a host answering probes for a declared one that was silent took its address.
+A host is learned from its first frame (table 0 passes only learned sources, as faucet's
+eth_src table), or found by ARP probes (sender 0.0.0.0, RFC 5227) when a group names an
+address not seen yet; a silent host (its source entry idled out) that does not answer
+``probe_tries`` probes, or whose port went down, is forgotten and its groups re-planned.
+Nothing moves a known host: a frame claiming its address from another port or MAC is
+``refused`` and the incumbent probed (it stays if it answers); pinned (``--fabric``) and
+declared (``POST /v1/hosts``) hosts are never taken over by a claimant. The rules in
+full: docs/controller.md, "Finding hosts".
 """
 
 from __future__ import annotations

@@ -406,7 +406,7 @@ class Planner:
             # a switch that stops copying to a port does so a phase after every
             # new feed is on (only a barrier orders two switches' messages):
             # one that also starts copying somewhere copies to both meanwhile
-            # (make-before-break on the switch too; issue 12)
+            # (make-before-break on the switch too)
             msg = ofmsgs.group_modify(dpid, gid, new.in_port, new.out_ports, new.ff)
             if set(new.out_ports) >= set(old.out_ports):
                 switch.append((dpid, msg))

@@ -1,43 +1,15 @@
 """Fast-failover protection of tree links, decided without a live switch (pure).
 
 For every inter-switch link a tree uses, parent ``p`` -> child ``c`` on ``p``'s port
-``port``, the switch ``p`` holds one OFPGT_FF group shared by every group crossing that
-link: bucket 1 watches ``port`` and outputs there; bucket 2 watches the first port of a
-*detour* (a loop-free path ``p -> x1 -> ... -> c`` that avoids the link) and sends the
-packet onto it with its destination MAC rewritten to the link's *tag* (a locally
-administered MAC naming ``p`` and ``port``). The group's OFPGT_ALL group at ``p`` points
-its bucket for ``port`` at that FF group, so when the link fails the switch itself moves
-traffic onto the detour, with no controller round trip.
-
-Why the tag: a detour may cross switches of the same tree, even the tree's own links,
-and arrive at ``c`` on a port that is not the tree's ingress port there. Tagged copies
-never match the (S,G) flows' forwarding (detour entries are matched first, on
-``eth_dst``), so nothing is copied twice along the detour:
-
-* a *transit* flow on each switch in between (in_port from the previous hop + tag, in
-  232/8) outputs toward the next hop, shared by all groups, one per protected link;
-* a *rejoin* flow at ``c``, one per protected link and shared by its groups too
-  (``rejoin_actions``, Open vSwitch's Nicira actions): the copy gets its group's MAC
-  back, its ingress becomes ``c``'s port of the link, and it is looked up again, so the
-  (S,G) flow each tree crossing the link has on that port takes it on through its ALL
-  group -- also out of the port the detour came in by, when that is one of the tree's.
-  Switches without Nicira actions (``MulticastCore(nicira=False)``) get one rejoin flow
-  per group instead (in_port from the last hop + tag + (S,G)), which restores the
-  group's multicast MAC and continues exactly as ``c``'s ALL group would (its actions
-  are kept as ``TO_OWN_GROUP`` or the outputs, the same for every group), listing
-  ``c``'s outputs itself with ``OFPP_IN_PORT`` when the detour arrives over one of them.
-  Either way every receiver still gets one copy.
-
-Entries per switch: one FF group per protected link port (two when some group enters the
-switch on the detour's first port, which then needs ``OFPP_IN_PORT``), one transit flow
-per protected link whose detour crosses it, one rejoin flow per protected link ending
-there (without Nicira actions: one per group whose parent link is protected). A link
-without a detour (a bridge) is not protected; the controller reroutes (or reports
-receivers unreachable) on PortStatus.
-
-Detours are shortest paths found once and kept while they work (as trees keep their
-branches): a detour is recomputed only when a link or switch on it goes away, and a
-link without one is retried when a link comes up.
+``port``, ``p`` holds one OFPGT_FF group shared by every group crossing the link: bucket 1
+outputs on ``port``, bucket 2 sends the copy onto a *detour* (a loop-free path around the
+link) with its destination MAC rewritten to the link's *tag*. Tagged copies match only
+the detour's *transit* flows on the way and a *rejoin* flow at ``c`` (one per link with
+Open vSwitch's Nicira actions, ``rejoin_actions``; one per group and link without them),
+which gives the copy its group's MAC back and hands it to the trees' (S,G) flows there:
+every receiver still gets one copy, with no controller round trip. A bridge has no
+detour; its receivers wait for the reroute. Detours are shortest paths found once and
+kept while they work. The design in full: docs/architecture.md, "Protection".
 """
 
 from __future__ import annotations
