@@ -2,7 +2,7 @@
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: venv lab-deps test demo bench bench-controller bench-controller-sweep clean
+.PHONY: venv lab-deps test demo bench bench-controller bench-controller-sweep clean docs
 
 $(VENV)/.installed: pyproject.toml scripts/venv.sh
 	bash scripts/venv.sh
@@ -47,3 +47,8 @@ bench: $(VENV)/.installed
 	$(PY) -m bench.agent $(BENCH_AGENT_ARGS)
 	$(PY) -m bench.scale --json > docs/bench/scale.jsonl
 	$(PY) -m bench.dirs > docs/bench/dirs.json
+
+# The documentation site (MkDocs, Material theme) from docs/ into site/; --strict fails on
+# a broken link or a page missing from the nav.
+docs: $(VENV)/.installed
+	$(PY) -m mkdocs build --strict -d site

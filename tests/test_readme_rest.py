@@ -1,23 +1,24 @@
-"""The README's REST examples, run as written with the real ``curl`` against a real
-``modelcast-controller``: when the README and the API drift apart, this fails.
+"""The documented REST examples (``docs/rest.md``), run as written with the real ``curl``
+against a real ``modelcast-controller``: when the docs and the API drift apart, this fails.
 
-The examples are every ``curl`` line of the README's fenced code blocks (``\\``
-continuations joined); a ``# -> ...`` comment under one is its documented response.
+The examples are every ``curl`` line of the page's fenced code blocks (``\\``
+continuations joined); a ``# -> ...`` comment under one is its documented response. A
+``curl`` line the README shows must be one of them, so the front page runs as written too.
 What the test changes, and nothing else:
 
 * ``localhost:8080`` becomes the test controller's ``127.0.0.1:<free port>``
-  (``README_ADDRESS``);
+  (``DOC_ADDRESS``);
 * the controller's token is the one the block's ``H='Authorization: Bearer ...'`` names;
 * ``curl`` is a shell function running the real binary with ``-q -S --write-out`` added,
-  so the status and Content-Type come back on stderr; the README's arguments pass as
+  so the status and Content-Type come back on stderr; the page's arguments pass as
   they are;
 * the controller starts from a state file holding ``default_topology()`` (the
-  leaf-spine fabric whose hosts are the README's 10.0.0.1-6): with no switch connected
+  leaf-spine fabric whose hosts are the examples' 10.0.0.1-6): with no switch connected
   it cannot learn hosts from packets, and creating a group needs known hosts;
-* no switch is connected, so the switches confirm nothing: where the README shows
+* no switch is connected, so the switches confirm nothing: where the page shows
   ``"installed"``, the controller here answers ``"pending"`` (``NO_SWITCHES``).
 
-``EXPECTED`` lists every example, in README order, with the statuses it documents and
+``EXPECTED`` lists every example, in the page's order, with the statuses it documents and
 what else its comment promises; each JSON answer must also match the OpenAPI response
 schema for its status.
 """
@@ -41,19 +42,21 @@ from lab.controller import Controller
 from tests.support.controller_env import default_topology, real_controller
 from tests.support.lab import skip_or_fail
 
-README = Path(__file__).resolve().parents[1] / "README.md"
-README_ADDRESS = "localhost:8080"
+ROOT = Path(__file__).resolve().parents[1]
+REST_DOC = ROOT / "docs" / "rest.md"
+README = ROOT / "README.md"
+DOC_ADDRESS = "localhost:8080"
 NO_SWITCHES = {"installed": "pending"}
 # %{stderr} in --write-out needs curl >= 7.63; -q (first) ignores any ~/.curlrc
 CURL_WRAPPER = 'curl() { command curl -q -S --write-out "%{stderr}%{http_code} %{content_type}" "$@"; }'
-# the README's response notation: `[...]` / `{...}` any list / object, "<text>" any
+# the page's response notation: `[...]` / `{...}` any list / object, "<text>" any
 # string, a trailing `, ...` in an object: more members follow
 _ANY_LIST, _ANY_OBJECT, _ANY_STRING, _MORE = "\x00[...]", "\x00{...}", "\x00<string>", "\x00more"
 
 
 @dataclass
 class Example:
-    """One curl line of the README and what the README says about it."""
+    """One documented curl line and what the page says about it."""
 
     command: str
     prelude: list[str]  # the block's shell lines before it that are not curl (H=...)
@@ -94,14 +97,14 @@ def parse_curl(command: str, prelude: list[str]) -> Example:
         elif not arg.startswith("-") and url is None:
             url = arg
         else:
-            raise AssertionError(f"README example {command!r}: unexpected curl argument {arg!r}")
-    assert url and url.startswith(README_ADDRESS + "/"), f"{command!r}: URL not on {README_ADDRESS}"
+            raise AssertionError(f"REST example {command!r}: unexpected curl argument {arg!r}")
+    assert url and url.startswith(DOC_ADDRESS + "/"), f"{command!r}: URL not on {DOC_ADDRESS}"
     return Example(command, list(prelude), method or ("POST" if data is not None else "GET"),
-                   url[len(README_ADDRESS):], json.loads(data) if data is not None else None, comment)
+                   url[len(DOC_ADDRESS):], json.loads(data) if data is not None else None, comment)
 
 
-def readme_examples(text: str) -> list[Example]:
-    """Every curl example of the README, in order, with its documented response. In a
+def curl_examples(text: str) -> list[Example]:
+    """Every curl example of a Markdown page, in order, with its documented response. In a
     block with examples, the other shell lines may only set variables (``H=...``): they
     run before each example, so anything else there would run unseen."""
     out: list[Example] = []
@@ -125,14 +128,14 @@ def readme_examples(text: str) -> list[Example]:
             elif line.startswith("#") or not line.strip():
                 in_response = False
             else:
-                assert re.match(r"[A-Za-z_]\w*=", line), f"README curl block: {line!r} is not an example"
+                assert re.match(r"[A-Za-z_]\w*=", line), f"curl block: {line!r} is not an example"
                 prelude.append(line)
     return out
 
 
 # -- documented responses ----------------------------------------------------------------
 def template(notation: str) -> Any:
-    """The README's response notation as JSON with sentinels, ``NO_SWITCHES`` applied."""
+    """The page's response notation as JSON with sentinels, ``NO_SWITCHES`` applied."""
     text = notation.replace("[...]", json.dumps(_ANY_LIST)).replace("{...}", json.dumps(_ANY_OBJECT))
     text = re.sub(r",\s*\.\.\.\s*}", lambda _: f", {json.dumps(_MORE)}: null}}", text)
     text = re.sub(r'"<[^"<>]*>"', lambda _: json.dumps(_ANY_STRING), text)
@@ -159,16 +162,16 @@ def assert_matches(want: Any, got: Any, where: str = "") -> None:
         assert isinstance(got, dict), f"{where or '/'}: want an object, got {got!r}"
         keys = set(want) - {_MORE}
         if _MORE not in want:
-            assert set(got) == keys, f"{where or '/'}: members {sorted(got)}, README shows {sorted(keys)}"
+            assert set(got) == keys, f"{where or '/'}: members {sorted(got)}, the docs show {sorted(keys)}"
         for k in keys:
-            assert k in got, f"{where}/{k}: documented in the README, missing from the answer"
+            assert k in got, f"{where}/{k}: documented, missing from the answer"
             assert_matches(want[k], got[k], f"{where}/{k}")
     elif isinstance(want, list):
         assert isinstance(got, list) and len(got) == len(want), f"{where}: want {want!r}, got {got!r}"
         for i, (w, g) in enumerate(zip(want, got)):
             assert_matches(w, g, f"{where}/{i}")
     else:
-        assert got == want, f"{where or '/'}: README shows {want!r}, the controller answered {got!r}"
+        assert got == want, f"{where or '/'}: the docs show {want!r}, the controller answered {got!r}"
 
 
 def assert_openapi_shape(ex: Example, status: int, content_type: str, body: Any) -> None:
@@ -201,7 +204,7 @@ def assert_openapi_shape(ex: Example, status: int, content_type: str, body: Any)
 @dataclass
 class Expect:
     """The statuses of successive runs of one example (the test runs it once per status)
-    and a check of its last answer against what its README comment says."""
+    and a check of its last answer against what its comment says."""
 
     statuses: tuple[int, ...]
     check: Callable[[Example, Any, Controller], None] = lambda ex, body, ctl: None
@@ -232,7 +235,7 @@ def _list_filters(ex: Example, groups: Any, ctl: Controller) -> None:
 
 def _one_group(ex: Example, group: Any, ctl: Controller) -> None:
     assert group["id"] == int(ex.path.rsplit("/", 1)[1]), group
-    assert "key" not in group  # the README reads it without a token
+    assert "key" not in group  # the example reads it without a token
 
 
 def _rekeyed(ex: Example, group: Any, ctl: Controller) -> None:
@@ -309,18 +312,18 @@ EXPECTED: dict[str, Expect] = {
 
 
 # -- running them -------------------------------------------------------------------------
-def readme_token(examples: list[Example]) -> str:
-    """The bearer token the README's examples send."""
+def example_token(examples: list[Example]) -> str:
+    """The bearer token the examples send."""
     tokens = {m for ex in examples for line in ex.prelude
               for m in re.findall(r"Authorization: Bearer ([^'\"\s]+)", line)}
-    assert len(tokens) == 1, f"README examples should use one bearer token, found {tokens}"
+    assert len(tokens) == 1, f"the examples should use one bearer token, found {tokens}"
     return tokens.pop()
 
 
 def run_curl(ex: Example, ctl: Controller) -> tuple[int, str, str]:
     """Run the example with sh and the real curl: (status, Content-Type, body)."""
     script = "\n".join([CURL_WRAPPER, *ex.prelude,
-                        ex.command.replace(README_ADDRESS, f"127.0.0.1:{ctl.rest_port}")])
+                        ex.command.replace(DOC_ADDRESS, f"127.0.0.1:{ctl.rest_port}")])
     env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}
     proc = subprocess.run(["sh", "-c", script], capture_output=True, text=True, timeout=60, env=env)
     m = re.search(r"(\d{3}) ([^\n]*)\Z", proc.stderr)
@@ -330,28 +333,40 @@ def run_curl(ex: Example, ctl: Controller) -> tuple[int, str, str]:
 
 @pytest.fixture
 def examples() -> list[Example]:
-    """The README's curl examples as the file is now."""
-    return readme_examples(README.read_text(encoding="utf-8"))
+    """The curl examples of docs/rest.md as the file is now."""
+    return curl_examples(REST_DOC.read_text(encoding="utf-8"))
 
 
 @pytest.fixture
 def controller(tmp_path: Path, examples: list[Example]) -> Iterator[Controller]:
-    """A real controller that knows the README's hosts (from its state file)."""
+    """A real controller that knows the examples' hosts (from its state file)."""
     if shutil.which("curl") is None:
-        skip_or_fail("curl is not installed; the README's REST examples need it (apt-get install curl)")
-    with real_controller(tmp_path, readme_token(examples)) as ctl:
+        skip_or_fail("curl is not installed; the REST examples need it (apt-get install curl)")
+    with real_controller(tmp_path, example_token(examples)) as ctl:
         yield ctl
 
 
-def test_every_readme_example_has_a_documented_outcome(examples):
+def test_every_rest_example_has_a_documented_outcome(examples):
     """A new, changed or removed example must change ``EXPECTED`` too."""
     assert [ex.key for ex in examples] == list(EXPECTED), \
-        "the README's curl examples changed: update EXPECTED with what each one documents"
+        "the curl examples of docs/rest.md changed: update EXPECTED with what each one documents"
     assert [ex.key for ex in examples if ex.response] == ["POST /v1/groups", "POST /v1/groups/1/rekey"]
 
 
-def test_readme_curl_examples_run_as_documented(examples, controller):
-    """In README order (each builds on the last): the documented statuses, the OpenAPI
+def test_the_readme_shows_only_examples_that_run_here(examples):
+    """The README's quick start shows curl lines of this page (with its token), so they
+    run as written below; one it shows that is not here would never be run."""
+    documented = {" ".join(ex.command.split()) for ex in examples}
+    shown = curl_examples(README.read_text(encoding="utf-8"))
+    assert shown, "the README shows no curl example: nothing to hold to docs/rest.md"
+    for ex in shown:
+        assert " ".join(ex.command.split()) in documented, \
+            f"README example {ex.command!r} is not one of docs/rest.md's (which the test runs)"
+        assert example_token([ex]) == example_token(examples), f"README example {ex.command!r}: another token"
+
+
+def test_rest_curl_examples_run_as_documented(examples, controller):
+    """In the page's order (each builds on the last): the documented statuses, the OpenAPI
     shape of every answer, the ``# ->`` response and what each comment promises."""
     for ex in examples:
         expect = EXPECTED[ex.key]
