@@ -1,8 +1,8 @@
 """IGMP snooping decisions: which membership reports join or leave which (S,G) groups.
 
 Pure: takes the IGMP messages ``ryu.lib.packet`` parsed out of a packet-in and the
-core's groups, returns what to do. The Ryu app executes the decisions through
-``Service.join``/``leave`` (so an IGMP join is exactly a REST join) and logs them.
+core's groups, returns what to do. ``controller.membership`` carries the decisions out
+through ``Service.join``/``leave`` (so an IGMP join is exactly a REST join) and logs them.
 
 Mapping (RFC 3376 record types; a group is ours when its address is G and, for a
 source-specific record, its source is S):

@@ -56,7 +56,7 @@ class Settings:
     # flood does not take its switch's punt budget from the others (controller.punt); 0: off
     punt_port_rate: int = 100
     # --trace FILE / MODELCAST_TRACE: every plan message, barrier reply, PortStatus and
-    # audit with its wall-clock time, appended (controller.app.trace)
+    # audit with its wall-clock time, appended (controller.tracing)
     trace_file: Path | None = field(default_factory=lambda: Path(p) if (
         p := os.environ.get("MODELCAST_TRACE")) else None)
     # --fabric SPEC: the fabric's cabling (a topology of topologies.spec with the real dpids
