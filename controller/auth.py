@@ -1,7 +1,7 @@
 """Who is calling, and what each caller may do and see (pure: no I/O but reading the
 host-token file at start).
 
-The credential model (README, "REST API"):
+The credential model (docs/rest.md):
 
 * the **admin token** (``--token``) may do everything and sees every group's key;
 * a **host token** (``--host-tokens FILE``, a JSON object ``{"10.0.0.3": "<token>"}``)

@@ -15,7 +15,7 @@ source-specific record, its source is S):
   join every group on G. Other records say nothing we act on.
 * IGMPv1/v2 report: join every group on G; IGMPv2 leave: leave every group on G.
 
-Who may join by IGMP (``IgmpPolicy``, README "REST API"): hosts in ``--igmp-allow``
+Who may join by IGMP (``IgmpPolicy``, docs/rest.md): hosts in ``--igmp-allow``
 (CIDRs, ``any`` or ``none``); without that option, the hosts holding a host token when
 ``--host-tokens`` is given, else any host. In every case a report counts only from the
 port and MAC the reporter was learned at (the rule that stops a frame from moving a host).

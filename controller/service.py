@@ -195,7 +195,7 @@ class Service:
         # gid -> the transfer its source announced with the key ({"session", "file_digest"})
         self.transfers: dict[int, dict[str, str]] = {}
         # offer id -> {"model", "source", "name", "size", "files"}: what `modelcast serve`
-        # publishes (README "Serving models to an autoscaling fleet")
+        # publishes (docs/serving.md)
         self.offers: dict[int, dict[str, Any]] = {}
         # address -> (mac, dpid, port) of the hosts declared over REST: a frame claiming one's
         # address from elsewhere never wins (``HostDiscovery.reserved``; cleared in place,

@@ -88,7 +88,7 @@ class _Common:
     interface: str = _ANY  # local IPv4 address of the interface to use
     secret: Optional[bytes] = None  # shared secret: every datagram is MAC'd (overrides the controller key)
     # Run without a MAC key (no secret, and no key from the controller): refused unless
-    # set, because then anyone on the path can forge any datagram (README "Security").
+    # set, because then anyone on the path can forge any datagram (docs/security.md).
     insecure: bool = False
     metrics_port: Optional[int] = None  # serve Prometheus metrics here during the transfer
     metrics_addr: str = "127.0.0.1"
@@ -110,7 +110,7 @@ class SendOptions(_Common):
     ttl: int = 1
     gso: bool = True  # batch paced datagrams with UDP GSO (falls back by itself where refused)
     timeout: float = 60.0  # catch-up bound: receivers not verified this long after the stream fail as stragglers
-    # Loss policy (README "Loss is not congestion"): receivers' loss never cuts the rate
+    # Loss policy (docs/agent.md, "Loss is not congestion"): receivers' loss never cuts the rate
     # below min_rate_mbit (None: 5% of the cap); loss counts as congestion only when more
     # than congestion_quorum of the receivers report it at once; repairs get at most
     # repair_share of the sends while the stream runs.
@@ -458,7 +458,7 @@ def _send(path: str, opts: SendOptions, source: FileSource | DirSource, interfac
             _require_key(config.key, opts, emit, "the controller gave no session key (no --token?)")
             emit(GroupAssigned(group_id, model, group, opts.receivers))
             info = client.wait_installed(info, opts.receivers, opts.wait_timeout, opts.poll)
-            # Only the group's receivers count (README "Who the sender listens to").
+            # Only the group's receivers count (docs/security.md, "Attackers on the data path").
             config.allowed_receivers = frozenset(info.get("receivers") or ()) | frozenset(opts.receiver_ips)
             if admit is not None:
                 config.allowed_receivers = admit(config.allowed_receivers)

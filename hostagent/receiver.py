@@ -89,7 +89,7 @@ class ReceiverConfig:
     receiver_id: Optional[int] = None  # None: random 64-bit id
     session_id: Optional[int] = None  # None: lock onto the first session whose manifest arrives
     # The file the announced transfer sends (None: any): a manifest of another is refused,
-    # so a replayed earlier transfer cannot be "completed" (README "Security").
+    # so a replayed earlier transfer cannot be "completed" (docs/security.md).
     file_digest: Optional[bytes] = None
     # The model's content id (``hostagent.tree``, ``recv --expect``; None: any): a manifest
     # that does not hash to it is refused, whoever MAC'd it.

@@ -17,7 +17,7 @@ __all__ = ["RoundSettings", "Rounds"]
 
 @dataclass(frozen=True)
 class RoundSettings:
-    """The round policy's knobs (README "Serving models to an autoscaling fleet")."""
+    """The round policy's knobs (docs/serving.md)."""
 
     quiet_s: float = 0.5  # a join window closes this long after its latest arrival...
     max_wait_s: float = 3.0  # ...and at most this long after its first,

@@ -17,7 +17,7 @@ high, leaves the group's rate alone; that receiver is repaired (unicast or FEC p
 the stream runs, and catches up after it -- or is reported failed as a straggler when
 ``linger_timeout`` after the stream it still has not verified the file.
 
-Trust (README "Who the sender listens to"): only receivers the sender is told about
+Trust (docs/security.md, "Attackers on the data path"): only receivers the sender is told about
 count. With ``allowed_receivers`` (the controller's receiver list: host addresses) a
 datagram from any other host is dropped before it creates any state; without a list
 every host may join, up to ``max_peers``. A peer's address is pinned at its first
@@ -128,7 +128,7 @@ class SenderConfig:
     session_id: Optional[int] = None
     key: Optional[bytes] = None
     name: str = ""
-    # Trust and bounds (README "Who the sender listens to"). Host addresses (the first
+    # Trust and bounds (docs/security.md, "Attackers on the data path"). Host addresses (the first
     # element of an Addr tuple) allowed to be receivers; None: any host (plain --group).
     allowed_receivers: Optional[frozenset[str]] = None
     max_peers: int = 4096  # beyond: new receiver ids are dropped and counted

@@ -1,5 +1,5 @@
 """An always-on model server and the fetch that asks it for a model (``modelcast serve``,
-``modelcast fetch``; README "Serving models to an autoscaling fleet").
+``modelcast fetch``; docs/serving.md).
 
 ``serve`` publishes models (files or directories) under their content ids: for each it
 creates the (model id, this host) group, offers the model on the controller
@@ -20,7 +20,7 @@ When a round starts, and who it serves, is ``Rounds`` -- a pure policy (arrivals
   transfer's time after one ended -- a fleet arriving over time -- wait instead up to
   ``min(max_wait_s, hold_share x one transfer's time)`` after the first of them for
   others, so the fleet is served in fewer, fuller rounds (the server's bytes: on the
-  model and the lab, README); a lone request at an idle server is not held.
+  model and the lab, docs/benchmarks.md); a lone request at an idle server is not held.
 * **Arrivals during a round** are on the tree at once (their join installs it) and take
   the rest of the stream. One that arrives while at most ``admit_share`` of the stream
   is out is *admitted*: the round's sender repairs what it missed (within its repair
@@ -28,7 +28,7 @@ When a round starts, and who it serves, is ``Rounds`` -- a pure policy (arrivals
   per-receiver repair rate), and the round waits for it. A later one is not admitted:
   it keeps the tail (its resume record holds it), its attempt ends with the round, and
   it takes the beginning from the next round, which starts once its hold (from when it
-  asked) is over, at once if that has passed (measured: README).
+  asked) is over, at once if that has passed (measured: docs/benchmarks.md).
 * **After a round** every admitted host still asking (not verified) is in the next
   round, which opens at once (their window is long past). A waiting host that leaves and asks again
   within ``return_s`` -- a fetch between attempts -- keeps its place: no new window.

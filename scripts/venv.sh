@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build the project's virtualenv at .venv (idempotent). Ryu 4.34 does not build with a
-# current setuptools (see README "Install notes"), so it is installed first with an old
+# current setuptools (see docs/development.md, "Install notes"), so it is installed first with an old
 # setuptools and no build isolation; everything else then installs normally.
 set -euo pipefail
 cd "$(dirname "$0")/.."

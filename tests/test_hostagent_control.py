@@ -177,7 +177,7 @@ def test_send_and_receive_through_the_controller(tmp_path) -> None:
     with FakeController(port, pending_polls=3) as fake:
         receivers = [
             # Each receiver sends from the address it registers: the sender admits only
-            # the controller's receivers (README "Who the sender listens to").
+            # the controller's receivers (docs/security.md, "Attackers on the data path").
             # No --model: the content id they expect names the group.
             cli("recv", "--controller", fake.url, "--expect", cid, "--source", LOOPBACK,
                 "--interface", f"127.0.0.{i + 2}", "--ip", f"127.0.0.{i + 2}", "--out", str(tmp_path / f"out{i}.bin"),

@@ -32,9 +32,9 @@ def test_a_fleet_arriving_over_time_is_served_in_few_rounds(tmp_path) -> None:
     assert report.server_exit == 0 and report.offers_after_stop == []
     assert sum(len(r["verified"]) for r in report.rounds) == len(fleet)
     assert 1 < len(report.rounds) < len(fleet), "arrivals over 2 transfers: batched, not one round each"
-    # Target <= 0.5 x N x size (measured 0.29-0.43 with the hold over 11 arrival draws, README).
+    # Target <= 0.5 x N x size (measured 0.29-0.43 with the hold over 11 arrival draws, docs/benchmarks.md).
     assert report.sender_ratio <= 0.5, report.format()
-    # Target: every receiver within 2 x one transfer (README: 1.43-1.78 x over 11 draws with one
+    # Target: every receiver within 2 x one transfer (docs/benchmarks.md: 1.43-1.78 x over 11 draws with one
     # other work stream on the machine; 0.87-3.92 x when three shared it). The reference is a
     # round to one receiver; on 2 busy cores a round to six takes longer (their CPU), so the
     # bound is 3 x: it still fails a receiver that waits a round more than it should.

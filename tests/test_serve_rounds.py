@@ -7,7 +7,7 @@ start it has the model when the stream ends; admitted late, the sender repairs w
 missed within its repair share while the stream runs and the rest after it at half the
 rate; not admitted, it keeps the tail, its attempt
 ends with the round, it is off the group for ``RETRY`` and then asks again and needs
-only the start. No CPU contention: that is what the OVS lab adds (README)."""
+only the start. No CPU contention: that is what the OVS lab adds (docs/lab.md)."""
 
 from __future__ import annotations
 
