@@ -2,7 +2,7 @@
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: venv lab-deps test demo bench bench-controller bench-controller-sweep clean docs
+.PHONY: venv lab-deps test test-fast demo bench bench-controller bench-controller-sweep clean docs
 
 $(VENV)/.installed: pyproject.toml scripts/venv.sh
 	bash scripts/venv.sh
@@ -16,7 +16,11 @@ lab-deps:
 
 test: lab-deps $(VENV)/.installed
 	@bash scripts/venv-mininet.sh
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest --durations=20 $(PYTEST_ARGS)
+
+# Everything but the lab tests (OVS, network namespaces): no root needed, a few minutes.
+test-fast: $(VENV)/.installed
+	$(PY) -m pytest -m "not lab" --durations=20 $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis
