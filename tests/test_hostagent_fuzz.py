@@ -14,6 +14,7 @@ time are printed (``-s``); the README's SECURITY section quotes them.
 from __future__ import annotations
 
 import random
+import struct
 import time
 from collections import Counter
 from typing import Callable, Optional
@@ -61,9 +62,10 @@ def seeds(sender: Sender) -> tuple[list[bytes], list[bytes]]:
 
 
 def mutate(rng: random.Random, seed: bytes, pool: list[bytes]) -> bytes:
-    """One structure-blind mutation of a valid datagram, MAC'd again (so it gets past
-    the MAC check into the parsers and the state machines). ``getrandbits`` only: the
-    fuzz budget is mostly Python calls."""
+    """One mutation of a valid datagram, MAC'd again (so it gets past the MAC check into
+    the parsers and the state machines): structure-blind, except that a DATA fragment is
+    sometimes moved to end right at the largest chunk size, or just past it. ``getrandbits``
+    only: the fuzz budget is mostly Python calls."""
     bits = rng.getrandbits
     b = bytearray(seed)
     n = len(b)
@@ -72,6 +74,10 @@ def mutate(rng: random.Random, seed: bytes, pool: list[bytes]) -> bytes:
     if op < 7:  # overwrite a few body bytes
         for _ in range(1 + (op & 3)):
             b[wire.HEADER_LEN + bits(16) % body if n > wire.HEADER_LEN else bits(16) % n] = bits(8)
+    elif op == 8 and b[3] in (wire.T_DATA, wire.T_REPAIR) and n > wire.DATA_HEADER_LEN:
+        # a fragment that ends 1 byte before, at, or 1 or 2 bytes past the largest chunk
+        plen = n - wire.DATA_HEADER_LEN
+        struct.pack_into("!I", b, 26, wire.MAX_CHUNK_SIZE - plen + bits(2) - 1)
     elif op < 9:  # an extreme value in an aligned field
         width = (1, 2, 4, 8)[bits(2)]
         at = wire.HEADER_LEN + bits(16) % max(1, n - width + 1 - wire.HEADER_LEN)
@@ -97,6 +103,7 @@ def check_decoders(raw: bytes) -> None:
         msg = None
     fields = wire.parse_data(raw, KEY)
     if isinstance(msg, wire.Data):
+        assert msg.offset + len(msg.payload) <= wire.MAX_CHUNK_SIZE, raw
         assert fields is not None and (*fields[:4], bytes(fields[4]), *fields[5:]) == (
             msg.session, msg.seq, msg.chunk, msg.offset, msg.payload, msg.repair, msg.multicast), raw
     else:

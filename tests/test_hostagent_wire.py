@@ -10,16 +10,18 @@ import pytest
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from hypothesis import example, given, settings, strategies as st
 
-from hostagent import wire
-from tests.support.mutate import data_run, mutate
+from hostagent import fastrun, wire
+from tests.support.mutate import data_run, mutate, near
+from tests.support.profiles import examples
 from hostagent.wire import (
     Complete, CompleteAck, Data, End, Hello, Manifest, Nack, Parity, WireError,
     decode, encode,
 )
 
 KEY = wire.derive_key(b"test secret")
-u64 = st.integers(0, wire.U64_MAX)
-u32 = st.integers(0, (1 << 32) - 1)
+u64 = st.one_of(st.integers(0, wire.U64_MAX), near(wire.U64_MAX, 2))
+u32 = st.one_of(st.integers(0, (1 << 32) - 1), near((1 << 32) - 1, 2))
+MAX_CHUNK = wire.MAX_CHUNK_SIZE
 
 
 @st.composite
@@ -33,20 +35,29 @@ def lanes(draw):
 
 @st.composite
 def manifests(draw):
-    chunk_size = draw(st.integers(wire.MIN_CHUNK_SIZE, 1 << 20))
-    chunk_count = draw(st.integers(0, 50))
-    file_size = 0 if chunk_count == 0 else draw(
-        st.integers((chunk_count - 1) * chunk_size + 1, chunk_count * chunk_size))
-    first = draw(st.integers(0, chunk_count))
-    n = draw(st.integers(0, chunk_count - first))
-    page_count = draw(st.integers(1, 100))
+    """Valid manifests, each field often at (or next to) the edge the decoder allows:
+    the smallest and largest chunk and payload sizes, a file that fills or just reaches
+    into its last chunk, a digest page that ends at the last chunk, the longest name."""
+    chunk_size = draw(st.one_of(st.integers(wire.MIN_CHUNK_SIZE, 1 << 20), near(wire.MIN_CHUNK_SIZE, 0, 2),
+                                near(MAX_CHUNK, 2)))
+    chunk_count = draw(st.one_of(st.integers(0, 50), near(wire.MAX_CHUNK_COUNT, 1)))
+    file_size = 0 if chunk_count == 0 else draw(st.one_of(
+        st.integers((chunk_count - 1) * chunk_size + 1, chunk_count * chunk_size),
+        st.sampled_from([(chunk_count - 1) * chunk_size + 1, chunk_count * chunk_size])))
+    first = draw(st.integers(0, min(chunk_count, 60)))
+    if chunk_count > 60:  # (a page holds a few digests of a huge file: its first or last ones)
+        first = draw(st.sampled_from([first, chunk_count - first]))
+    n = draw(st.one_of(st.integers(0, min(chunk_count - first, 60)), st.just(min(chunk_count - first, 60))))
+    page_count = draw(st.one_of(st.integers(1, 100), near(1 << 32, 1)))
     return Manifest(
         session=draw(u64), file_size=file_size, chunk_size=chunk_size,
-        payload_size=draw(st.integers(wire.MIN_PAYLOAD, 9000)), chunk_count=chunk_count,
-        file_digest=draw(st.binary(min_size=32, max_size=32)),
-        page_index=draw(st.integers(0, page_count - 1)), page_count=page_count,
+        payload_size=draw(st.one_of(st.integers(wire.MIN_PAYLOAD, 9000), near(wire.MIN_PAYLOAD, 0, 1),
+                                    near(wire.MAX_PAYLOAD, 1))),
+        chunk_count=chunk_count, file_digest=draw(st.binary(min_size=32, max_size=32)),
+        page_index=draw(st.one_of(st.integers(0, page_count - 1), st.just(page_count - 1))), page_count=page_count,
         first_chunk=first, digests=draw(st.binary(min_size=16 * n, max_size=16 * n)),
-        name=draw(st.text(max_size=40)), receivers_hint=draw(u32), lane=draw(lanes()),
+        name=draw(st.one_of(st.text(max_size=40), st.just("n" * wire.MAX_NAME_BYTES))),
+        receivers_hint=draw(u32), lane=draw(lanes()),
         entries=draw(st.binary(max_size=300)),  # a directory's entry list (optional field)
     )
 
@@ -67,23 +78,33 @@ def nack_ranges(draw):
     return tuple(merged)
 
 
+def payloads() -> st.SearchStrategy[bytes]:
+    """A DATA payload: usually a datagram's worth, sometimes the most one can carry."""
+    return st.one_of(st.binary(min_size=1, max_size=1500), near(wire.MAX_PAYLOAD, 1).map(lambda n: b"p" * n))
+
+
 @st.composite
-def datas(draw):
+def datas(draw, past: int = 0):
+    """DATA messages; the fragment often ends right at MAX_CHUNK_SIZE or, with ``past``,
+    up to ``past`` bytes beyond it (messages the decoders must refuse)."""
     repair = draw(st.booleans())
+    payload = draw(payloads())
+    end = MAX_CHUNK - len(payload)
     return Data(
         session=draw(u64), seq=draw(u64), chunk=draw(u32),
-        offset=draw(st.integers(0, 1 << 20)), payload=draw(st.binary(min_size=1, max_size=1500)),
+        offset=draw(st.one_of(st.integers(0, 1 << 20), near(end, 2, past))), payload=payload,
         repair=repair, multicast=draw(st.booleans()) if repair else True,
     )
 
 
 @st.composite
 def parities(draw):
-    k = draw(st.integers(1, 255))
-    n = draw(st.integers(k + 1, 256))
+    k = draw(st.one_of(st.integers(1, 255), st.sampled_from([1, 255])))
+    n = draw(st.one_of(st.integers(k + 1, 256), st.sampled_from([k + 1, 256])))
+    last_block = (MAX_CHUNK - 1) // k  # the last block that starts inside the largest chunk
     return Parity(
-        session=draw(u64), chunk=draw(u32), block=draw(st.integers(0, wire.MAX_CHUNK_SIZE // k - 1)),
-        k=k, n=n, index=draw(st.integers(1, n - 1)),
+        session=draw(u64), chunk=draw(u32), block=draw(st.one_of(st.integers(0, last_block), near(last_block, 1))),
+        k=k, n=n, index=draw(st.one_of(st.integers(1, n - 1), st.just(n - 1))),
         payload=draw(st.binary(min_size=1, max_size=1400)), multicast=draw(st.booleans()),
     )
 
@@ -100,14 +121,26 @@ messages = st.one_of(
 )
 
 
-@settings(max_examples=300, deadline=None)
+EDGE_MANIFEST = Manifest(  # every field at the largest value a valid manifest can hold
+    session=wire.U64_MAX, file_size=wire.MAX_CHUNK_COUNT * MAX_CHUNK, chunk_size=MAX_CHUNK,
+    payload_size=wire.MAX_PAYLOAD, chunk_count=wire.MAX_CHUNK_COUNT, file_digest=b"f" * 32,
+    page_index=(1 << 32) - 1, page_count=1 << 32, first_chunk=wire.MAX_CHUNK_COUNT - 2, digests=b"d" * 32,
+    name="\u20ac" * (wire.MAX_NAME_BYTES // 3), receivers_hint=(1 << 32) - 1,
+    lane=(wire.MAX_LANES - 1, wire.MAX_LANES, wire.MAX_FILE_SIZE - wire.MAX_CHUNK_COUNT * MAX_CHUNK), entries=b"e")
+
+
+@settings(max_examples=examples(300), deadline=None)
 @given(messages, st.booleans())
+@example(EDGE_MANIFEST, True)
+@example(Data(1, wire.U64_MAX, (1 << 32) - 1, MAX_CHUNK - wire.MAX_PAYLOAD, b"p" * wire.MAX_PAYLOAD), True)
+@example(Parity(1, 0, (MAX_CHUNK - 1) // 3, 3, 256, 255, b"p"), False)
+@example(Nack(1, 2, ((0, 1), (wire.U64_MAX - 1, wire.U64_MAX)), 1000), True)
 def test_round_trip(msg, keyed) -> None:
     key = KEY if keyed else None
     assert decode(encode(msg, key), key) == msg
 
 
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=examples(500), deadline=None)
 @given(st.binary(max_size=2000))
 def test_random_bytes_only_raise_wire_error(data) -> None:
     for key in (None, KEY):
@@ -117,7 +150,7 @@ def test_random_bytes_only_raise_wire_error(data) -> None:
             pass
 
 
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=examples(500), deadline=None)
 @given(messages, st.data())
 def test_mutated_datagrams_only_raise_wire_error(msg, data) -> None:
     raw = mutate(bytearray(encode(msg)), data, ["flip", "truncate", "extend", "splice"])
@@ -127,7 +160,7 @@ def test_mutated_datagrams_only_raise_wire_error(msg, data) -> None:
         pass
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(messages, st.data())
 def test_any_tampering_fails_the_mac(msg, data) -> None:
     raw = bytearray(encode(msg, KEY))
@@ -289,13 +322,27 @@ def _fast(raw: bytes, key: bytes | None) -> Data | None:
     return Data(session, seq, chunk, offset, bytes(payload), repair, multicast)
 
 
-@settings(max_examples=400, deadline=None)
-@given(st.one_of(datas(), messages), st.sampled_from([None, KEY]), st.sampled_from([None, KEY]), st.data())
+@settings(max_examples=examples(400), deadline=None)
+@given(st.one_of(datas(past=2), messages), st.sampled_from([None, KEY]), st.sampled_from([None, KEY]), st.data())
 def test_fast_data_path_accepts_exactly_what_decode_accepts(msg, send_key, recv_key, data) -> None:
     """The receiver's hot path may not widen (or narrow) what gets in: on intact, mutated,
     keyed and unkeyed datagrams it returns exactly decode's Data, or None."""
     raw = mutate(bytearray(encode(msg, send_key)), data, ["intact", "flip", "truncate", "extend", "splice"])
     assert _fast(bytes(raw), recv_key) == _as_data(bytes(raw), recv_key)
+
+
+@settings(max_examples=examples(200), deadline=None)
+@given(datas(past=2), st.sampled_from([None, KEY]))
+@example(Data(1, 1, 0, MAX_CHUNK - 1, b"x"), None)  # the last byte of the largest chunk
+@example(Data(1, 1, 0, MAX_CHUNK, b"x"), KEY)  # one byte past it
+@example(Data(1, 1, 0, MAX_CHUNK - wire.MAX_PAYLOAD + 1, b"p" * wire.MAX_PAYLOAD, repair=True), None)
+def test_both_decoders_take_a_fragment_exactly_when_it_ends_inside_the_largest_chunk(msg, key) -> None:
+    """``offset + len <= MAX_CHUNK_SIZE``, asked of ``decode`` and ``parse_data`` on
+    fragments drawn at that edge: one byte past it is refused by both."""
+    raw = encode(msg, key)
+    fits = msg.offset + len(msg.payload) <= MAX_CHUNK
+    assert (_as_data(raw, key) == msg) is fits
+    assert (_fast(raw, key) == msg) is fits
 
 
 def test_fast_data_path_payload_is_a_view_not_a_copy() -> None:
@@ -320,23 +367,27 @@ def _run_by_parse_data(blob: bytes, seg: int, key: bytes | None):
     return session, seq, chunk, fields[0][3], [bytes(f[4]) for f in fields]
 
 
-@settings(max_examples=400, deadline=None)
-@given(u64, u64, u32, st.integers(0, 1 << 20), st.integers(1, 1200), st.integers(2, 8), st.integers(1, 1200),
+@settings(max_examples=examples(400), deadline=None)
+@given(u64, u64, u32, st.one_of(st.integers(0, 1 << 20), st.integers(-5, -1)),
+       st.integers(1, 1200), st.integers(2, 8), st.integers(1, 1200),
        st.sampled_from([None, KEY]), st.sampled_from([None, KEY]), st.data())
 def test_gro_run_parser_agrees_with_parse_data(session, seq, chunk, offset, size, count, last_size,
                                                send_key, recv_key, data) -> None:
     """The receiver's super-packet fast path: a run of consecutive DATA datagrams, one of
     them perhaps damaged. It never accepts what parse_data would not take as that run,
-    and an intact run (sent as the receiver expects it: keyed or not) always gets in."""
+    and an intact run (sent as the receiver expects it: keyed or not) always gets in.
+    A negative ``offset`` (-5..-1) puts the run's end -2..2 bytes past MAX_CHUNK_SIZE."""
     seq, last_size = min(seq, wire.U64_MAX - count), min(last_size, size)
     sizes = [size] * (count - 1) + [last_size]
+    if offset < 0:
+        offset = MAX_CHUNK - sum(sizes) + (-offset - 3)
     raws = data_run(session, seq, chunk, offset, sizes, send_key)
     victim = data.draw(st.integers(0, count - 1))
     field = data.draw(st.sampled_from(["bytes", "session", "seq", "chunk", "offset", "repair"]))
     if field == "bytes":
         raws[victim] = mutate(raws[victim], data, ["intact", "flip", "truncate", "splice"])
     else:  # a well-formed datagram that does not belong in the run
-        msg = decode(bytes(raws[victim]))
+        msg = Data(session, seq + victim, chunk, offset + size * victim, bytes([victim % 251]) * sizes[victim])
         if field == "repair":
             tweak = {"repair": True, "multicast": data.draw(st.booleans())}
         else:
@@ -351,6 +402,55 @@ def test_gro_run_parser_agrees_with_parse_data(session, seq, chunk, offset, size
                                                 bytes([victim % 251]) * sizes[victim]), send_key)
     if intact and send_key == recv_key and seg < len(blob) and offset + sum(sizes) <= wire.MAX_CHUNK_SIZE:
         assert run is not None and run[1] == seq and len(run[4]) == count
+    if run is not None:  # whatever was damaged: nothing taken ends past the largest chunk
+        assert run[3] + sum(len(p) for p in run[4]) <= wire.MAX_CHUNK_SIZE
+
+
+@settings(max_examples=examples(300), deadline=None)
+@given(u64, st.integers(1, 1400), st.integers(2, 8), st.integers(1, 1400), st.integers(-2, 2),
+       st.sampled_from([None, KEY]), st.booleans())
+@example(wire.U64_MAX, 1400, 8, 1400, 0, KEY, False)  # ends at the last seq and the last byte of a chunk
+@example(0, 1400, 8, 1400, 1, KEY, True)  # one byte past: the first 7 only
+@example(0, 1000, 3, 1, 2, None, True)  # its short last one and the one before end past: the first only
+@example(0, 1, 2, 1, 1, None, True)  # a run of two 1-byte payloads, the second past: the first
+def test_an_intact_run_at_the_chunk_limit_is_taken_up_to_its_first_datagram_past_it(
+        seq, size, count, last_size, past, key, prefix) -> None:
+    """Runs whose end is ``past`` bytes beyond MAX_CHUNK_SIZE (<= 0: inside), their seqs
+    ending at most at 2^64 - 1: the Python run parser and ``fastrun.verify_run`` (the C
+    one where it is built) take the whole run when it fits; else none of it, or with
+    ``prefix`` the datagrams before the first that ends past the limit."""
+    last_size = min(last_size, size)
+    sizes = [size] * (count - 1) + [last_size]
+    seq, start = min(seq, wire.U64_MAX - count + 1), MAX_CHUNK - sum(sizes) + past
+    raws = data_run(7, seq, 3, start, sizes, key)
+    blob, seg = b"".join(bytes(r) for r in raws), len(raws[0])
+    ends = [start + sum(sizes[: i + 1]) for i in range(count)]
+    fit = next((i for i, end in enumerate(ends) if end > MAX_CHUNK), count)
+    want = fit if prefix else (count if fit == count else 0)
+    run = wire.parse_data_run(memoryview(blob), seg, key, prefix)
+    head = fastrun.verify_run(memoryview(blob), seg, key, prefix)
+    if want == 0:
+        assert run is None and head is None
+    else:
+        assert run is not None and run[:4] == (7, seq, 3, start) and [len(p) for p in run[4]] == sizes[:want]
+        assert head is not None and head[:5] == (7, seq, 3, start, want)
+
+
+@settings(max_examples=examples(300), deadline=None)
+@given(manifests(), st.integers(1, 2))
+@example(Manifest(1, 3 * 4096, 4096, 1024, 3, b"f" * 32, 0, 1, 1, b"d" * 32), 1)  # page ends at the last chunk
+@example(Manifest(1, 0, 4096, 1024, 0, b"f" * 32, 0, 1, 0, b""), 1)  # an empty file has no chunk to describe
+def test_a_manifest_page_is_refused_once_its_digests_run_past_the_last_chunk(msg, more) -> None:
+    """A receiver writes a page's digests from ``first_chunk`` on: ``more`` digests added to
+    a valid page are refused exactly when they describe chunks beyond ``chunk_count``."""
+    longer = dataclasses.replace(msg, digests=msg.digests + bytes(wire.CHUNK_DIGEST_LEN * more))
+    fits = msg.first_chunk + len(longer.digests) // wire.CHUNK_DIGEST_LEN <= msg.chunk_count
+    if fits:
+        assert decode(encode(longer)) == longer
+    else:
+        with pytest.raises(WireError) as info:
+            decode(encode(longer))
+        assert info.value.reason == "bad_field"
 
 
 def test_lane_field_is_absent_for_one_lane_and_checked_when_present() -> None:
@@ -372,7 +472,7 @@ _write = st.tuples(st.integers(0, 2), st.integers(0, 2), st.lists(st.integers(1,
                    st.booleans(), st.integers(-1, 2))
 
 
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=examples(500), deadline=None)
 @given(st.lists(_write, max_size=25), st.integers(0, 255))
 @example([(0, 0, [4], False, -1), (0, 2, [4], False, -1), (0, 1, [4], False, 0)], 0)  # out of order
 @example([(0, 0, [4, 4], False, -1), (0, 0, [4], True, -1), (0, 2, [4], False, 0)], 0)  # FEC rewrote a streamed part

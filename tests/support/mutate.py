@@ -19,6 +19,12 @@ def data_run(session: int, seq: int, chunk: int, offset: int, sizes: list[int],
     return raws
 
 
+def near(limit: int, below: int = 3, above: int = 0) -> st.SearchStrategy[int]:
+    """Integers from ``below`` under ``limit`` to ``above`` over it (never negative): where
+    a check off by one lets a value through or keeps one out."""
+    return st.integers(max(0, limit - below), limit + above)
+
+
 def mutate(raw: bytearray, data: st.DataObject, kinds: list[str]) -> bytearray:
     """Damage an encoded datagram in one of the ways ``kinds`` names ("intact": not at all)."""
     kind = data.draw(st.sampled_from(kinds))
