@@ -23,7 +23,7 @@ from lab.bridge import BridgeLab
 from lab.models import make_key_file, make_model_dir, tree_of
 
 from tests.support.agents import REPO, cli_argv
-from tests.support.lab import bridge_lab
+from tests.support.lab import bridge_lab, need_module
 
 
 pytestmark = pytest.mark.lab
@@ -141,8 +141,8 @@ print(f"loaded {len(got)} tensors from {len(shards)} shards")
 
 def _safetensors_model(root: Path, shards: int = 4, layers_per_shard: int = 3) -> Path:
     """A small Hugging Face-style checkpoint: sharded safetensors, index, config, tokenizer."""
-    np = pytest.importorskip("numpy")
-    save_file = pytest.importorskip("safetensors.numpy").save_file
+    np = need_module("numpy")
+    save_file = need_module("safetensors.numpy").save_file
     rng = np.random.default_rng(5)
     root.mkdir()
     weight_map = {}

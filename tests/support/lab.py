@@ -1,11 +1,15 @@
-"""The one rule for tests that need a lab: skip off CI with the reason, fail under
-CI=true (CI must prove the real thing)."""
+"""The one rule for tests that need a lab, or anything else the machine may lack (a
+built C extension, an optional module): skip off CI with the reason, fail under CI=true
+(CI installs everything, so there a missing piece is a broken install, not a reason to
+pass quietly)."""
 
 from __future__ import annotations
 
+import importlib
 import os
 from contextlib import contextmanager
-from typing import Iterator
+from types import ModuleType
+from typing import Iterator, NoReturn
 
 import pytest
 
@@ -13,11 +17,20 @@ from lab.bridge import BridgeLab
 from lab.sh import LabError, unavailable
 
 
-def skip_or_fail(reason: str) -> None:
-    """Skip off CI, fail under CI=true."""
+def skip_or_fail(reason: str, what: str = "lab") -> NoReturn:
+    """Skip off CI, fail under CI=true. ``what`` names the missing piece in the message."""
     if os.environ.get("CI") == "true":
-        pytest.fail(f"lab unavailable under CI=true: {reason}")
-    pytest.skip(f"lab unavailable: {reason}")
+        pytest.fail(f"{what} unavailable under CI=true: {reason}")
+    pytest.skip(f"{what} unavailable: {reason}")
+
+
+def need_module(name: str) -> ModuleType:
+    """``pytest.importorskip`` under the rule above: the imported module, else a skip off
+    CI and a failure under CI=true (the test extra installs every module tests import)."""
+    try:
+        return importlib.import_module(name)
+    except ImportError as exc:
+        skip_or_fail(f"cannot import {name} ({exc}); pip install -e '.[test]'", what="module")
 
 
 def need_lab(ovs: bool = True) -> None:
