@@ -236,6 +236,7 @@ def test_hello_flood_is_capped_and_timer_work_stays_bounded() -> None:
     now = stream_out(sender)
     timers = 0
     while not sender.closed:
+        assert timers < 100, "the sender did not close within 100 timer steps"  # (a bound: no endless loop)
         deadline = sender.get_timer()
         assert deadline is not None
         now = max(now, deadline)

@@ -189,8 +189,10 @@ def test_serve_and_fetch_on_loopback(tmp_path, monkeypatch):
                 got = serve.fetch(model_id, str(tmp_path / f"copy{i}.bin"), fetch_options(ctl), patience=30)
                 assert got.ok and got.content_id == model_id
                 assert file_digest(tmp_path / f"copy{i}.bin") == model.digest
+            deadline = time.monotonic() + 30  # (the fetcher may verify before the server's round is over)
             while sum(isinstance(e, serve.RoundDone) for e in events) < 2:
-                time.sleep(0.02)  # (the fetcher may verify before the server's round is over)
+                assert time.monotonic() < deadline, f"the server did not finish its second round: {events}"
+                time.sleep(0.02)
             with urllib.request.urlopen(f"http://{LOOPBACK}:{metrics_port}/metrics", timeout=5) as resp:
                 text = resp.read().decode()
         rounds = [e for e in events if isinstance(e, serve.RoundDone)]

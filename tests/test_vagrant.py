@@ -52,6 +52,7 @@ def _vagrantfile_copy_and_provision() -> tuple[list[str], str]:
 
 @pytest.mark.lab
 @pytest.mark.slow
+@pytest.mark.timeout(1500)  # the provisioning it runs may take its 1200 s
 def test_provisioning_builds_a_working_lab_on_this_debian(tmp_path: Path) -> None:
     """Do what `vagrant up` does inside the VM, on this machine: copy the tree with the
     Vagrantfile's rsync excludes to where the VM mounts it, run its inline provision

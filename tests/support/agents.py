@@ -61,10 +61,12 @@ def sender_config(**overrides: object) -> SenderConfig:
     return SenderConfig(**base)
 
 
-def stream_out(sender: Sender, step: float = 0.001) -> float:
-    """Drain the whole first pass (nobody listening); returns the virtual time it ended."""
+def stream_out(sender: Sender, step: float = 0.001, limit: float = 600.0) -> float:
+    """Drain the whole first pass (nobody listening); returns the virtual time it ended.
+    A stream still running after ``limit`` virtual seconds fails the test (not a hang)."""
     now = 0.0
     while sender.stream_position < sender.layout.total_seq:
+        assert now < limit, f"the stream stalled at {sender.stream_position}/{sender.layout.total_seq}"
         now += step
         sender.datagrams_to_send(now)
     return now
