@@ -1,6 +1,7 @@
 """A throw-away single-node etcd for labs and tests (Debian's ``etcd-server``, 3.4+):
 its own free ports and data directory, stopped by PID; ``restart`` keeps the data (an
-etcd restarted mid-run, as the controller HA test needs)."""
+etcd restarted mid-run, as the controller HA test needs). A start that fails stops the
+process it started before it raises; ``with Etcd(dir) as etcd:`` stops it on the way out."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import signal
 import subprocess
 import time
 from pathlib import Path
+from types import TracebackType
+from typing import Optional
 
 import requests
 
@@ -39,8 +42,24 @@ class Etcd:
     def store_url(self) -> str:
         return f"etcd://{self.endpoint}"
 
+    def __enter__(self) -> "Etcd":
+        self.start()
+        return self
+
+    def __exit__(self, kind: Optional[type[BaseException]], exc: Optional[BaseException],
+                 tb: Optional[TracebackType]) -> None:
+        self.stop()
+
     def start(self, timeout: float = 20) -> None:
-        """Start (or start again over the same data) and wait until it serves."""
+        """Start (or start again over the same data) and wait until it serves; if it does
+        not, stop it (by PID) and raise LabError with its log."""
+        try:
+            self._start(timeout)
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start(self, timeout: float) -> None:
         self.data.mkdir(parents=True, exist_ok=True)
         log = self.workdir / f"etcd-{self.starts}.log"
         self.starts += 1
@@ -66,15 +85,15 @@ class Etcd:
         raise LabError(f"etcd did not become healthy in {timeout:g} s:\n{log.read_text()[-3000:]}")
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
-        """Stop our etcd process by PID (SIGKILL after 10 s)."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(sig)
+        """Stop our etcd process by PID (SIGKILL after 10 s). Safe to call again."""
+        proc, self.proc = self.proc, None
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(sig)
             try:
-                self.proc.wait(10)
+                proc.wait(10)
             except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-        self.proc = None
+                proc.kill()
+                proc.wait(5)
 
     def restart(self, down_s: float = 0.0) -> None:
         self.stop()

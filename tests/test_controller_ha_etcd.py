@@ -19,6 +19,8 @@ from lab.sh import free_port
 from tests.support.controller_lab import wait_for
 from tests.support.lab import skip_or_fail
 
+pytestmark = pytest.mark.lab  # real etcd and controller processes
+
 FAILOVER_BOUND_S = 5.0  # lease TTL 2 s + etcd's expiry check + one election step; target 3 s
 
 

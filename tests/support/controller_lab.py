@@ -1,12 +1,14 @@
 """The one way controller lab tests get a fabric: ``modelcast-controller`` plus an Open
-vSwitch lab of a topology, torn down (lab by name, controller by PID) even on failure."""
+vSwitch lab of a topology, torn down (lab by name, controller by PID) even on failure:
+also when the start fails half-way, and the controller also when the lab's teardown
+raises."""
 
 from __future__ import annotations
 
 import re
 import subprocess
 import time
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
@@ -26,18 +28,17 @@ def controller_lab(topo: T.Topology, work: Path,
     every switch and link. ``prepare`` runs on the built lab before that wait (e.g. to
     fill ARP caches)."""
     need_lab()
-    ctl = Controller(work, args=args)
-    ctl.start()
-    lab = Lab(topo, controller=ctl.of_target)
-    try:
+    with ExitStack() as teardown:  # runs every stop, in reverse order, whichever of them raises
+        ctl = Controller(work, args=args)
+        teardown.callback(ctl.stop)  # (before start: a controller that never got healthy is stopped too)
+        ctl.start()
+        lab = Lab(topo, controller=ctl.of_target)
+        teardown.callback(lab.stop)
         lab.start()
         if prepare is not None:
             prepare(lab)
         ctl.wait_topology(switches=len(topo.switches), links=len(topo.links))
         yield lab, ctl
-    finally:
-        lab.stop()
-        ctl.stop()
 
 
 def wait_for(pred: Callable[[], bool], timeout: float, step: float = 0.05) -> bool:
