@@ -50,7 +50,9 @@ def test_a_kernel_without_reporting_is_left_alone(fake_sys: Path, tmp_path: Path
 
 
 def test_first_touch_reports_both_costs(tmp_path: Path) -> None:
-    costs = memory.first_touch(tmp_path, 2 << 20)
+    """Both are CPU seconds per GB of a real write: above zero, and below 10 s/GB (a first
+    touch costs ~3 s/GB on the VMs bench/memory.py describes, ~0.2 s/GB elsewhere)."""
+    costs = memory.first_touch(tmp_path, 16 << 20)
     assert set(costs) == {"first_write_s_per_gb", "rewrite_s_per_gb"}
-    assert all(v >= 0 for v in costs.values())
+    assert all(0 < v < 10 for v in costs.values()), costs
     assert not list(tmp_path.iterdir())
