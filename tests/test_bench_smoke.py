@@ -10,7 +10,8 @@ import pytest
 
 from tests.support.lab import need_lab
 
-pytestmark = pytest.mark.lab
+# Each runs a benchmark in a subprocess allowed 600 s: the test gets that and its checks.
+pytestmark = [pytest.mark.lab, pytest.mark.timeout(900)]
 
 METHODS = {"tcp", "uftp", "modelcast", "bittorrent", "chain"}
 
@@ -37,7 +38,12 @@ def test_benchmark_smoke(tmp_path):
     # the sender's congestion response is kept with each run, to explain a slow one
     sender = runs["modelcast"]["detail"]["sender"]
     assert 0 < sender["stream_s"] <= runs["modelcast"]["seconds"], sender
-    assert sender["rate_decreases"] >= 0 and {"none", "local", "group", "link"} <= set(sender["loss_verdicts"])
+    # every cut answers a closed NACK window judged congestion (group or link), and a run
+    # that cut reports how deep (the lowest rate), one that did not reports none
+    verdicts = sender["loss_verdicts"]
+    assert {"none", "local", "group", "link"} <= set(verdicts), sender
+    assert 0 <= sender["rate_decreases"] <= verdicts["group"] + verdicts["link"], sender
+    assert (sender["rate_decreases"] > 0) == (sender["lowest_rate_mbit"] is not None), sender
     assert set(runs["bittorrent"]["detail"]["aria2_complete"]) == set(runs["bittorrent"]["detail"]["verified"])
     fab = {m: r["fabric"] for m, r in runs.items()}
     for m, f in fab.items():
@@ -99,7 +105,8 @@ def test_agent_benchmark_smoke(tmp_path):
     assert stalled and all(r["detail"]["stall_dropped"] > 0 for r in stalled)
     assert "- stall: with a shared stall" in (tmp_path / "agent.md").read_text()
     # every method wrote into memory made equally warm up front, and the receivers ran the C path
-    assert data["meta"]["memory"]["warmed_bytes"] > 0 and data["meta"]["memory"]["rewrite_s_per_gb"] >= 0
+    memory = data["meta"]["memory"]
+    assert memory["warmed_bytes"] > 0 and 0 < memory["rewrite_s_per_gb"] and 0 < memory["first_write_s_per_gb"], memory
     assert all(r["detail"]["native_rx"] for r in runs if r["method"] == "modelcast"), "hostagent._fastrun not built"
 
 
