@@ -149,6 +149,11 @@ def test_only_the_three_known_flag_bits_are_accepted() -> None:
     for bit in (0x08, 0x10, 0x20, 0x40, 0x80):
         raw = data_raw(0, 10, repair=True, flags=wire.FLAG_MULTICAST | bit)
         assert verdict(raw) == "bad_field" and wire.parse_data(raw) is None, hex(bit)
+    # and each known bit only where it means something
+    multicast_data = data_raw(0, 10, flags=wire.FLAG_MULTICAST)
+    assert verdict(multicast_data) == "bad_field" and wire.parse_data(multicast_data) is None
+    assert verdict(header(wire.T_HELLO, wire.FLAG_CLOSING) + bytes(8)) == "bad_field"
+    assert verdict(header(wire.T_HELLO, wire.FLAG_MULTICAST) + bytes(8)) == "bad_field"
 
 
 @pytest.mark.parametrize("msg", [Hello(SESSION, 1), CompleteAck(SESSION, U64_MAX), End(SESSION, U64_MAX, 2**32 - 1),
@@ -440,6 +445,8 @@ def test_the_c_and_python_compaction_move_the_same_bytes_at_the_edges(key) -> No
         assert n_c == n_py == sum(sizes) and c[:n_c] == py[:n_py]
     with pytest.raises(ValueError):
         fastrun.compact_run(memoryview(bytearray(200)), DATA_HEADER_LEN + tail, tail)  # no room for a payload
+    with pytest.raises(ValueError):
+        fastrun.compact_run(memoryview(bytearray(200)), 100, -1)
 
 
 # --------------------------------------------------------------------------- manifest cache entries
