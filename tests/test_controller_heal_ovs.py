@@ -112,6 +112,7 @@ def test_hand_deletions_are_repaired_and_flapping_leaves_no_stale_state(fabric):
     assert ctl.api("DELETE", f"/v1/groups/{g['id']}").status_code == 204
 
 
+@pytest.mark.timeout(1800)  # 8,000 REST calls: ~300 s on a 2-core lab machine, more on a slower one
 def test_4000_groups_over_rest_all_install_and_all_tear_down(fabric):
     lab, ctl, _ = fabric
     hosts = [h.ip for h in TOPO.hosts]
