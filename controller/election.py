@@ -2,7 +2,7 @@
 machine: ``Election.step(now)`` makes the store calls that are due and returns a
 ``Status`` (who leads, with which generation); ``role_for(status)`` says which OpenFlow
 role this instance asks every switch for. No Ryu, no sockets: tests drive it with a fake
-store and a hand-stepped clock (``tests/test_controller_election.py``).
+store and a hand-stepped clock (``tests/controller/test_election.py``).
 
 How it stays safe:
 

@@ -12,7 +12,7 @@
  * cryptography is written here.
  *
  * The tests hold both implementations to the same verdicts and bytes
- * (tests/test_hostagent_fastrun.py); hostagent.fastrun falls back to the Python one,
+ * (tests/hostagent/test_fastrun.py); hostagent.fastrun falls back to the Python one,
  * with a warning, when this module was not built.
  */
 #define PY_SSIZE_T_CLEAN

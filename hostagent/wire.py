@@ -349,7 +349,7 @@ def _new_gmac(key: bytes) -> Any:
     """AES-256-GMAC under ``key``, as an object with ``tag(seq, data)``: the C one (one
     reused OpenSSL context) where ``hostagent.native`` says the C extension is used, else
     cryptography's AESGCM -- imported only then: it cost every agent ~10 ms of CPU at
-    start-up. ``tests/test_hostagent_wire.py`` holds the tags to cryptography's."""
+    start-up. ``tests/hostagent/test_wire.py`` holds the tags to cryptography's."""
     return native.module.Gmac(key) if native.NATIVE else _AesGmac(key)
 
 

@@ -3,7 +3,7 @@ anchor or a page left out of the nav fails), it has the pages the README promise
 the README stays a front page (short, every link into the docs landing on a built page).
 
 The REST examples of ``docs/rest.md`` are run against a real controller by
-``tests/test_readme_rest.py``.
+``tests/controller/test_rest_examples.py``.
 """
 
 from __future__ import annotations
@@ -76,3 +76,17 @@ def test_docs_hold_no_dated_or_before_after_files():
     stale = [str(p.relative_to(ROOT)) for p in DOCS.rglob("*")
              if re.search(r"\d{4}-\d{2}-\d{2}|before|after|history", p.name)]
     assert not stale, f"dated or before/after files under docs/: {stale}"
+
+
+def test_every_file_the_docs_and_the_readme_cite_exists() -> None:
+    """A path in backquotes (``tests/...``, ``controller/...``) names a file that is
+    there: tests and modules move, and a page must not send a reader to nothing."""
+    cited = re.compile(r"`((?:tests|controller|hostagent|lab|bench|topologies|scripts)/[\w/.*-]+\.(?:py|c|json|sh))")
+    missing, seen = [], 0
+    for page in [README, *DOCS.rglob("*.md")]:
+        for path in cited.findall(page.read_text(encoding="utf-8")):
+            seen += 1
+            if not list(ROOT.glob(path)):
+                missing.append(f"{page.relative_to(ROOT)}: {path}")
+    assert seen > 20  # (the pattern still finds the pages' citations)
+    assert not missing, "\n".join(missing)

@@ -112,10 +112,45 @@ def test_no_import_cycles() -> None:
     assert not cycles, "import cycles: " + "; ".join(" -> ".join(c + c[:1]) for c in cycles)
 
 
+def _is_test_module(name: str) -> bool:
+    return name.startswith("tests.") and name.rpartition(".")[2].startswith("test_")
+
+
 def test_no_test_module_imports_another() -> None:
-    bad = [f"{a} imports {b}" for a, b in GRAPH.edges
-           if a.startswith("tests.test_") and b.startswith("tests.test_")]
+    bad = [f"{a} imports {b}" for a, b in GRAPH.edges if _is_test_module(a) and _is_test_module(b)]
     assert not bad, "\n".join(bad)
+
+
+# Tests sit by package and kind: tests/<package>/test_<module>.py for unit tests, and
+# tests/lab/ for everything that needs root, Open vSwitch or network namespaces (the
+# ``lab`` marker): ``make test-fast`` leaves those out. The top level keeps what
+# concerns the whole project.
+TEST_DIRS = {"controller", "hostagent", "bench", "lab", "support"}
+TOP_LEVEL_TESTS = {"test_layout.py", "test_docs.py", "test_topologies.py", "test_support_teardown.py"}
+
+
+def test_tests_are_laid_out_by_package_and_kind() -> None:
+    tests = REPO / "tests"
+    dirs = {p.name for p in tests.iterdir() if p.is_dir() and not p.name.startswith((".", "__"))}
+    assert dirs == TEST_DIRS
+    assert {p.name for p in tests.glob("test_*.py")} == TOP_LEVEL_TESTS
+    for d in TEST_DIRS - {"support"}:
+        assert (tests / d / "__init__.py").exists(), d  # (unique module names: tests.<d>.test_x)
+        assert list((tests / d).glob("test_*.py")), d
+
+
+def test_lab_tests_live_in_tests_lab() -> None:
+    """A file outside tests/lab/ whose every test needs the lab (a module-wide ``lab``
+    marker) belongs in tests/lab/."""
+    wrong = []
+    for path in (REPO / "tests").rglob("test_*.py"):
+        if path.parent.name == "lab":
+            continue
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "pytestmark" for t in node.targets) \
+                    and "lab" in ast.unparse(node.value):
+                wrong.append(str(path.relative_to(REPO)))
+    assert not wrong, wrong
 
 
 def test_pip_ships_only_the_product() -> None:
@@ -126,7 +161,7 @@ def test_pip_ships_only_the_product() -> None:
 
 @pytest.mark.parametrize("source, target, ok", [
     ("lab.fabric", "controller.core", True), ("bench.scale", "lab.netsim", True),
-    ("tests.test_e2e", "bench.baselines", True), ("hostagent.cli", "lab.sh", False),
+    ("tests.lab.test_e2e", "bench.baselines", True), ("hostagent.cli", "lab.sh", False),
     ("topologies.spec", "controller.core", False), ("controller.app", "hostagent.wire", False),
     ("lab.ovs", "bench.net", False),
 ])

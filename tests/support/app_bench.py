@@ -2,8 +2,8 @@
 ``test_valveapp_smoke`` pattern): fake datapaths that apply every message to the simulated
 fabric and answer barriers, stats requests and errors with events from another green
 thread; a ``Bench`` that dispatches events to a real ``ModelcastApp`` by event class and
-dispatcher state, as Ryu does. Shared by ``tests/test_app_smoke.py`` and
-``tests/test_controller_ha.py``."""
+dispatcher state, as Ryu does. Shared by ``tests/controller/test_app.py`` and
+``tests/controller/test_ha.py``."""
 
 from __future__ import annotations
 

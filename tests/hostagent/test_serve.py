@@ -1,6 +1,6 @@
 """``modelcast serve`` / ``fetch``: the round policy (pure: arrivals and ``now`` in,
 decisions out) and one server and fetcher in-process on loopback against the fake
-controller. The OVS lab run with a fleet arriving over time is tests/test_serve_lab.py."""
+controller. The OVS lab run with a fleet arriving over time is tests/lab/test_serve.py."""
 
 from __future__ import annotations
 

@@ -25,7 +25,7 @@ from schemathesis.specs.openapi.checks import positive_data_acceptance
 from lab.controller import Controller
 from tests.support.controller_env import real_controller
 
-OPENAPI = Path(__file__).resolve().parents[1] / "controller" / "openapi.json"
+OPENAPI = Path(__file__).resolve().parents[2] / "controller" / "openapi.json"
 TOKEN = "schemathesis-admin-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 EXAMPLES = 30  # per operation (and per test): ~13 operations, a few seconds each

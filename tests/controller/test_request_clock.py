@@ -1,6 +1,6 @@
 """``controller.webserver.RequestClock``: the deadline a REST request must arrive within
 (slowloris), apart from eventlet's per-read timeouts. The real server is exercised in
-``tests/test_controller_watch.py``."""
+``tests/controller/test_watch.py``."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 ``etcd-server``), no switches: the election, REST forwarding from followers, the
 followers' mirrored state, fenced writes, a SIGKILLed leader, the host agent's client
 configured with every instance, and etcd restarted under them. (The same on OVS, with
-a transfer and a stream running: ``tests/test_controller_ha_ovs.py``.)"""
+a transfer and a stream running: ``tests/lab/test_controller_ha.py``.)"""
 
 from __future__ import annotations
 

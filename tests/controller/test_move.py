@@ -157,7 +157,7 @@ def _protected(core: MulticastCore, p: int, c: int) -> bool:
 
 
 def test_the_ovs_lab_failures_move_without_a_hole():
-    """The OVS lab's case (tests/test_controller_ff_ovs.py): leaf-spine 2 spines, 3 leaves,
+    """The OVS lab's case (tests/lab/test_controller_ff.py): leaf-spine 2 spines, 3 leaves,
     a group from h1 to h3 and h5; a spine -> leaf link of its tree cut, ten times over as
     the tree moves around. Before the fix the phase that switched traffic onto the new
     tree also held the group-mods cutting the old feeds, so a switch that applied its cut

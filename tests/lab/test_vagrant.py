@@ -13,7 +13,7 @@ import pytest
 
 from tests.support.lab import skip_or_fail
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_provisioning_runs_the_ci_install_scripts() -> None:

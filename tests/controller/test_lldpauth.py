@@ -1,7 +1,7 @@
 """Signed discovery frames (``controller.lldpauth``): a link is learned only from an LLDP
 frame this controller made. A host forging Ryu's plain format could make the controller
 drop a real link and believe one into the host's port (the lab test in
-``tests/test_controller_lldp_ovs.py`` replays that attack)."""
+``tests/lab/test_controller_lldp.py`` replays that attack)."""
 
 from __future__ import annotations
 

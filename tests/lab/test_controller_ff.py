@@ -13,7 +13,7 @@ with protection (median < 50 ms; < 500 ms with the hog, which starves userspace 
 itself on 2 cores) is generous so that a shared CI machine passes it, the target is
 < 10 ms. The hole after the failover's -- the controller's move to the new tree, also
 once the stopped controller resumes -- should be none (issue 12: the move cut old feeds
-before every new one was confirmed; tests/test_controller_move.py checks every state a
+before every new one was confirmed; tests/controller/test_move.py checks every state a
 move passes through); its median is held to the same bounds. Each hole's datagrams are
 also timed at the sender: a sender starved by the hog catches up in a burst, and a burst
 a starved switch drops is the load's loss, not a cut path (``after_sent_ms``)."""

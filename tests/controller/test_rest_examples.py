@@ -42,7 +42,7 @@ from lab.controller import Controller
 from tests.support.controller_env import default_topology, real_controller
 from tests.support.lab import skip_or_fail
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 REST_DOC = ROOT / "docs" / "rest.md"
 README = ROOT / "README.md"
 DOC_ADDRESS = "localhost:8080"

@@ -23,7 +23,7 @@ from lab.sh import LabError, leftovers, sh
 from topologies.spec import leaf_spine, linear, ring
 from tests.support.lab import need_lab, skip_or_fail
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
