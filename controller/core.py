@@ -112,16 +112,20 @@ class MulticastCore:
         self._by_addr: defaultdict[str, set[int]] = defaultdict(set)
         self._next_gid = 1
         self._saved_trees: dict[int, dict[int, int | None]] = {}  # restored, not yet rebuilt
-        # the managers' state under the names the app, the service and the tests read
-        fo, pl = self.failover, self.planner
-        self.detours, self.no_ff, self.ff_refs, self.guards = fo.detours, fo.no_ff, fo.ff_refs, fo.guards
-        self.shared_want = fo.shared_want
-        self.installed, self.placed, self.shared, self.changes = pl.installed, pl.placed, pl.shared, pl.changes
-        self.entries_at, self.shared_intended = pl.entries_at, fo.shared_intended
+        self.entries_at, self.shared_intended = self.planner.entries_at, self.failover.shared_intended
 
-    @property
-    def nicira(self) -> bool:
-        return self.failover.nicira
+    # the managers' state under the names the app, the service and the tests read
+    # (read-only: rebinding one here would part it from the manager that keeps it)
+    nicira = property(lambda self: self.failover.nicira)
+    detours = property(lambda self: self.failover.detours)
+    no_ff = property(lambda self: self.failover.no_ff)
+    ff_refs = property(lambda self: self.failover.ff_refs)
+    guards = property(lambda self: self.failover.guards)
+    shared_want = property(lambda self: self.failover.shared_want)
+    installed = property(lambda self: self.planner.installed)
+    placed = property(lambda self: self.planner.placed)
+    shared = property(lambda self: self.planner.shared)
+    changes = property(lambda self: self.planner.changes)
 
     # -- groups ------------------------------------------------------------------------
     def group(self, gid: int) -> Group:

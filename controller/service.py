@@ -679,7 +679,7 @@ class Service:
         old = self.core
         self.core = MulticastCore(algorithm=old.algorithm, udp_port=old.udp_port,
                                   balance=old.balance, protection=old.protection, nicira=old.nicira)
-        self.core.no_ff = set(old.no_ff)  # (what the switches said of themselves still holds)
+        self.core.no_ff.update(old.no_ff)  # (what the switches said of themselves still holds)
         self.keys.clear()
         self.transfers.clear()
         self.offers.clear()

@@ -432,3 +432,20 @@ def test_held_requests_are_counted_exactly_from_many_threads():
         t.join()
     assert changes.held == 0 and 1 <= most[0] <= 5
     assert changes.refused < 40 * 200
+
+
+def test_a_reloaded_core_still_knows_which_switches_have_no_fast_failover() -> None:
+    """A follower's mirror or a new leader's reload rebuilds the core; what switches said
+    of themselves (no FF groups) must reach the new core's protection, or the next tree
+    would send FF groups a switch refuses."""
+    env = make_env()
+    dpid = env.topo.host(S).dpid  # (the source's switch: every tree leaves it)
+    env.service.apply(env.core.set_fast_failover(dpid, False), "fast-failover")
+    env.service.reload(env.service.state())
+    core = env.service.core
+    assert dpid in core.no_ff and dpid in core.failover.no_ff
+    g, _ = core.create_group("llama", S, [R1, R2, R3])
+    assert g.tree is not None and dpid in g.tree.entries
+    assert g.tree.entries[dpid].ff == ()  # no FF group at a switch without them
+    with pytest.raises(AttributeError):
+        core.no_ff = set()  # (the managers' state cannot be rebound from outside)
