@@ -389,6 +389,7 @@ def test_mininet_custom_topo(lab_env: None) -> None:
     assert left == [], f"mn left {left} behind (removed now)"
 
 
+@pytest.mark.lab
 def test_management_network_reaches_the_root_namespace(lab_env):
     """Agents in the hosts reach a service listening on the management gateway."""
     import socket
