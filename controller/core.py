@@ -97,7 +97,6 @@ class MulticastCore:
         self.algorithm = algorithm
         self.udp_port = udp_port
         self.balance = balance
-        self.protection = protection
         self.groups: dict[int, Group] = {}
         self.failover = self.Failover(self.view, protection, nicira)
         self.planner = Planner(self.view, self.groups, self.failover)
@@ -116,6 +115,7 @@ class MulticastCore:
 
     # the managers' state under the names the app, the service and the tests read
     # (read-only: rebinding one here would part it from the manager that keeps it)
+    protection = property(lambda self: self.failover.protection)
     nicira = property(lambda self: self.failover.nicira)
     detours = property(lambda self: self.failover.detours)
     no_ff = property(lambda self: self.failover.no_ff)
@@ -408,7 +408,7 @@ class MulticastCore:
     def _sync(self, gids: Iterable[int], stale: tuple[set[tuple[int, int]], dict[int, list[tuple[int, int]]]]
               | None = None) -> Plan:
         """Bring ``gids``' trees up to date and diff them. ``stale``: what the caller
-        already asked of ``_restale`` (the protected ports whose detour changed) and of
+        already asked of ``Failover.restale`` (the protected ports whose detour changed) and of
         ``_crossing`` for those ports' links (``_stale_links``), so that a failure scans
         the trees once."""
         gids = list(gids)
@@ -442,7 +442,7 @@ class MulticastCore:
                     tree.unreachable = frozenset(g.receivers - tree.reached)
             if tree is not None:
                 tree.members = g.members
-            if fill is not None:  # (``_fill`` did what ``_protect`` and ``_swap`` do)
+            if fill is not None:  # (``Failover.fill`` did what ``protect`` and ``_swap`` do)
                 if tree is not None:
                     self.load.add_tree(tree, 1)
                 self._tree(g, tree)
@@ -486,7 +486,7 @@ class MulticastCore:
             entries = g.tree.entries
             old = {n: entries[n] for n in at}
             self.failover.protect(g.tree, at)
-            # (``_protect`` leaves an entry whose protection is the same as it was)
+            # (``Failover.protect`` leaves an entry whose protection is the same as it was)
             moved = [n for n in at if entries[n] is not old[n]]
             if moved:
                 self.failover.recount({n: old[n] for n in moved}, {n: entries[n] for n in moved})

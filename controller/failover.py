@@ -145,7 +145,7 @@ class Failover:
                 for f in used:
                     c = refs.get(f, 0) + 1
                     refs[f] = c
-                    if c == 1:  # (``_count``)
+                    if c == 1:  # (``count``)
                         if f ^ IN_PORT_BIT not in refs:
                             self.guard((n, ff_port(f)), True)
                         else:
@@ -257,7 +257,7 @@ class Failover:
     def _piece(self, dpid: int, port: int) -> tuple:
         """What protecting port ``dpid:port`` puts into the entries of every tree using
         it (``_piece_of``), computed once per topology. The caller has run
-        ``_restale`` (or ``_pieces_now``) for this topology."""
+        ``restale`` (or ``pieces_now``) for this topology."""
         pc = self._piece_of(dpid, port)
         at = self._pieces.get(dpid)
         if at is None:
@@ -274,7 +274,7 @@ class Failover:
             d = self.detours.get(dpid, port)
             if d is not None:
                 link_tag = tag(dpid, port)
-                if self.nicira:  # (the detour's one flow at its end serves every tree: ``_guard``)
+                if self.nicira:  # (the detour's one flow at its end serves every tree: ``guard``)
                     return (d.first, ff_id(port, False), ff_id(port, True), _NO_ARRIVAL, link_tag, ())
                 return (d.first, ff_id(port, False), ff_id(port, True), d.arrival, link_tag,
                         (d.arrival, link_tag, TO_OWN_GROUP))
@@ -284,7 +284,7 @@ class Failover:
         """What the live link from ``par`` down to ``n`` gives every tree entry at ``n``
         below it, once per topology: (``n``'s port towards ``par``, the piece (``_piece``)
         of ``par``'s port towards ``n``, () without protection). The caller has run
-        ``_pieces_now`` for this topology."""
+        ``pieces_now`` for this topology."""
         down = self.view.nbr_ports[par][n]
         at = self._pieces.get(par)
         pc = at.get(down) if at is not None else None
@@ -399,7 +399,7 @@ class Failover:
         A replaced detour keeps its first and last hop where it can (``protect.Detours``),
         and then no entry changes."""
         stale = self.detours.stale()
-        self._stale_keys |= stale  # (their pieces are forgotten by ``_pieces_now``)
+        self._stale_keys |= stale  # (their pieces are forgotten by ``pieces_now``)
         self._detours_at = (self.view.edge_count, self.view.removals)
         for key in stale:
             if key in self.guards:

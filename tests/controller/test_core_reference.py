@@ -283,7 +283,7 @@ def test_first_trees_built_in_one_pass_equal_the_passes_apart(topo, data, protec
     one pass (``Failover.fill``) and its messages in one loop
     (``ofmsgs.tree_adds``, leaves first from the search's depths): after every change
     of a random sequence the plans, in sending order, and the whole core state are
-    those of a core that builds them through ``_protect``, ``_swap`` and the general
+    those of a core that builds them through ``Failover.protect``, ``MulticastCore._swap`` and the general
     diff."""
     ips = [h.ip for h in topo.hosts]
     assume(len(ips) >= 2)
