@@ -89,8 +89,8 @@ class Failover:
         self.dirty: defaultdict[int, set[tuple]] = defaultdict(set)  # dpid -> keys that may differ
 
     def anew(self) -> list[tuple[int, int]]:
-        """Forget every piece (what they depend on changed: ``nicira``, ``no_ff``), the
-        guards' shared entries dropped; returns the guarded links, for ``reguard``."""
+        """Every guard's shared entries dropped, before what the pieces depend on changes
+        (``nicira``, ``no_ff``); returns the guarded links, for ``reguard``."""
         keys = list(self.guards)
         for key in keys:
             self.guard(key, False)

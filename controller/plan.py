@@ -154,6 +154,7 @@ class Plan:
     def __iter__(self) -> Iterator[tuple[int, Any]]:
         return iter(self.messages())
 
+
 class Planner:
     """The switches' believed state and the diff into plans (see the module's
     docstring). ``groups``: the core's groups, read for their trees; ``one_pass``
