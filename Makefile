@@ -33,7 +33,7 @@ demo: $(VENV)/.installed
 
 # Controller benchmark (prints JSON): tree computation and reroutes on fat-tree k=16.
 bench-controller: $(VENV)/.installed
-	$(PY) -m bench.controller --json
+	@$(PY) -m bench.controller --json
 
 # The same beyond fat-tree:16: every topology family at a few sizes, a table of ratios.
 bench-controller-sweep: $(VENV)/.installed
