@@ -23,15 +23,37 @@ if TYPE_CHECKING:
 
 TOKEN_ENV = "MODELCAST_TOKEN"
 UNHELD_PAUSE_S = 0.5  # after a GET the controller answered at once although asked to wait (watch_group)
+# A group this client made (or was handed by create_group) may be unknown for a moment to
+# an instance that mirrors the leader's state: its 404 within this long is "not yet".
+MIRROR_GRACE_S = 5.0
+BACKOFF_FIRST_S = 0.1  # the first pause before asking again; doubled up to BACKOFF_MAX_S
+BACKOFF_MAX_S = 1.0
+_UNAVAILABLE = (502, 503, 504)  # the instance (or a proxy before it) could not serve the call: did nothing
+_KEY_FIELDS = ("key",)  # members of a controller answer that hold key material
 
 
 class ControllerError(Exception):
-    """Anything that stops us using the controller; ``str()`` is one printable line."""
+    """Anything that stops us using the controller; ``str()`` is one printable line.
+
+    ``status`` is the HTTP status when the controller answered (None: no answer).
+    ``transient`` says whether the same call may succeed later: unreachable, a 5xx, or a
+    404 for a group this client just got (an instance still mirroring the leader). A
+    refusal (4xx) is not transient: asking again gets the same answer."""
+
+    def __init__(self, message: str, *, status: Optional[int] = None, transient: bool = False,
+                 retry_after: Optional[float] = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.transient = transient
+        self.retry_after = retry_after  # seconds, from a Retry-After header
 
 
 class _Unavailable(ControllerError):
-    """This instance could not take the call (unreachable, or 503: no leader right now)
-    and did nothing: another instance, or a retry, may serve it."""
+    """This instance could not take the call (unreachable, or 502/503/504: no leader
+    right now) and did nothing: another instance, or a retry, may serve it."""
+
+    def __init__(self, message: str, *, status: Optional[int] = None, retry_after: Optional[float] = None) -> None:
+        super().__init__(message, status=status, transient=True, retry_after=retry_after)
 
 
 def controller_urls(text: str) -> list[str]:
@@ -51,11 +73,19 @@ class ControllerClient:
     commas (the instances of one controller), and an optional bearer token.
 
     With several URLs a call that finds an instance unreachable, or answering 503 (no
-    leader elected at this moment), goes to the next, and keeps cycling through them for
-    up to ``failover_s`` seconds (the controller elects a new leader within its lease
-    TTL, ~2 s): a client configured with every instance keeps working when one dies. A
-    call is never repeated after a request was sent and not answered (a timeout): it
-    may have been served."""
+    leader elected at this moment), goes to the next, and keeps cycling through them,
+    pausing with back-off (``BACKOFF_FIRST_S`` doubling to ``BACKOFF_MAX_S``, or the
+    answer's Retry-After) for up to ``failover_s`` seconds (the controller elects a new
+    leader within its lease TTL, ~2 s): a client configured with every instance keeps
+    working when one dies. One URL answering 503 is asked again the same way; one that
+    cannot be reached fails at once (there is nothing else to ask).
+
+    Reads are served by any instance from its mirror of the leader's state, which can
+    lag the leader by a moment: a 404 for a group this client was handed within
+    ``MIRROR_GRACE_S`` is asked of the other instances, then again after a pause, until
+    the grace ends; with several URLs a read's 404 counts only once every instance
+    answered it. A call is never repeated after a request was sent and not answered (a
+    timeout): it may have been served."""
 
     def __init__(
         self,
@@ -70,6 +100,7 @@ class ControllerClient:
         self.failover_s = failover_s
         self.token = token if token is not None else os.environ.get(TOKEN_ENV) or None
         self.request_timeout = request_timeout
+        self._handed: dict[int, float] = {}  # group id -> when an answer handed it to us (MIRROR_GRACE_S)
         import requests
 
         self._http = session or requests.Session()
@@ -81,7 +112,10 @@ class ControllerClient:
         body: dict[str, Any] = {"model": model, "source": source}
         if receivers:
             body["receivers"] = list(receivers)
-        return self._call("POST", "/v1/groups", body)
+        group = self._call("POST", "/v1/groups", body)
+        if isinstance(group, dict) and isinstance(group.get("id"), int):
+            self._handed[group["id"]] = time.monotonic()
+        return group
 
     def get_group(self, group_id: int) -> dict:
         return self._call("GET", f"/v1/groups/{group_id}")
@@ -220,24 +254,53 @@ class ControllerClient:
     def _call(self, method: str, path: str, body: Optional[dict] = None,
               extra: Optional[dict] = None, reply: Optional[dict] = None) -> Any:
         """``extra``: more request headers; ``reply``, when given, gets the answer's
-        ``status`` and ``etag``."""
-        if len(self.urls) == 1:
-            return self._call_one(self.base_url, method, path, body, extra, reply)
+        ``status`` and ``etag``. Instances are asked in turn, the one that answered last
+        first; what is asked again, and for how long, is the class docstring's."""
         deadline = time.monotonic() + self.failover_s
+        pause = BACKOFF_FIRST_S
         while True:
             start = self.urls.index(self.base_url)
+            not_found = 0  # instances that answered this read with a 404 in this pass
+            last: Optional[ControllerError] = None
             for url in self.urls[start:] + self.urls[:start]:
                 try:
                     out = self._call_one(url, method, path, body, extra, reply)
-                except _Unavailable as exc:
+                except ControllerError as exc:
+                    if not self._ask_again(exc, method, path):
+                        raise
                     last = exc
+                    not_found += exc.status == 404
                     continue
                 self.base_url = url
                 return out
-            if time.monotonic() >= deadline:
+            assert last is not None
+            now = time.monotonic()
+            if not_found == len(self.urls) and not last.transient:
+                raise last  # every instance has no such thing: it is not a mirror's lag
+            if now >= deadline:
+                if len(self.urls) == 1:
+                    raise last
                 raise ControllerError(f"no controller instance served {method} {path} within "
-                                      f"{self.failover_s:g}s; last: {last}")
-            time.sleep(0.2)
+                                      f"{self.failover_s:g}s; last: {last}", status=last.status,
+                                      transient=True) from None
+            wait = last.retry_after if last.retry_after is not None else pause
+            time.sleep(max(0.0, min(wait, deadline - now)))
+            pause = min(pause * 2, BACKOFF_MAX_S)
+
+    def _ask_again(self, exc: ControllerError, method: str, path: str) -> bool:
+        """Whether ``exc`` may be answered differently by another instance or a moment
+        later: an instance that could not take the call (several URLs: also unreachable),
+        a 404 for a group handed to us within the grace (marked transient here), or, with
+        several URLs, a read's 404 (another instance may be the leader)."""
+        if isinstance(exc, _Unavailable):
+            return exc.status is not None or len(self.urls) > 1
+        if exc.status != 404:
+            return False
+        gid = _group_id(path)
+        if gid is not None and time.monotonic() - self._handed.get(gid, -1e18) < MIRROR_GRACE_S:
+            exc.transient = True
+            return True
+        return method == "GET" and len(self.urls) > 1
 
     def _call_one(self, base_url: str, method: str, path: str, body: Optional[dict],
                   extra: Optional[dict] = None, reply: Optional[dict] = None) -> Any:
@@ -253,23 +316,41 @@ class ControllerClient:
             raise _Unavailable(f"cannot reach controller at {base_url}: {_reason(exc)}") from None
         except requests.Timeout:
             raise ControllerError(f"controller at {base_url} did not answer {method} {path} "
-                                  f"within {self.request_timeout:g}s") from None
+                                  f"within {self.request_timeout:g}s", transient=True) from None
         except requests.ConnectionError as exc:
             raise _Unavailable(f"cannot reach controller at {base_url}: {_reason(exc)}") from None
         except requests.RequestException as exc:
             raise ControllerError(f"cannot reach controller at {base_url}: {_reason(exc)}") from None
         if reply is not None:
             reply["status"], reply["etag"] = resp.status_code, resp.headers.get("ETag")
-        if resp.status_code == 503:
-            raise _Unavailable(f"controller refused {method} {path} (503): {_error_text(resp)}")
-        if resp.status_code >= 400:
-            raise ControllerError(f"controller refused {method} {path} ({resp.status_code}): {_error_text(resp)}")
-        if resp.status_code in (204, 304) or not resp.content:
+        status = resp.status_code
+        if status in _UNAVAILABLE:
+            raise _Unavailable(f"controller at {base_url} refused {method} {path} ({status}): {_error_text(resp)}",
+                               status=status, retry_after=_retry_after(resp))
+        if status >= 400:
+            raise ControllerError(f"controller refused {method} {path} ({status}): {_error_text(resp)}",
+                                  status=status, transient=status >= 500)
+        if status in (204, 304) or not resp.content:
             return None
         try:
             return resp.json()
         except ValueError:
-            raise ControllerError(f"controller sent non-JSON for {method} {path} ({resp.status_code})") from None
+            raise ControllerError(f"controller sent non-JSON for {method} {path} ({status})") from None
+
+
+def _group_id(path: str) -> Optional[int]:
+    """The group a ``/v1/groups/{id}...`` path names (None: another path)."""
+    parts = path.split("?")[0].strip("/").split("/")
+    return int(parts[2]) if len(parts) >= 3 and parts[:2] == ["v1", "groups"] and parts[2].isdigit() else None
+
+
+def _retry_after(resp: requests.Response) -> Optional[float]:
+    """Retry-After in seconds (the delay form; an HTTP date is ignored), within BACKOFF_MAX_S."""
+    text = resp.headers.get("Retry-After", "")
+    try:
+        return min(max(0.0, float(text)), BACKOFF_MAX_S) if text else None
+    except ValueError:
+        return None
 
 
 def _reason(exc: requests.RequestException) -> str:

@@ -8,6 +8,8 @@ import json
 import os
 import socket
 import sys
+import time
+from typing import Optional
 
 import pytest
 
@@ -76,6 +78,90 @@ def test_several_controller_urls_give_up_after_the_failover_window() -> None:
     client = ControllerClient(",".join(dead), failover_s=0.5)
     with pytest.raises(ControllerError, match="no controller instance served POST /v1/groups within 0.5s"):
         client.create_group("m", "10.0.0.1")
+
+
+class Follower(FakeController):
+    """An instance that does not lead: mutations go to ``leader`` (the real one forwards
+    them and passes the answer back), reads answer from a mirror that learns each group
+    only after ``lag`` reads of it (the leader's snapshot still on its way)."""
+
+    def __init__(self, leader: FakeController, lag: int) -> None:
+        super().__init__(leader.mc_port)
+        self.leader, self.lag, self.misses = leader, lag, 0
+
+    def route(self, method: str, path: str, body: Optional[dict]) -> tuple[int, Optional[dict]]:
+        if method == "GET" and path.startswith("/v1/groups/") and self.misses < self.lag:
+            self.misses += 1
+            return 404, {"error": f"no such group {path.rsplit('/', 1)[1]}", "detail": None}
+        with self.leader.lock:
+            return self.leader.route(method, path, body)
+
+
+def test_a_followers_404_for_a_group_the_leader_just_made_is_asked_of_the_leader() -> None:
+    """``--controller FOLLOWER,LEADER``: the group is made through the follower (which
+    forwards the POST), and its mirror does not hold it yet when the sender reads it back;
+    the read is answered by the leader instead of failing the send."""
+    with FakeController(5000, pending_polls=0) as leader, Follower(leader, lag=10) as follower:
+        client = ControllerClient(f"{follower.url},{leader.url}", failover_s=5)
+        group = client.create_group("m", "10.0.0.1")
+        assert group["id"] == 1 and client.base_url == follower.url
+        installed = client.wait_installed(client.get_group(1), timeout=2, poll=0.01)
+        assert installed["state"] == "installed" and client.base_url == leader.url
+        assert follower.misses == 1  # asked once; the leader answered, and is asked first now
+
+
+def test_a_lone_followers_404_is_asked_again_until_its_mirror_catches_up() -> None:
+    """Given only the follower: its 404 for the group just made is asked again after a
+    growing pause, and served once the mirror holds the group."""
+    with FakeController(5000, pending_polls=0) as leader, Follower(leader, lag=3) as follower:
+        client = ControllerClient(follower.url, failover_s=5)
+        client.create_group("m", "10.0.0.1")
+        started = time.monotonic()
+        assert client.get_group(1)["id"] == 1
+        assert follower.misses == 3
+        assert 0.1 + 0.2 <= time.monotonic() - started < 2  # two pauses before the last two reads
+
+
+def test_a_404_is_final_for_a_group_not_just_made_or_missing_everywhere() -> None:
+    """A group this client was never handed, or one no instance has: no retry storm."""
+    with FakeController(5000) as leader, Follower(leader, lag=0) as follower:
+        lone = ControllerClient(leader.url, failover_s=5)
+        started = time.monotonic()
+        with pytest.raises(ControllerError, match=r"\(404\)") as err:
+            lone.get_group(7)
+        assert err.value.status == 404 and not err.value.transient
+        both = ControllerClient(f"{follower.url},{leader.url}", failover_s=5)
+        with pytest.raises(ControllerError, match=r"\(404\)"):
+            both.get_group(7)
+        assert time.monotonic() - started < 1
+        # asked once each: the lone client's leader; the follower, then the leader
+        assert [c[1] for c in leader.calls] == ["/v1/groups/7"] * 2
+        assert [c[1] for c in follower.calls] == ["/v1/groups/7"]
+
+
+def test_errors_say_whether_they_are_transient() -> None:
+    """What a caller that retries (fetch) reads: unreachable and 5xx may pass, a
+    refusal will not."""
+    dead = f"http://{LOOPBACK}:{free_port()}"
+    with pytest.raises(ControllerError) as err:
+        ControllerClient(dead).get_group(1)
+    assert err.value.transient and err.value.status is None and dead in str(err.value)
+    for status, transient in ((500, True), (400, False), (403, False), (409, False)):
+        with FakeController(5000, reject=(status, "no")) as fake:
+            with pytest.raises(ControllerError) as err:
+                ControllerClient(fake.url).create_group("m", "10.0.0.1")
+        assert (err.value.status, err.value.transient) == (status, transient)
+
+
+def test_a_503_is_asked_again_after_its_retry_after_within_the_bound() -> None:
+    with FakeController(5000, reject=(503, "no leader elected right now; retry shortly")) as busy:
+        client = ControllerClient(busy.url, failover_s=0.5)
+        started = time.monotonic()
+        with pytest.raises(ControllerError, match=r"\(503\)") as err:
+            client.create_group("m", "10.0.0.1")
+        elapsed = time.monotonic() - started
+    assert err.value.transient and 0.5 <= elapsed < 1.5
+    assert 3 <= len(busy.calls) <= 6  # 0.1, 0.2 then 0.2 (the bound): a few, not a storm
 
 
 def test_a_refusal_other_than_503_is_not_retried_elsewhere() -> None:
