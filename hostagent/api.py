@@ -30,7 +30,7 @@ from typing import IO, Any, Callable, Optional, Union
 from urllib.parse import urlsplit
 
 from .common import Stats
-from .control import ControllerClient, ControllerError, group_endpoint, local_ip_towards, session_key
+from .control import ControllerClient, ControllerError, describe_answer, group_endpoint, local_ip_towards, session_key
 from .events import (
     Failed, FileComplete, ManifestReceived, ReceiverCompleted, ReceiverEvent, ReceiverFailed, SenderEvent,
     StreamFinished, TransferFinished,
@@ -745,7 +745,7 @@ def _await_announced(client: ControllerClient, gid: int, joined: dict, secret_ke
                 return found
         if time.monotonic() >= deadline:
             raise ControllerError(f"timed out after {timeout:g}s waiting for the source of group {gid} "
-                                  f"to announce a transfer (last answer: {str(last)[:400]})")
+                                  f"to announce a transfer (last answer: {describe_answer(last)})")
         if etag is None:
             time.sleep(_WATCH_POLL)
 

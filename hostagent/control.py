@@ -10,6 +10,7 @@ calls (create-or-get, get, join, leave, rekey; and the offers ``modelcast serve`
 from __future__ import annotations
 
 import ipaddress
+import json
 import os
 import socket
 import time
@@ -189,7 +190,7 @@ class ControllerClient:
         poll: float = 0.5,
         unreachable_ok: bool = False,
         check: Optional[Callable[[], None]] = None,
-        describe: Callable[[Any], str] = lambda last: f"last answer: {str(last)[:400]}",
+        describe: Callable[[Any], str] = lambda last: f"last answer: {describe_answer(last)}",
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
     ) -> Any:
@@ -371,10 +372,38 @@ def _error_text(resp: requests.Response) -> str:
         return (resp.text or resp.reason or "").strip().splitlines()[0][:200] if (resp.text or resp.reason) else "no detail"
     if isinstance(obj, dict) and obj.get("error"):
         return str(obj["error"]).splitlines()[0]
-    return str(obj)[:200]
+    return describe_answer(obj, 200)
 
 
 # ---------------------------------------------------------------------- group helpers
+
+
+def without_keys(answer: Any) -> Any:
+    """A controller answer with every key member (``_KEY_FIELDS``, at any depth) shown as
+    ``"<hidden>"``: what may go into a message, a log line or a summary."""
+    if isinstance(answer, dict):
+        return {k: "<hidden>" if k in _KEY_FIELDS else without_keys(v) for k, v in answer.items()}
+    if isinstance(answer, list):
+        return [without_keys(v) for v in answer]
+    return answer
+
+
+def describe_answer(answer: Any, limit: int = 400) -> str:
+    """A controller answer in one line for an error message: a group as its id, model,
+    state, receivers and announced session; anything else as JSON, keys hidden."""
+    if isinstance(answer, dict) and {"id", "state"} <= set(answer):
+        members = answer.get("receivers") or {}
+        receivers = ", ".join(f"{ip} {state}" for ip, state in sorted(members.items())) if isinstance(
+            members, dict) else ", ".join(map(str, members))
+        session = f", announced session {answer['session']}" if answer.get("session") else ", nothing announced"
+        text = (f"group {answer['id']} ({answer.get('model')}) {answer['state']}, "
+                f"receivers: {receivers or 'none'}{session}")
+    elif isinstance(answer, (dict, list)):
+        text = json.dumps(without_keys(answer), sort_keys=True, default=str)
+    else:
+        text = str(answer)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
 
 
 def installed_receivers(group: dict) -> int:
@@ -387,7 +416,8 @@ def group_endpoint(group: dict) -> tuple[str, int]:
         addr = ipaddress.IPv4Address(group["address"])
         port = int(group["port"])
     except (KeyError, TypeError, ValueError):
-        raise ControllerError(f"controller returned a group without a valid address/port: {group!r:.200}") from None
+        raise ControllerError("controller returned a group without a valid address/port: "
+                              f"{describe_answer(group)}") from None
     if not addr.is_multicast or not 0 < port < 65536:
         raise ControllerError(f"controller returned an unusable group {addr}:{port}")
     return str(addr), port
