@@ -30,7 +30,7 @@ from typing import IO, Any, Callable, Optional, Union
 from urllib.parse import urlsplit
 
 from .common import Stats
-from .control import ControllerClient, ControllerError, describe_answer, group_endpoint, local_ip_towards, session_key
+from .control import ControllerClient, ControllerError, describe_answer, group_endpoint, session_key
 from .events import (
     Failed, FileComplete, ManifestReceived, ReceiverCompleted, ReceiverEvent, ReceiverFailed, SenderEvent,
     StreamFinished, TransferFinished,
@@ -40,8 +40,8 @@ from . import tree
 from .dirs import DirSource, PathSink
 from .manifest import cache_dir, cached_digests
 from .net import (
-    FileSink, FileSource, gso_burst_bytes, gso_segments, parse_group, parse_ipv4, path_mtu, receiver_sockets, run,
-    sender_socket,
+    PROBE_GROUP, AddressUnknown, FileSink, FileSource, gso_burst_bytes, gso_segments, own_address, parse_group,
+    parse_ipv4, path_mtu, receiver_sockets, run, sender_socket,
 )
 from .receiver import Receiver, ReceiverConfig
 from .sender import Sender, SenderConfig, build_manifest_pages, check_chunk_count, file_digests
@@ -55,7 +55,6 @@ __all__ = [
 
 _ANY = "0.0.0.0"
 PROGRESS_INTERVAL = 0.1  # seconds between on_progress calls
-_PROBE_GROUP = "232.0.1.1"  # any SSM address takes the multicast route
 # With a controller, the sender holds its data (manifests only) until the expected
 # receivers said HELLO, at most this long: they pick the announced key up as soon as the
 # controller has it (a held GET, _WATCH_WAIT), and data sent before that would have to
@@ -443,7 +442,7 @@ def _send(path: str, opts: SendOptions, source: FileSource | DirSource, interfac
     try:
         if opts.controller:
             client = _client(opts)
-            src_ip = _ipv4(opts.ip or (interface if interface != _ANY else local_ip_towards(_url_host(opts.controller))))
+            src_ip = _ipv4(opts.ip or _own_address(interface))
             model = opts.model or tree.manifest_id(pages)
             info = client.create_group(model, src_ip, list(opts.receiver_ips) or None)
             group = group_endpoint(info)
@@ -618,7 +617,7 @@ def _datagram_sizes(opts: SendOptions, interface: str) -> tuple[int, int]:
     """(payload bytes, max datagram): ``payload_size`` or, by default, what fills one
     frame on the multicast route (the group is not known yet with a controller: any SSM
     address takes the same multicast route)."""
-    probe = _group(opts.group)[0] if opts.group else _PROBE_GROUP
+    probe = _group(opts.group)[0] if opts.group else PROBE_GROUP
     # Capped at a 9000-byte jumbo frame: loopback's 64 KiB "MTU" is no wire's.
     mtu = min(path_mtu(probe, 9, interface), 9000)
     max_datagram = mtu - 28  # IPv4 + UDP headers
@@ -682,7 +681,7 @@ def receive(
     if not model:
         raise TransferError("model is required with a controller (or expect: a content id names the group)")
     client = _client(options)
-    my_ip = _ipv4(options.ip or (interface if interface != _ANY else local_ip_towards(source_ip)))
+    my_ip = _ipv4(options.ip or _own_address(interface, source_ip))
     info = client.create_group(model, source_ip)
     group = group_endpoint(info)
     info = client.join(int(info["id"]), my_ip)
@@ -1061,6 +1060,15 @@ def _require_key(key: Optional[bytes], opts: _Common, emit: OnEvent, why: str) -
 def _client(opts: _Common) -> ControllerClient:
     assert opts.controller is not None
     return ControllerClient(opts.controller, token=opts.token, request_timeout=opts.request_timeout)
+
+
+def _own_address(interface: str, toward: Optional[str] = None) -> str:
+    """This host's address on the fabric (``net.own_address``): what it registers with
+    the controller as a group's source or receiver."""
+    try:
+        return own_address(interface, toward)
+    except AddressUnknown as exc:
+        raise TransferError(str(exc)) from None
 
 
 def _url_host(url: str) -> str:

@@ -64,6 +64,80 @@ def parse_ipv4(text: str) -> str:
         raise ValueError(f"not an IPv4 address: {text!r}") from None
 
 
+# ----------------------------------------------------------------------------- this host's address
+
+ANY = "0.0.0.0"
+PROBE_GROUP = "232.0.1.1"  # any SSM address: the route the multicast fabric's datagrams take
+_SIOCGIFFLAGS, _SIOCGIFADDR = 0x8913, 0x8915  # linux/sockios.h
+_IFF_UP, _IFF_LOOPBACK = 0x1, 0x8
+
+
+class AddressUnknown(ValueError):
+    """This host's address on the fabric cannot be told; ``str()`` names the candidates."""
+
+
+def route_source(dest: str) -> str:
+    """The local address the kernel would send to ``dest`` from (a UDP connect sends
+    nothing; it only consults the routing table). OSError names ``dest``."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect((dest, 9))
+        except OSError as exc:
+            raise OSError(exc.errno, exc.strerror, f"route to {dest}") from None
+        return probe.getsockname()[0]
+
+
+def local_addresses() -> list[tuple[str, str]]:
+    """(interface, IPv4 address) of every interface that is up, loopback included
+    (its primary address, as ``SIOCGIFADDR`` reports it)."""
+    import fcntl
+
+    found = []
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for _, name in socket.if_nameindex():
+            req = struct.pack("16s16x", name.encode()[:15])
+            try:
+                flags = struct.unpack_from("H", fcntl.ioctl(s.fileno(), _SIOCGIFFLAGS, req), 16)[0]
+                if not flags & _IFF_UP:
+                    continue
+                addr = socket.inet_ntoa(fcntl.ioctl(s.fileno(), _SIOCGIFADDR, req)[20:24])
+            except OSError:  # no IPv4 address on it
+                continue
+            found.append((name, addr))
+    return found
+
+
+def own_address(interface: str = ANY, toward: Optional[str] = None, *,
+                route: Callable[[str], str] = route_source,
+                addresses: Callable[[], list[tuple[str, str]]] = local_addresses) -> str:
+    """This host's IPv4 address on the multicast fabric, the one the controller knows it
+    by: ``interface`` when given; else the source address of the route towards
+    ``toward`` (a receiver's sender) or, failing that, of the multicast route (the
+    fabric's, as the routing table says); else the only address this host has. Never a
+    loopback address, and never the address the controller happens to be reached from
+    (a management network is not the fabric). AddressUnknown, naming the candidates
+    and ``--ip``, when it cannot tell."""
+    if interface != ANY:
+        return interface
+    tried = []
+    for dest in ([toward] if toward else []) + [PROBE_GROUP]:
+        try:
+            addr = route(dest)
+        except OSError as exc:
+            tried.append(f"no route to {dest} ({exc.strerror})")
+            continue
+        if not ipaddress.IPv4Address(addr).is_loopback:
+            return addr
+        tried.append(f"the route to {dest} leaves from {addr}")
+    candidates = [(name, addr) for name, addr in addresses() if not ipaddress.IPv4Address(addr).is_loopback]
+    if len(candidates) == 1:
+        return candidates[0][1]
+    named = ", ".join(f"{addr} ({name})" for name, addr in candidates) or "none (no interface with IPv4 is up)"
+    raise AddressUnknown(f"cannot tell this host's address on the multicast fabric: {'; '.join(tried)}; "
+                         f"candidates: {named}; give --ip ADDR (this host's address on the fabric, as the "
+                         "controller knows it)")
+
+
 # ----------------------------------------------------------------------------- files
 
 
@@ -185,9 +259,11 @@ class _RecordWriter:
                 os.fdatasync(self._fd)
         except OSError as exc:
             raise OSError(exc.errno, exc.strerror, self._data_path) from None
-        tmp = self._path + ".tmp"
+        # A temporary of its own name, created O_EXCL|O_NOFOLLOW: nothing planted beside
+        # the record (a symlink, another user's file) is followed, truncated or reused.
+        tmp = f"{self._path}.{os.urandom(6).hex()}.tmp"
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
             try:
                 os.write(fd, state)
                 os.fsync(fd)
@@ -317,9 +393,14 @@ def path_mtu(group: str, port: int, interface: str = "0.0.0.0") -> int:
     datagram fills a frame: 1500 gives ~1.4 KB payloads, a 9000-byte jumbo fabric ~8.9 KB,
     and six times fewer packets for every switch and receiver to handle."""
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        if interface != "0.0.0.0":
-            s.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_IF, socket.inet_aton(interface))
-        s.connect((group, port))
+        try:
+            if interface != "0.0.0.0":
+                s.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_IF, socket.inet_aton(interface))
+            s.connect((group, port))
+        except OSError as exc:  # ENETUNREACH: no multicast route (and no default one)
+            hint = " (no multicast route: add one, e.g. ip route add 224.0.0.0/4 dev IFACE, or give --interface)"
+            raise OSError(exc.errno, exc.strerror, _via(f"route to {group}", interface)
+                          + (hint if exc.errno == errno.ENETUNREACH else "")) from None
         try:
             return int(s.getsockopt(socket.IPPROTO_IP, IP_MTU))
         except OSError:
@@ -333,9 +414,13 @@ def sender_socket(interface: str = "0.0.0.0", ttl: int = 1) -> socket.socket:
     _grow_buffer(sock, SO_RCVBUFFORCE, socket.SO_RCVBUF)
     sock.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_TTL, ttl)
     sock.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_LOOP, 1)
-    if interface != "0.0.0.0":
-        sock.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_IF, socket.inet_aton(interface))
-    sock.bind((interface, 0))
+    try:
+        if interface != "0.0.0.0":
+            sock.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_IF, socket.inet_aton(interface))
+        sock.bind((interface, 0))
+    except OSError as exc:  # EADDRNOTAVAIL: not an address of this host
+        sock.close()
+        raise OSError(exc.errno, exc.strerror, f"sending from {interface}") from None
     sock.setblocking(False)
     return sock
 
@@ -343,18 +428,30 @@ def sender_socket(interface: str = "0.0.0.0", ttl: int = 1) -> socket.socket:
 def receiver_sockets(group: str, port: int, source: str, interface: str = "0.0.0.0") -> tuple[socket.socket, socket.socket]:
     """(group socket joined with SSM to ``source``, unicast socket for NACKs/repairs)."""
     mc = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    mc.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    _grow_buffer(mc, SO_RCVBUFFORCE, socket.SO_RCVBUF, RECEIVE_BUFFER)
-    mc.bind((group, port))
-    # struct ip_mreq_source: group, interface, source
-    mreq = struct.pack("4s4s4s", socket.inet_aton(group), socket.inet_aton(interface), socket.inet_aton(source))
-    mc.setsockopt(socket.IPPROTO_IP, IP_ADD_SOURCE_MEMBERSHIP, mreq)
-    mc.setblocking(False)
     uc = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    _grow_buffer(uc, SO_RCVBUFFORCE, socket.SO_RCVBUF, RECEIVE_BUFFER)
-    uc.bind((interface, 0))
-    uc.setblocking(False)
+    step = f"listening on {group}:{port}"
+    try:
+        mc.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        _grow_buffer(mc, SO_RCVBUFFORCE, socket.SO_RCVBUF, RECEIVE_BUFFER)
+        mc.bind((group, port))
+        # struct ip_mreq_source: group, interface, source
+        step = _via(f"joining {group} from source {source}", interface)  # ENODEV: no multicast route
+        mreq = struct.pack("4s4s4s", socket.inet_aton(group), socket.inet_aton(interface), socket.inet_aton(source))
+        mc.setsockopt(socket.IPPROTO_IP, IP_ADD_SOURCE_MEMBERSHIP, mreq)
+        mc.setblocking(False)
+        step = f"receiving on {interface}"
+        _grow_buffer(uc, SO_RCVBUFFORCE, socket.SO_RCVBUF, RECEIVE_BUFFER)
+        uc.bind((interface, 0))
+        uc.setblocking(False)
+    except OSError as exc:
+        mc.close()
+        uc.close()
+        raise OSError(exc.errno, exc.strerror, step) from None
     return mc, uc
+
+
+def _via(what: str, interface: str) -> str:
+    return what if interface == "0.0.0.0" else f"{what} via {interface}"
 
 
 # ----------------------------------------------------------------------------- GSO / GRO
@@ -456,8 +553,9 @@ class DatagramWriter:
         except (BlockingIOError, InterruptedError):
             self._stats.send_drops += 1  # same as a lost datagram: repair covers it
         except OSError as exc:
-            if exc.errno != errno.ENOBUFS:
-                raise
+            if exc.errno != errno.ENOBUFS:  # ENETUNREACH, EHOSTUNREACH...: name where it went
+                host, port = addr  # type: ignore[misc]
+                raise OSError(exc.errno, exc.strerror, f"sending to {host}:{port}") from None
             self._stats.send_drops += 1
 
 

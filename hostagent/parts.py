@@ -25,10 +25,10 @@ from typing import Optional
 import hostagent.catalog as catalog
 import hostagent.tree as tree
 from .api import (
-    _ANY, OnEvent, ReceiveOptions, ReceiveResult, SendOptions, SendResult, TransferError, _client, _ipv4, _send,
-    _url_host, receive,
+    OnEvent, ReceiveOptions, ReceiveResult, SendOptions, SendResult, TransferError, _client, _ipv4, _own_address, _send,
+    receive,
 )
-from .control import ControllerError, local_ip_towards
+from .control import ControllerError
 from .dirs import DirSource, merge_parts, scan
 from .sender import file_digests
 
@@ -95,7 +95,7 @@ def send_parts(path: str, globs: list[str], options: SendOptions, *, on_event: O
     blob, parts = describe_parts(path, globs, options.chunk_size)
     interface = _ipv4(options.interface)
     client = _client(options)
-    src_ip = _ipv4(options.ip or (interface if interface != _ANY else local_ip_towards(_url_host(options.controller))))
+    src_ip = _ipv4(options.ip or _own_address(interface))
     reports = []
     for part in parts:
         report = PartReport(part.name, part.content_id, part.size, len(part.paths))

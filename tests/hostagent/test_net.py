@@ -467,3 +467,58 @@ def test_file_sink_errors_name_the_path(tmp_path, monkeypatch) -> None:
     assert info.value.errno == errno.ENOSPC and info.value.filename == str(tmp_path / "o.bin")
     monkeypatch.undo()
     sink.close()
+
+
+# --------------------------------------------------------------------------- this host's address
+
+
+def _routes(table: dict[str, str]):
+    """A routing table as ``own_address`` asks it: destination -> source address, or
+    ENETUNREACH for a destination it has no route to."""
+
+    def route(dest: str) -> str:
+        if dest not in table:
+            raise OSError(errno.ENETUNREACH, "Network is unreachable", f"route to {dest}")
+        return table[dest]
+
+    return route
+
+
+DEMO_HOST = [("lo", "127.0.0.1"), ("eth0", "10.0.0.3"), ("mgmt0", "169.254.7.3")]
+
+
+def test_own_address_is_the_multicast_routes_never_the_controllers() -> None:
+    """The demo's host: the fabric on eth0 (the multicast route), the controller reached
+    over a management network (or on this host's loopback): the fabric address."""
+    from hostagent.net import PROBE_GROUP, own_address
+
+    route = _routes({PROBE_GROUP: "10.0.0.3", "169.254.7.254": "169.254.7.3", "127.0.0.1": "127.0.0.1"})
+    assert own_address(route=route, addresses=lambda: DEMO_HOST) == "10.0.0.3"
+    # a receiver: the route towards its sender first
+    assert own_address(toward="10.0.0.1", route=_routes({"10.0.0.1": "10.0.0.3"}), addresses=lambda: DEMO_HOST) \
+        == "10.0.0.3"
+    assert own_address("10.0.0.9", route=route, addresses=lambda: DEMO_HOST) == "10.0.0.9"  # --interface
+
+
+def test_own_address_never_guesses_a_loopback_and_names_the_candidates() -> None:
+    from hostagent.net import PROBE_GROUP, AddressUnknown, own_address
+
+    loopback = _routes({PROBE_GROUP: "127.0.0.1", "127.0.0.1": "127.0.0.1"})
+    # one address besides loopback: that one
+    assert own_address(toward="127.0.0.1", route=loopback, addresses=lambda: DEMO_HOST[:2]) == "10.0.0.3"
+    with pytest.raises(AddressUnknown) as err:
+        own_address(route=_routes({}), addresses=lambda: DEMO_HOST)
+    text = str(err.value)
+    assert "no route to 232.0.1.1 (Network is unreachable)" in text
+    assert "candidates: 10.0.0.3 (eth0), 169.254.7.3 (mgmt0)" in text and "--ip ADDR" in text
+    assert "127.0.0.1" not in text.split("candidates:")[1]
+    with pytest.raises(AddressUnknown, match="candidates: none"):
+        own_address(route=loopback, addresses=lambda: DEMO_HOST[:1])
+
+
+def test_local_addresses_lists_this_hosts_interfaces() -> None:
+    from hostagent.net import local_addresses
+
+    found = local_addresses()
+    assert ("lo", "127.0.0.1") in found
+    assert all(socket.inet_aton(addr) for _, addr in found)
