@@ -119,7 +119,12 @@ class ReceiverConfig:
     loss_report_interval: float = 0.25
     complete_interval: float = 0.2
     complete_attempts: int = 20
-    idle_timeout: float = 10.0  # sender silent this long: give up
+    # Sender silent this long: give up. Only news counts as hearing from it: a manifest
+    # page refused, or one already taken, does not (a liar repeating it cannot hold us).
+    idle_timeout: float = 10.0
+    # Give up at this time (the clock of ``now``) whatever arrives (None: never): a fetch
+    # attempt's hard bound, so a source that trickles, lies or stalls cannot hold it.
+    deadline: Optional[float] = None
     max_datagram: int = 1472
     max_parity_bytes: int = MAX_PARITY_BYTES
     # The resume record is saved at most this long after progress (newly verified chunks),
@@ -303,8 +308,7 @@ class Receiver:
             return
         if self._pages and len(data) > wire.HEADER_LEN and data[3] == wire.T_MANIFEST:
             if self._pages.get(bytes(data[-wire.MAC_LEN :])) == bytes(data):
-                self._last_heard = now  # (what taking it again would do)
-                return
+                return  # (a repeat: no news, so not a sign of life either)
         claimed = wire.data_session(data)
         if claimed is not None and claimed != self.session:  # (before its tag: see data_session)
             if self.session is None:
@@ -336,29 +340,23 @@ class Receiver:
             if msg.lane[1] != self.config.lane[1]:
                 self._other_lanes = msg.lane[1]
             return
-        if isinstance(msg, wire.Manifest) and self.session is None:
-            self.session = msg.session
+        if isinstance(msg, wire.Manifest):
+            if self.session is None or msg.session == self.session:
+                self._take_manifest(msg, data, addr, now)
+            else:
+                self.stats.drops["wrong_session"] += 1
+            return
         if self.session is None:
             self.stats.drops["no_manifest"] += 1
             return
         if msg.session != self.session:
             self.stats.drops["wrong_session"] += 1
             return
-        if self.sender_addr is None and isinstance(msg, (wire.Manifest, wire.Data, wire.End)):
+        if self.sender_addr is None and isinstance(msg, (wire.Data, wire.End)):
             self.sender_addr = addr
         self._last_heard = now
         if isinstance(msg, wire.Data):
             self._on_data(msg.seq, msg.chunk, msg.offset, msg.payload, msg.repair, now)
-        elif isinstance(msg, wire.Manifest):
-            drops = stats.drops.total()
-            self._on_manifest(msg, now)
-            if (self._key is not None and self.manifest is not None and stats.drops.total() == drops
-                    and len(self._pages) < _PAGES_KEPT):
-                count = len(msg.digests) // wire.CHUNK_DIGEST_LEN
-                if self._digests.known.contains_range(msg.first_chunk, msg.first_chunk + count):
-                    self._pages[bytes(data[-wire.MAC_LEN :])] = bytes(data)
-            if self._early and self.layout is not None:
-                self._take_early(now)
         elif isinstance(msg, wire.End):
             self._on_end(msg, now)
         elif isinstance(msg, wire.Parity):
@@ -368,6 +366,30 @@ class Receiver:
                 self.acked = True
         else:
             self.stats.drops["unexpected_type"] += 1
+
+    def _take_manifest(self, msg: wire.Manifest, data: bytes | memoryview, addr: Addr, now: float) -> None:
+        """A manifest page of this session (or the first of any, when none was announced).
+        Only a page that is news -- the first, or one with digests not known yet -- locks
+        the session, names the sender and counts as hearing from it; a refused page or a
+        repeat leaves the receiver as it was, so a source sending nothing else cannot
+        hold it past ``idle_timeout`` (docs/security.md, "Receivers")."""
+        stats = self.stats
+        drops = stats.drops.total()
+        before = self.session, self.sender_addr
+        self.session, self.sender_addr = msg.session, self.sender_addr or addr
+        news = self._on_manifest(msg, now)
+        if self.manifest is None:  # (refused: still open to the transfer announced, or any, from anyone)
+            self.session, self.sender_addr = before
+        if not news:
+            return
+        self._last_heard = now
+        if (self._key is not None and self.manifest is not None and stats.drops.total() == drops
+                and len(self._pages) < _PAGES_KEPT):
+            count = len(msg.digests) // wire.CHUNK_DIGEST_LEN
+            if self._digests.known.contains_range(msg.first_chunk, msg.first_chunk + count):
+                self._pages[bytes(data[-wire.MAC_LEN :])] = bytes(data)
+        if self._early and self.layout is not None:
+            self._take_early(now)
 
     def _hold_early(self, data: bytes | memoryview, addr: Addr) -> None:
         """DATA before the first manifest page: kept (a copy: ``data`` may be the reader's
@@ -509,6 +531,8 @@ class Receiver:
         if self.complete:
             return self._complete_at
         times = [self._last_heard + self.config.idle_timeout]
+        if self.config.deadline is not None:
+            times.append(self.config.deadline)
         if self._unsaved_since is not None:
             times.append(self._unsaved_since + self.config.state_save_interval)
         if self._claims_due():
@@ -526,6 +550,9 @@ class Receiver:
         if self.complete:
             if not self.acked and self._complete_at is not None and now >= self._complete_at:
                 self._send_complete(now)
+            return
+        if self.config.deadline is not None and now >= self.config.deadline:
+            self._fail("deadline passed before the content was verified")
             return
         if now >= self._last_heard + self.config.idle_timeout:
             if self.session is None and self._other_lanes is not None:
@@ -588,33 +615,37 @@ class Receiver:
 
     # ------------------------------------------------------------------ handlers
 
-    def _on_manifest(self, msg: wire.Manifest, now: float) -> None:
+    def _on_manifest(self, msg: wire.Manifest, now: float) -> bool:
+        """Take a page; True when it was news: the first page taken, or digests not
+        known yet (refused pages and repeats are not)."""
         expected = self.config.file_digest
         if self.manifest is None and expected is not None and not hmac.compare_digest(msg.file_digest, expected):
             self.stats.drops["wrong_file"] += 1
-            return
+            return False
         if self.manifest is None and not self._acceptable(msg):
-            return
-        self._group_hint = max(self._group_hint, msg.receivers_hint)
-        if self.manifest is None:
+            return False
+        started = self.manifest is None
+        if started:
             self._start(msg, now)
         elif not hmac.compare_digest(msg.file_digest, self.manifest.file_digest) or (
             msg.file_size, msg.chunk_size, msg.payload_size, msg.entries
         ) != (self.manifest.file_size, self.manifest.chunk_size, self.manifest.payload_size, self.manifest.entries):
             self.stats.drops["manifest_mismatch"] += 1
-            return
+            return False
+        self._group_hint = max(self._group_hint, msg.receivers_hint)
         count = len(msg.digests) // wire.CHUNK_DIGEST_LEN
         if count == 0 or self._digests.known.contains_range(msg.first_chunk, msg.first_chunk + count):
-            return
+            return started
         self._digests.add(msg.first_chunk, msg.digests)
         if not self._id_checked() and self.failed:
-            return
+            return True
         for start, end in self._unverified.covered(msg.first_chunk, msg.first_chunk + count):
             s, e = max(start, msg.first_chunk), min(end, msg.first_chunk + count)
             for chunk in range(s, e):
                 self._unverified.discard(chunk)
                 self._verify_chunk(chunk, now)
         self._check_done(now)
+        return True
 
     def _acceptable(self, msg: wire.Manifest) -> bool:
         """The first manifest's checks beyond the wire's: a directory's entry list is
