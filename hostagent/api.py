@@ -49,6 +49,7 @@ from .wire import DATA_HEADER_LEN, MAC_LEN, Manifest, derive_key
 
 __all__ = [
     "ControllerError", "GroupAssigned", "GroupJoined", "HookResult", "LeaveFailed", "MetricsServing",
+    "OtherContentAnnounced",
     "ReceiveOptions", "ReceiveProgress", "ReceiveResult", "ReceiveStarted", "ReceiverReport", "SendOptions",
     "SendProgress", "SendResult", "SendStarted", "TransferError", "Unauthenticated", "receive", "send", "send_source",
 ]
@@ -145,12 +146,14 @@ class ReceiveOptions(_Common):
 
 @dataclass(frozen=True)
 class GroupAssigned:
-    """Send via controller: the group exists; now waiting for the tree (and receivers)."""
+    """Send via controller: the group exists; now waiting for the tree (and receivers),
+    who need ``content_id`` (whole) to join a group named by it."""
 
     group_id: Optional[int]
     model: str
     group: tuple[str, int]
     receivers: Optional[int]
+    content_id: str = ""
 
 
 @dataclass(frozen=True)
@@ -200,6 +203,21 @@ class LeaveFailed:
 
 
 @dataclass(frozen=True)
+class OtherContentAnnounced:
+    """Receive via controller with ``expect``: the source announced a transfer of
+    another content id (on its own group) while this receiver waits for ``expected``."""
+
+    expected: str
+    offered: str
+    source: str
+    group_id: int
+
+    def text(self) -> str:
+        return (f"content id mismatch? {self.source} announces {self.offered} (group {self.group_id}), "
+                f"this receiver expects {self.expected}")
+
+
+@dataclass(frozen=True)
 class SendProgress:
     sent: int  # file bytes streamed once (first pass)
     total: int
@@ -217,7 +235,7 @@ class ReceiveProgress:
 
 
 Event = Union[SenderEvent, ReceiverEvent, GroupAssigned, GroupJoined, SendStarted, ReceiveStarted,
-              MetricsServing, LeaveFailed, Unauthenticated]
+              MetricsServing, LeaveFailed, Unauthenticated, OtherContentAnnounced]
 OnEvent = Callable[[Event], None]
 
 # ----------------------------------------------------------------------------- results
@@ -455,7 +473,7 @@ def _send(path: str, opts: SendOptions, source: FileSource | DirSource, interfac
             if config.key is None:
                 config.key = session_key(info)
             _require_key(config.key, opts, emit, "the controller gave no session key (no --token?)")
-            emit(GroupAssigned(group_id, model, group, opts.receivers))
+            emit(GroupAssigned(group_id, model, group, opts.receivers, tree.manifest_id(pages)))
             info = client.wait_installed(info, opts.receivers, opts.wait_timeout, opts.poll)
             # Only the group's receivers count (docs/security.md, "Attackers on the data path").
             config.allowed_receivers = frozenset(info.get("receivers") or ()) | frozenset(opts.receiver_ips)
@@ -722,17 +740,25 @@ def _announced(group: dict, secret_key: Optional[bytes]) -> Optional[_Expected]:
 
 
 def _await_announced(client: ControllerClient, gid: int, joined: dict, secret_key: Optional[bytes],
-                     timeout: float) -> _Expected:
+                     timeout: float, expect: Optional[str] = None, emit: Optional[OnEvent] = None) -> _Expected:
     """The transfer the group's source announced (its rekey): at once when the join
     answered it, else as soon as the source announces one (the socket is already open,
-    so datagrams sent meanwhile wait in its buffer)."""
+    so datagrams sent meanwhile wait in its buffer). With ``expect`` (the content id
+    that named the group), a source that announces another content id meanwhile is
+    said (``OtherContentAnnounced``, and in the timeout's message): a mistyped
+    ``--expect`` waits on a group nobody sends to."""
     first = _announced(joined, secret_key)
     if first is not None:
         return first
     deadline = time.monotonic() + timeout
     last: Any = joined
     etag = None
+    other: Optional[OtherContentAnnounced] = None
     while True:
+        if expect is not None and other is None and joined.get("model") == expect:
+            other = _other_content(client, str(joined.get("source")), expect)
+            if other is not None and emit is not None:
+                emit(other)
         try:
             group, etag = client.watch_group(gid, etag, min(_WATCH_WAIT, max(0.0, deadline - time.monotonic())))
         except ControllerError as exc:  # (restarting, or failing over): not yet
@@ -743,10 +769,34 @@ def _await_announced(client: ControllerClient, gid: int, joined: dict, secret_ke
             if found is not None:
                 return found
         if time.monotonic() >= deadline:
+            hint = f"; {other.text()}" if other is not None else ""
             raise ControllerError(f"timed out after {timeout:g}s waiting for the source of group {gid} "
-                                  f"to announce a transfer (last answer: {describe_answer(last)})")
+                                  f"to announce a transfer (last answer: {describe_answer(last)}){hint}")
         if etag is None:
             time.sleep(_WATCH_POLL)
+
+
+def _other_content(client: ControllerClient, source: str, expect: str) -> Optional[OtherContentAnnounced]:
+    """A transfer ``source`` announced on a group named by another content id, while it
+    offers no ``expect`` (``modelcast serve`` offers every model it serves, one round at
+    a time); None when there is none, or the controller cannot say."""
+    try:
+        groups = client.list_groups(source=source)
+        if groups and any(o.get("source") == source for o in client.offers(expect)):
+            return None
+    except ControllerError:
+        return None
+    for g in groups:
+        model = str(g.get("model") or "")
+        if g.get("session") and model.startswith(tree.ID_PREFIX) and model != expect:
+            return OtherContentAnnounced(expect, model, source, int(g.get("id") or 0))
+    return None
+
+
+def content_mismatch(expected: str, offered: Optional[str]) -> str:
+    """The one line a receiver fails with when the sender's manifest is not ``--expect``'s."""
+    return (f"content id mismatch: expected {expected}, the sender offers "
+            f"{offered or 'another (its manifest does not hash to the expected id)'}")
 
 
 def _receive(out: str, opts: ReceiveOptions, group: tuple[str, int], source_ip: str, interface: str,
@@ -774,7 +824,7 @@ def _receive(out: str, opts: ReceiveOptions, group: tuple[str, int], source_ip: 
         expect = _Expected(key)
         if joined is not None:
             client, gid, answer = joined
-            expect = _await_announced(client, gid, answer, key, opts.timeout)
+            expect = _await_announced(client, gid, answer, key, opts.timeout, opts.expect, emit)
             _require_key(expect.key, opts, emit, "the controller gave no session key (no --token?)")
         config = ReceiverConfig(key=expect.key, session_id=expect.session, file_digest=expect.file_digest,
                                 idle_timeout=opts.timeout, state_save_interval=opts.resume_interval,
@@ -820,6 +870,7 @@ def _listen(out: str, opts: ReceiveOptions, receiver: Receiver, sink: PathSink |
     fastrun.warn_if_pure()
     marks: dict[str, Any] = {}
     throttle = _Throttle()
+    expected = opts.expect
 
     def on_event(event: object) -> None:
         if isinstance(event, ManifestReceived):  # the file's first datagram, this loop turn
@@ -833,6 +884,11 @@ def _listen(out: str, opts: ReceiveOptions, receiver: Receiver, sink: PathSink |
 
     def done() -> bool:
         each_turn()
+        if expected is not None and receiver.manifest is None and "end" not in marks \
+                and receiver.stats.drops["wrong_content_id"]:
+            # an authenticated first page that does not hash to --expect: refused, nothing
+            # written; waiting on would only take the rest of the stream for nothing
+            on_event(Failed(content_mismatch(expected, getattr(receiver, "offered_content_id", None))))
         if receiver.layout is not None:
             if "first" not in marks:  # (called every loop turn: no clock read once set)
                 marks["first"] = time.monotonic()
@@ -846,6 +902,9 @@ def _listen(out: str, opts: ReceiveOptions, receiver: Receiver, sink: PathSink |
     loop = run(receiver, uc, [mc, uc], group, on_event, done, gro=opts.gro)
     end = marks["end"]
     ok = isinstance(end, FileComplete)
+    offered = receiver.content_id()
+    if expected is not None and not ok and offered is not None and offered != expected:
+        end = Failed(content_mismatch(expected, offered))  # (a manifest of several pages: refused at its last)
     if ok and receiver.manifest is not None:
         sink.finish(receiver.manifest.file_size)
     records = sink.record_stats
@@ -928,13 +987,16 @@ def _send_lanes(path: str, opts: SendOptions, interface: str, emit: OnEvent,
         with FileSource(path, lane.offset, lane.length) as part:
             return _send(path, per, part, interface, lane_emit, lane_progress, lane=lane)
 
+    whole = tree.content_id(b"", size, opts.chunk_size, digests[1], digests[0])  # what one lane would send
     try:
         results, failed = lanes.run(lanes.plan(size, opts.chunk_size, count, digests), one,
-                                    _started_once(emit, SendStarted, size=size), lanes.merge_progress(on_progress),
-                                    lambda r: r.ok)
+                                    _started_once(emit, SendStarted, size=size, content_id=whole),
+                                    lanes.merge_progress(on_progress), lambda r: r.ok)
     except lanes.LaneError as exc:
         raise TransferError(str(exc)) from None
-    return lanes.merge_send(results, failed, count, size, opts.group or "", time.monotonic() - started, _cpu_s())
+    result = lanes.merge_send(results, failed, count, size, opts.group or "", time.monotonic() - started, _cpu_s())
+    result.content_id = whole
+    return result
 
 
 def _receive_lanes(out: str, opts: ReceiveOptions, source_ip: str, interface: str, key: Optional[bytes],
@@ -979,6 +1041,7 @@ def _receive_lanes(out: str, opts: ReceiveOptions, source_ip: str, interface: st
         os.truncate(out, size)  # stale bytes of an older, longer file (no lane trims)
     result = lanes.merge_receive(results, error, count, size, opts.group or "", time.monotonic() - started, _cpu_s())
     result.out = out
+    result.content_id = None  # (each lane verified its slice's manifest: no lane's id is the file's)
     if error is None and opts.on_complete:
         result.on_complete = _run_hook(opts.on_complete, out, opts.hook_stdout)
         result.ok = result.on_complete.exit_status == 0

@@ -23,7 +23,8 @@ import sys
 from typing import Any, NoReturn, Optional, Sequence
 
 from .api import (
-    GroupAssigned, GroupJoined, LeaveFailed, MetricsServing, ReceiveOptions, ReceiveProgress, ReceiveStarted,
+    GroupAssigned, GroupJoined, LeaveFailed, MetricsServing, OtherContentAnnounced, ReceiveOptions, ReceiveProgress,
+    ReceiveStarted,
     SendOptions, SendProgress, SendStarted, TransferError, Unauthenticated, receive, send,
 )
 from .rounds import RoundSettings
@@ -101,6 +102,7 @@ class Reporter:
         self.args = args
         self.label = label
         self.bar: Optional[Progress] = None
+        self.said_id = ""
 
     def on_event(self, event: object) -> None:
         args, bar_shown = self.args, self.bar is not None and self.bar.shown
@@ -109,12 +111,15 @@ class Reporter:
                 what = f"{event.files} files, " if event.files > 1 else ""
                 _say(args, f"sending {event.path} ({what}{event.size} bytes) to {event.group[0]}:{event.group[1]} from "
                            f"{event.local[0]}:{event.local[1]}")
-                _say(args, f"content id {event.content_id} (receivers: --expect {event.content_id})")
+                self._content_id(event.content_id)
             self.bar = Progress(args, self.label)
         elif isinstance(event, GroupAssigned):
+            self._content_id(event.content_id)  # whole, before the wait: receivers need it to join
             wanted = "" if event.receivers is None else f" and {event.receivers} receivers"
-            _say(args, f"group {event.group_id} for model {event.model[:24]}: {event.group[0]}:{event.group[1]}, "
+            _say(args, f"group {event.group_id} for model {event.model}: {event.group[0]}:{event.group[1]}, "
                        f"waiting for installation{wanted}")
+        elif isinstance(event, OtherContentAnnounced):
+            _say(args, f"warning: {event.text()}; still waiting (check --expect)")
         elif isinstance(event, GroupJoined):
             _say(args, f"joined group {event.group_id} ({event.group[0]}:{event.group[1]}) as {event.ip}")
         elif isinstance(event, MetricsServing):
@@ -136,6 +141,12 @@ class Reporter:
                        f"{event.chunk_count} chunks, {event.resumed_chunks} already here)")
         elif isinstance(event, ChunkCorrupt):
             _say(args, f"chunk {event.chunk} failed its digest; re-requesting")
+
+    def _content_id(self, content_id: str) -> None:
+        """The content id, whole, once per transfer."""
+        if content_id and content_id != self.said_id:
+            self.said_id = content_id
+            _say(self.args, f"content id {content_id} (receivers: --expect {content_id})")
 
     def on_send_progress(self, p: SendProgress) -> None:
         if self.bar is not None:

@@ -159,8 +159,10 @@ class ControllerClient:
         body = {k: v for k, v in (("session", session), ("file_digest", file_digest)) if v is not None}
         return self._call("POST", f"/v1/groups/{group_id}/rekey", body or None)
 
-    def list_groups(self) -> list[dict]:
-        return self._call("GET", "/v1/groups") or []
+    def list_groups(self, model: Optional[str] = None, source: Optional[str] = None) -> list[dict]:
+        """GET /v1/groups: every group, or those of ``model`` and/or ``source``."""
+        query = {k: v for k, v in (("model", model), ("source", source)) if v is not None}
+        return self._call("GET", "/v1/groups" + ("?" + urlencode(query) if query else "")) or []
 
     def delete_group(self, group_id: int) -> None:
         self._call("DELETE", f"/v1/groups/{group_id}")

@@ -125,7 +125,7 @@ def test_controller_that_never_installs_the_tree_times_out(tmp_path) -> None:
                                                         wait_timeout=0.2, poll=0.05), on_event=events.append)
     # Without --model the group is named by the content id (what receivers --expect).
     cid = file_id(model.path, SendOptions.chunk_size)
-    assert events == [hostagent.GroupAssigned(1, cid, (FakeController.ADDRESS, 5000), 1)]
+    assert events == [hostagent.GroupAssigned(1, cid, (FakeController.ADDRESS, 5000), 1, cid)]
 
 
 def test_a_receiver_that_expects_a_content_id_joins_the_group_named_by_it(tmp_path) -> None:
