@@ -5,19 +5,33 @@ a directory. ``DirSink`` writes it into a temporary directory next to the output
 ``PARENT/.NAME.modelcast-tmp/``, every component opened with ``O_NOFOLLOW`` below a
 directory it created itself (a symlink planted there is refused, nothing lands outside),
 and renames it into place only after every chunk and the whole content verified
-(``finish``): a loader never sees a half-written model. The resume record is the single
-file's one (``OUT.modelcast-state``, made durable after the data it claims, by the same
-writer thread), so a restarted receiver fetches only what it does not hold, per file.
-``PathSink`` is what ``recv --out PATH`` uses: a file or a directory, as the manifest says;
-a temporary directory that the resume record does not describe (another model's, or no
-record) is removed first, so it holds only what the record speaks for.
+(``finish``): a loader never sees a half-written model. A single file is received the
+same way (``TmpFileSink``: into that directory, renamed to OUT once verified), so OUT is
+never opened before the content is known to be the one asked for. The resume record is
+the single file's one (``OUT.modelcast-state``, made durable after the data it claims, by
+the same writer thread), so a restarted receiver fetches only what it does not hold, per
+file. ``PathSink`` is what ``recv --out PATH`` uses: a file or a directory, as the
+manifest says; a temporary directory that the resume record does not describe (another
+model's, or no record) is emptied first, so it holds only what the record speaks for.
+
+Output directories may be shared (``/dev/shm``), so the temporary directory and the
+record are used only when they are this user's own (``own_tmp``, ``read_record``): a
+directory this user created, or one it owns that nobody else may write to, opened with
+``O_NOFOLLOW`` and checked again through the descriptor; a record that is a regular file
+this user owns. Anything else found there -- another user's, a symlink, writable by
+others -- is ignored with a warning naming it (``modelcast.agent`` logger): the data then
+goes to a fresh private directory beside it, the records to a private one removed when the
+run ends (that run cannot be resumed), and what was planted is never read or written.
 """
 
 from __future__ import annotations
 
+import errno
+import logging
 import os
 import resource
 import stat
+import tempfile
 import threading
 from typing import Callable, Iterable, Optional
 
@@ -31,6 +45,8 @@ from .wire import Manifest
 TMP_SUFFIX = ".modelcast-tmp"
 _NOFOLLOW_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _RENAME_EXCHANGE = 2
+_OTHERS_WRITE = stat.S_IWGRP | stat.S_IWOTH
+log = logging.getLogger("modelcast.agent")
 
 
 def scan(root: str) -> list[Entry]:
@@ -121,23 +137,83 @@ def tmp_path(out: str) -> str:
     return os.path.join(parent, f".{name}{TMP_SUFFIX}")
 
 
+def _own(st: os.stat_result) -> bool:
+    """This user's, and nobody else may write to it (or replace what is in it)."""
+    return st.st_uid == os.geteuid() and not st.st_mode & _OTHERS_WRITE
+
+
+def _own_dir(path: str) -> bool:
+    st = os.lstat(path)  # (a symlink is not a directory here)
+    return stat.S_ISDIR(st.st_mode) and _own(st)
+
+
+def own_tmp(out: str, fresh: bool = False) -> tuple[str, int, bool]:
+    """The temporary directory for ``out``, as this user's own (module docstring):
+    ``tmp_path(out)`` created 0700, or kept when it is already this user's own
+    (emptied first when ``fresh``); anything else there is left alone with a warning and
+    a fresh private directory beside it is used. Returns its path, a descriptor of it
+    (opened ``O_NOFOLLOW`` and checked, so a directory swapped in between the check and
+    the open is refused: ``EPERM``) and whether it is that fallback."""
+    path = tmp_path(out)
+    if fresh and os.path.lexists(path) and _own_dir(path):
+        _rmtree(path)
+    fallback = False
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        if not _own_dir(path):
+            log.warning("ignoring %s: not this user's own directory (another user's, a symlink, or writable "
+                        "by others); receiving into a private directory beside it", path)
+            path, fallback = tempfile.mkdtemp(prefix=os.path.basename(path) + ".", dir=os.path.dirname(path)), True
+    fd = os.open(path, _NOFOLLOW_DIR)
+    if not _own(os.fstat(fd)):
+        os.close(fd)
+        raise OSError(errno.EPERM, "temporary directory changed owner or mode while being opened", path)
+    return path, fd, fallback
+
+
+def read_record(path: str) -> Optional[bytes]:
+    """The resume record at ``path`` when it is this user's own regular file (None when
+    there is none); another user's, a symlink or anything else is ignored with a warning
+    (``RecordNotOwn``), so a planted record claims nothing."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        if exc.errno != errno.ELOOP:
+            raise
+        raise RecordNotOwn(path) from None
+    with os.fdopen(fd, "rb") as handle:
+        st = os.fstat(handle.fileno())
+        if not (stat.S_ISREG(st.st_mode) and _own(st)):
+            raise RecordNotOwn(path)
+        return handle.read()
+
+
+class RecordNotOwn(Exception):
+    """A resume record this user may not trust (``read_record``)."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(path)
+        self.path = path
+
+
 class DirSink(_Files):
     """ChunkSink writing a model directory under ``tmp_path(out)`` (module docstring)."""
 
-    def __init__(self, out: str, entries: list[Entry]) -> None:
+    def __init__(self, out: str, entries: list[Entry], fresh: bool = False,
+                 state_path: Optional[str] = None) -> None:
         self.out = os.path.abspath(out)
-        self.tmp = self.label = tmp_path(out)
-        self.state_path = self.out + STATE_SUFFIX
+        self.state_path = state_path or self.out + STATE_SUFFIX
         self.space = Space(entries)
         self.fds = []
         self._dirty: set[int] = set()
         self._lock = threading.Lock()
         _room_for(len(entries))
-        try:
-            os.mkdir(self.tmp, 0o700)
-        except FileExistsError:
-            pass  # an earlier attempt's files: the resume record says what of them counts
-        self._root = os.open(self.tmp, _NOFOLLOW_DIR)
+        # an earlier attempt's files, when kept: the resume record says what of them counts
+        self.tmp, self._root, self.fallback = own_tmp(out, fresh)
+        self.label = self.tmp
         try:
             for index in range(len(entries)):
                 self.fds.append(self._create(index))
@@ -251,12 +327,15 @@ class DirSink(_Files):
                 os.rmdir(top)
 
     def close(self) -> None:
-        """Write the last record handed over; the files stay for a restart to resume."""
+        """Write the last record handed over; the files stay for a restart to resume
+        (not in a fallback directory: no restart finds it)."""
         self._records.close()
         self._close_all()
         if self._root >= 0:
             os.close(self._root)
             self._root = -1
+        if self.fallback:
+            _rmtree(self.tmp, ignore_errors=True)
 
 
 def _fsync_tree(root: str) -> None:
@@ -301,13 +380,15 @@ def _replace_dir(tmp: str, out: str) -> None:
 
 def merge_parts(out: str, parts: list[str]) -> None:
     """Verified parts (each a directory received on its own group) become one model
-    directory at ``out`` in one step: their files are moved into ``.NAME.modelcast-tmp``,
-    which then replaces ``out`` as a whole directory does. The catalog has already checked
-    that no two parts name one file (``hostagent.catalog``); a clash is still refused."""
-    tmp = tmp_path(out)
-    if os.path.lexists(tmp):
-        _rmtree(tmp)
-    os.mkdir(tmp, 0o755)
+    directory at ``out`` in one step: their files are moved into ``.NAME.modelcast-tmp``
+    (``own_tmp``, emptied), which then replaces ``out`` as a whole directory does. The
+    catalog has already checked that no two parts name one file (``hostagent.catalog``);
+    a clash is still refused."""
+    tmp, fd, _ = own_tmp(out, fresh=True)
+    try:
+        os.fchmod(fd, 0o755)
+    finally:
+        os.close(fd)
     for part in parts:
         for entry in scan(part):
             dest = os.path.join(tmp, entry.path)
@@ -321,23 +402,53 @@ def merge_parts(out: str, parts: list[str]) -> None:
         _rmtree(part)
 
 
+class TmpFileSink(FileSink):
+    """A single file received as a directory is: into this user's own temporary
+    directory (``own_tmp``), renamed to ``out`` only once verified (``finish``). ``out``
+    is never opened, so a transfer that fails -- or a manifest of many pages whose id
+    can only be checked when its last page lands -- leaves what was there untouched."""
+
+    def __init__(self, out: str, fresh: bool = False, state_path: Optional[str] = None) -> None:
+        self.out = os.path.abspath(out)
+        self.tmp, fd, self.fallback = own_tmp(out, fresh)
+        os.close(fd)  # (the file is opened by name below it: nobody else may write there)
+        super().__init__(os.path.join(self.tmp, os.path.basename(self.out)), state_path or self.out + STATE_SUFFIX)
+
+    def finish(self, size: int) -> None:
+        """Verified: trim, make durable, rename into place (an existing ``out`` exchanged
+        and removed, as a directory's), drop the record and the temporary directory."""
+        super().finish(size)
+        _replace_dir(self.path, self.out)
+        _rmtree(self.tmp, ignore_errors=True)
+
+    def close(self) -> None:
+        super().close()
+        if self.fallback:  # (no restart finds it)
+            _rmtree(self.tmp, ignore_errors=True)
+
+
 class PathSink:
-    """``recv --out PATH``: a ``FileSink`` for a file, a ``DirSink`` for a directory,
+    """``recv --out PATH``: a ``TmpFileSink`` for a file, a ``DirSink`` for a directory,
     chosen when the first manifest arrives (``begin``; the receiver writes nothing before).
-    Both keep their resume record at ``PATH.modelcast-state``."""
+    Both keep their resume record at ``PATH.modelcast-state`` when it is this user's own
+    (``read_record``); otherwise in a private directory removed at the end."""
 
     def __init__(self, out: str) -> None:
         self.out = out
         self.state_path = out + STATE_SUFFIX
-        self.inner: Optional[FileSink | DirSink] = None
+        self.inner: Optional[TmpFileSink | DirSink] = None
+        self._record: Optional[bytes] = None
+        self._read = False
+        self._records_dir: Optional[str] = None  # the private one, when the record at state_path is not ours
 
     def begin(self, manifest: Manifest) -> None:
+        fresh = not self._resumes(manifest)  # an earlier attempt's files of another model: start clean
+        state_path = os.path.join(self._records_dir, "record") if self._records_dir else None
         if manifest.entries:
-            if not self._resumes(manifest):  # an earlier attempt's files of another model: start clean
-                _rmtree(tmp_path(self.out), ignore_errors=True)
-            inner: FileSink | DirSink = DirSink(self.out, tree.decode_entries(manifest.entries, manifest.file_size))
+            inner: TmpFileSink | DirSink = DirSink(self.out, tree.decode_entries(manifest.entries, manifest.file_size),
+                                                   fresh, state_path)
         else:
-            inner = FileSink(self.out)
+            inner = TmpFileSink(self.out, fresh, state_path)
         self.inner = inner
         # The hot path goes straight to the real sink.
         self.write: Callable = inner.write  # type: ignore[assignment]
@@ -369,11 +480,17 @@ class PathSink:
         return isinstance(self.inner, DirSink)
 
     def load_state(self) -> Optional[bytes]:
-        try:
-            with open(self.state_path, "rb") as handle:
-                return handle.read()
-        except FileNotFoundError:
-            return None
+        """The record at ``PATH.modelcast-state`` if it is this user's own (read once)."""
+        if not self._read:
+            self._read = True
+            try:
+                self._record = read_record(self.state_path)
+            except RecordNotOwn:
+                log.warning("ignoring resume record %s: not this user's own regular file; this run keeps its "
+                            "records elsewhere and cannot be resumed", self.state_path)
+                self._records_dir = tempfile.mkdtemp(prefix=f".{os.path.basename(self.out)}.modelcast-state.",
+                                                     dir=os.path.dirname(os.path.abspath(self.out)))
+        return self._record
 
     @property
     def record_stats(self) -> tuple[int, float]:
@@ -386,3 +503,5 @@ class PathSink:
     def close(self) -> None:
         if self.inner is not None:
             self.inner.close()
+        if self._records_dir is not None:
+            _rmtree(self._records_dir, ignore_errors=True)

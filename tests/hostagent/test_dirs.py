@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
 import stat
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from hypothesis import strategies as st
 
 import hostagent.wire as wire
 from hostagent import tree
+from hostagent.common import MemorySource
 from hostagent.dirs import DirSink, DirSource, PathSink, scan, tmp_path
 from hostagent.events import Failed
 from hostagent.receiver import Receiver, ReceiverConfig
@@ -341,3 +343,136 @@ def test_a_single_file_manifest_is_encoded_as_before() -> None:
     assert wire.decode(wire.encode(page)) == page
     with_entries = wire.Manifest(1, 2048, 1024, 512, 2, bytes(32), 0, 1, 0, bytes(32), "f", 3, entries=b"\x91")
     assert wire.decode(wire.encode(with_entries)) == with_entries
+
+
+# ----------------------------------------------------------------------------- shared output directories
+
+
+@pytest.mark.parametrize("forge", ["chunk digest", "none"])
+def test_a_single_file_is_received_beside_out_and_renamed_only_once_verified(tmp_path: Path, forge: str) -> None:
+    """A single file of a manifest of many pages, into an OUT that holds a good copy: a
+    forged chunk digest fails the receiver when the last page lands -- and OUT, never
+    opened, still holds the good copy; unforged, OUT holds the old copy until the new one
+    is renamed over it, and then nothing else is left beside it."""
+    data = bytes(random.Random(4).randbytes(300_000))
+    cfg = sender_config(expected_receivers=1, key=KEY, chunk_size=1024, session_id=6, max_datagram=1200)
+    source = MemorySource(data)
+    digests, whole = file_digests(source, cfg.chunk_size)
+    published = tree.manifest_id(build_manifest_pages(source, cfg, 6, (digests, whole)))
+    sent = bytearray(data)
+    if forge == "chunk digest":
+        sent[40 * 1024] ^= 0xFF
+        digests = digests[: 40 * 16] + wire.chunk_digest(bytes(sent[40 * 1024 : 41 * 1024])) + digests[41 * 16 :]
+    pages = build_manifest_pages(source, cfg, 6, (digests, whole))
+    assert len(pages) >= 3
+    out = tmp_path / "model.bin"
+    out.write_bytes(b"GOOD" * 1000)
+    sink = PathSink(str(out))
+    sim = Sim(bytes(sent), cfg, manifest=pages, sink_factory=lambda: sink)
+    rec = sim.add_receiver(ReceiverConfig(content_id=tree.parse_content_id(published), idle_timeout=3.0))
+    sim.run(until=30)
+    try:
+        assert out.read_bytes() == b"GOOD" * 1000
+        if forge == "none":
+            assert rec.receiver is not None and rec.receiver.complete
+            sink.finish(len(data))
+            assert out.read_bytes() == data
+            assert sorted(os.listdir(tmp_path)) == ["model.bin"]
+        else:
+            assert rec.receiver is not None and rec.receiver.failed and not rec.receiver.complete
+            assert Failed("manifest does not match the expected content id") in rec.events
+    finally:
+        sink.close()
+
+
+def _plant(kind: str, path: Path, files: Path) -> None:
+    """What a local attacker leaves at ``path``: a copy of ``files`` in a directory of
+    another user's (uid 65534) or writable by everyone, or a symlink to such a copy."""
+    target = path if kind != "symlink" else path.parent / "attacker"
+    shutil.copytree(files, target)
+    for top, dirs, names in os.walk(target):
+        for name in [top, *(os.path.join(top, n) for n in dirs + names)]:
+            os.chmod(name, 0o777 if os.path.isdir(name) else 0o666)
+            if kind == "another user's":
+                os.chown(name, 65534, 65534)
+    if kind == "symlink":
+        path.symlink_to(target, target_is_directory=True)
+
+
+PLANTED = ["another user's", "writable by everyone", "symlink"]
+
+
+@pytest.mark.parametrize("kind", PLANTED)
+def test_a_planted_temporary_directory_and_record_are_ignored(tmp_path: Path, kind: str,
+                                                               caplog: pytest.LogCaptureFixture) -> None:
+    """In a shared directory a local user plants ``.model.modelcast-tmp`` (the model's own
+    files, so a reused one would verify) and a record claiming every chunk. The receiver
+    uses neither, warns naming both, and the attacker's swap of a file in the planted
+    directory after verification changes nothing at OUT."""
+    if kind == "another user's" and os.geteuid() != 0:
+        pytest.skip("chown to another user needs root")
+    src = make_model_dir(tmp_path / "src", files=8, big=1, big_size=60_000)
+    shared = tmp_path / "shm"
+    shared.mkdir(mode=0o777)
+    shared.chmod(0o1777)
+    out = shared / "model"
+    planted = Path(tmp_path_of(out))
+    _plant(kind, planted, src)
+    source = DirSource(str(src))
+    record = Path(str(out) + ".modelcast-state")
+    whole = file_digests(source, 16 * 1024)[1]
+    chunks = -(-source.size // (16 * 1024))
+    record.write_bytes(msgpack.packb({"v": 1, "digest": whole, "size": source.size, "chunk": 16 * 1024,
+                                      "verified": [[0, chunks]], "complete": False, "rid": 7}))
+    if kind == "another user's":
+        os.chown(record, 65534, 65534)
+    else:
+        record.chmod(0o666)
+    source.close()
+    sink = PathSink(str(out))
+    sim, source = _dir_sim(src, 0.0, 1, [sink])
+    rec = sim.add_receiver()
+    with caplog.at_level("WARNING", logger="modelcast.agent"):
+        rec.receiver = Receiver(sink, rec.config, 0.0, state=sink.load_state())
+        sim.run(until=60)
+    try:
+        receiver = rec.receiver
+        assert receiver.complete and receiver.resumed_chunks == 0 and receiver.stats.corrupt_chunks == 0
+        warned = " ".join(r.getMessage() for r in caplog.records)
+        assert str(planted) in warned and str(record) in warned
+        (planted / "config.json").write_bytes(b'{"evil": true}')  # the swap, after verification
+        sink.finish(source.size)
+        assert tree_of(out) == tree_of(src)
+        assert (planted / "config.json").read_bytes() == b'{"evil": true}', "the planted directory is left alone"
+        assert record.exists() and os.lstat(planted).st_uid == (65534 if kind == "another user's" else os.geteuid())
+        sink.close()  # (this run's records were kept in a private directory: gone now)
+        left = {"model", planted.name, record.name} | ({"attacker"} if kind == "symlink" else set())
+        assert {p.name for p in shared.iterdir()} == left
+    finally:
+        source.close()
+        sink.close()
+
+
+def test_the_records_temporary_never_follows_or_reuses_what_is_planted(tmp_path: Path) -> None:
+    """A symlink planted where a record's temporary file used to be written (OUT's record
+    name + ``.tmp``) pointing at a victim file: records are written and the victim is
+    untouched; no temporary is left once the model is in place."""
+    src = make_model_dir(tmp_path / "src", files=4, big=1, big_size=200_000)
+    out = tmp_path / "model"
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"precious")
+    Path(str(out) + ".modelcast-state.tmp").symlink_to(victim)
+    sink = PathSink(str(out))
+    sim, source = _dir_sim(src, 0.05, 1, [sink])
+    sim.add_receiver()
+    sim.run(until=60)
+    try:
+        assert sim.receivers[0].receiver.complete
+        sink.finish(source.size)
+        assert sink.record_stats[0] > 0
+        assert victim.read_bytes() == b"precious" and tree_of(out) == tree_of(src)
+        assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+            ["src", "model", "victim", "model.modelcast-state.tmp"])
+    finally:
+        source.close()
+        sink.close()
