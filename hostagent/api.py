@@ -888,7 +888,7 @@ def _listen(out: str, opts: ReceiveOptions, receiver: Receiver, sink: PathSink |
                 and receiver.stats.drops["wrong_content_id"]:
             # an authenticated first page that does not hash to --expect: refused, nothing
             # written; waiting on would only take the rest of the stream for nothing
-            on_event(Failed(content_mismatch(expected, getattr(receiver, "offered_content_id", None))))
+            on_event(Failed(content_mismatch(expected, receiver.offered_content_id)))
         if receiver.layout is not None:
             if "first" not in marks:  # (called every loop turn: no clock read once set)
                 marks["first"] = time.monotonic()

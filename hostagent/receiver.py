@@ -288,6 +288,7 @@ class Receiver:
 
         self.complete = False
         self._id_ok = False  # the manifest hashed to config.content_id (see _id_checked)
+        self.offered_content_id: Optional[str] = None  # the id of a one-page manifest refused for it
         self.failed = False
         self.acked = False
         self._complete_at: Optional[float] = None
@@ -663,6 +664,9 @@ class Receiver:
                 and not tree.matches_id(expected, msg.entries, msg.file_size, msg.chunk_size, msg.file_digest,
                                         msg.digests)):
             self.stats.drops["wrong_content_id"] += 1
+            # what the sender offers instead, for the caller's error (``recv --expect``)
+            self.offered_content_id = tree.content_id(msg.entries, msg.file_size, msg.chunk_size, msg.file_digest,
+                                                      msg.digests)
             return False
         return True
 

@@ -71,8 +71,9 @@ def test_a_wrong_expect_is_refused_at_the_first_manifest_page(tmp_path: Path) ->
     group, port = loopback_group()
     wrong = "blake3:" + "5f1c" * 16
     code, err, summary, seconds = _receive_with(tmp_path, wrong, f"{group}:{port}", key_file(tmp_path))
+    offered = file_id(tmp_path / "model.bin", CHUNK)
     assert code == 1 and seconds < 2.5, (seconds, err)
-    assert summary["error"].startswith(f"content id mismatch: expected {wrong}, the sender offers ")
+    assert summary["error"] == f"content id mismatch: expected {wrong}, the sender offers {offered}"
     assert summary["bytes"] == 0 and summary["dropped"].get("wrong_content_id", 0) >= 1
     assert not (tmp_path / "out.bin").exists() or (tmp_path / "out.bin").stat().st_size == 0
 
