@@ -20,7 +20,8 @@ import errno
 import json
 import os
 import sys
-from typing import Any, NoReturn, Optional, Sequence
+import time
+from typing import Any, Callable, NoReturn, Optional, Sequence
 
 from .api import (
     GroupAssigned, GroupJoined, LeaveFailed, MetricsServing, OtherContentAnnounced, ReceiveOptions, ReceiveProgress,
@@ -36,14 +37,41 @@ class CliError(Exception):
     """A problem the user can fix; printed as one line."""
 
 
+MIN_KEY_BYTES = 16  # a shared secret shorter than this is refused (keygen writes 64 hex digits)
+
+
 def _secret(path: Optional[str]) -> Optional[bytes]:
+    """The shared secret in a key file: refused when empty or short (a typo, a file
+    truncated on its way, or a password too short to be a key)."""
     if path is None:
         return None
     try:
         with open(path, "rb") as handle:
-            return handle.read().strip()
+            secret = handle.read().strip()
     except OSError as exc:
         raise CliError(f"cannot read key file {path}: {exc.strerror}") from None
+    if len(secret) < MIN_KEY_BYTES:
+        what = "is empty" if not secret else f"holds {len(secret)} bytes, fewer than {MIN_KEY_BYTES}"
+        raise CliError(f"key file {path} {what}: make one with `modelcast keygen {path}`")
+    return secret
+
+
+def _token(args: argparse.Namespace) -> Optional[str]:
+    """The controller token: ``--token-file`` (first line), ``--token``, else None (the
+    client then reads $MODELCAST_TOKEN)."""
+    path = getattr(args, "token_file", None)
+    if path is None:
+        return getattr(args, "token", None)
+    if getattr(args, "token", None):
+        raise CliError("give --token-file or --token, not both")
+    try:
+        with open(path, encoding="utf-8") as handle:
+            token = handle.readline().strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CliError(f"cannot read token file {path}: {getattr(exc, 'strerror', None) or exc}") from None
+    if not token:
+        raise CliError(f"token file {path} is empty")
+    return token
 
 
 def _say(args: argparse.Namespace, text: str) -> None:
@@ -55,14 +83,23 @@ def _say(args: argparse.Namespace, text: str) -> None:
 
 
 class Progress:
-    """A rich progress bar on stderr when it is a terminal (and not --json/--quiet);
-    otherwise nothing. The API calls back at most ~10 times a second."""
+    """Progress on stderr (not with --json/--quiet): a rich bar when stderr is a terminal,
+    else one plain line a second (a log file, a pipe, a CI job). The API calls back at
+    most ~10 times a second."""
 
-    def __init__(self, args: argparse.Namespace, label: str) -> None:
+    LINE_EVERY_S = 1.0
+
+    def __init__(self, args: argparse.Namespace, label: str, clock: Callable[[], float] = time.monotonic) -> None:
         self._bar: Any = None
         self._task: Any = None
         self._label = label
-        if args.json or args.quiet or not sys.stderr.isatty():
+        self._lines = False
+        self._clock = clock
+        self._last: Optional[tuple[float, int]] = None  # (when, bytes done) of the last line
+        if args.json or args.quiet:
+            return
+        if not sys.stderr.isatty():
+            self._lines = True
             return
         from rich.console import Console
         from rich.progress import (
@@ -82,11 +119,24 @@ class Progress:
         return self._bar is not None
 
     def update(self, done: int, total: int, repairs: int, note: str = "") -> None:
+        if self._lines:
+            self._line(done, total, repairs, note)
         if self._bar is None:
             return
         if self._task is None:
             self._task = self._bar.add_task(self._label, total=total, repairs=0, note="")
         self._bar.update(self._task, completed=done, total=total, repairs=repairs, note=note)
+
+    def _line(self, done: int, total: int, repairs: int, note: str) -> None:
+        now = self._clock()
+        if self._last is not None and now - self._last[0] < self.LINE_EVERY_S:
+            return
+        rate = "" if self._last is None else \
+            f", {(done - self._last[1]) * 8 / max(now - self._last[0], 1e-9) / 1e6:.1f} Mbit/s"
+        self._last = (now, done)
+        share = f" ({100 * done // total}%)" if total else ""
+        print(f"{self._label}: {done / 1e6:.1f} of {total / 1e6:.1f} MB{share}{rate}, repairs {repairs}"
+              + (f", {note}" if note else ""), file=sys.stderr, flush=True)
 
     def close(self) -> None:
         if self._bar is not None:
@@ -161,16 +211,9 @@ class Reporter:
             self.bar.close()
 
 
-def _require_group_source(args: argparse.Namespace) -> None:
-    if args.controller and args.group:
-        raise CliError("give either --group or --controller, not both")
-    if not args.controller and not args.group:
-        raise CliError("--group ADDR:PORT is required without --controller")
-
-
 def _common(args: argparse.Namespace, secret: Optional[bytes]) -> dict[str, Any]:
     return dict(
-        group=args.group, controller=args.controller, token=args.token, model=args.model, ip=args.ip,
+        group=args.group, controller=args.controller, token=_token(args), model=args.model, ip=args.ip,
         request_timeout=args.request_timeout, interface=args.interface, secret=secret,
         metrics_port=args.metrics_port, metrics_addr=args.metrics_addr, insecure=args.insecure,
     )
@@ -182,7 +225,6 @@ def _common(args: argparse.Namespace, secret: Optional[bytes]) -> dict[str, Any]
 def cmd_send(args: argparse.Namespace) -> int:
     if not os.path.isfile(args.path) and not os.path.isdir(args.path):
         raise CliError(f"no such file or directory: {args.path}")
-    _require_group_source(args)
     options = SendOptions(
         **_common(args, _secret(args.key_file)), receivers=args.receivers,
         receiver_ips=tuple(args.receiver_ip or ()), wait_timeout=args.wait_timeout, poll=args.poll,
@@ -214,7 +256,6 @@ def cmd_send(args: argparse.Namespace) -> int:
 
 
 def cmd_recv(args: argparse.Namespace) -> int:
-    _require_group_source(args)
     secret = _secret(args.key_file)
     if args.controller and not args.model and not args.expect:
         raise CliError("--model is required with --controller (or --expect ID: the content id names the group)")
@@ -262,11 +303,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     for path in args.paths:
         if not os.path.isfile(path) and not os.path.isdir(path):
             raise CliError(f"no such file or directory: {path}")
-    send = SendOptions(controller=args.controller, token=args.token, rate_mbit=args.rate, chunk_size=args.chunk_size,
+    token = _token(args)
+    send = SendOptions(controller=args.controller, token=token, rate_mbit=args.rate, chunk_size=args.chunk_size,
                        fec_k=args.fec_k, timeout=args.timeout, poll=0.2, wait_timeout=10.0, insecure=args.insecure,
                        interface=args.interface, request_timeout=args.request_timeout)
     options = ServeOptions(
-        controller=args.controller, token=args.token, ip=args.ip, send=send, metrics_port=args.metrics_port,
+        controller=args.controller, token=token, ip=args.ip, send=send, metrics_port=args.metrics_port,
         metrics_addr=args.metrics_addr,
         rounds=RoundSettings(quiet_s=args.window_quiet, max_wait_s=args.window_max, admit_share=args.admit_share,
                              hold_share=args.window_hold))
@@ -307,20 +349,25 @@ def cmd_fetch(args: argparse.Namespace) -> int:
     """The model MODEL_ID into --out from whoever offers it; exit 0 only when verified."""
     from .serve import Fetched, fetch
 
-    if not args.controller or args.group:
-        raise CliError("fetch needs --controller (it says who serves the model), and no --group")
     options = ReceiveOptions(
-        controller=args.controller, token=args.token, ip=args.ip, request_timeout=args.request_timeout,
+        controller=args.controller, token=_token(args), ip=args.ip, request_timeout=args.request_timeout,
         interface=args.interface, insecure=args.insecure, source="", timeout=args.timeout, gro=not args.no_gro,
         on_complete=args.on_complete, hook_stdout=sys.stderr if args.json else None)
     attempts = [0]
+    report = Reporter(args, "fetch")
 
     def on_event(event: object) -> None:
         if isinstance(event, Fetched):
             attempts[0] = event.attempt
             _say(args, f"attempt {event.attempt} (from {event.source}) ended: {event.error}; resuming")
+        else:
+            report.on_event(event)
 
-    result = fetch(args.model_id, args.out, options, patience=args.patience, on_event=on_event)
+    _say(args, f"waiting for an offer of {args.model_id} (asking {args.controller} for up to {args.patience:g}s)")
+    try:
+        result = fetch(args.model_id, args.out, options, patience=args.patience, on_event=on_event)
+    finally:
+        report.close()
     if args.json:
         print(json.dumps(dict(result.summary(), attempts=attempts[0] + 1)))
     elif result.digest_ok:
@@ -416,129 +463,285 @@ def cmd_catalog(args: argparse.Namespace) -> int:
     return 0
 
 
+# ----------------------------------------------------------------------------- ls, keygen
+
+
+def cmd_ls(args: argparse.Namespace) -> int:
+    """The controller's groups (with each receiver's state) and offers, read over REST."""
+    from .control import ControllerClient
+
+    client = ControllerClient(args.controller, token=_token(args), request_timeout=args.request_timeout)
+    groups = [{k: v for k, v in g.items() if k != "key"} for g in client.list_groups(args.model, args.source)]
+    offers = [o for o in client.offers(args.model) if args.source is None or o.get("source") == args.source]
+    if args.json:
+        print(json.dumps({"groups": groups, "offers": offers}))
+        return 0
+    print(f"groups ({len(groups)})")
+    for g in groups:
+        members = g.get("receivers") or {}
+        receivers = ", ".join(f"{ip} {state}" for ip, state in sorted(members.items())) if members else "none"
+        announced = f", announced session {g['session']}" if g.get("session") else ""
+        print(f"  {g.get('id')}  {g.get('model')}  source {g.get('source')}  {g.get('address')}:{g.get('port')}  "
+              f"{g.get('state')}{announced}")
+        print(f"      receivers: {receivers}")
+    print(f"offers ({len(offers)})")
+    for o in offers:
+        group = f"group {o['group']}" if o.get("group") is not None else "no group"
+        print(f"  {o.get('id')}  {o.get('model')}  from {o.get('source')}  {o.get('name') or '-'}  "
+              f"{o.get('size')} bytes, {o.get('files')} files, {group}")
+    return 0
+
+
+def cmd_keygen(args: argparse.Namespace) -> int:
+    """A shared secret for ``--key-file``: 32 random bytes as hex, readable by the owner only."""
+    import secrets
+
+    flags = os.O_WRONLY | os.O_CREAT | (os.O_TRUNC if args.force else os.O_EXCL)
+    try:
+        fd = os.open(args.path, flags, 0o600)
+    except FileExistsError:
+        raise CliError(f"{args.path} exists: give --force to replace it") from None
+    except OSError as exc:
+        raise CliError(f"cannot create key file {args.path}: {exc.strerror}") from None
+    with os.fdopen(fd, "w") as handle:
+        os.fchmod(handle.fileno(), 0o600)
+        handle.write(secrets.token_hex(32) + "\n")
+    _say(args, f"wrote a 256-bit key to {args.path} (mode 0600): copy it to the sender and every receiver")
+    return 0
+
+
 # ----------------------------------------------------------------------------- parser
 
 
+class _Help(argparse.RawDescriptionHelpFormatter):
+    """Help that shows each option's default (where it has one), marks required options
+    and prints the epilog's examples as written."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        """Paragraphs wrapped; indented lines (the examples) kept as written."""
+        import textwrap
+
+        return "\n".join(line if line.startswith("  ") or not line else
+                         textwrap.fill(line, width, initial_indent=indent, subsequent_indent=indent)
+                         for line in text.splitlines())
+
+    def _get_help_string(self, action: argparse.Action) -> Optional[str]:
+        text = action.help or ""
+        if action.required and action.option_strings:
+            text += " (required)"
+        if "%(default)" not in text and action.option_strings and action.default not in (None, False, [],
+                                                                                        argparse.SUPPRESS):
+            text += " (default: %(default)s)"
+        return text
+
+
+def _examples(*lines: str) -> str:
+    return "example:\n" + "\n".join(f"  {line}" for line in lines)
+
+
+def _controller_options(parser: argparse.ArgumentParser, required: bool,
+                        where: Optional[Any] = None) -> None:
+    """--controller (in ``where``, e.g. a mutually exclusive group) and how to reach it."""
+    (where or parser).add_argument(
+        "--controller", required=required, metavar="URL[,URL...]",
+        help="the controller's REST base URL, e.g. http://10.0.0.254:8080; several instances of one "
+             "controller: every URL, comma-separated (tried in turn)")
+    parser.add_argument("--token-file", metavar="PATH",
+                        help="read the controller's bearer token (the admin's or this host's) from PATH; "
+                             "without it, $MODELCAST_TOKEN")
+    parser.add_argument("--token", help="the token itself: seen by every user of this host in ps, so prefer "
+                                         "--token-file or $MODELCAST_TOKEN")
+    parser.add_argument("--request-timeout", type=float, default=SendOptions.request_timeout, metavar="SECONDS",
+                        help="per controller request")
+
+
+def _host_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--ip", help="this host's IPv4 address on the multicast fabric, as the controller knows "
+                                     "it (default: the address the multicast route leaves from; never loopback)")
+    parser.add_argument("--interface", default=SendOptions.interface, metavar="ADDR",
+                        help="the local IPv4 address of the interface to send and join on; 0.0.0.0 lets the "
+                             "routes choose")
+
+
+def _output_options(parser: argparse.ArgumentParser, json_help: str, metrics: bool = True) -> None:
+    parser.add_argument("--json", action="store_true", help=json_help)
+    parser.add_argument("--quiet", action="store_true", help="print nothing but warnings and errors")
+    if metrics:
+        parser.add_argument("--metrics-port", type=int, metavar="PORT", help="serve Prometheus metrics on PORT")
+        parser.add_argument("--metrics-addr", default=SendOptions.metrics_addr, metavar="ADDR",
+                            help="the address --metrics-port listens on")
+
+
+def _transfer_options(parser: argparse.ArgumentParser) -> None:
+    """What send and recv share: the group from a controller or given, and its key."""
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--group", metavar="ADDR:PORT",
+                        help="a source-specific multicast group (232.0.0.0/8) routed without a controller")
+    _controller_options(parser, False, source)
+    _host_options(parser)
+    parser.add_argument("--model", help="the name the model's group is registered under with the controller "
+                                        "(default for send: the content id)")
+    parser.add_argument("--key-file", metavar="PATH",
+                        help="a shared secret (at least 16 bytes; modelcast keygen makes one) that MACs every "
+                             "datagram; with --group it is required, with --controller it replaces the "
+                             "controller's session key")
+    parser.add_argument("--insecure", action="store_true",
+                        help="run without a MAC key (no --key-file, no key from the controller): refused "
+                             "otherwise, because anyone on the network could then forge datagrams")
+    parser.add_argument("--lanes", type=int, default=SendOptions.lanes, metavar="K",
+                        help="stripe one file over K processes (cores), on group ports PORT..PORT+K-1, --rate "
+                             "shared among them; the sender and its receivers give the same K (--group only)")
+    _output_options(parser, "print one JSON summary object on stdout")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="modelcast", description="Reliable multicast of model files.")
-    sub = parser.add_subparsers(dest="command", required=True)
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--group", help="multicast ADDR:PORT (SSM: 232.0.0.0/8); not with --controller")
-    common.add_argument("--controller", help="controller base URL, e.g. http://10.0.0.254:8080 (assigns the group); "
-                        "several instances of one controller: URL,URL,... (tried in turn)")
-    common.add_argument("--token", help="controller bearer token (default: $MODELCAST_TOKEN)")
-    common.add_argument("--model", help="model name registered with the controller")
-    common.add_argument("--ip", help="this host's IPv4 address as the controller knows it (default: from the routing table)")
-    common.add_argument("--request-timeout", type=float, default=SendOptions.request_timeout, help="seconds per controller request")
-    common.add_argument("--interface", default=SendOptions.interface, help="local IPv4 address of the interface to use")
-    common.add_argument("--key-file", help="shared secret file; every datagram is MAC'd with it (overrides the controller key)")
-    common.add_argument("--insecure", action="store_true",
-                        help="run without a MAC key (no --key-file, no key from the controller): refused otherwise; "
-                             "anyone on the network can then forge datagrams")
-    common.add_argument("--json", action="store_true", help="print one JSON summary object on stdout")
-    common.add_argument("--quiet", action="store_true")
-    common.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
-    common.add_argument("--metrics-addr", default=SendOptions.metrics_addr, help="address for --metrics-port (default 127.0.0.1)")
-    common.add_argument("--lanes", type=int, default=SendOptions.lanes, metavar="K",
-                        help="stripe the file over K lanes, one process (core) each on group ports PORT..PORT+K-1, "
-                             "--rate shared among them; sender and receivers must give the same K (default 1)")
-    send = sub.add_parser("send", parents=[common], help="send a file or a model directory to the group")
+    parser = argparse.ArgumentParser(
+        prog="modelcast", formatter_class=_Help,
+        description="Reliable multicast of model files and directories: send/recv one transfer, serve/fetch "
+                    "for a fleet, catalog for a model in parts, ls to see the controller's groups and offers.",
+        epilog="Each command's --help shows its options, their defaults and an example. The token is read "
+               "from --token-file or $MODELCAST_TOKEN.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    send = sub.add_parser(
+        "send", formatter_class=_Help, help="send a file or a model directory to the group",
+        description="Send a file, or every file under a directory in one session, to the group; exit 0 "
+                    "when every expected receiver verified it.",
+        epilog=_examples("modelcast send ./llama-3-70b/ --controller http://10.0.0.254:8080 "
+                         "--token-file /etc/modelcast/token --receivers 8 --rate 800"))
     send.add_argument("path", help="a file, or a directory: every file under it in one session")
-    send.add_argument("--receivers", type=int, default=None, help="expected receivers (exit 0 when all verified)")
-    send.add_argument("--receiver-ip", action="append", help="register a receiver with the controller (repeatable)")
-    send.add_argument("--wait-timeout", type=float, default=SendOptions.wait_timeout, help="seconds to wait for the controller's tree")
-    send.add_argument("--poll", type=float, default=SendOptions.poll, help="controller polling interval, seconds")
-    send.add_argument("--rate", type=float, default=SendOptions.rate_mbit,
-                      help="rate cap in Mbit/s on the link (headers and Ethernet framing included: "
-                           "the NIC's speed fills it without overrunning it; starts at 70%%)")
-    send.add_argument("--chunk-size", type=int, default=SendOptions.chunk_size)
-    send.add_argument("--fec-k", type=int, default=SendOptions.fec_k,
+    _transfer_options(send)
+    send.add_argument("--receivers", type=int, metavar="N", help="expected receivers: exit 0 once all verified")
+    send.add_argument("--receiver-ip", action="append", metavar="IP",
+                      help="register a receiver with the controller (repeatable)")
+    send.add_argument("--wait-timeout", type=float, default=SendOptions.wait_timeout, metavar="SECONDS",
+                      help="wait this long for the controller's tree and the expected receivers")
+    send.add_argument("--poll", type=float, default=SendOptions.poll, metavar="SECONDS",
+                      help="controller polling interval")
+    send.add_argument("--rate", type=float, default=SendOptions.rate_mbit, metavar="MBIT",
+                      help="rate cap in Mbit/s on the link, headers and Ethernet framing included (the NIC's "
+                           "speed fills it without overrunning it); the sender starts at 70%% and adapts")
+    send.add_argument("--chunk-size", type=int, default=SendOptions.chunk_size, metavar="BYTES",
+                      help="bytes per verified chunk (the unit of digests, repair and resume); the content id "
+                           "depends on it")
+    send.add_argument("--fec-k", type=int, default=SendOptions.fec_k, metavar="N",
                       help="datagrams per FEC parity block: one multicast parity datagram repairs "
                            "different losses at different receivers (0 = off)")
-    send.add_argument("--fec-overhead", type=float, default=SendOptions.fec_overhead,
+    send.add_argument("--fec-overhead", type=float, default=SendOptions.fec_overhead, metavar="FRACTION",
                       help="proactive parity per data datagram, e.g. 0.02 (needs --fec-k)")
-    send.add_argument("--payload-size", type=int, default=None,
+    send.add_argument("--payload-size", type=int, metavar="BYTES",
                       help="data bytes per datagram (default: fill one frame of the route's MTU)")
-    send.add_argument("--ttl", type=int, default=SendOptions.ttl)
+    send.add_argument("--ttl", type=int, default=SendOptions.ttl,
+                      help="multicast TTL: how many routers the datagrams may cross (1: the fabric's own "
+                           "switches only, which do not count)")
     send.add_argument("--gso", action=argparse.BooleanOptionalAction, default=SendOptions.gso,
-                      help="batch paced datagrams with UDP GSO, ~120 KB per wake-up in 64 KB sends (default on; "
-                           "--no-gso: one send per datagram)")
-    send.add_argument("--timeout", type=float, default=SendOptions.timeout,
-                      help="max seconds of repair after the stream (catch-up): receivers still not verified "
-                           "then are reported failed as stragglers")
+                      help="batch paced datagrams with UDP GSO, ~120 KB per wake-up in 64 KB sends "
+                           "(--no-gso: one send per datagram)")
+    send.add_argument("--timeout", type=float, default=SendOptions.timeout, metavar="SECONDS",
+                      help="repair time after the stream: receivers not verified by then fail as stragglers")
     send.add_argument("--min-rate", type=float, default=SendOptions.min_rate_mbit, metavar="MBIT",
-                      help="loss that receivers report never takes the rate below this (default: 5%% of --rate); "
-                           "only drops at the sender's own link do")
+                      help="loss that receivers report never takes the rate below this (default: 5%% of "
+                           "--rate); only drops at the sender's own link do")
     send.add_argument("--congestion-quorum", type=float, default=SendOptions.congestion_quorum, metavar="FRACTION",
-                      help="loss is congestion (the rate is cut) only when more than this fraction of the receivers "
-                           "report it at once; fewer are repaired at the group's rate (default %(default)s)")
+                      help="loss is congestion (the rate is cut) only when more than this fraction of the "
+                           "receivers report it at once; fewer are repaired at the group's rate")
     send.add_argument("--repair-share", type=float, default=SendOptions.repair_share, metavar="FRACTION",
-                      help="max fraction of the sends given to repairs while the stream runs, so lagging "
-                           "receivers never starve it (default %(default)s)")
+                      help="at most this fraction of the sends goes to repairs while the stream runs, so "
+                           "lagging receivers never starve it")
     send.add_argument("--part", action="append", metavar="GLOB",
                       help="send DIR in parts, each on its own group named by the part's id: files matching GLOB "
                            "form one part (repeatable), every other file a part of its own; a part no receiver "
                            "joined is not sent (see modelcast catalog)")
-    recv = sub.add_parser("recv", parents=[common], help="receive a file or a model directory from the group")
-    recv.add_argument("--source", required=True, help="sender's IPv4 address (source-specific join)")
-    recv.add_argument("--out", required=True,
-                      help="output path (e.g. /dev/shm/model.bin): a file is written in place; a directory is "
-                           "assembled in .NAME.modelcast-tmp next to it and renamed to OUT once verified")
+
+    recv = sub.add_parser(
+        "recv", formatter_class=_Help, help="receive a file or a model directory from the group",
+        description="Receive the group's file or directory into --out; exit 0 when every byte matched the "
+                    "sender's digests (and --on-complete, if given, exited 0).",
+        epilog=_examples("modelcast recv --controller http://10.0.0.254:8080 --token-file /etc/modelcast/token "
+                         "--expect blake3:5f1c... --source 10.0.0.1 --out /dev/shm/llama-3-70b"))
+    _transfer_options(recv)
+    recv.add_argument("--source", required=True, metavar="IP", help="the sender's IPv4 address (source-specific join)")
+    recv.add_argument("--out", required=True, metavar="PATH",
+                      help="where the file or directory goes (e.g. /dev/shm/model.bin): a file is written in "
+                           "place; a directory is assembled in .NAME.modelcast-tmp next to it and renamed once "
+                           "verified")
     recv.add_argument("--expect", metavar="ID",
-                      help="accept only the model with this content id (blake3:<hex>, printed by send); with "
+                      help="accept only the content with this id (blake3:<hex>, printed by send); with "
                            "--controller and no --model it also names the group")
     recv.add_argument("--catalog", metavar="FILE",
                       help="the model's catalog (modelcast catalog --write): with --expect MODEL_ID, receive the "
                            "parts --include names, each held to its id, merged into OUT")
     recv.add_argument("--include", action="append", metavar="GLOB",
                       help="with --catalog: only the parts whose name or files match GLOB (repeatable)")
-    recv.add_argument("--timeout", type=float, default=ReceiveOptions.timeout, help="give up after this long without the sender")
+    recv.add_argument("--timeout", type=float, default=ReceiveOptions.timeout, metavar="SECONDS",
+                      help="give up after this long without the sender")
     recv.add_argument("--no-gro", action="store_true", help="do not ask the kernel for UDP GRO")
     recv.add_argument("--resume-interval", type=float, default=ReceiveOptions.resume_interval, metavar="SECONDS",
-                      help="make the resume record durable at most this long after progress (default %(default)s)")
-    recv.add_argument("--on-complete", metavar="CMD", help="run CMD OUT_PATH after verification (exit status in summary)")
-    srv = sub.add_parser("serve", help="serve models to whoever fetches them, in batched multicast rounds")
+                      help="make the resume record durable at most this long after progress")
+    recv.add_argument("--on-complete", metavar="CMD", help="run CMD OUT after verification (its exit status is in "
+                                                           "the summary)")
+
+    srv = sub.add_parser(
+        "serve", formatter_class=_Help, help="serve models to whoever fetches them, in batched multicast rounds",
+        description="Offer each model under its content id and send it, in rounds, to the hosts that fetch it; "
+                    "SIGTERM or SIGINT withdraws the offers and exits 0.",
+        epilog=_examples("modelcast serve ./llama-3-70b/ --controller http://10.0.0.254:8080 "
+                         "--token-file /etc/modelcast/token --rate 800"))
     srv.add_argument("paths", nargs="+", metavar="PATH", help="a model file or directory (repeatable)")
-    srv.add_argument("--controller", required=True, help="controller base URL")
-    srv.add_argument("--token", help="controller bearer token: the admin's or this host's (default: $MODELCAST_TOKEN)")
-    srv.add_argument("--ip", help="this host's IPv4 address as the controller knows it")
-    srv.add_argument("--interface", default=SendOptions.interface, help="local IPv4 address of the interface to use")
-    srv.add_argument("--request-timeout", type=float, default=SendOptions.request_timeout)
-    srv.add_argument("--rate", type=float, default=SendOptions.rate_mbit, help="rate cap in Mbit/s on the link, per round")
-    srv.add_argument("--chunk-size", type=int, default=SendOptions.chunk_size, help="(the content ids depend on it)")
-    srv.add_argument("--fec-k", type=int, default=SendOptions.fec_k)
-    srv.add_argument("--timeout", type=float, default=SendOptions.timeout,
+    _controller_options(srv, True)
+    _host_options(srv)
+    srv.add_argument("--rate", type=float, default=SendOptions.rate_mbit, metavar="MBIT",
+                     help="rate cap in Mbit/s on the link, per round")
+    srv.add_argument("--chunk-size", type=int, default=SendOptions.chunk_size, metavar="BYTES",
+                     help="bytes per verified chunk; the content ids depend on it")
+    srv.add_argument("--fec-k", type=int, default=SendOptions.fec_k, metavar="N",
+                     help="datagrams per FEC parity block (0 = off)")
+    srv.add_argument("--timeout", type=float, default=SendOptions.timeout, metavar="SECONDS",
                      help="a round's catch-up bound: receivers not verified this long after its stream fail")
     srv.add_argument("--window-quiet", type=float, default=RoundSettings.quiet_s, metavar="SECONDS",
-                     help="a join window closes this long after its latest request (default %(default)s)")
+                     help="a join window closes this long after its latest request")
     srv.add_argument("--window-max", type=float, default=RoundSettings.max_wait_s, metavar="SECONDS",
-                     help="and at most this long (or a quarter of one transfer) after its first (default %(default)s)")
+                     help="and at most this long (or a quarter of one transfer) after its first")
     srv.add_argument("--window-hold", type=float, default=RoundSettings.hold_share, metavar="FRACTION",
                      help="while the server is busy (a round runs or ended less than one transfer ago) a request "
-                          "waits this share of one transfer (within --window-max) for others: fewer, fuller rounds "
-                          "(default %(default)s)")
+                          "waits this share of one transfer (within --window-max) for others: fewer, fuller rounds")
     srv.add_argument("--admit-share", type=float, default=RoundSettings.admit_share, metavar="FRACTION",
                      help="a request while at most this share of a round's stream is out joins it and is repaired; "
-                          "a later one takes the rest and the next round's start (default %(default)s)")
+                          "a later one takes the rest and the next round's start")
     srv.add_argument("--insecure", action="store_true", help="run without MAC keys (see send --insecure)")
-    srv.add_argument("--metrics-port", type=int, help="serve Prometheus metrics (rounds, receivers, bytes) here")
-    srv.add_argument("--metrics-addr", default=SendOptions.metrics_addr)
-    srv.add_argument("--json", action="store_true", help="one JSON line per model served and per round")
-    srv.add_argument("--quiet", action="store_true", help="print nothing but errors")
-    fch = sub.add_parser("fetch", parents=[common], help="fetch a model by its id from whoever serves it")
+    _output_options(srv, "one JSON line per model served and per round")
+
+    fch = sub.add_parser(
+        "fetch", formatter_class=_Help, help="fetch a model by its id from whoever serves it",
+        description="Ask the controller who offers MODEL_ID, join that server's group and receive the model "
+                    "into --out (resuming across rounds); exit 0 only when verified.",
+        epilog=_examples("modelcast fetch blake3:5f1c... --controller http://10.0.0.254:8080 "
+                         "--token-file /etc/modelcast/token --out /dev/shm/llama-3-70b"))
     fch.add_argument("model_id", metavar="MODEL_ID", help="the content id (blake3:<hex>) the server printed")
-    fch.add_argument("--out", required=True, help="output file or directory (written as recv --out does)")
-    fch.add_argument("--timeout", type=float, default=ReceiveOptions.timeout,
+    _controller_options(fch, True)
+    _host_options(fch)
+    fch.add_argument("--out", required=True, metavar="PATH", help="output file or directory (written as recv "
+                                                                  "--out does)")
+    fch.add_argument("--timeout", type=float, default=ReceiveOptions.timeout, metavar="SECONDS",
                      help="per attempt: give up after this long without the server")
-    fch.add_argument("--patience", type=float, default=300.0,
-                     help="keep asking (resuming each time) for this long in all (default %(default)s)")
+    fch.add_argument("--patience", type=float, default=300.0, metavar="SECONDS",
+                     help="keep asking (waiting for an offer, resuming after each round) this long in all")
     fch.add_argument("--no-gro", action="store_true", help="do not ask the kernel for UDP GRO")
-    fch.add_argument("--on-complete", metavar="CMD", help="run CMD OUT_PATH after verification")
-    cat = sub.add_parser("catalog", help="publish a model directory in parts, or check a catalog and pick parts")
+    fch.add_argument("--on-complete", metavar="CMD", help="run CMD OUT after verification")
+    fch.add_argument("--insecure", action="store_true", help="run without MAC keys (see recv --insecure)")
+    _output_options(fch, "print one JSON summary object on stdout", metrics=False)
+
+    cat = sub.add_parser(
+        "catalog", formatter_class=_Help, help="publish a model directory in parts, or check a catalog and pick parts",
+        description="With DIR: split it into parts, write the catalog (--write) and print the model id and each "
+                    "part's id. With --check: verify a catalog against its model id and list the parts to take.",
+        epilog=_examples("modelcast catalog ./mixtral/ --part 'experts/0/*' --part 'experts/1/*' "
+                         "--write mixtral.catalog"))
     cat.add_argument("path", nargs="?", help="the model directory to split into parts")
     cat.add_argument("--part", action="append", metavar="GLOB",
                      help="files matching GLOB form one part (repeatable); every other file is a part of its own")
-    cat.add_argument("--chunk-size", type=int, default=SendOptions.chunk_size,
+    cat.add_argument("--chunk-size", type=int, default=SendOptions.chunk_size, metavar="BYTES",
                      help="the chunk size the parts will be sent with (part ids depend on it)")
     cat.add_argument("--write", metavar="FILE", help="write the catalog (whose digest is the model id) to FILE")
     cat.add_argument("--check", metavar="FILE", help="check this catalog against --expect and list the parts")
@@ -546,21 +749,46 @@ def build_parser() -> argparse.ArgumentParser:
     cat.add_argument("--include", action="append", metavar="GLOB",
                      help="with --check: only the parts whose name or files match GLOB (repeatable)")
     cat.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+
+    ls = sub.add_parser(
+        "ls", formatter_class=_Help, help="list the controller's groups, their receivers' states, and offers",
+        description="The controller's groups (model, source, address, state, each receiver's state, the "
+                    "announced session) and the models offered by modelcast serve.",
+        epilog=_examples("modelcast ls --controller http://10.0.0.254:8080 --token-file /etc/modelcast/token"))
+    _controller_options(ls, True)
+    ls.add_argument("--model", help="only the groups and offers of this model")
+    ls.add_argument("--source", metavar="IP", help="only the groups and offers of this source")
+    ls.add_argument("--json", action="store_true", help='print {"groups": [...], "offers": [...]} (no keys)')
+
+    key = sub.add_parser(
+        "keygen", formatter_class=_Help, help="write a new shared secret for --key-file",
+        description="Write 32 random bytes, as hex, to PATH (mode 0600): the --key-file of a sender and its "
+                    "receivers on a network without a controller.",
+        epilog=_examples("modelcast keygen /etc/modelcast/secret"))
+    key.add_argument("path", metavar="PATH", help="the key file to create")
+    key.add_argument("--force", action="store_true", help="replace PATH if it exists")
+    key.add_argument("--quiet", action="store_true", help="print nothing but errors")
+    key.set_defaults(json=False)
     return parser
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("modelcast")
+    except PackageNotFoundError:
+        return "(not installed)"
+
+
+COMMANDS = {"send": cmd_send, "recv": cmd_recv, "serve": cmd_serve, "fetch": cmd_fetch, "catalog": cmd_catalog,
+            "ls": cmd_ls, "keygen": cmd_keygen}
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        if args.command == "send":
-            return cmd_send(args)
-        if args.command == "catalog":
-            return cmd_catalog(args)
-        if args.command == "serve":
-            return cmd_serve(args)
-        if args.command == "fetch":
-            return cmd_fetch(args)
-        return cmd_recv(args)
+        return COMMANDS[args.command](args)
     except (CliError, TransferError, ControllerError, ValueError) as exc:
         print(f"modelcast: error: {exc}", file=sys.stderr)
         return 1

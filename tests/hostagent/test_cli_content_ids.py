@@ -8,7 +8,6 @@ import json
 import re
 import socket
 import time
-import urllib.parse
 from pathlib import Path
 from typing import Optional
 
@@ -107,24 +106,12 @@ def test_lanes_do_not_change_the_content_id(tmp_path: Path) -> None:
     assert said == [expected, expected]
 
 
-class ListingController(FakeController):
-    """The fake controller with ``GET /v1/groups?source=`` (the real one filters so)."""
-
-    def route(self, method: str, path: str, body: Optional[dict]) -> tuple[int, Optional[dict]]:
-        base, _, query = path.partition("?")
-        if method == "GET" and base == "/v1/groups":
-            source = dict(urllib.parse.parse_qsl(query)).get("source")
-            return 200, [self._view(g) for g in self.groups.values()  # type: ignore[return-value]
-                         if source is None or g["source"] == source]
-        return super().route(method, path, body)
-
-
 def test_a_receiver_waiting_on_a_mistyped_id_is_told_what_the_source_announces(tmp_path: Path, capsys) -> None:
     """``recv --controller --expect X``: the group is named by X, and a sender of Y
     announces on Y's group. The receiver warns at once, names Y when it gives up."""
     offered = "blake3:" + "ab12" * 16
     wrong = "blake3:" + "5f1c" * 16
-    with ListingController(free_port(socket.SOCK_DGRAM)) as fake:
+    with FakeController(free_port(socket.SOCK_DGRAM)) as fake:
         fake.route("POST", "/v1/groups", {"model": offered, "source": LOOPBACK})
         fake.route("POST", "/v1/groups/1/rekey", {"session": "00000000000000aa", "file_digest": "cd" * 32})
         code = main(["recv", "--controller", fake.url, "--expect", wrong, "--source", LOOPBACK, "--interface",

@@ -3,7 +3,6 @@ controller (http.server on 127.0.0.1 in a thread). Multicast stays on loopback."
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import socket
@@ -15,7 +14,7 @@ import pytest
 
 from hostagent import wire
 from hostagent.api import _run_hook
-from hostagent.cli import Progress, build_parser, main
+from hostagent.cli import main
 from hostagent.control import ControllerClient, ControllerError, session_key
 from lab.models import make_model
 from lab.sh import free_port
@@ -230,8 +229,11 @@ def test_timeout_waiting_for_installation(tmp_path, capsys) -> None:
 
 
 def test_either_group_or_controller_is_required(tmp_path, capsys) -> None:
-    assert main(["send", str(make_model(tmp_path / "m.bin", 300_000).path)]) == 1
-    assert "--group ADDR:PORT is required without --controller" in capsys.readouterr().err
+    for both in ([], ["--group", "232.1.2.3:5000", "--controller", "http://x"]):
+        with pytest.raises(SystemExit) as usage:
+            main(["send", str(make_model(tmp_path / "m.bin", 300_000).path), *both])
+        assert usage.value.code == 2
+        assert "(--group ADDR:PORT | --controller URL[,URL...])" in capsys.readouterr().err
     assert main(["recv", "--controller", "http://x", "--source", LOOPBACK, "--out", str(tmp_path / "o")]) == 1
     assert "--model is required" in capsys.readouterr().err
 
@@ -314,26 +316,6 @@ def test_on_complete_hook_status_is_reported(tmp_path) -> None:
     assert hook.exit_status == 3 and hook.command[-1] == out and hook.error is None
     missing = _run_hook("/nonexistent/loader", out, None)
     assert missing.exit_status == 127 and missing.error
-
-
-def test_progress_bar_only_on_a_terminal(monkeypatch) -> None:
-    class Tty(io.StringIO):
-        def isatty(self) -> bool:
-            return True
-
-    args = build_parser().parse_args(["recv", "--group", "239.1.1.1:5000", "--source", LOOPBACK, "--out", "x"])
-    tty = Tty()
-    monkeypatch.setattr(sys, "stderr", tty)
-    bar = Progress(args, "recv")
-    bar.update(500_000, 1_000_000, repairs=7, note="nacks 2")
-    bar.close()
-    assert "repairs 7" in tty.getvalue() and "nacks 2" in tty.getvalue()
-    pipe = io.StringIO()
-    monkeypatch.setattr(sys, "stderr", pipe)
-    bar = Progress(args, "recv")
-    bar.update(1, 2, repairs=0)
-    bar.close()
-    assert pipe.getvalue() == ""
 
 
 def test_metrics_endpoint_exposes_counters() -> None:

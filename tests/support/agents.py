@@ -203,6 +203,10 @@ class FakeController:
         parts = path.strip("/").split("/")
         if parts[:2] == ["v1", "offers"]:
             return self._offers(method, parts, body, query)
+        if method == "GET" and parts == ["v1", "groups"]:  # ?model= and ?source= filter, as the real one's
+            wanted = dict(urllib.parse.parse_qsl(query))
+            return 200, [self._view(g) for g in self.groups.values()  # type: ignore[return-value]
+                         if all(g[k] == v for k, v in wanted.items() if k in ("model", "source"))]
         if method == "POST" and parts == ["v1", "groups"]:
             for g in self.groups.values():
                 if (g["model"], g["source"]) == (body["model"], body["source"]):
