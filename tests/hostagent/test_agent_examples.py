@@ -16,54 +16,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
-import re
-import shlex
-from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 
 from hostagent.cli import build_parser
-
-ROOT = Path(__file__).resolve().parents[1]
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-ELIDED = "..."  # "and the options shown above", where a page abbreviates
-
-
-@dataclass
-class AgentExample:
-    page: str
-    line: int
-    command: str
-
-    @property
-    def argv(self) -> list[str]:
-        tokens = shlex.split(self.command, comments=True)
-        assert tokens[0] == "modelcast", self
-        return [t for t in tokens[1:] if t != ELIDED]
-
-    def __str__(self) -> str:
-        return f"{self.page}:{self.line}: {self.command}"
-
-
-def agent_examples(page: Path) -> list[AgentExample]:
-    """Every ``modelcast`` command line in the page's fenced code blocks."""
-    text = page.read_text(encoding="utf-8")
-    found = []
-    for block in re.finditer(r"^```[^\n]*\n(.*?)^```", text, re.M | re.S):
-        first = text.count("\n", 0, block.start(1)) + 1
-        lines = block.group(1).split("\n")
-        i = 0
-        while i < len(lines):
-            start, command = i, lines[i]
-            while command.endswith("\\") and i + 1 < len(lines):
-                i += 1
-                command = command[:-1].rstrip() + " " + lines[i].strip()
-            if command.startswith("modelcast "):
-                found.append(AgentExample(str(page.relative_to(ROOT)), first + start, command))
-            i += 1
-    return found
-
+from tests.support.doc_examples import PAGES, AgentExample, agent_examples
 
 EXAMPLES = [ex for page in PAGES for ex in agent_examples(page)]
 
