@@ -594,6 +594,20 @@ def _transfer_options(parser: argparse.ArgumentParser) -> None:
     _output_options(parser, "print one JSON summary object on stdout")
 
 
+def _stream_options(parser: argparse.ArgumentParser, timeout_help: str) -> None:
+    """How a stream goes out: what send and each of serve's rounds share."""
+    parser.add_argument("--rate", type=float, default=SendOptions.rate_mbit, metavar="MBIT",
+                        help="rate cap in Mbit/s on the link, headers and Ethernet framing included (the NIC's "
+                             "speed fills it without overrunning it); the sender starts at 70%% and adapts")
+    parser.add_argument("--chunk-size", type=int, default=SendOptions.chunk_size, metavar="BYTES",
+                        help="bytes per verified chunk (the unit of digests, repair and resume); the content id "
+                             "depends on it")
+    parser.add_argument("--fec-k", type=int, default=SendOptions.fec_k, metavar="N",
+                        help="datagrams per FEC parity block: one multicast parity datagram repairs "
+                             "different losses at different receivers (0 = off)")
+    parser.add_argument("--timeout", type=float, default=SendOptions.timeout, metavar="SECONDS", help=timeout_help)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="modelcast", formatter_class=_Help,
@@ -619,15 +633,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help="wait this long for the controller's tree and the expected receivers")
     send.add_argument("--poll", type=float, default=SendOptions.poll, metavar="SECONDS",
                       help="controller polling interval")
-    send.add_argument("--rate", type=float, default=SendOptions.rate_mbit, metavar="MBIT",
-                      help="rate cap in Mbit/s on the link, headers and Ethernet framing included (the NIC's "
-                           "speed fills it without overrunning it); the sender starts at 70%% and adapts")
-    send.add_argument("--chunk-size", type=int, default=SendOptions.chunk_size, metavar="BYTES",
-                      help="bytes per verified chunk (the unit of digests, repair and resume); the content id "
-                           "depends on it")
-    send.add_argument("--fec-k", type=int, default=SendOptions.fec_k, metavar="N",
-                      help="datagrams per FEC parity block: one multicast parity datagram repairs "
-                           "different losses at different receivers (0 = off)")
+    _stream_options(send, "repair time after the stream: receivers not verified by then fail as stragglers")
     send.add_argument("--fec-overhead", type=float, default=SendOptions.fec_overhead, metavar="FRACTION",
                       help="proactive parity per data datagram, e.g. 0.02 (needs --fec-k)")
     send.add_argument("--payload-size", type=int, metavar="BYTES",
@@ -638,8 +644,6 @@ def build_parser() -> argparse.ArgumentParser:
     send.add_argument("--gso", action=argparse.BooleanOptionalAction, default=SendOptions.gso,
                       help="batch paced datagrams with UDP GSO, ~120 KB per wake-up in 64 KB sends "
                            "(--no-gso: one send per datagram)")
-    send.add_argument("--timeout", type=float, default=SendOptions.timeout, metavar="SECONDS",
-                      help="repair time after the stream: receivers not verified by then fail as stragglers")
     send.add_argument("--min-rate", type=float, default=SendOptions.min_rate_mbit, metavar="MBIT",
                       help="loss that receivers report never takes the rate below this (default: 5%% of "
                            "--rate); only drops at the sender's own link do")
@@ -691,14 +695,7 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("paths", nargs="+", metavar="PATH", help="a model file or directory (repeatable)")
     _controller_options(srv, True)
     _host_options(srv)
-    srv.add_argument("--rate", type=float, default=SendOptions.rate_mbit, metavar="MBIT",
-                     help="rate cap in Mbit/s on the link, per round")
-    srv.add_argument("--chunk-size", type=int, default=SendOptions.chunk_size, metavar="BYTES",
-                     help="bytes per verified chunk; the content ids depend on it")
-    srv.add_argument("--fec-k", type=int, default=SendOptions.fec_k, metavar="N",
-                     help="datagrams per FEC parity block (0 = off)")
-    srv.add_argument("--timeout", type=float, default=SendOptions.timeout, metavar="SECONDS",
-                     help="a round's catch-up bound: receivers not verified this long after its stream fail")
+    _stream_options(srv, "a round's catch-up bound: receivers not verified this long after its stream fail")
     srv.add_argument("--window-quiet", type=float, default=RoundSettings.quiet_s, metavar="SECONDS",
                      help="a join window closes this long after its latest request")
     srv.add_argument("--window-max", type=float, default=RoundSettings.max_wait_s, metavar="SECONDS",
