@@ -27,7 +27,7 @@ from controller import ofmsgs
 from controller.addressing import check_model, check_ssm, ssm_address
 from controller.errors import Conflict, CoreError, ReceiverIsSource, UnknownGroup
 from controller.failover import Failover
-from controller.plan import MAX_GID, UNKNOWN_PORT, Plan, Planner, SwitchState
+from controller.plan import BUILD, MAX_GID, REMOVE, UNKNOWN_PORT, Plan, Planner, SwitchState
 from controller.topoview import TopologyView, check_unicast, known_hosts
 from controller.trees import ALGORITHMS, LinkLoad, PathCache, SwitchEntry, Tree, compute_tree, regraft
 from controller.trees import crossing as _crossing
@@ -64,6 +64,9 @@ class Group:
     # bumped at every change of ``receivers``: a tree computed at the same count
     # (``Tree.members``) is for exactly these receivers
     members: int = field(default=0, repr=False, compare=False)
+    # the version its first switch stamps on every copy (0 or 1; ``ofmsgs.stamp``): each
+    # move of its tree flips it (``controller.plan``)
+    color: int = field(default=0, repr=False, compare=False)
 
     def receiver_state(self, ip: str) -> str:
         """'routed' when the tree reaches the receiver, else 'unreachable'."""
@@ -225,14 +228,14 @@ class MulticastCore:
         ours, after a controller restart or a control-channel flap) only the differences
         are fixed, so delivery through a healthy switch never stops."""
         stale = Plan()
-        stale.phases[2].extend(self.planner.adopt(dpid, present))
+        stale.phases[REMOVE].extend(self.planner.adopt(dpid, present))
         plan = Plan()
         if present is not None:  # before anything might add one of the same id again
-            plan.phases[0].extend((dpid, ofmsgs.group_delete(dpid, t)) for t in sorted(present.turns))
+            plan.phases[BUILD].extend((dpid, ofmsgs.group_delete(dpid, t)) for t in sorted(present.turns))
         plan.extend(self._after_up() if self.view.add_switch(dpid) else Plan())
         plan.extend(self.sync_switch(dpid))
         if present is not None:  # flows on ingress ports the tree no longer uses
-            stale.phases[2].extend(self.planner.leftovers(dpid, present))
+            stale.phases[REMOVE].extend(self.planner.leftovers(dpid, present))
         return plan.extend(stale)
 
     def switch_leave(self, dpid: int) -> Plan:

@@ -25,11 +25,6 @@ from controller.tracing import describe, enabled, trace
 
 log = logging.getLogger("modelcast.installer")
 
-# after a phase that switched traffic onto new feeds, this long before the old ones are
-# cut (see PlanInstaller.run): the new feed is not delayed, only the clean-up
-SETTLE_S = 0.05
-
-
 class PlanInstaller:
     """Sends plans to the switches in ``dps`` (dpid -> Ryu datapath); ``run`` is the
     green thread that does it."""
@@ -55,13 +50,12 @@ class PlanInstaller:
             errors: list[str] = []
             try:
                 for i, phase in enumerate(plan.phases):
-                    if i == len(plan.phases) - 1 and phase and plan.phases[i - 1]:
-                        # old feeds are cut and old entries removed only once the new
-                        # ones carry traffic: a barrier confirms a switch's tables, but
-                        # Open vSwitch moves its datapath's cached flows onto them a few
-                        # ms later (its revalidators), so cutting at once still lost a
-                        # datagram now and then
-                        hub.sleep(SETTLE_S)
+                    if phase and plan.waits.get(i):
+                        # the plan's own pauses (controller.plan): a barrier confirms a
+                        # switch's tables, but Open vSwitch moves its datapath's cached
+                        # flows onto them a few ms later (its revalidators); a move's old
+                        # version needs its last copies out of the fabric
+                        hub.sleep(plan.waits[i])
                     touched = []
                     for dpid, msg in phase:
                         dp = self.dps.get(dpid)

@@ -35,6 +35,7 @@ TABLE = 0
 TABLE_DST = 1
 PRIO_DETOUR = 1100  # table 0: detoured copies (transit, a group's rejoin: controller.protect)
 PRIO_REJOIN = 1099  # table 0: a detour's end shared by its link's groups (below a group's own)
+PRIO_VERSION = 1001  # table 0: a moving tree's new entry, for copies of its new version
 PRIO_SG = 1000  # table 0: (S,G) multicast forwarding
 PRIO_IGMP = 800  # table 0: membership reports to the controller
 PRIO_LINK_PORT = 650  # table 0: frames arriving over an inter-switch link
@@ -58,6 +59,23 @@ def cookie(gid: int) -> int:
     return COOKIE_TAG | gid
 
 
+# Every copy of a group's packet carries a VLAN tag inside the fabric: the tree's first
+# switch pushes it, every port towards a host pops it. Its id is the tree's *version*
+# (one of two, ``VERSION_VIDS``): a move installs the new tree's changed entries for the
+# new version beside the old ones, then flips the first switch's stamp in one message,
+# so every packet travels wholly on the old tree or wholly on the new one
+# (controller.plan; Reitblatt et al., "Abstractions for Network Update", SIGCOMM 2012).
+VERSION_VIDS = (3900, 3901)
+OFPVID_PRESENT = ofp.OFPVID_PRESENT
+ETH_VLAN = 0x8100
+POP = (("pop_vlan",),)  # (a bucket towards a host starts with it)
+
+
+def stamp(color: int) -> tuple:
+    """The actions stamping a copy with version ``color`` (0 or 1) at the tree's ingress."""
+    return (("push_vlan", ETH_VLAN), ("set_field", "vlan_vid", OFPVID_PRESENT | VERSION_VIDS[color]))
+
+
 def actions(acts: Iterable[tuple]) -> list:
     """Ryu action objects for normalised actions: ("output", port), ("group", id),
     ("set_field", field, value), and Nicira extensions Open vSwitch has: ("set_field",
@@ -65,10 +83,15 @@ def actions(acts: Iterable[tuple]) -> list:
     it is sent as Nicira's load into NXM_OF_IN_PORT), ("move", src_field, src_ofs,
     dst_field, dst_ofs, n_bits) copies bits of one header field into another, ("resubmit",
     in_port, table) looks the packet up again in ``table`` as if it had come in on
-    ``in_port`` (for the lookup alone: the entry found runs with the real ingress)."""
+    ``in_port`` (for the lookup alone: the entry found runs with the real ingress);
+    ("push_vlan", ethertype) and ("pop_vlan",)."""
     out: list = []
     for a in acts:
-        if a[0] == "output":
+        if a[0] == "pop_vlan":
+            out.append(parser.OFPActionPopVlan())
+        elif a[0] == "push_vlan":
+            out.append(parser.OFPActionPushVlan(a[1]))
+        elif a[0] == "output":
             out.append(parser.OFPActionOutput(a[1], 0))
         elif a[0] == "group":
             out.append(parser.OFPActionGroup(a[1]))
@@ -246,6 +269,8 @@ def _match_in_port(in_port: int, rest: bytes) -> bytes:
 _OUTPUT = struct.Struct(ofp.OFP_ACTION_OUTPUT_PACK_STR)
 _GROUP = struct.Struct(ofp.OFP_ACTION_GROUP_PACK_STR)
 _SET_FIELD = struct.Struct("!HH")  # (type, length), then the TLV and padding to 8 bytes
+_HEADER_ONLY = struct.Struct(ofp.OFP_ACTION_HEADER_PACK_STR)
+_PUSH = struct.Struct(ofp.OFP_ACTION_PUSH_PACK_STR)
 
 
 def _action(a: tuple) -> bytes:
@@ -254,6 +279,10 @@ def _action(a: tuple) -> bytes:
         return _OUTPUT.pack(ofp.OFPAT_OUTPUT, ofp.OFP_ACTION_OUTPUT_SIZE, a[1], 0)
     if a[0] == "group":
         return _GROUP.pack(ofp.OFPAT_GROUP, ofp.OFP_ACTION_GROUP_SIZE, a[1])
+    if a[0] == "pop_vlan":
+        return _HEADER_ONLY.pack(ofp.OFPAT_POP_VLAN, ofp.OFP_ACTION_HEADER_SIZE)
+    if a[0] == "push_vlan":
+        return _PUSH.pack(ofp.OFPAT_PUSH_VLAN, ofp.OFP_ACTION_PUSH_SIZE, a[1])
     if a[0] in ("move", "resubmit") or a[1] == "in_port":  # (Nicira's: one per protected link, Ryu packs them)
         buf = bytearray()
         actions((a,))[0].serialize(buf, 0)
@@ -318,27 +347,34 @@ def _bucket(watch_port: int, acts: tuple) -> bytes:
     return _BUCKET.pack(ofp.OFP_BUCKET_SIZE + len(body), 0, watch_port, ofp.OFPG_ANY) + body
 
 
-def buckets(in_port: int, out_ports: Iterable[int], ff: Iterable[int] = ()) -> bytes:
-    """An ALL group's buckets: one per output port; a receiver behind the ingress port
-    itself needs OFPP_IN_PORT, because a switch never sends a packet back out where it came
-    in. A port protected by a fast-failover group ``ff`` (ids carry their port) goes
-    through it."""
+def bucket_actions(in_port: int, out_ports: Iterable[int], ff: Iterable[int] = (),
+                   edge: Iterable[int] = ()) -> list[tuple]:
+    """An ALL group's buckets' actions: one per output port; a receiver behind the ingress
+    port itself needs OFPP_IN_PORT, because a switch never sends a packet back out where
+    it came in. A port protected by a fast-failover group ``ff`` (ids carry their port)
+    goes through it; a port towards hosts (``edge``) takes the version tag off first."""
     via = {ff_port(f): f for f in ff}
-    return b"".join(_bucket(ofp.OFPP_ANY, (("group", via[p]),) if p in via else
-                            (("output", ofp.OFPP_IN_PORT if p == in_port else p),))
-                    for p in sorted(out_ports))
+    hosts = set(edge)
+    return [(("group", via[p]),) if p in via else
+            (POP if p in hosts else ()) + (("output", ofp.OFPP_IN_PORT if p == in_port else p),)
+            for p in sorted(out_ports)]
+
+
+def buckets(in_port: int, out_ports: Iterable[int], ff: Iterable[int] = (), edge: Iterable[int] = ()) -> bytes:
+    """``bucket_actions`` packed."""
+    return b"".join(_bucket(ofp.OFPP_ANY, acts) for acts in bucket_actions(in_port, out_ports, ff, edge))
 
 
 @lru_cache(maxsize=65536)
-def _shared_buckets(in_port: int, out_ports: tuple[int, ...], ff: tuple[int, ...]) -> bytes:
+def _shared_buckets(in_port: int, out_ports: tuple[int, ...], ff: tuple[int, ...], edge: tuple[int, ...]) -> bytes:
     """``buckets`` for a tree entry: the same few port sets recur on every switch."""
-    return buckets(in_port, out_ports, ff)
+    return buckets(in_port, out_ports, ff, edge)
 
 
-def _group_buckets(in_port: int, out_ports: Iterable[int], ff: Iterable[int] = ()) -> bytes:
-    if type(out_ports) is tuple and type(ff) is tuple:
-        return _shared_buckets(in_port, out_ports, ff)
-    return buckets(in_port, out_ports, ff)
+def _group_buckets(in_port: int, out_ports: Iterable[int], ff: Iterable[int] = (), edge: Iterable[int] = ()) -> bytes:
+    if type(out_ports) is tuple and type(ff) is tuple and type(edge) is tuple:
+        return _shared_buckets(in_port, out_ports, ff, edge)
+    return buckets(in_port, out_ports, ff, edge)
 
 
 def _group_mod(dpid: int, command: int, gid: int, body: bytes, gtype: int = ofp.OFPGT_ALL) -> Msg:
@@ -350,17 +386,19 @@ def _group_mod(dpid: int, command: int, gid: int, body: bytes, gtype: int = ofp.
 
 
 def _all_group(dpid: int, command: int, gid: int, in_port: int, out_ports: Iterable[int],
-                  ff: Iterable[int]) -> Msg:
+                  ff: Iterable[int], edge: Iterable[int]) -> Msg:
     """An ALL group's add or modify (``buckets``)."""
-    return _group_mod(dpid, command, gid, _group_buckets(in_port, out_ports, ff))
+    return _group_mod(dpid, command, gid, _group_buckets(in_port, out_ports, ff, edge))
 
 
-def group_add(dpid: int, gid: int, in_port: int, out_ports: Iterable[int], ff: Iterable[int] = ()) -> Msg:
-    return _all_group(dpid, ofp.OFPGC_ADD, gid, in_port, out_ports, ff)
+def group_add(dpid: int, gid: int, in_port: int, out_ports: Iterable[int], ff: Iterable[int] = (),
+              edge: Iterable[int] = ()) -> Msg:
+    return _all_group(dpid, ofp.OFPGC_ADD, gid, in_port, out_ports, ff, edge)
 
 
-def group_modify(dpid: int, gid: int, in_port: int, out_ports: Iterable[int], ff: Iterable[int] = ()) -> Msg:
-    return _all_group(dpid, ofp.OFPGC_MODIFY, gid, in_port, out_ports, ff)
+def group_modify(dpid: int, gid: int, in_port: int, out_ports: Iterable[int], ff: Iterable[int] = (),
+                 edge: Iterable[int] = ()) -> Msg:
+    return _all_group(dpid, ofp.OFPGC_MODIFY, gid, in_port, out_ports, ff, edge)
 
 
 def group_delete(dpid: int, gid: int) -> Msg:
@@ -390,10 +428,47 @@ def flow_add(dpid: int, gid: int, in_port: int, source: str, group: str) -> Msg:
     return m
 
 
-# A switch whose tree turns around (its new parent was its child, or its old parent is
-# its new child) holds the new direction in a second ALL group while the move runs: the
-# (S,G) flow of its new in_port points there, the old one still at the group's own id,
-# so copies from either side go where that side's tree sends them (controller.core).
+@lru_cache(maxsize=65536)
+def _ingress(gid: int, source: str, group: str, color: int, target: int) -> tuple[bytes, bytes]:
+    """The tree's first (S,G) flow, which stamps the version, before and after its in_port."""
+    wire = _flow_add(0, COOKIE_TAG | gid, PRIO_SG, 0, b"", _sg_oxm(source, group),
+                     _apply(stamp(color) + (("group", target),)))._wire
+    return wire[:_IN_PORT_AT], wire[_IN_PORT_AT + 4:]
+
+
+def ingress_add(dpid: int, gid: int, in_port: int, source: str, group: str, color: int,
+                target: int | None = None) -> Msg:
+    """The (S,G) flow at the tree's first switch, on the source's port: stamps version
+    ``color`` and hands the copy to group ``target`` (default the group's own). Sent again
+    with another color or target it replaces the flow (same match): a move's flip."""
+    head, tail = _ingress(gid, source, group, color, gid if target is None else target)
+    m = _new(ReadyFlowMod)
+    m._dpid, m.xid = dpid, None
+    m._wire = head + _PORT.pack(in_port) + tail
+    return m
+
+
+@lru_cache(maxsize=65536)
+def _version_oxm(source: str, group: str, color: int) -> bytes:
+    """eth_type IPv4, the version's VLAN id, ipv4_src ``source``, ipv4_dst ``group``."""
+    return _oxm(("eth_type", ETH_IPV4), ("vlan_vid", OFPVID_PRESENT | VERSION_VIDS[color]),
+                ("ipv4_src", source), ("ipv4_dst", group))
+
+
+def version_flow(dpid: int, gid: int, in_port: int, source: str, group: str, color: int, target: int) -> Msg:
+    """During a move, the copies of version ``color`` arriving on ``in_port`` go to group
+    ``target`` (the switch's new entry); the others still take the (S,G) flow below it."""
+    return _flow_add(dpid, COOKIE_TAG | gid, PRIO_VERSION, in_port, b"", _version_oxm(source, group, color),
+                     _to_group(target))
+
+
+def version_flow_delete(dpid: int, gid: int, in_port: int, source: str, group: str, color: int) -> Msg:
+    return _flow_delete(dpid, cookie(gid), PRIO_VERSION, _match_in_port(in_port, _version_oxm(source, group, color)))
+
+
+# While a tree moves, a switch whose entry changes holds the new one in a second ALL group
+# (``turn_id``): the new version's copies reach it (by a version flow or the flow of a
+# new in_port), the old version's still reach the group's own id (controller.plan).
 TURN_BIT = 1 << 31  # turn group id: TURN_BIT | gid (gid <= core.MAX_GID keeps it below FF_BASE)
 
 
@@ -498,13 +573,13 @@ def detour_flow(dpid: int, cookie_value: int, in_port: int, tag: str, acts: tupl
 
 
 _GROUP_HEAD = struct.Struct("!BBHIHBx")  # a group-mod before its group id
-_ADD_PARTS: dict[tuple, tuple[bytes, bytes]] = {}  # (in_port, out_ports, ff) -> around the gid
+_ADD_PARTS: dict[tuple, tuple[bytes, bytes]] = {}  # (in_port, out_ports, ff, edge) -> around the gid
 _MAX_PARTS = 1 << 16
 
 
 def _add_parts(key: tuple) -> tuple[bytes, bytes]:
-    """An ALL group add of entry ``key`` (in_port, out_ports, ff) before and after its
-    group id: the same for every group with that entry on any switch."""
+    """An ALL group add of entry ``key`` (in_port, out_ports, ff, edge) before and after
+    its group id: the same for every group with that entry on any switch."""
     if len(_ADD_PARTS) >= _MAX_PARTS:
         _ADD_PARTS.clear()
     body = _shared_buckets(*key)
@@ -513,23 +588,34 @@ def _add_parts(key: tuple) -> tuple[bytes, bytes]:
     return parts
 
 
+def edge_ports(ends: Iterable[tuple[int, int]]) -> dict[int, tuple[int, ...]]:
+    """Switch -> its ports towards receivers (sorted), from a tree's (switch, port) ends:
+    the buckets that take the version tag off."""
+    out: dict[int, list[int]] = {}
+    for dpid, port in ends:
+        out.setdefault(dpid, []).append(port)
+    return {d: tuple(sorted(ports)) for d, ports in out.items()}
+
+
 def tree_adds(gid: int, source: str, group: str, dpids: Iterable[int], entries: dict[int, tuple],
-                 out: list[tuple[int, Msg]]) -> None:
+                 out: list[tuple[int, Msg]], edge: dict[int, tuple[int, ...]], root: int | None,
+                 color: int) -> None:
     """Appends to ``out`` what switches holding nothing of group ``gid`` must be sent
     for their ``entries`` (``SwitchEntry`` per dpid; those of ``dpids``, in that order):
-    per switch ``group_add``, ``flow_add`` and, with a rejoin, ``detour_flow``, byte for
-    byte, in one loop. A new tree is ~100 switches and ~300 messages; one call per
-    message and a cache lookup per piece was most of building them."""
+    per switch ``group_add`` (``edge``: its ports towards hosts), ``flow_add`` (at
+    ``root``, ``ingress_add`` stamping ``color``) and, with a rejoin, ``detour_flow``,
+    byte for byte, in one loop. A new tree is ~100 switches and ~300 messages; one call
+    per message and a cache lookup per piece was most of building them."""
     sg_head, sg_tail = _sg_flow(gid, source, group)
     sg_pack, port, gid_bytes = _SG_FLOW.pack, _PORT.pack, _PORT.pack(gid)
-    parts_of, tags = _ADD_PARTS.get, TAGS.get
+    parts_of, tags, edge_of = _ADD_PARTS.get, TAGS.get, edge.get
     ck = COOKIE_TAG | gid
     last: tuple | None = None  # the last rejoin's actions and their flow's bytes around in_port and tag
     head = tail = b""
     new, group_cls, flow_cls, add = _new, ReadyGroupMod, ReadyFlowMod, out.append
     for dpid in dpids:
         e = entries[dpid]
-        key = e[:3]
+        key = (e[0], e[1], e[2], edge_of(dpid, ()))
         parts = parts_of(key)
         if parts is None:
             parts = _add_parts(key)
@@ -537,10 +623,13 @@ def tree_adds(gid: int, source: str, group: str, dpids: Iterable[int], entries: 
         m._dpid, m.xid = dpid, None
         m._wire = parts[0] + gid_bytes + parts[1]
         add((dpid, m))
-        m = new(flow_cls)
-        m._dpid, m.xid = dpid, None
-        m._wire = sg_pack(sg_head, e[0], sg_tail)
-        add((dpid, m))
+        if dpid == root:
+            add((dpid, ingress_add(dpid, gid, e[0], source, group, color)))
+        else:
+            m = new(flow_cls)
+            m._dpid, m.xid = dpid, None
+            m._wire = sg_pack(sg_head, e[0], sg_tail)
+            add((dpid, m))
         rejoin = e[3]
         if rejoin:
             arrival, link_tag, acts = rejoin

@@ -28,6 +28,8 @@ Group = Any  # (``controller.core.Group``: read for its id, addresses and tree; 
 
 MAX_GID = 0x7FFEFFFF  # its turn group id (ofmsgs.turn_id) stays below the fast-failover ids (protect.FF_BASE)
 UNKNOWN_PORT = -1  # in a believed entry: "whatever is there is wrong", never sent
+SETTLE_S = 0.05  # (Planner.settle_s) Open vSwitch's revalidation after a barrier: a few ms
+DRAIN_S = 0.05  # (Planner.drain_s) a copy crosses the fabric in well under a millisecond
 _ABSENT = object()
 _NOTHING: dict = {}  # (never written)
 _SHARED_PRIO = {"transit": ofmsgs.PRIO_DETOUR, "rejoin": ofmsgs.PRIO_REJOIN}  # a shared detour flow's
@@ -60,6 +62,9 @@ class SwitchState:
     # turn groups (ofmsgs.turn_id) left by a move cut short: deleted first, with the
     # flows pointing at them (those flows are not in ``flows``: the diff rewrites them)
     turns: set[int] = field(default_factory=set)
+    # (group id, in_port) -> the version stamp of a flow that pushes one (the tree's
+    # first switch): a stamp other than the group's own is rewritten
+    stamps: dict[tuple[int, int], tuple] = field(default_factory=dict)
 
     def ingress(self) -> dict[int, set[int]]:
         """Group id -> the in_ports of its (S,G) flows (one pass: tables hold thousands)."""
@@ -89,6 +94,8 @@ class SwitchState:
                     turned.add(gid)
                 else:
                     state.flows.add((gid, in_port))
+                    if acts[:1] == (("push_vlan", ofmsgs.ETH_VLAN),):  # (the tree's first switch)
+                        state.stamps[(gid, in_port)] = acts[1:2]
             elif prio in _SHARED_KIND and "eth_dst" in match:
                 if ck == ofmsgs.COOKIE_DETOUR:
                     state.shared[(_SHARED_KIND[prio], in_port, match["eth_dst"])] = acts
@@ -109,6 +116,8 @@ class SwitchState:
             ins = ingress.get(gid, set())
             ports, ffs = [], []
             for _watch, acts in bucket_list:
+                if len(acts) == 2 and acts[0] == ofmsgs.POP[0]:  # (towards a host: the version tag off)
+                    acts = acts[1:]
                 kind, value = acts[0][:2] if len(acts) == 1 else ("?", None)
                 if kind == "group" and is_ff(value):
                     ffs.append(value)
@@ -127,14 +136,22 @@ class SwitchState:
         return state
 
 
+BUILD, FLIP, SETTLE, REDIRECT, REMOVE = range(5)  # a plan's phases (``Plan``)
+
+
 @dataclass
 class Plan:
     """Messages in phases: every phase must be acknowledged (barrier) by the switches
-    before the next starts. Phase 0 builds the new paths, phase 1 switches traffic onto
-    them in place, phase 2 removes what no tree uses any more (make-before-break)."""
+    before the next starts, and ``waits`` (phase -> seconds) holds one back after that.
+    BUILD adds what nothing uses yet; FLIP switches traffic: in place (a tree that grows
+    or shrinks) or, for a tree that moves, by stamping the new version at its first
+    switch; SETTLE, REDIRECT and REMOVE then fold a move's new entries into the group's
+    own ids and delete what no tree uses any more (make-before-break)."""
 
-    phases: list[list[tuple[int, Any]]] = field(default_factory=lambda: [[], [], []])
+    phases: list[list[tuple[int, Any]]] = field(default_factory=lambda: [[], [], [], [], []])
     groups: set[int] = field(default_factory=set)  # groups whose switch state this changes
+    waits: dict[int, float] = field(default_factory=dict)
+    moved: set[int] = field(default_factory=set)  # groups that move (a versioned update)
 
     def messages(self) -> list[tuple[int, Any]]:
         return [m for phase in self.phases for m in phase]
@@ -146,6 +163,9 @@ class Plan:
         for mine, theirs in zip(self.phases, other.phases):
             mine.extend(theirs)
         self.groups |= other.groups
+        self.moved |= other.moved
+        for phase, wait in other.waits.items():
+            self.waits[phase] = max(wait, self.waits.get(phase, 0.0))
         return self
 
     def __len__(self) -> int:
@@ -167,6 +187,12 @@ class Planner:
         self.groups = groups
         self.failover = failover
         self.one_pass = True
+        # seconds: after a move's new entries are confirmed, before its flip (Open vSwitch
+        # moves its datapath's cached flows onto new entries a few ms after the barrier),
+        # and after the flip, before the old version's entries change (its last copies
+        # leave the fabric); and before an in-place change's removals
+        self.settle_s = SETTLE_S
+        self.drain_s = DRAIN_S
         # dpid -> gid -> entry, for switches with a live control channel: messages go only
         # to these. A restored controller knows the topology before switches reconnect;
         # until one does, nothing is sent to it and nothing of it is torn down.
@@ -200,9 +226,12 @@ class Planner:
                 kept = ofmsgs.rejoin_kept(rejoin[2], g.address, gid)
                 if kept is not None:
                     rejoin = (rejoin[0], rejoin[1], kept)
-            # An unreadable entry or several flows: believe "wrong", so the diff rewrites it.
+            root = g.tree is not None and g.tree.root == dpid
+            stamp = ofmsgs.stamp(g.color)[1:] if root else ()
+            # An unreadable entry, several flows or a version stamp not the group's (the
+            # first switch's alone, with its version): believe "wrong", so the diff rewrites it.
             self.installed[dpid][gid] = SwitchEntry(
-                ins[0] if len(ins) == 1 else UNKNOWN_PORT,
+                ins[0] if len(ins) == 1 and present.stamps.get((gid, ins[0]), ()) == stamp else UNKNOWN_PORT,
                 entry.out_ports if entry is not None else (UNKNOWN_PORT,),
                 entry.ff if entry is not None else (), rejoin)
             self.placed[gid][dpid] = None
@@ -273,18 +302,17 @@ class Planner:
                 adds.append((dpid, _shared_msg(dpid, key, w, h)))
             if changed:
                 self.changes[dpid] += 1
-        plan.phases[0][:0] = adds
-        plan.phases[2].extend(removes)
+        plan.phases[BUILD][:0] = adds
+        plan.phases[REMOVE].extend(removes)
 
     def diff(self, gids: Iterable[int], only: set[int] | None = None, shared: bool = True,
               within: dict[int, set[int]] | None = None) -> Plan:
         """Messages taking the switches from ``installed`` to the groups' trees.
         ``within``: group -> the only switches where its tree changed since the last
         diff (elsewhere every live switch's belief is the tree's: each public method
-        leaves it so), compared alone."""
+        leaves it so), compared alone. ``only``: those switches alone, in place (a
+        switch synced whole); otherwise a tree whose paths move is moved by version."""
         plan = Plan()
-        build, switch, remove = plan.phases
-        cut: list[tuple[int, Any]] = []  # phase 1, after ``switch``
         installed, switches = self.installed, self.view.switches
         # the live switches (known and connected), as a set only where one is needed: a
         # new set of every switch per call was a quarter of the benchmark's cache misses
@@ -302,13 +330,16 @@ class Planner:
                                               g.tree.parent if g.tree is not None else None)
                 if changed:  # (leaves first already)
                     plan.groups.add(gid)
-                    self._diff_switches(g, changed, have, want, placed, build, switch, cut, remove)
+                    if only is None and _moves(changed, have, want):
+                        self._move(g, changed, have, want, placed, plan)
+                    else:
+                        self._diff_switches(g, changed, have, want, placed, plan)
                 continue
             # a new tree (or one whose switches all came back empty): all of it
             have = _NOTHING
             order = g.tree.leaves_first if g.tree is not None else None
             if order is not None and only is None and self.one_pass:  # (the search's order)
-                if self._place(g, order, want, build):
+                if self._place(g, order, want, plan.phases[BUILD]):
                     plan.groups.add(gid)
                 continue
             changed = [d for d in want if d in installed and d in switches and (only is None or d in only)]
@@ -319,14 +350,19 @@ class Planner:
                 depth = g.tree.depths() if len(changed) > 16 else {
                     d: g.tree.depth(d) for d in changed if d in want}
                 changed.sort(key=lambda d: -depth.get(d, 0))
-            self._diff_switches(g, changed, have, want, placed, build, switch, cut, remove)
-        remove[:0] = cut  # first in phase 2: after phase 1's feeds are confirmed
+            self._diff_switches(g, changed, have, want, placed, plan)
         if shared and self.failover.dirty:
             ready = {d: self.failover.dirty.pop(d) for d in list(self.failover.dirty)
                      if d in installed and d in switches and (only is None or d in only)}
             for d in [d for d in self.failover.dirty if d not in self.view.switches]:
                 del self.failover.dirty[d]  # (a switch that returns is synced whole)
             self._diff_shared(ready, plan)
+        if plan.moved:  # the new entries in the switches' datapaths before the flip, the
+            # old version's copies out of the fabric before its entries change
+            plan.waits[FLIP] = self.settle_s
+            plan.waits[SETTLE] = self.drain_s
+        elif plan.phases[FLIP] and plan.phases[REMOVE]:
+            plan.waits[REMOVE] = self.settle_s
         return plan
 
     def _place(self, g: Group, order: list[int], want: dict[int, SwitchEntry], build: list) -> bool:
@@ -337,7 +373,8 @@ class Planner:
         todo = [d for d in order if d in installed and d in switches]
         if not todo:
             return False
-        self._tree_adds(gid, g.source, g.address, todo, want, build)
+        self._tree_adds(gid, g.source, g.address, todo, want, build, ofmsgs.edge_ports(g.tree.ends),
+                        g.tree.root, g.color)
         changes = self.changes
         for d in todo:
             changes[d] += 1
@@ -365,86 +402,116 @@ class Planner:
             changed.sort(key=lambda d: -depth.get(d, 0))
         return changed, have
 
-    def _diff_switches(self, g: Group, changed: list[int], have: dict[int, SwitchEntry],
-                          want: dict[int, SwitchEntry], placed: dict[int, None], build: list, switch: list,
-                          cut: list, remove: list) -> None:
-        """The messages taking each of ``changed`` (in order) from its believed entry
-        (``have``) to the tree's (``want``), into the plan's phases (``cut``: phase 2's
-        first), and the beliefs updated."""
-        installed, changes, gid = self.installed, self.changes, g.gid
-        for dpid in changed:
-            changes[dpid] += 1
-            old, new = have.get(dpid), want.get(dpid)
-            self._diff_one(g, dpid, old, new, build, switch, cut, remove)
-            if new is None:
-                installed[dpid].pop(gid, None)
-                placed.pop(dpid, None)
-            else:
-                installed[dpid][gid] = new
-                placed[dpid] = None
+    def _believe(self, gid: int, dpid: int, new: SwitchEntry | None, placed: dict[int, None]) -> None:
+        self.changes[dpid] += 1
+        if new is None:
+            self.installed[dpid].pop(gid, None)
+            placed.pop(dpid, None)
+        else:
+            self.installed[dpid][gid] = new
+            placed[dpid] = None
 
-    def _diff_one(self, g: Group, dpid: int, old: SwitchEntry | None, new: SwitchEntry | None, build: list,
-                  switch: list, cut: list, remove: list) -> None:
-        """The messages taking switch ``dpid`` from ``old`` to ``new`` (None: nothing)."""
+    def _diff_switches(self, g: Group, changed: list[int], have: dict[int, SwitchEntry],
+                       want: dict[int, SwitchEntry], placed: dict[int, None], plan: Plan) -> None:
+        """In place: each of ``changed`` (in order) from its believed entry (``have``) to
+        the tree's (``want``). Exactly once as long as no switch of both trees takes the
+        group in on another port (``_moves``): a receiver of both is then reached the same
+        way before and after, and only branches nobody else uses grow or go."""
+        build, flip, _, _, remove = plan.phases
         gid, source, address = g.gid, g.source, g.address
-        if old is None:  # (every switch of a new tree)
-            in_port = new[0]
-            build.append((dpid, ofmsgs.group_add(dpid, gid, in_port, new[1], new[2])))
-            build.append((dpid, ofmsgs.flow_add(dpid, gid, in_port, source, address)))
-            if new[3]:
-                arrival, link_tag, acts = new[3]
-                build.append((dpid, ofmsgs.detour_flow(dpid, ofmsgs.cookie(gid), arrival, link_tag, acts, source,
-                                                       address)))
-            return
-        if new is None:  # deleting the group deletes the flows that point to it
-            if old.rejoin:  # (a rejoin listing its outputs itself may not)
-                remove.append((dpid, self._rejoin(dpid, g, old.rejoin, delete=True)))
-            remove.append((dpid, ofmsgs.group_delete(dpid, gid)))
-            return
-        turn = False
-        if new.out_ports != old.out_ports or new.ff != old.ff or (
-                new.in_port != old.in_port and new.in_port in new.out_ports + old.out_ports):
-            # a switch that stops copying to a port does so a phase after every
-            # new feed is on (only a barrier orders two switches' messages):
-            # one that also starts copying somewhere copies to both meanwhile
-            # (make-before-break on the switch too)
-            msg = ofmsgs.group_modify(dpid, gid, new.in_port, new.out_ports, new.ff)
-            if set(new.out_ports) >= set(old.out_ports):
-                switch.append((dpid, msg))
+        edge = ofmsgs.edge_ports(g.tree.ends) if g.tree is not None else {}
+        for dpid in changed:
+            old, new = have.get(dpid), want.get(dpid)
+            self._believe(gid, dpid, new, placed)
+            at = edge.get(dpid, ())
+            if old is None or new is None:
+                self._alone(g, dpid, old, new, at, g.color, build, remove)
+                continue
+            if new[:3] != old[:3]:
+                flip.append((dpid, ofmsgs.group_modify(dpid, gid, new.in_port, new.out_ports, new.ff, at)))
+            if new.in_port != old.in_port:
+                build.append((dpid, self._flow(g, dpid, new.in_port)))
+                if old.in_port != UNKNOWN_PORT:
+                    remove.append((dpid, ofmsgs.flow_delete(dpid, gid, old.in_port, source, address)))
+            self._rejoins(g, dpid, old, new, build, flip, remove)
+
+    def _move(self, g: Group, changed: list[int], have: dict[int, SwitchEntry], want: dict[int, SwitchEntry],
+              placed: dict[int, None], plan: Plan) -> None:
+        """A tree whose paths move, by version: each changed switch gets its new entry in
+        a second group (``ofmsgs.turn_id``) that only the new version's copies reach (a
+        version flow, or the flow of its new in_port); the first switch then stamps the
+        new version; once the old version's copies are out of the fabric the group's own
+        id takes the new entry and the second goes. Every copy travels wholly on the old
+        tree or wholly on the new one, and a switch holds at most two entries per group."""
+        build, flip, settle, redirect, remove = plan.phases
+        gid, source, address, tree = g.gid, g.source, g.address, g.tree
+        color, root, tid = 1 - g.color, tree.root, ofmsgs.turn_id(gid)
+        edge = ofmsgs.edge_ports(tree.ends)
+        for dpid in changed:
+            old, new = have.get(dpid), want.get(dpid)
+            self._believe(gid, dpid, new, placed)
+            at = edge.get(dpid, ())
+            if old is None or new is None:  # a switch of one tree alone: no copy of the other reaches it
+                self._alone(g, dpid, old, new, at, color, build, remove)
+                continue
+            build.append((dpid, ofmsgs.group_add(dpid, tid, new.in_port, new.out_ports, new.ff, at)))
+            settle.append((dpid, ofmsgs.group_modify(dpid, gid, new.in_port, new.out_ports, new.ff, at)))
+            if dpid == root:
+                into = ofmsgs.ingress_add(dpid, gid, new.in_port, source, address, color, tid)
+                (flip if new.in_port == old.in_port else build).append((dpid, into))
+                redirect.append((dpid, ofmsgs.ingress_add(dpid, gid, new.in_port, source, address, color)))
+            elif new.in_port == old.in_port:
+                build.append((dpid, ofmsgs.version_flow(dpid, gid, new.in_port, source, address, color, tid)))
+                redirect.append((dpid, ofmsgs.version_flow_delete(dpid, gid, new.in_port, source, address, color)))
             else:
-                both = tuple(sorted(set(old.out_ports) | set(new.out_ports)))
-                if len(both) == len(old.out_ports):
-                    cut.append((dpid, msg))
-                elif new.in_port == old.in_port or (
-                        old.in_port not in both and new.in_port not in both):
-                    ffs = new.ff + tuple(f for f in old.ff if ff_port(f) not in new.out_ports)
-                    switch.append((dpid, ofmsgs.group_modify(
-                        dpid, gid, new.in_port, both, tuple(sorted(ffs, key=ff_port)))))
-                    cut.append((dpid, msg))
-                else:  # the ingress turns onto a port it copied to (or back): no
-                    # one group serves both directions, so the new one gets a
-                    # group of its own until the old feeds are cut
-                    turn = True
-        if turn:  # copies from the new parent go the new way from phase 0 on,
-            # those from the old one the old way until phase 2 cuts them; then the
-            # group takes the new buckets and the flow points back at it
-            tid = ofmsgs.turn_id(gid)
-            build.append((dpid, ofmsgs.group_add(dpid, tid, new.in_port, new.out_ports, new.ff)))
-            build.append((dpid, ofmsgs.flow_to(dpid, gid, new.in_port, source, address, tid)))
-        elif new.in_port != old.in_port:
-            build.append((dpid, ofmsgs.flow_add(dpid, gid, new.in_port, source, address)))
-        if new.in_port != old.in_port and old.in_port != UNKNOWN_PORT:
-            remove.append((dpid, ofmsgs.flow_delete(dpid, gid, old.in_port, source, address)))
-        if new.rejoin != old.rejoin:
-            moved = not old.rejoin or old.rejoin[:2] != new.rejoin[:2]
-            if new.rejoin:  # a new match before the old one goes; same match in place
-                (build if moved else switch).append((dpid, self._rejoin(dpid, g, new.rejoin)))
-            if old.rejoin and moved:
-                remove.append((dpid, self._rejoin(dpid, g, old.rejoin, delete=True)))
-        if turn:  # (nothing points at the group now: its old flow is gone)
-            remove.append((dpid, msg))
-            remove.append((dpid, ofmsgs.flow_add(dpid, gid, new.in_port, source, address)))
+                build.append((dpid, ofmsgs.flow_to(dpid, gid, new.in_port, source, address, tid)))
+                redirect.append((dpid, ofmsgs.flow_add(dpid, gid, new.in_port, source, address)))
+            if new.in_port != old.in_port and old.in_port != UNKNOWN_PORT:
+                redirect.append((dpid, ofmsgs.flow_delete(dpid, gid, old.in_port, source, address)))
+            self._rejoins(g, dpid, old, new, build, settle, remove)
             remove.append((dpid, ofmsgs.group_delete(dpid, tid)))
+        if root in want and root not in changed and root in self.installed and root in self.view.switches:
+            flip.append((root, ofmsgs.ingress_add(root, gid, want[root].in_port, source, address, color)))
+        g.color = color
+        plan.moved.add(gid)
+
+    def _alone(self, g: Group, dpid: int, old: SwitchEntry | None, new: SwitchEntry | None, at: tuple[int, ...],
+               color: int, build: list, remove: list) -> None:
+        """A switch that has the group in one of the trees only: its entry added first
+        (at the first switch stamping ``color``) or deleted last (deleting the group
+        deletes the flows that point to it)."""
+        gid = g.gid
+        if new is None:
+            if old is not None:
+                if old.rejoin:  # (a rejoin listing its outputs itself may not)
+                    remove.append((dpid, self._rejoin(dpid, g, old.rejoin, delete=True)))
+                remove.append((dpid, ofmsgs.group_delete(dpid, gid)))
+            return
+        build.append((dpid, ofmsgs.group_add(dpid, gid, new.in_port, new.out_ports, new.ff, at)))
+        if g.tree is not None and dpid == g.tree.root:
+            build.append((dpid, ofmsgs.ingress_add(dpid, gid, new.in_port, g.source, g.address, color)))
+        else:
+            build.append((dpid, ofmsgs.flow_add(dpid, gid, new.in_port, g.source, g.address)))
+        if new.rejoin:
+            build.append((dpid, self._rejoin(dpid, g, new.rejoin)))
+
+    def _flow(self, g: Group, dpid: int, in_port: int) -> Any:
+        """The group's (S,G) flow on ``in_port`` of ``dpid``: at the tree's first switch
+        the one that stamps the version."""
+        if g.tree is not None and dpid == g.tree.root:
+            return ofmsgs.ingress_add(dpid, g.gid, in_port, g.source, g.address, g.color)
+        return ofmsgs.flow_add(dpid, g.gid, in_port, g.source, g.address)
+
+    def _rejoins(self, g: Group, dpid: int, old: SwitchEntry, new: SwitchEntry, build: list, modify: list,
+                 remove: list) -> None:
+        """A changed rejoin flow: a new match before the old one goes; the same in place."""
+        if new.rejoin == old.rejoin:
+            return
+        moved = not old.rejoin or old.rejoin[:2] != new.rejoin[:2]
+        if new.rejoin:
+            (build if moved else modify).append((dpid, self._rejoin(dpid, g, new.rejoin)))
+        if old.rejoin and moved:
+            remove.append((dpid, self._rejoin(dpid, g, old.rejoin, delete=True)))
 
     @staticmethod
     def _rejoin(dpid: int, g: Group, rejoin: tuple, delete: bool = False) -> Any:
@@ -454,3 +521,13 @@ class Planner:
                                              g.source, g.address)
         return ofmsgs.detour_flow(dpid, ofmsgs.cookie(g.gid), arrival, link_tag, acts,
                                   g.source, g.address)
+
+
+def _moves(changed: list[int], have: dict[int, SwitchEntry], want: dict[int, SwitchEntry]) -> bool:
+    """Does the change move a path: a switch of both trees takes the group in on another
+    port? (Only then can a receiver of both be reached two ways during the change.)"""
+    for d in changed:
+        old, new = have.get(d), want.get(d)
+        if old is not None and new is not None and old.in_port != new.in_port and old.in_port != UNKNOWN_PORT:
+            return True
+    return False

@@ -85,6 +85,10 @@ def normalise_actions(actions: Iterable[Any]) -> tuple:
             out.append(("output", a.port))
         elif isinstance(a, parser.OFPActionGroup):
             out.append(("group", a.group_id))
+        elif isinstance(a, parser.OFPActionPopVlan):
+            out.append(("pop_vlan",))
+        elif isinstance(a, parser.OFPActionPushVlan):
+            out.append(("push_vlan", a.ethertype))
         elif isinstance(a, parser.OFPActionSetField):
             out.append(("set_field", a.key, a.value))
         elif isinstance(a, parser.NXActionRegMove):  # (OVS reports its fields by their NXM names)
@@ -111,8 +115,8 @@ def _flow_actions(instructions: Iterable[Any]) -> tuple:
 
 # flows whose actions are read back: detour flows and links' rejoins (compared whole), and
 # (S,G) flows (one pointing at a turn group, ofmsgs.turn_id, is left by a move cut short
-# and rewritten)
-_READ_ACTIONS = (ofmsgs.PRIO_DETOUR, ofmsgs.PRIO_REJOIN, ofmsgs.PRIO_SG)
+# and rewritten; the first switch's carries the version stamp) and a move's version flows
+_READ_ACTIONS = (ofmsgs.PRIO_DETOUR, ofmsgs.PRIO_REJOIN, ofmsgs.PRIO_SG, ofmsgs.PRIO_VERSION)
 
 
 def _base_key(table_id: int, priority: int, match: Any) -> tuple:

@@ -98,10 +98,10 @@ class OFError(Exception):
 _IPV4_FIELDS = ("ipv4_src", "ipv4_dst")
 _MAC_FIELDS = ("eth_src", "eth_dst")
 _WIDTH = {"in_port": 32, "eth_type": 16, "ip_proto": 8, "ipv4_src": 32, "ipv4_dst": 32,
-          "eth_src": 48, "eth_dst": 48}
+          "eth_src": 48, "eth_dst": 48, "vlan_vid": 13}
 #: Fields a traced packet carries; a flow matching any other field never matches it.
 MODELLED_FIELDS = frozenset(_WIDTH)
-_SETTABLE = frozenset(("ipv4_src", "ipv4_dst", "eth_src", "eth_dst", "ip_proto"))
+_SETTABLE = frozenset(("ipv4_src", "ipv4_dst", "eth_src", "eth_dst", "ip_proto", "vlan_vid"))
 
 
 def _to_int(fname: str, value: Any) -> int:
@@ -202,7 +202,9 @@ def _overlaps(a: dict[str, Any], b: dict[str, Any]) -> bool:
 # --------------------------------------------------------------------------- actions
 
 Action = tuple  # ("output", port) | ("group", group_id) | ("set_field", field, value) |
-#                 ("move", src, src_ofs, dst, dst_ofs, n_bits) | ("resubmit", in_port, table)
+#                 ("move", src, src_ofs, dst, dst_ofs, n_bits) | ("resubmit", in_port, table) |
+#                 ("push_vlan", ethertype) | ("pop_vlan",)
+# A packet's ``vlan_vid`` (OFPVID_PRESENT | id) is there only while it carries a tag.
 Instruction = tuple  # ("apply", actions) | ("write", actions) | ("clear", ()) | ("goto", table) | ("meter", id)
 
 _RESERVED_OUT = frozenset((ofp.OFPP_IN_PORT, ofp.OFPP_FLOOD, ofp.OFPP_ALL, ofp.OFPP_CONTROLLER))
@@ -222,7 +224,15 @@ def _normalise_actions(actions: Iterable[Any] | None) -> tuple[Action, ...]:
             out.append(("output", port))
         elif isinstance(act, parser.OFPActionGroup):
             out.append(("group", act.group_id))
+        elif isinstance(act, parser.OFPActionPushVlan):
+            if act.ethertype not in (0x8100, 0x88A8):
+                raise OFError(ofp.OFPET_BAD_ACTION, ofp.OFPBAC_BAD_ARGUMENT, f"push_vlan {act.ethertype:#x}")
+            out.append(("push_vlan", act.ethertype))
+        elif isinstance(act, parser.OFPActionPopVlan):
+            out.append(("pop_vlan",))
         elif isinstance(act, parser.OFPActionSetField):
+            if act.key == "vlan_vid" and not act.value & ofp.OFPVID_PRESENT:  # (as OVS answers it)
+                raise OFError(ofp.OFPET_BAD_ACTION, ofp.OFPBAC_BAD_SET_ARGUMENT, "set_field vlan_vid without OFPVID_PRESENT")
             if act.key == "in_port":  # (as OVS answers an OpenFlow set-field of it)
                 raise OFError(ofp.OFPET_BAD_ACTION, ofp.OFPBAC_BAD_SET_ARGUMENT, "set_field in_port")
             if act.key not in _SETTABLE:
@@ -610,6 +620,17 @@ class FakeSwitch:
                 res.outputs.append((act[1], dict(pkt)))
             elif kind == "group":
                 self._run_group(act[1], dict(pkt), res, depth + 1)
+            elif kind == "push_vlan":
+                if "vlan_vid" in pkt:
+                    res.notes.append(f"s{self.dpid}: a second VLAN tag pushed (not modelled): dropped")
+                    return
+                pkt["vlan_vid"] = ofp.OFPVID_PRESENT  # (OF1.3 §5.12: a new outermost tag, VID 0)
+            elif kind == "pop_vlan":
+                if "vlan_vid" not in pkt:  # (OVS: a no-op; a sign the tree's tagging is off)
+                    res.notes.append(f"s{self.dpid}: pop_vlan on an untagged packet")
+                pkt.pop("vlan_vid", None)
+            elif kind == "set_field" and act[1] == "vlan_vid" and "vlan_vid" not in pkt:
+                res.notes.append(f"s{self.dpid}: set_field vlan_vid on an untagged packet: ignored")
             elif kind == "move":
                 _, src, src_ofs, dst, dst_ofs, n_bits = act  # (prerequisites checked when added)
                 mask = (1 << n_bits) - 1
@@ -705,6 +726,9 @@ class Trace:
 
     #: host IP -> copies that reached its port (whatever their destination; the source too)
     delivered: collections.Counter[str] = field(default_factory=collections.Counter)
+    #: host IP -> copies that reached it still carrying a VLAN tag (a tree's version tag
+    #: must come off at every port towards a host; also counted in ``delivered``)
+    tagged: collections.Counter[str] = field(default_factory=collections.Counter)
     #: directed (from dpid, to dpid) -> copies that crossed that link
     link_copies: collections.Counter[tuple[int, int]] = field(default_factory=collections.Counter)
     loops: bool = False
@@ -877,9 +901,13 @@ class FakeFabric:
         return pkt
 
     def trace(self, src_ip: str, dst_ip: str, eth_type: int = 0x0800, ip_proto: int = 17,
-              max_hops: int = 64, max_copies: int = 100_000, eth_dst: str | None = None) -> Trace:
+              max_hops: int = 64, max_copies: int = 100_000, eth_dst: str | None = None,
+              between: Callable[[int], None] | None = None) -> Trace:
         """Inject one packet at ``src_ip``'s port and follow every copy to its end.
         ``eth_dst`` overrides the destination MAC (default: derived from ``dst_ip``).
+        ``between(dpid)`` runs before each copy is processed at switch ``dpid`` (the
+        first, the injected packet's, too): a test changes the tables there, so copies in
+        flight meet a fabric that changes under them.
 
         A copy that revisits a (switch, in_port) with the same headers, or crosses more than
         ``max_hops`` switches, ends and sets ``loops``; so does exhausting ``max_copies``."""
@@ -897,6 +925,8 @@ class FakeFabric:
                 result.loops = True
                 result.log.append(f"gave up after {max_copies} copies (a storm)")
                 break
+            if between is not None:
+                between(copy.dpid)
             sw = self.switches[copy.dpid]
             if not sw.up:
                 result.log.append(f"s{copy.dpid} is down: copy lost")
@@ -941,6 +971,9 @@ class FakeFabric:
             result.log.append(f"s{dpid}: output to unused port {port}: dropped")
         elif isinstance(peer, Host):
             result.delivered[peer.ip] += 1
+            if "vlan_vid" in pkt:
+                result.tagged[peer.ip] += 1
+                result.log.append(f"s{dpid}: a tagged copy delivered to {peer.ip} on port {port}")
         elif not self.port_live(dpid, port):
             result.log.append(f"s{dpid}: port {port} to s{peer[0]} is down: dropped")
         else:

@@ -530,7 +530,7 @@ def test_trace_file_shows_a_plan_in_the_order_it_reached_the_switches(make_bench
     lines = [line.split(" ", 1)[1] for line in path.read_text().splitlines()]
     assert "link-add s1:1 s3:1" in lines  # (topology events too)
     after = lines[max(i for i, line in enumerate(lines) if line.startswith("link-add")) + 1:]
-    on_leaf4 = f"send phase 0 s4 group-add all {g['id']:#x} [w-:('output', {H['h3'].port})]"
+    on_leaf4 = f"send phase 0 s4 group-add all {g['id']:#x} [w-:('pop_vlan',),('output', {H['h3'].port})]"
     assert on_leaf4 in after, after
     assert after.index("barrier s4 confirmed") > after.index(on_leaf4)
 

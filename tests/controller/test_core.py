@@ -91,21 +91,19 @@ def test_reroute_is_make_before_break_and_minimal():
     fabric.set_link(a, b, False)
     before = {d: dict(e) for d, e in core.installed.items()}
     plan = core.link_remove(link.a, link.a_port, link.b, link.b_port)
-    build, switch, remove = plan.phases
-    assert build and remove
+    build, flip, _settle, _redirect, remove = plan.phases
+    assert build and flip and remove and g.gid in plan.moved
     assert all(m.command in (0,) for _, m in build)  # OFPFC_ADD / OFPGC_ADD only
-    # after the build phase alone nothing of the new path is fed yet, nothing is removed
-    apply(fabric, build)
-    apply(fabric, switch)
-    # traffic flows on the new tree before cleanup (the old feeds are cut in phase 2,
-    # after the new ones are confirmed: a receiver may get a copy twice meanwhile)
-    tr = fabric.trace(g.source, g.address)
-    assert not tr.loops and all(tr.delivered[r] >= 1 for r in g.receivers), tr.log
-    apply(fabric, remove)
+    # after every phase each receiver gets exactly one copy, without the version tag
+    for phase in plan.phases:
+        apply(fabric, phase)
+        tr = fabric.trace(g.source, g.address)
+        assert not tr.loops and all(tr.delivered[r] == 1 for r in g.receivers) and not tr.tagged, tr.log
     assert_delivery(core, fabric, topo)
-    # exactly the switches whose part of the tree changed got messages
+    # exactly the switches whose part of the tree changed got messages, and the first
+    # switch its flip
     changed = {d for d in topo.switches if before[d].get(g.gid) != core.installed[d].get(g.gid)}
-    assert plan.switches() == changed
+    assert plan.switches() == changed | {g.tree.root}
 
 
 def test_join_and_leave_keep_existing_branches_delivering_in_every_phase():

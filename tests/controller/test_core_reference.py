@@ -60,18 +60,26 @@ def plain_messages(core: MulticastCore, gid: int) -> list[bytes]:
     """What a switch must be sent for one group's tree, with Ryu's constructors."""
     g = core.groups[gid]
     out = []
+    hosts = {(core.view.hosts[r].dpid, core.view.hosts[r].port) for r in g.tree.reached}
+    source = core.view.hosts[g.source]
     for dpid, e in g.tree.entries.items():
         dp = ofmsgs.datapath(dpid)
         via = {ff_port(f): f for f in e.ff}
-        buckets = [parser.OFPBucket(actions=[parser.OFPActionGroup(via[p]) if p in via else
-                                             parser.OFPActionOutput(ofp.OFPP_IN_PORT if p == e.in_port else p, 0)])
+        # (a copy leaves for a host without the fabric's version tag)
+        buckets = [parser.OFPBucket(actions=[parser.OFPActionGroup(via[p])] if p in via else
+                                    ([parser.OFPActionPopVlan()] if (dpid, p) in hosts else [])
+                                    + [parser.OFPActionOutput(ofp.OFPP_IN_PORT if p == e.in_port else p, 0)])
                    for p in sorted(e.out_ports)]
         out.append(wire(parser.OFPGroupMod(dp, ofp.OFPGC_ADD, ofp.OFPGT_ALL, gid, buckets)))
+        # (the source's switch stamps every copy with the tree's version)
+        stamp = [parser.OFPActionPushVlan(0x8100), parser.OFPActionSetField(
+            vlan_vid=ofp.OFPVID_PRESENT | ofmsgs.VERSION_VIDS[g.color])] if dpid == source.dpid else []
         out.append(wire(parser.OFPFlowMod(
             dp, cookie=ofmsgs.cookie(gid), table_id=ofmsgs.TABLE, command=ofp.OFPFC_ADD,
             priority=ofmsgs.PRIO_SG, flags=ofp.OFPFF_SEND_FLOW_REM,
             match=parser.OFPMatch(in_port=e.in_port, eth_type=0x0800, ipv4_src=g.source, ipv4_dst=g.address),
-            instructions=[parser.OFPInstructionActions(ofp.OFPIT_APPLY_ACTIONS, [parser.OFPActionGroup(gid)])])))
+            instructions=[parser.OFPInstructionActions(ofp.OFPIT_APPLY_ACTIONS,
+                                                       stamp + [parser.OFPActionGroup(gid)])])))
         if e.rejoin:
             arrival, tag, acts = e.rejoin
             # (kept without what is the group's: its MAC restored first, OWN_GROUP its ALL group)

@@ -206,20 +206,46 @@ def test_sg_flows_are_what_ryu_sends(dpid, gid, in_port, source, group) -> None:
 
 
 @settings(max_examples=150, deadline=None)
+@given(dpid=st.integers(1, 1 << 48), gid=gids, in_port=ports, source=ipv4, group=ssm,
+       color=st.integers(0, 1), target=gids)
+def test_the_version_stamp_and_version_flows_are_what_ryu_sends(dpid, gid, in_port, source, group, color,
+                                                                 target) -> None:
+    """The tree's first flow pushes the version tag and sets its id; a moving tree's
+    version flow matches that id above the (S,G) flow."""
+    dp = ofmsgs.datapath(dpid)
+    vid = ofp.OFPVID_PRESENT | ofmsgs.VERSION_VIDS[color]
+    match = parser.OFPMatch(in_port=in_port, eth_type=0x0800, ipv4_src=source, ipv4_dst=group)
+    for to in (None, target):
+        inst = [parser.OFPInstructionActions(ofp.OFPIT_APPLY_ACTIONS, [
+            parser.OFPActionPushVlan(0x8100), parser.OFPActionSetField(vlan_vid=vid),
+            parser.OFPActionGroup(gid if to is None else to)])]
+        _same_as_ryu(ofmsgs.ingress_add(dpid, gid, in_port, source, group, color, to),
+                     _flow(dp, ofmsgs.cookie(gid), ofmsgs.PRIO_SG, match, inst))
+    match = parser.OFPMatch(in_port=in_port, eth_type=0x0800, vlan_vid=vid, ipv4_src=source, ipv4_dst=group)
+    inst = [parser.OFPInstructionActions(ofp.OFPIT_APPLY_ACTIONS, [parser.OFPActionGroup(target)])]
+    _same_as_ryu(ofmsgs.version_flow(dpid, gid, in_port, source, group, color, target),
+                 _flow(dp, ofmsgs.cookie(gid), ofmsgs.PRIO_VERSION, match, inst))
+    _same_as_ryu(ofmsgs.version_flow_delete(dpid, gid, in_port, source, group, color),
+                 _flow(dp, ofmsgs.cookie(gid), ofmsgs.PRIO_VERSION, match, None, delete=True))
+
+
+@settings(max_examples=150, deadline=None)
 @given(dpid=st.integers(1, 1 << 48), gid=gids, in_port=ports, outs=st.lists(ports, min_size=0, max_size=6),
        protected=st.sets(ports, max_size=3), data=st.data())
 def test_all_groups_are_what_ryu_sends(dpid, gid, in_port, outs, protected, data) -> None:
     outs = tuple(sorted(set(outs) | ({in_port} if data.draw(st.booleans()) else set())))
     ff = tuple(sorted(ff_id(p, data.draw(st.booleans())) for p in protected if p in outs and p <= MAX_PORT))
     via = {ff_port(f): f for f in ff}
-    ref = [parser.OFPBucket(actions=[parser.OFPActionGroup(via[p]) if p in via else
-                                     parser.OFPActionOutput(ofp.OFPP_IN_PORT if p == in_port else p, 0)])
+    edge = tuple(p for p in outs if p not in via and data.draw(st.booleans()))
+    ref = [parser.OFPBucket(actions=[parser.OFPActionGroup(via[p])] if p in via else
+                            ([parser.OFPActionPopVlan()] if p in edge else [])
+                            + [parser.OFPActionOutput(ofp.OFPP_IN_PORT if p == in_port else p, 0)])
            for p in outs]
     dp = ofmsgs.datapath(dpid)
     for cmd, build in ((ofp.OFPGC_ADD, ofmsgs.group_add), (ofp.OFPGC_MODIFY, ofmsgs.group_modify)):
-        _same_as_ryu(build(dpid, gid, in_port, outs, ff), parser.OFPGroupMod(dp, cmd, ofp.OFPGT_ALL, gid, ref))
+        _same_as_ryu(build(dpid, gid, in_port, outs, ff, edge), parser.OFPGroupMod(dp, cmd, ofp.OFPGT_ALL, gid, ref))
         # (a list, not the tuples of a tree entry: the uncached path)
-        _same_as_ryu(build(dpid, gid, in_port, list(outs), list(ff)),
+        _same_as_ryu(build(dpid, gid, in_port, list(outs), list(ff), list(edge)),
                      parser.OFPGroupMod(dp, cmd, ofp.OFPGT_ALL, gid, ref))
     _same_as_ryu(ofmsgs.group_delete(dpid, gid), parser.OFPGroupMod(dp, ofp.OFPGC_DELETE, ofp.OFPGT_ALL, gid, []))
 
@@ -273,22 +299,29 @@ def test_a_new_trees_adds_are_the_builders_messages(gid, sg, data, switches) -> 
     messages of ``group_add``, ``flow_add`` and ``detour_flow``, byte for byte and sent
     by Ryu's path; rejoins that share one action list and ones that list outputs."""
     source, group = sg
-    entries, want = {}, []
+    entries, want, edge = {}, [], {}
+    root = data.draw(st.sampled_from([d for d, *_ in switches] or [None]), label="root")
+    color = data.draw(st.integers(0, 1), label="color")
     for dpid, in_port, outs, protected, rejoin in switches:
         outs = tuple(sorted(set(outs)))
         ff = tuple(sorted(ff_id(p, data.draw(st.booleans())) for p in protected if p in outs and p <= MAX_PORT))
+        hosts = tuple(p for p in outs if p not in {ff_port(f) for f in ff}
+                      and data.draw(st.booleans()))
+        if hosts:
+            edge[dpid] = hosts
         if rejoin is not None:
             arrival, tag, kind = rejoin
             rejoin = (arrival, tag, TO_OWN_GROUP if kind == "group" else tuple(("output", p) for p in outs))
         entries[dpid] = e = (in_port, outs, ff, rejoin or ())
-        want += [(dpid, ofmsgs.group_add(dpid, gid, in_port, outs, ff)),
-                 (dpid, ofmsgs.flow_add(dpid, gid, in_port, source, group))]
+        want += [(dpid, ofmsgs.group_add(dpid, gid, in_port, outs, ff, hosts)),
+                 (dpid, ofmsgs.ingress_add(dpid, gid, in_port, source, group, color) if dpid == root
+                  else ofmsgs.flow_add(dpid, gid, in_port, source, group))]
         if rejoin:
             want.append((dpid, ofmsgs.detour_flow(dpid, ofmsgs.cookie(gid), *rejoin, source, group)))
     order = data.draw(st.permutations(sorted(entries)))
     want.sort(key=lambda m: order.index(m[0]))  # (stable: each switch's own order kept)
     got: list = []
-    ofmsgs.tree_adds(gid, source, group, order, entries, got)
+    ofmsgs.tree_adds(gid, source, group, order, entries, got, edge, root, color)
     assert [(d, type(m), _sent_by_ryu(m)) for d, m in got] == [(d, type(m), _sent_by_ryu(m)) for d, m in want]
     assert all(m.datapath.id == d for d, m in got)
 

@@ -64,6 +64,7 @@ def assert_delivery(core: MulticastCore, fabric: FakeFabric, topo: T.Topology) -
         tr = fabric.trace(g.source, g.address)
         assert not tr.loops, tr.log
         assert dict(tr.delivered) == {r: 1 for r in reach}, (g.gid, dict(tr.delivered), tr.log)
+        assert not tr.tagged, (g.gid, "copies delivered with the version tag on", dict(tr.tagged), tr.log)
         assert all(n == 1 for n in tr.link_copies.values()), tr.link_copies
         if g.tree:
             assert set(tr.link_copies) == g.tree.links()
