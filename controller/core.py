@@ -261,6 +261,33 @@ class MulticastCore:
         return self._sync(sorted(gid for gid, links in crossing.items() if lost[0] in links or lost[1] in links),
                           (reguard, crossing))
 
+    def drain(self, a: int, b: int | None = None, on: bool = True) -> Plan:
+        """Hold the link between switches ``a`` and ``b`` (``b`` None: switch ``a``) out
+        of every tree and detour for maintenance (``on``), or give it back. The trees
+        crossing it move off, each by version (no copy lost or doubled: it is still up);
+        new trees avoid it. Given back, nothing moves onto it at once (no churn)."""
+        edges = self.view.hold(a, b, on)
+        if not on or not edges:
+            return self._after_up() if edges else Plan()
+        lost = tuple(e for x, y, _ in edges for e in ((x, y), (y, x)))
+        reguard = self.failover.restale() if self.protection else set()
+        crossing = self._crossing(lost + tuple(self._stale_links(reguard)))
+        return self._sync(sorted(gid for gid, links in crossing.items() if any(k in lost for k in links)),
+                          (reguard, crossing))
+
+    def drained(self) -> list[dict[str, Any]]:
+        """The drains, each with the trees that still cross it (by the trees; the
+        switches follow once the plans are installed)."""
+        out = []
+        for pair in sorted(self.view.held, key=sorted):
+            a, b = sorted(pair)
+            out.append({"kind": "link", "switches": [a, b],
+                        "trees": sum(1 for p in self._parents.values() if p.get(a) == b or p.get(b) == a)})
+        for dpid in sorted(self.view.held_switches):
+            out.append({"kind": "switch", "switches": [dpid],
+                        "trees": sum(1 for p in self._parents.values() if dpid in p)})
+        return out
+
     def port_down(self, dpid: int, port: int) -> Plan:
         return self.ports_down(dpid, [port])
 

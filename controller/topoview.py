@@ -109,6 +109,10 @@ class TopologyView:
         self.links: set[LinkKey] = set()
         self.port_link: dict[tuple[int, int], LinkKey] = {}  # either end -> its link
         self.ports_down: set[tuple[int, int]] = set()
+        # drained (held out of every tree and detour, though up): links by their two
+        # switches, and switches (every link of theirs)
+        self.held: set[frozenset[int]] = set()
+        self.held_switches: set[int] = set()
         self.hosts: dict[str, HostLoc] = {}
         self.graph: nx.Graph = nx.Graph()
         # the live graph again as plain dicts, switch -> neighbour -> port towards it: tree
@@ -271,10 +275,27 @@ class TopologyView:
             del self._host_ports[at]
         self.attach += 1
 
+    def hold(self, a: int, b: int | None, on: bool) -> list[tuple[int, int, bool]] | None:
+        """Hold the links between switches ``a`` and ``b`` (``b`` None: every link of
+        switch ``a``) out of the graph (``on``), or give them back: up and known, they
+        carry nothing (a drain for maintenance). Returns the graph's edge changes (a, b,
+        added), None when the hold was already so."""
+        key, bag = (a, self.held_switches) if b is None else (frozenset((a, b)), self.held)
+        if (key in bag) == on:
+            return None
+        (bag.add if on else bag.discard)(key)
+        since = self.edge_count
+        for link in [k for k in self.links if a in (k.a, k.b) and (b is None or {k.a, k.b} == {a, b})]:
+            self._refresh(link)
+        self.version += 1
+        return list(self.edge_changes(since) or ())
+
     def _refresh(self, link: LinkKey) -> None:
         live = (link in self.links and link.a in self.switches and link.b in self.switches
                 and (link.a, link.a_port) not in self.ports_down
-                and (link.b, link.b_port) not in self.ports_down)
+                and (link.b, link.b_port) not in self.ports_down
+                and not (self.held and frozenset((link.a, link.b)) in self.held)
+                and link.a not in self.held_switches and link.b not in self.held_switches)
         if live:
             if not self.graph.has_edge(link.a, link.b):
                 self._log(link.a, link.b, True)

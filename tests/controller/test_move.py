@@ -106,12 +106,12 @@ def reversed_groups(core: MulticastCore, before: dict[int, dict[int, int | None]
 def install_checking(core: MulticastCore, fabric: FakeFabric, topo: T.Topology, plan: Plan,
                      what: str, seed: int = 0) -> None:
     """Install ``plan`` phase by phase as the app's installer does, asserting that no state
-    a phase may pass through leaves a receiver that had a copy before without one, or
-    holds a loop."""
+    a phase may pass through, nor any packet in flight through them, leaves a receiver
+    that has a copy before and after without exactly one, or holds a loop."""
     rng = random.Random(seed)
-    must = served(core, fabric)
-    after = _served_after(core, fabric, plan)
-    in_flight_checking(core, fabric, plan, {gid: must[gid] & after.get(gid, set()) for gid in must}, what, seed)
+    after = _served_after(core, fabric, plan)  # (a drained bridge leaves receivers without a path)
+    must = {gid: got & after.get(gid, set()) for gid, got in served(core, fabric).items()}
+    in_flight_checking(core, fabric, plan, must, what, seed)
     for i, phase in enumerate(plan.phases):
         before = {d: (list(sw.flows), dict(sw.groups)) for d, sw in fabric.switches.items()}
         for msgs, cut in phase_states(phase, rng):
@@ -318,3 +318,63 @@ def test_no_hole_while_receivers_join_and_leave(topo, data, algorithm):
                          f"group {g.gid}", seed + step)
         assert_delivery(core, fabric, topo)
         assert_exact(core, fabric)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(topo=topology_strategy, data=st.data(), algorithm=st.sampled_from(["spt", "steiner"]))
+def test_a_drain_moves_every_tree_off_exactly_once_and_its_return_moves_none(topo, data, algorithm):
+    """Any fabric, a few groups; a tree link or a switch is drained for maintenance
+    while it is still up: every tree crossing it moves off, each packet in flight meanwhile
+    reaches each receiver of both trees exactly once, no copy crosses it afterwards (but
+    for receivers it alone reaches); given back, no tree that reaches all its receivers
+    moves (those it cut off come back)."""
+    ips = [h.ip for h in topo.hosts]
+    assume(len(ips) >= 2 and topo.links)
+    core, fabric = core_and_fabric(topo, algorithm=algorithm)
+    create_drawn_groups(data, core, fabric, ips)
+    tree_links = sorted({(p, c) for g in core.groups.values() if g.tree for p, c in g.tree.links()})
+    assume(tree_links)
+    p, c = data.draw(st.sampled_from(tree_links), label="tree link")
+    whole = data.draw(st.booleans(), label="the switch")
+    a, b = (c, None) if whole else (p, c)
+    seed = data.draw(st.integers(0, 1000), label="seed")
+    plan = core.drain(a, b)
+    install_checking(core, fabric, topo, plan, f"drain {a}-{b}", seed)
+    assert_exact(core, fabric)
+    crossing = [x for x in core.drained() if x["switches"] == ([a] if whole else sorted((a, b)))]
+    assert len(crossing) == 1
+    for g in core.groups.values():
+        tr = fabric.trace(g.source, g.address)
+        used = {frozenset(k) for k in tr.link_copies}
+        if whole:  # (a tree rooted there, or reaching hosts there, keeps its copies on it)
+            assert not any(a in k for k in used) or a in g.tree.entries, (g.gid, tr.link_copies)
+        else:
+            assert frozenset((a, b)) not in used, (g.gid, tr.link_copies)
+    trees = {gid: dict(g.tree.parent) for gid, g in core.groups.items() if g.tree and not g.tree.unreachable}
+    plan = core.drain(a, b, on=False)
+    install_checking(core, fabric, topo, plan, f"undrain {a}-{b}", seed + 1)
+    assert {gid: dict(g.tree.parent) for gid, g in core.groups.items() if g.tree and gid in trees} == trees
+    assert not core.drained() and len(core.drain(a, b, on=False)) == 0
+
+
+def test_a_drained_link_stays_out_when_it_is_rediscovered_or_its_switch_reconnects():
+    """The drain holds by switches, not by the link's discovery: a link seen again (LLDP
+    after a flap, a switch reconnecting) is still held, and a switch's drain holds links
+    found later too."""
+    topo = T.leaf_spine(2, 3, 1)
+    core, fabric = core_and_fabric(topo)
+    k = link_between(topo, 1, 3)
+    apply(fabric, core.drain(1, 3))
+    apply(fabric, core.link_remove(k.a, k.a_port, k.b, k.b_port))
+    apply(fabric, core.link_add(k.a, k.a_port, k.b, k.b_port))
+    assert not core.view.graph.has_edge(1, 3) and any({x.a, x.b} == {1, 3} for x in core.view.links)
+    apply(fabric, core.drain(2))
+    assert not any(2 in e for e in core.view.graph.edges)
+    k2 = link_between(topo, 2, 4)
+    apply(fabric, core.link_remove(k2.a, k2.a_port, k2.b, k2.b_port))
+    apply(fabric, core.link_add(k2.a, k2.a_port, k2.b, k2.b_port))
+    assert not any(2 in e for e in core.view.graph.edges)
+    assert [d["switches"] for d in core.drained()] == [[1, 3], [2]]
+    apply(fabric, core.drain(1, 3, on=False))
+    apply(fabric, core.drain(2, on=False))
+    assert core.view.graph.has_edge(1, 3) and core.view.graph.has_edge(2, 4)
