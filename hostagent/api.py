@@ -138,6 +138,9 @@ class ReceiveOptions(_Common):
     # group when ``model`` is not given.
     expect: Optional[str] = None
     hook_stdout: Optional[IO[Any]] = None  # where that command's stdout goes (None: ours)
+    # time.monotonic() by which the transfer gives up, whatever arrives (None: no bound;
+    # ``timeout`` bounds only silence): a fetch attempt's hard bound (hostagent.serve)
+    deadline: Optional[float] = None
     lanes: int = 1  # as the sender's --lanes: one receiver process per lane (hostagent.lanes)
 
 
@@ -698,6 +701,8 @@ def receive(
     model = options.model or options.expect  # a group may be named by the content id
     if not model:
         raise TransferError("model is required with a controller (or expect: a content id names the group)")
+    if options.expect is None:
+        _warn_unpinned(model)
     client = _client(options)
     my_ip = _ipv4(options.ip or _own_address(interface, source_ip))
     info = client.create_group(model, source_ip)
@@ -829,7 +834,7 @@ def _receive(out: str, opts: ReceiveOptions, group: tuple[str, int], source_ip: 
         config = ReceiverConfig(key=expect.key, session_id=expect.session, file_digest=expect.file_digest,
                                 idle_timeout=opts.timeout, state_save_interval=opts.resume_interval,
                                 content_id=tree.parse_content_id(opts.expect) if opts.expect else None,
-                                lane=lane or ReceiverConfig.lane)
+                                lane=lane or ReceiverConfig.lane, deadline=opts.deadline)
         receiver = Receiver(sink, config, time.monotonic(), state=sink.load_state())
         emit(ReceiveStarted(out, group))
         metrics = _serve_metrics(opts, "receiver", lambda: receiver.stats, lambda: _held_bytes(receiver), emit)
@@ -1108,6 +1113,16 @@ def _group(text: Optional[str]) -> tuple[str, int]:
 
 def _derive(secret: Optional[bytes]) -> Optional[bytes]:
     return derive_key(secret) if secret is not None else None
+
+
+def _warn_unpinned(model: str) -> None:
+    """Any host the controller lets join may hold the group's key, so only a content id
+    pins what arrives (docs/security.md, "Receivers"): say so, once, on stderr."""
+    import logging  # (here: a receiver with --expect never loads it)
+
+    logging.getLogger("modelcast.agent").warning(
+        "modelcast: warning: receiving model %r with no --expect content id: nothing pins what arrives, the group's "
+        "source decides it (give --expect blake3:<id> to accept only that content)", model)
 
 
 def _require_key(key: Optional[bytes], opts: _Common, emit: OnEvent, why: str) -> None:

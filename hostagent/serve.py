@@ -50,21 +50,23 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
+import msgpack
+
 from .api import (
     ControllerError, OnEvent, ReceiveOptions, ReceiveResult, SendOptions, SendResult, SendStarted, TransferError, _client,
     _ignore, _ipv4, _stop, _url_host, receive, send_source,
 )
 from .control import local_ip_towards
-from .dirs import DirSource
+from .dirs import DirSource, read_record
 from .events import ReceiverCompleted
 from .manifest import cache_dir, cached_digests
-from .net import FileSource
+from .net import STATE_SUFFIX, FileSource
 from .rounds import RoundSettings, Rounds  # the policy (re-exported here)
 from .sender import check_chunk_count, file_digests
 import hostagent.tree as tree
 
-__all__ = ["Fetched", "Model", "RoundDone", "RoundSettings", "RoundStarted", "Rounds", "ServeOptions", "ServeStats",
-           "Served", "fetch", "serve"]
+__all__ = ["Backoff", "FetchWaiting", "Fetched", "Model", "RoundDone", "RoundSettings", "RoundStarted", "Rounds", "ServeOptions", "ServeStats",
+           "Served", "Sources", "fetch", "serve"]
 
 
 @dataclass(frozen=True)
@@ -348,22 +350,108 @@ def _locked(emit: OnEvent) -> OnEvent:
 # ----------------------------------------------------------------------------- fetch
 
 
+# A fetch attempt ends by itself at this share of --patience (at least MIN_ATTEMPT_S), so
+# a source that stalls, trickles or lies gives way to the next while patience remains.
+ATTEMPT_SHARE = 0.5
+MIN_ATTEMPT_S = 30.0
+BACKOFF_FIRST_S = 0.5  # pause after an attempt or a call that got nowhere; doubled up to BACKOFF_MAX_S
+BACKOFF_MAX_S = 10.0
+NO_OFFER_POLL_S = 1.0  # between looks at the offers while nobody offers the model
+# What an attempt's receiver refused from its source: the source sent another content.
+REFUSED = ("wrong_content_id", "wrong_file", "manifest_mismatch", "bad_entries", "inconsistent")
+
+
 @dataclass(frozen=True)
 class Fetched:
-    """A fetch attempt ended without the model (``retry``: the next one resumes)."""
+    """A fetch attempt ended without the model (``retry``: the next one resumes).
+    ``set_aside``: it got nothing verified from ``source`` (or was refused content):
+    other sources are asked first."""
 
     attempt: int
     source: str
     error: str
+    set_aside: bool = False
+
+
+@dataclass(frozen=True)
+class FetchWaiting:
+    """``fetch`` waits ``seconds`` before asking again, because ``why`` (nobody offers
+    the model yet, the controller is unavailable, the last attempt got nowhere)."""
+
+    why: str
+    seconds: float
+
+
+class Sources:
+    """Which offer a fetch tries next (pure: offers in, one out). A source that failed
+    this fetch (``failed``: nothing verified, or content refused) comes after every other,
+    fewest failures first, then the one that failed longest ago; among the others, one
+    that already gave verified chunks (``gave``) first, then one whose group exists
+    (its server is up), then the earliest offer."""
+
+    def __init__(self) -> None:
+        self.failures: dict[str, int] = {}
+        self.failed_at: dict[str, float] = {}
+        self.given: dict[str, int] = {}
+
+    def pick(self, offers: list[Any]) -> Optional[dict]:
+        usable = [o for o in offers if isinstance(o, dict) and isinstance(o.get("source"), str)]
+        return min(usable, key=self._rank) if usable else None
+
+    def _rank(self, offer: dict) -> tuple:
+        source = offer["source"]
+        oid = offer.get("id")
+        return (self.failures.get(source, 0), self.failed_at.get(source, float("-inf")), -self.given.get(source, 0),
+                offer.get("group") is None, oid if isinstance(oid, int) else 1 << 62, source)
+
+    def failed(self, source: str, now: float) -> None:
+        self.failures[source] = self.failures.get(source, 0) + 1
+        self.failed_at[source] = now
+
+    def gave(self, source: str, chunks: int) -> None:
+        self.given[source] = self.given.get(source, 0) + chunks
+
+
+class Backoff:
+    """Pauses between tries that got nowhere: ``BACKOFF_FIRST_S`` doubling up to
+    ``BACKOFF_MAX_S`` (+-20% so a fleet does not ask in step), or the controller's
+    Retry-After within the same cap; ``reset`` after progress."""
+
+    def __init__(self, rng: Optional[random.Random] = None) -> None:
+        self._rng = rng or random.Random()
+        self._next = BACKOFF_FIRST_S
+
+    def pause(self, retry_after: Optional[float] = None) -> float:
+        base, self._next = self._next, min(self._next * 2, BACKOFF_MAX_S)
+        if retry_after is not None:
+            return min(max(0.0, retry_after), BACKOFF_MAX_S)
+        return min(BACKOFF_MAX_S, base * self._rng.uniform(0.8, 1.2))
+
+    def reset(self) -> None:
+        self._next = BACKOFF_FIRST_S
+
+
+def permanent(exc: ControllerError) -> bool:
+    """The controller refused the call (a 4xx that is not "not yet"): asking again gets
+    the same answer. Anything else -- unreachable, a 5xx, no answer in time, a follower's
+    404 for a group just made, a source that did not announce -- may go another way."""
+    return getattr(exc, "status", None) is not None and not getattr(exc, "transient", False)
 
 
 def fetch(model_id: str, out: str, options: ReceiveOptions, *, patience: float = 300.0,
-          on_event: Optional[OnEvent] = None, clock: Callable[[], float] = time.monotonic) -> ReceiveResult:
-    """Receive the model ``model_id`` into ``out`` from whichever host offers it: the
-    controller's offers name the server; the join is the request. An attempt that ends
-    without the model (this host arrived late in a round: the sender closed before it
-    had everything) is followed by another, which resumes from the record and catches
-    up in the next round, until verified or ``patience`` seconds have passed."""
+          attempt_s: Optional[float] = None, on_event: Optional[OnEvent] = None,
+          clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
+          rng: Optional[random.Random] = None) -> ReceiveResult:
+    """Receive the model ``model_id`` into ``out`` from a host that offers it: the
+    controller's offers name the servers (``Sources`` ranks them); the join is the request.
+    An attempt that ends without the model (this host arrived late in a round: the sender
+    closed before it had everything) is followed by another, which resumes from the record
+    and catches up in the next round. ``patience`` bounds the whole fetch, and every
+    attempt ends by itself after ``attempt_s`` (default ``ATTEMPT_SHARE`` of it), so no
+    source holds it: one that gave nothing verified is set aside for the others. A
+    controller that refuses a call (a 4xx) ends the fetch at once with its message
+    (``ControllerError``); what may go another way later is asked again after a pause
+    (``Backoff``) until patience ends."""
     emit = on_event or _ignore
     try:
         tree.parse_content_id(model_id)
@@ -373,28 +461,85 @@ def fetch(model_id: str, out: str, options: ReceiveOptions, *, patience: float =
         raise TransferError("fetch needs a controller (it says who serves the model)")
     client = _client(options)
     deadline = clock() + patience
+    per_attempt = attempt_s if attempt_s is not None else max(MIN_ATTEMPT_S, ATTEMPT_SHARE * patience)
+    sources, backoff = Sources(), Backoff(rng)
     attempt = 0
+    last = "nobody offered it"
+
+    def wait(seconds: float, why: str) -> None:
+        seconds = min(seconds, max(0.0, deadline - clock()))
+        if seconds > 0:
+            emit(FetchWaiting(why, round(seconds, 3)))
+            sleep(seconds)
+
     while True:
-        attempt += 1
-        offers = client.offers(model_id)
-        if not offers:
-            if clock() >= deadline:
-                raise TransferError(f"nobody offers {model_id} (GET /v1/offers)")
-            time.sleep(min(1.0, max(0.0, deadline - clock())))
+        if clock() >= deadline:
+            raise TransferError(f"no verified {model_id} within --patience {patience:g}s ({last})")
+        try:
+            offer = sources.pick(client.offers(model_id))
+        except ControllerError as exc:
+            if permanent(exc):
+                raise
+            last = str(exc)
+            wait(backoff.pause(getattr(exc, "retry_after", None)), f"the controller is unavailable: {exc}")
             continue
-        source = random.choice(offers)["source"]
+        if offer is None:
+            last = f"nobody offers {model_id} (GET /v1/offers)"
+            wait(NO_OFFER_POLL_S, f"nobody offers {model_id} yet")
+            continue
+        attempt += 1
+        source = offer["source"]
+        if sources.failures.get(source):  # every source has failed this fetch: not at once again
+            wait(backoff.pause(), f"every source of {model_id} failed this fetch; trying {source} again")
+        before = _held(out)
+        ends = min(deadline, clock() + per_attempt)
         opts = dataclasses.replace(options, source=source, expect=model_id, model=model_id, group=None,
-                                   timeout=max(1.0, min(options.timeout, deadline - clock())))
+                                   timeout=max(1.0, min(options.timeout, ends - clock())),
+                                   deadline=time.monotonic() + max(0.0, ends - clock()))
         try:
             result = receive(out, opts, on_event=emit)
-        except ControllerError as exc:  # e.g. no announcement within the timeout
-            if clock() >= deadline:
+        except ControllerError as exc:
+            if permanent(exc):
                 raise
-            emit(Fetched(attempt, source, str(exc)))
+            last = str(exc)
+            blamed = not getattr(exc, "transient", False)  # (the controller's trouble is not the source's)
+            if blamed:
+                sources.failed(source, clock())
+            emit(Fetched(attempt, source, str(exc), blamed))
+            wait(backoff.pause(getattr(exc, "retry_after", None)), last)
             continue
-        if result.digest_ok or clock() >= deadline:
+        if result.digest_ok:
             return result
-        emit(Fetched(attempt, source, result.error or "not verified"))
+        gained = _gained(before, _held(out))
+        refused = any(result.dropped.get(reason) for reason in REFUSED)
+        last = result.error or "not verified"
+        if clock() >= deadline:
+            result.error = f"not verified within --patience {patience:g}s: {last}"
+            return result
+        if gained and not refused:
+            sources.gave(source, gained)
+            backoff.reset()
+            emit(Fetched(attempt, source, last))
+        else:
+            sources.failed(source, clock())
+            emit(Fetched(attempt, source, last, True))
+
+
+def _held(out: str) -> tuple[Optional[bytes], int]:
+    """What ``out``'s resume record says is verified: (file digest, chunks)."""
+    try:
+        record = msgpack.unpackb(read_record(out + STATE_SUFFIX) or b"\x80", raw=False)
+        digest, ranges = record.get("digest"), record.get("verified") or []
+        return (digest if isinstance(digest, bytes) else None), sum(e - s for s, e in ranges)
+    except Exception:  # no record, not ours, or not one: nothing held
+        return None, 0
+
+
+def _gained(before: tuple[Optional[bytes], int], after: tuple[Optional[bytes], int]) -> int:
+    """Chunks an attempt verified, by the record (another file's record: none)."""
+    if after[0] is None or before[0] not in (None, after[0]):
+        return 0
+    return max(0, after[1] - before[1])
 
 
 def round_summary(done: RoundDone) -> dict:
