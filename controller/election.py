@@ -57,22 +57,46 @@ class ElectionStore(Protocol):
         ...
 
 
+class Signer(Protocol):
+    """The cluster secret's signature of leader records (``controller.cluster.Cluster``)."""
+
+    def sign(self, record: bytes) -> str:
+        ...
+
+    def verify(self, record: bytes, signature: str) -> bool:
+        ...
+
+
 @dataclass(frozen=True)
 class Leader:
     ident: str  # the instance's id (unique per process)
     url: str  # its REST base URL: followers forward mutations there
     generation: int  # the leader key's create revision: the OpenFlow generation_id
 
-    def encode(self) -> bytes:
-        return json.dumps({"id": self.ident, "url": self.url}).encode()
+    def _record(self) -> bytes:
+        return json.dumps({"id": self.ident, "url": self.url}, sort_keys=True, separators=(",", ":")).encode()
+
+    def encode(self, signer: Signer | None = None) -> bytes:
+        d = {"id": self.ident, "url": self.url}
+        if signer is not None:
+            d["sig"] = signer.sign(self._record())
+        return json.dumps(d).encode()
 
     @staticmethod
-    def decode(value: bytes, generation: int) -> "Leader":
+    def decode(value: bytes, generation: int, signer: Signer | None = None) -> "Leader | None":
+        """The record's leader; None when a ``signer`` is given and the record is not
+        signed with it (a key an instance of this cluster did not write)."""
         try:
             d = json.loads(value)
-            return Leader(str(d["id"]), str(d.get("url", "")), generation)
-        except (ValueError, KeyError, TypeError):
+            leader = Leader(str(d["id"]), str(d.get("url", "")), generation)
+            sig = d.get("sig", "")
+        except (ValueError, KeyError, TypeError, RecursionError):
+            if signer is not None:
+                return None
             return Leader("?", "", generation)  # someone else's value: still a leader
+        if signer is not None and not signer.verify(leader._record(), str(sig)):
+            return None
+        return leader
 
 
 @dataclass(frozen=True)
@@ -103,9 +127,14 @@ class Election:
     """One instance's campaign. Call ``step(now)`` often (every ~0.1-0.2 s); it returns
     the current ``Status``. ``resign()`` on a clean shutdown hands over at once."""
 
-    def __init__(self, store: ElectionStore, ident: str, url: str, ttl: int = 2) -> None:
+    def __init__(self, store: ElectionStore, ident: str, url: str, ttl: int = 2,
+                 signer: Signer | None = None) -> None:
         self.store = store
         self.me = Leader(ident, url, 0)
+        # signs this instance's record and checks the holder's (controller.ha sets the
+        # cluster's when the app did not pass one)
+        self.signer = signer
+        self._next_unsigned_warning = float("-inf")
         self.ttl = ttl
         self.lease: int | None = None
         self._lease_valid_until = float("-inf")  # local bound: the lease may be gone after
@@ -149,11 +178,19 @@ class Election:
                 return
             self._lease_valid_until = now + left
             self._next_keepalive = now + self._granted_ttl / 4
-        holder, generation, holder_lease = self.store.campaign(self.me.encode(), self.lease)
+        holder, generation, holder_lease = self.store.campaign(self.me.encode(self.signer), self.lease)
         if holder is None:  # the key expired between compare and read
             self._set(Status(UNKNOWN, None, self.status.generation))
             return
-        leader = Leader.decode(holder, generation)
+        leader = Leader.decode(holder, generation, self.signer)
+        if leader is None:  # not written by an instance holding the cluster secret
+            if now >= self._next_unsigned_warning:
+                self._next_unsigned_warning = now + 10.0
+                log.error("the leader key in etcd (revision %d) is not signed with the cluster "
+                          "secret: no instance of ours wrote it; nobody is followed or sent "
+                          "mutations until it goes (whoever can write etcd can plant it)", generation)
+            self._set(Status(UNKNOWN, None, self.status.generation))
+            return
         if holder_lease == self.lease and leader.ident == self.me.ident:
             self._set(Status(LEADER, leader, generation))
         elif leader.ident == self.me.ident:  # our own key on a lease we gave up: free it

@@ -16,7 +16,6 @@ A single instance (no ``--store``) has an ``Ha`` too: it always leads.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import secrets
@@ -25,9 +24,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
-from controller import ofmsgs
+from controller import ofmsgs, settings
+from controller.cluster import Cluster, from_settings
 from controller.election import LEADER, MASTER, Election, Status, role_for
-from controller.rest import ApiError, forward_to
+from controller.rest import PRINCIPAL_KEY, ApiError, forward_to
 from controller.service import Service, StateFileError
 from controller.store import EtcdStore
 
@@ -67,8 +67,19 @@ class Ha:
 
     def __init__(self, service: Service, store: EtcdStore | None, election: Election | None,
                  rebind: Callable[[], None], takeover_s: float = 5.0,
-                 forward_timeout_s: float = 20.0, clock: Callable[[], float] = time.monotonic) -> None:
+                 forward_timeout_s: float = 20.0, clock: Callable[[], float] = time.monotonic,
+                 cluster: Cluster | None = None) -> None:
+        """``cluster``: the shared secret (default: ``--cluster-secret-file`` and
+        ``--peers`` of ``controller.settings.current``); several instances need one."""
         self.service, self.store, self.election = service, store, election
+        self.secret = cluster if cluster is not None else from_settings(settings.current)
+        if election is not None:
+            if self.secret is None:
+                raise ValueError("several instances (--store) need the secret they share "
+                                 "(--cluster-secret-file)")
+            if election.signer is None:
+                election.signer = self.secret
+        service.cluster = self.secret  # (session keys sealed in the store; forwarded requests checked)
         self.rebind = rebind
         self.takeover_s = takeover_s  # mutations wait at most this long for the switches' reads
         self.forward_timeout_s = forward_timeout_s
@@ -83,7 +94,7 @@ class Ha:
         self.slave_refusals = 0
         if election is not None:
             assert store is not None
-            service.cluster = self.cluster
+            service.cluster_health = self.cluster
             _CAMPAIGNING.append(self)
 
     def restore(self) -> None:
@@ -124,8 +135,7 @@ class Ha:
         (the restart path: a healthy switch gets no flow-mod at all)."""
         assert self.store is not None
         try:
-            raw = self.store.load()
-            problems = self.service.reload(json.loads(raw)) if raw else []
+            problems = self.service.reload_store()
         except (OSError, ValueError, StateFileError) as exc:
             log.error("elected, but the state in %s cannot be read (%s): not taking over yet",
                       self.store.name, exc)
@@ -162,14 +172,14 @@ class Ha:
             rev = self.store.revision()
             if rev == self.mirrored:
                 return
-            raw = self.store.load()
+            objects = self.store.load()
         except OSError as exc:
             log.debug("store: %s", exc)
             return
-        if raw:
+        if objects:
             t0 = self.clock()
             try:
-                problems = self.service.mirror(json.loads(raw))
+                problems = self.service.mirror(objects)
             except (ValueError, StateFileError) as exc:
                 log.error("store %s: cannot mirror the leader's state: %s", self.store.name, exc)
                 return
@@ -223,13 +233,26 @@ class Ha:
 
     def forward(self, req: Any, now: float) -> Any:
         """A mutation on a follower goes to the leader (its answer passed back as is);
-        None when this instance leads and serves it itself."""
+        None when this instance leads and serves it itself. Only to a leader whose record
+        is signed with the cluster secret (the election checks it) and, with ``--peers``,
+        listed there; with this instance's credential for the caller the REST layer
+        authenticated, never the caller's token."""
         if self.leading:
             if self.taking_over and now < self.takeover_deadline:
                 # a change now would be planned against switches not read yet
                 raise ApiError(503, f"taking over as leader: reading {len(self.taking_over)} "
                                "switches; retry shortly", None, {"Retry-After": "1"})
             return None
-        assert self.election is not None
+        assert self.election is not None and self.secret is not None
         leader = self.election.status.leader
-        return forward_to(req, leader.url if leader is not None else None, timeout=self.forward_timeout_s)
+        if leader is not None and not self.secret.allowed(leader.url):
+            log.error("the elected leader's URL %s is not one of --peers: not forwarding to it",
+                      leader.url[:200])
+            raise ApiError(503, "the elected leader is not one of this instance's --peers; not "
+                           "forwarding (retry another instance)", None, {"Retry-After": "1"})
+        environ = getattr(req, "environ", {})
+        who = environ[PRINCIPAL_KEY] if PRINCIPAL_KEY in environ else \
+            self.service.authenticate(req.headers.get("Authorization"), mutating=True)
+        secret = self.secret
+        return forward_to(req, leader.url if leader is not None else None, timeout=self.forward_timeout_s,
+                          sign=lambda method, path, body: secret.credential(method, path, body, who))

@@ -15,9 +15,11 @@ import signal
 import socket
 import sys
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from controller import settings
 from controller.auth import CredentialsError, load_host_tokens
+from controller.cluster import SecretError, read_secret
 from controller.igmp import parse_allow
 from controller.store import parse_store_url
 from controller.trees import ALGORITHMS
@@ -32,8 +34,11 @@ def parse(argv: list[str]) -> tuple[settings.Settings, list[str]]:
                     "(other options are ryu-manager's: --ofp-tcp-listen-port, --wsapi-host, "
                     "--wsapi-port, --verbose, ...)")
     ap.add_argument("-h", "--help", action="store_true")
-    ap.add_argument("--token", help="the REST admin bearer token (env MODELCAST_TOKEN); required "
+    ap.add_argument("--token", help="the REST admin bearer token (env MODELCAST_TOKEN; prefer "
+                    "--token-file: a command line is visible to every local user); required "
                     "unless REST listens on loopback only")
+    ap.add_argument("--token-file", type=Path, metavar="PATH",
+                    help="read the REST admin token from PATH (its first line)")
     ap.add_argument("--host-tokens", type=Path, metavar="FILE",
                     help='per-host tokens, a JSON object {"10.0.0.3": "<token>", ...}: a host token '
                     "joins and leaves only its own address and sees only its own groups' keys")
@@ -96,6 +101,35 @@ def parse(argv: list[str]) -> tuple[settings.Settings, list[str]]:
                     "quarantined for 60 s: its frames to the controller then pass a meter of their "
                     "own at this rate, so one flooding host cannot crowd out the others on its "
                     "switch (default 100; 0: off; needs --punt-rate)")
+    ap.add_argument("--cluster-secret-file", type=Path, metavar="FILE",
+                    help="the secret several instances share, at least 32 bytes (env "
+                    "MODELCAST_CLUSTER_SECRET_FILE; e.g. head -c 32 /dev/urandom | base64 > FILE): "
+                    "leader records in etcd are signed with it, forwarded requests carry a "
+                    "credential made with it instead of the caller's token, and session keys are "
+                    "sealed with it in the store; required with --store")
+    ap.add_argument("--peers", metavar="URL[,URL]",
+                    help="the instances' REST URLs (their --advertise-url): a follower forwards "
+                    "mutations only to a leader at one of these (default: any leader whose record "
+                    "is signed with the cluster secret)")
+    ap.add_argument("--etcd-ca", metavar="FILE", help="talk to etcd over TLS, checking its "
+                    "certificate against this CA")
+    ap.add_argument("--etcd-cert", metavar="FILE", help="the client certificate for etcd "
+                    "(etcd --client-cert-auth); with --etcd-key")
+    ap.add_argument("--etcd-key", metavar="FILE", help="the client certificate's private key")
+    ap.add_argument("--etcd-user", metavar="NAME", help="authenticate to etcd as this user "
+                    "(etcd auth enabled; its role granted read and write on the prefix only)")
+    ap.add_argument("--etcd-password-file", type=Path, metavar="FILE",
+                    help="the etcd user's password (the file's first line)")
+    ap.add_argument("--quota-offers", type=int, metavar="N",
+                    help="offers one host token may hold at once (default 256; more: 429)")
+    ap.add_argument("--quota-groups", type=int, metavar="N",
+                    help="groups one host token may have created and not deleted (default 1024)")
+    ap.add_argument("--quota-receivers", type=int, metavar="N",
+                    help="receiver entries one host token may hold: the receivers of the groups it "
+                    "created and its own memberships (default 65536)")
+    ap.add_argument("--group-idle", type=float, metavar="S",
+                    help="delete a group unchanged (no create, join, leave, rekey) for S seconds "
+                    "unless it is pinned or a server offers its model (default 86400; 0: never)")
     ap.add_argument("--advertise-url", metavar="URL", help="this instance's REST URL as the others "
                     "reach it (mutations sent to a follower are forwarded to the leader's); "
                     "default http://WSAPI_HOST:WSAPI_PORT")
@@ -104,8 +138,12 @@ def parse(argv: list[str]) -> tuple[settings.Settings, list[str]]:
         ap.print_help()
         raise SystemExit(0)
     conf = settings.Settings()
+    if ours.token is not None and ours.token_file is not None:
+        ap.error("--token and --token-file exclude each other")
     if ours.token is not None:
         conf.token = ours.token or None
+    if ours.token_file is not None:
+        conf.token = _first_line(ap, ours.token_file, "--token-file")
     if ours.store is not None:
         conf.store_url = ours.store or None
     for option, field in (("state_file", "state_file"), ("algorithm", "algorithm"), ("udp_port", "udp_port"),
@@ -114,7 +152,10 @@ def parse(argv: list[str]) -> tuple[settings.Settings, list[str]]:
                           ("advertise_url", "advertise_url"), ("trace", "trace_file"),
                           ("rest_connections", "rest_connections"), ("rest_idle", "rest_idle_s"),
                           ("rest_per_client", "rest_per_client"), ("punt_rate", "punt_rate"),
-                          ("punt_port_rate", "punt_port_rate")):
+                          ("punt_port_rate", "punt_port_rate"), ("etcd_ca", "etcd_ca"),
+                          ("etcd_cert", "etcd_cert"), ("etcd_key", "etcd_key"), ("etcd_user", "etcd_user"),
+                          ("quota_offers", "quota_offers"), ("quota_groups", "quota_groups"),
+                          ("quota_receivers", "quota_receivers"), ("group_idle", "group_idle_s")):
         if getattr(ours, option) is not None:  # given on the command line: overrides the env
             setattr(conf, field, getattr(ours, option))
     if ours.no_protection:
@@ -130,6 +171,7 @@ def parse(argv: list[str]) -> tuple[settings.Settings, list[str]]:
             ap.error("--store and --state-file exclude each other: the state lives in one place")
     if not 1 <= conf.lease_ttl_s <= 60:
         ap.error(f"--lease-ttl must be 1..60 s, not {conf.lease_ttl_s}")
+    _cluster_options(ap, ours, conf)
     if ours.igmp_allow is not None:
         try:
             conf.igmp_allow = parse_allow(ours.igmp_allow)
@@ -171,11 +213,61 @@ def parse(argv: list[str]) -> tuple[settings.Settings, list[str]]:
                 pass
         except OSError as exc:
             ap.error(f"--trace: cannot write {conf.trace_file}: {exc.strerror}")
+    for name, value in (("--quota-offers", conf.quota_offers), ("--quota-groups", conf.quota_groups),
+                        ("--quota-receivers", conf.quota_receivers)):
+        if not 0 <= value <= 1 << 24:
+            ap.error(f"{name} must be 0..{1 << 24}, not {value}")
+    if not 0 <= conf.group_idle_s <= 10 * 365 * 86400:
+        ap.error(f"--group-idle must be 0 (never) or a number of seconds, not {conf.group_idle_s:g}")
     if conf.state_file is not None:
         parent = conf.state_file.expanduser().resolve().parent
+        try:  # (e.g. /var/lib/modelcast on a first start: private, it will hold session keys)
+            parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        except OSError as exc:
+            ap.error(f"--state-file: cannot create directory {parent}: {exc.strerror}")
         if not parent.is_dir():
-            ap.error(f"--state-file: directory {parent} does not exist")
+            ap.error(f"--state-file: {parent} is not a directory")
     return conf, rest
+
+
+def _first_line(ap: argparse.ArgumentParser, path: Path, option: str) -> str:
+    """A token or password from a file: its first line, without surrounding spaces."""
+    try:
+        text = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        ap.error(f"{option}: cannot read {path}: {getattr(exc, 'strerror', None) or exc}")
+    value = text[0].strip() if text else ""
+    if not value:
+        ap.error(f"{option}: {path} is empty")
+    return value
+
+
+def _cluster_options(ap: argparse.ArgumentParser, ours: argparse.Namespace, conf: settings.Settings) -> None:
+    """The shared secret, the peers and etcd's TLS and user: checked at start, one line each."""
+    secret_file = ours.cluster_secret_file or (Path(p) if (p := os.environ.get("MODELCAST_CLUSTER_SECRET_FILE"))
+                                               else None)
+    if secret_file is not None:
+        try:
+            conf.cluster_secret = read_secret(secret_file)
+        except SecretError as exc:
+            ap.error(f"--cluster-secret-file: {exc}")
+    if conf.store_url is not None and conf.cluster_secret is None:
+        ap.error("--store needs --cluster-secret-file (the secret the instances share: it signs the "
+                 "leader record, authenticates forwarded requests and seals session keys in etcd)")
+    if ours.peers is not None:
+        conf.peers = tuple(u.strip().rstrip("/") for u in ours.peers.split(",") if u.strip())
+        for url in conf.peers:
+            if urlsplit(url).scheme not in ("http", "https") or not urlsplit(url).netloc:
+                ap.error(f"--peers: {url!r} is not an http(s)://HOST:PORT URL")
+    if ours.etcd_password_file is not None:
+        conf.etcd_password = _first_line(ap, ours.etcd_password_file, "--etcd-password-file")
+    if (conf.etcd_cert is None) != (conf.etcd_key is None):
+        ap.error("--etcd-cert and --etcd-key go together (a client certificate and its key)")
+    if (conf.etcd_user is None) != (conf.etcd_password is None):
+        ap.error("--etcd-user and --etcd-password-file go together")
+    for option, path in (("--etcd-ca", conf.etcd_ca), ("--etcd-cert", conf.etcd_cert), ("--etcd-key", conf.etcd_key)):
+        if path is not None and not os.access(path, os.R_OK):
+            ap.error(f"{option}: cannot read {path}")
 
 
 def loopback(host: str | None) -> bool:

@@ -9,7 +9,6 @@ with its status, never a traceback.
 
 from __future__ import annotations
 
-import copy
 import functools
 import hashlib
 import json
@@ -17,14 +16,9 @@ import logging
 import socket
 import re
 import time
-from pathlib import Path
 from typing import Any, Callable
 from urllib.parse import urlsplit
 
-from jsonschema import Draft202012Validator, FormatChecker
-from jsonschema.exceptions import best_match
-from referencing import Registry
-from referencing.jsonschema import DRAFT202012
 from ryu.app.wsgi import ControllerBase, Response, route
 from ryu.lib import hub
 
@@ -32,13 +26,15 @@ from controller.auth import Principal
 from controller.core import MAX_GID
 from controller import settings
 from controller.errors import CoreError
+from controller.schema import OPENAPI_PATH, SchemaError, check, loads, openapi, openapi_bytes, validator
 from controller.service import Service
-from controller.topoview import check_unicast, is_ipv4
+from controller.topoview import check_unicast
 
 log = logging.getLogger("modelcast.rest")
+# (the schema's names are controller.schema's, read here by the docs and tests as before)
+__all__ = ["OPENAPI_PATH", "ApiError", "RestApi", "forward_to", "openapi", "openapi_bytes", "routes",
+           "validate", "validator"]
 
-OPENAPI_PATH = Path(__file__).with_name("openapi.json")
-OPENAPI_URI = "urn:modelcast:openapi"
 DEFAULT_BARRIER_TIMEOUT = 10.0
 # The largest legitimate body is a create naming ~18,000 receivers (~14 bytes each):
 # 256 KiB. Anything bigger is refused before it is read.
@@ -66,85 +62,14 @@ class ApiError(Exception):
         self.headers = headers or {}
 
 
-# -- the OpenAPI document and its schemas ------------------------------------------------
-@functools.lru_cache(maxsize=1)
-def openapi_bytes() -> bytes:
-    return OPENAPI_PATH.read_bytes()
-
-
-@functools.lru_cache(maxsize=1)
-def openapi() -> dict[str, Any]:
-    """The parsed document, loaded once."""
-    return json.loads(openapi_bytes())
-
-
-@functools.lru_cache(maxsize=None)
-def validator(schema: str) -> Draft202012Validator:
-    """A validator for ``#/components/schemas/<schema>``; its ``$ref``s resolve inside
-    the same document."""
-    doc = openapi()
-    if schema not in doc["components"]["schemas"]:
-        raise KeyError(f"no schema {schema!r} in {OPENAPI_PATH.name}")
-    registry = Registry().with_resource(OPENAPI_URI, DRAFT202012.create_resource(doc))
-    return Draft202012Validator({"$ref": f"{OPENAPI_URI}#/components/schemas/{schema}"},
-                                registry=registry, format_checker=FormatChecker())
-
-
-IPV4_REF = "#/components/schemas/IPv4"
-
-
-@functools.lru_cache(maxsize=None)
-def request_validator(schema: str) -> tuple[Draft202012Validator, tuple[str, ...]]:
-    """The request-body validator: ``validator(schema)`` except that the items of the
-    schema's arrays of IPv4 addresses (``receivers``: up to ~18,000 in a 256 KiB body) are
-    left to ``_check_ipv4_items``. jsonschema spends ~5-13 us per item (a ``$ref`` and a
-    format check each): 0.1-0.25 s for a full body, on the hub. Returns the validator and
-    the names of the properties checked by hand."""
-    doc = copy.deepcopy(openapi())
-    target = doc["components"]["schemas"][schema]
-    hoisted = []
-    for name, prop in target.get("properties", {}).items():
-        if prop.get("type") == "array" and prop.get("items") == {"$ref": IPV4_REF}:
-            del prop["items"]
-            hoisted.append(name)
-    registry = Registry().with_resource(OPENAPI_URI, DRAFT202012.create_resource(doc))
-    return (Draft202012Validator({"$ref": f"{OPENAPI_URI}#/components/schemas/{schema}"},
-                                 registry=registry, format_checker=FormatChecker()), tuple(hoisted))
-
-
-def _check_ipv4_items(instance: Any, names: tuple[str, ...]) -> tuple[str, str] | None:
-    """(path, message) of the first array item that is not an IPv4 address string, in
-    jsonschema's words; one pass, one regex match per item."""
-    if not isinstance(instance, dict):
-        return None
-    for name in names:
-        items = instance.get(name)
-        if not isinstance(items, list):
-            continue
-        for i, item in enumerate(items):
-            if not isinstance(item, str):
-                return f"/{name}/{i}", f"{item!r} is not of type 'string'"
-            if not is_ipv4(item):
-                return f"/{name}/{i}", f"{item!r} is not a 'ipv4'"
-    return None
-
-
+# -- the OpenAPI document and its schemas (controller.schema: shared with loaded state) ---
 def validate(schema: str, instance: Any) -> None:
-    """Raise a 400 ApiError naming the first (most relevant) violation and where it is.
-    Linear in the body: no ``uniqueItems`` in the schema (the service checks duplicates
-    with a set) and arrays of addresses checked in one pass."""
-    checker, hoisted = request_validator(schema)
-    err = best_match(checker.iter_errors(instance))
-    if err is not None:
-        where = "/" + "/".join(str(p) for p in err.absolute_path)
-        message, schema_path = err.message, "/".join(str(p) for p in err.absolute_schema_path)
-    else:
-        bad = _check_ipv4_items(instance, hoisted)
-        if bad is None:
-            return
-        (where, message), schema_path = bad, f"properties/{bad[0].split('/')[1]}/items"
-    raise ApiError(400, f"request body does not match the {schema} schema at {where}: {message}",
-                   {"message": message, "path": where, "schema_path": schema_path})
+    """Raise a 400 ApiError naming the first (most relevant) violation and where it is
+    (``controller.schema.check``: the same checks a loaded state's entries pass)."""
+    try:
+        check(schema, instance)
+    except SchemaError as exc:
+        raise ApiError(400, f"request body {exc}", exc.detail) from None
 
 
 # -- helpers -----------------------------------------------------------------------------
@@ -246,25 +171,32 @@ def endpoint(mutating: bool = False) -> Callable[[Callable[..., Response]], Call
         @functools.wraps(func)
         def handler(self: "RestApi", req: Any, **kwargs: Any) -> Response:
             try:
-                forwarded = self.forward(req) if mutating and self.forward is not None else None
-                if forwarded is not None:  # a follower: the leader served it
-                    resp = forwarded
+                if mutating and req.headers.get(FORWARDED) and self.service.cluster is not None:
+                    # from a follower: its instance credential names the caller it authenticated
+                    who = forwarded_principal(self.service, req)
                 else:
                     # every call: a wrong token is a 401 even on a read (the client learns it
                     # at once), and reads show keys only to a caller allowed to see them
                     who = self.service.authenticate(req.headers.get("Authorization"), mutating)
+                    req.environ[PRINCIPAL_KEY] = who
+                forwarded = self.forward(req) if mutating and self.forward is not None else None
+                if forwarded is not None:  # a follower: the leader served it
+                    resp = forwarded
+                else:
                     resp = func(self, req, who=who, **kwargs)
                     if mutating:  # (readers waiting for a group to change look again)
                         self.service.changes.notify()
             except ApiError as exc:
                 resp = error_response(exc.status, exc.message, exc.detail, exc.headers)
+            except SchemaError as exc:  # (the service checks what in-process callers send too)
+                resp = error_response(400, f"request body {exc}", exc.detail)
             except CoreError as exc:
                 status = getattr(exc, "status", 400)
                 headers = {}
                 if status == 401:
                     invalid = ', error="invalid_token"' if req.headers.get("Authorization") else ""
                     headers["WWW-Authenticate"] = f'Bearer realm="modelcast"{invalid}'
-                resp = error_response(status, str(exc), None, headers)
+                resp = error_response(status, str(exc), getattr(exc, "detail", None), headers)
             except Exception:  # a bug: log it, tell the client one sentence
                 log.exception("%s %s failed", req.method, req.path_qs)
                 resp = error_response(500, "internal error; the controller log has the details")
@@ -281,7 +213,17 @@ def endpoint(mutating: bool = False) -> Callable[[Callable[..., Response]], Call
 
 
 FORWARDED = "X-Modelcast-Forwarded"  # set on a mutation a follower passed to the leader
-_PASSED = ("Authorization", "Content-Type")
+PRINCIPAL_KEY = "modelcast.principal"  # (WSGI environ) the caller the REST layer authenticated
+_PASSED = ("Content-Type",)  # never Authorization: the leader gets an instance credential
+
+
+def forwarded_principal(service: Service, req: Any) -> Principal | None:
+    """The caller a forwarded mutation acts for: the follower's instance credential
+    checked (``controller.cluster``: the body, path and caller it signed, fresh, used
+    once); a 401 otherwise. An anonymous caller only where no token is configured."""
+    assert service.cluster is not None
+    who = service.cluster.check(req.method, req.path_qs, read_body(req), req.headers)
+    return service.credentials.require(who)
 
 
 def _model_source(req: Any) -> tuple[str | None, str | None]:
@@ -295,21 +237,26 @@ def _model_source(req: Any) -> tuple[str | None, str | None]:
     return req.GET.get("model"), parse_ip(source, "source") if source is not None else None
 
 
-def forward_to(req: Any, leader_url: str | None, timeout: float) -> Response:
+def forward_to(req: Any, leader_url: str | None, timeout: float,
+               sign: Callable[[str, str, bytes], dict[str, str]]) -> Response:
     """Send a mutation on to the leader and answer with its response (status, body,
-    Location) as is, so a client configured with any instance is served. A 503 with
-    Retry-After while no leader is known, when the leader does not answer (it may have
-    just died: an election follows within the lease TTL), or when the request was
-    already forwarded once (two instances each believing the other leads)."""
+    Location) as is, so a client configured with any instance is served. ``sign`` gives
+    the instance credential's headers for (method, path, body): the caller's own token
+    is never sent on. A 503 with Retry-After while no leader is known, when the leader
+    does not answer (it may have just died: an election follows within the lease TTL), or
+    when the request was already forwarded once (two instances each believing the other
+    leads)."""
     import requests  # green under the controller's eventlet monkey-patching
 
     if req.headers.get(FORWARDED) or not leader_url:
         raise ApiError(503, "no leader elected right now; retry shortly", None, {"Retry-After": "1"})
+    body = read_body(req)
     headers = {k: req.headers[k] for k in _PASSED if k in req.headers}
     headers[FORWARDED] = "1"
+    headers.update(sign(req.method, req.path_qs, body))
     try:
         answer = requests.request(req.method, leader_url.rstrip("/") + req.path_qs,
-                                  data=read_body(req), headers=headers, timeout=timeout)
+                                  data=body, headers=headers, timeout=timeout)
     except requests.RequestException as exc:
         raise ApiError(503, f"the leader at {leader_url} did not answer ({type(exc).__name__}); "
                        "retry shortly", None, {"Retry-After": "1"}) from None
@@ -355,7 +302,7 @@ class RestApi(ControllerBase):
         if typed:
             raise ApiError(415, f"request body must be application/json, not {ctype}")
         try:
-            data = json.loads(raw)
+            data = loads(raw)
         except UnicodeDecodeError as exc:
             raise ApiError(400, "request body is not UTF-8 JSON", str(exc)) from None
         except json.JSONDecodeError as exc:
@@ -363,6 +310,8 @@ class RestApi(ControllerBase):
                            {"message": exc.msg, "line": exc.lineno, "column": exc.colno}) from None
         except RecursionError:  # the parser's own limit (~1000 levels)
             raise ApiError(400, f"request body nests deeper than {MAX_DEPTH} levels") from None
+        except ValueError as exc:  # NaN, Infinity, an integer of more than 4,300 digits
+            raise ApiError(400, "request body is not valid JSON", {"message": str(exc)[:200]}) from None
         if too_deep(data, MAX_DEPTH):
             raise ApiError(400, f"request body nests deeper than {MAX_DEPTH} levels")
         validate(schema, data)
@@ -414,6 +363,16 @@ class RestApi(ControllerBase):
     def rekey(self, req: Any, id: str, who: Principal | None, **_: Any) -> Response:
         return json_response(200, self.service.rekey(parse_gid(id), who, self._body(req, "Rekey", optional=True)))
 
+    @route("modelcast_group_pin", "/v1/groups/{id}/pin", methods=["PUT"])
+    @endpoint(mutating=True)
+    def pin(self, req: Any, id: str, who: Principal | None, **_: Any) -> Response:
+        return json_response(200, self.service.pin(parse_gid(id), True, who))
+
+    @route("modelcast_group_unpin", "/v1/groups/{id}/pin", methods=["DELETE"])
+    @endpoint(mutating=True)
+    def unpin(self, req: Any, id: str, who: Principal | None, **_: Any) -> Response:
+        return json_response(200, self.service.pin(parse_gid(id), False, who))
+
     @route("modelcast_group_delete", "/v1/groups/{id}", methods=["DELETE"])
     @endpoint(mutating=True)
     def delete_group(self, req: Any, id: str, who: Principal | None, **_: Any) -> Response:
@@ -459,6 +418,29 @@ class RestApi(ControllerBase):
     @endpoint(mutating=True)
     def delete_offer(self, req: Any, id: str, who: Principal | None, **_: Any) -> Response:
         self.service.delete_offer(parse_gid(id, "offer"), who)
+        return Response(status=204)
+
+    # -- the ACL: who may offer and join which model ------------------------------------
+    @route("modelcast_acl_list", "/v1/acl", methods=["GET"])
+    @endpoint()
+    def list_acl(self, req: Any, **_: Any) -> Response:
+        return json_response(200, self.service.list_rules())
+
+    @route("modelcast_acl_put", "/v1/acl", methods=["POST"])
+    @endpoint(mutating=True)
+    def put_acl_rule(self, req: Any, who: Principal | None, **_: Any) -> Response:
+        rule, created = self.service.put_rule(self._body(req, "AclRule"), who)
+        return json_response(201 if created else 200, rule, {"Location": f"/v1/acl/{rule['id']}"})
+
+    @route("modelcast_acl_get", "/v1/acl/{id}", methods=["GET"])
+    @endpoint()
+    def get_acl_rule(self, req: Any, id: str, **_: Any) -> Response:
+        return json_response(200, self.service.get_rule(parse_gid(id, "rule")))
+
+    @route("modelcast_acl_delete", "/v1/acl/{id}", methods=["DELETE"])
+    @endpoint(mutating=True)
+    def delete_acl_rule(self, req: Any, id: str, who: Principal | None, **_: Any) -> Response:
+        self.service.delete_rule(parse_gid(id, "rule"), who)
         return Response(status=204)
 
     # -- hosts, topology, health -----------------------------------------------------

@@ -62,6 +62,25 @@ class Settings:
     # --fabric SPEC: the fabric's cabling (a topology of topologies.spec with the real dpids
     # and ports); only its links are believed from discovery (controller.linkgate)
     fabric: Topology | None = None
+    # etcd over TLS (the CA of etcd's certificate; a client certificate and its key) and as
+    # an etcd user (--etcd-user, --etcd-password-file): controller.store.EtcdSecurity
+    etcd_ca: str | None = None
+    etcd_cert: str | None = None
+    etcd_key: str | None = None
+    etcd_user: str | None = None
+    etcd_password: str | None = None
+    # --cluster-secret-file (env MODELCAST_CLUSTER_SECRET_FILE): the secret the instances
+    # share (controller.cluster): leader records signed, forwarded requests authenticated,
+    # session keys sealed in the store; required with --store
+    cluster_secret: bytes | None = None
+    # --peers URL[,URL]: a follower forwards only to a leader at one of these (empty: any signed)
+    peers: tuple[str, ...] = ()
+    # what one host token may hold at once (controller.policy.Quotas); beyond: 429
+    quota_offers: int = 256
+    quota_groups: int = 1024
+    quota_receivers: int = 65536
+    # a group unchanged this long is deleted, unless pinned or offered (0: never)
+    group_idle_s: float = 86400.0
 
 
     @property

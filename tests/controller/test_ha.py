@@ -94,7 +94,8 @@ def make_instance(monkeypatch):
     def make(name: str, fabric: FakeFabric, etcd: FakeEtcd, roles: Roles) -> Bench:
         monkeypatch.setattr(settings, "current", settings.Settings(
             token=None, state_file=None, algorithm="spt", barrier_timeout_s=2.0,
-            store_url="etcd://fake:2379", lease_ttl_s=2, advertise_url=f"http://{name}:8080"))
+            store_url="etcd://fake:2379", lease_ttl_s=2, advertise_url=f"http://{name}:8080",
+            cluster_secret=b"s" * 32))
         monkeypatch.setattr(app_module, "open_store", lambda conf: etcd.client(name, set()))
         building.append(name)
         try:

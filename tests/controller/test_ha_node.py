@@ -16,11 +16,12 @@ import pytest
 from ryu.ofproto import ofproto_v1_3 as ofp
 
 from controller import ha as ha_module
+from controller.cluster import Cluster
 from controller.election import Election
 from controller.ha import Ha, request_stop
 from controller.rest import FORWARDED, ApiError
 from controller.store import FileStore
-from tests.support.controller_env import R1, R2, S, Env, make_env
+from tests.support.controller_env import R1, R2, R3, S, Env, make_env
 from tests.support.fake_etcd import FakeEtcd
 
 TTL = 2
@@ -36,7 +37,7 @@ class Node:
         self.election = Election(self.store, name, f"http://{name}:8080", ttl=TTL)
         self.rebinds = 0
         self.ha = Ha(self.env.service, self.store, self.election, self._rebind, takeover_s=5.0,
-                     forward_timeout_s=11.0)
+                     forward_timeout_s=11.0, cluster=Cluster(b"s" * 32))
         self.dpids = sorted(self.env.topo.switches)
 
     def _rebind(self) -> None:
@@ -56,6 +57,7 @@ class Req:
 
     def __init__(self, forwarded: bool = False) -> None:
         self.headers = {FORWARDED: "1"} if forwarded else {}
+        self.environ: dict[str, Any] = {}
 
 
 @pytest.fixture(autouse=True)
@@ -119,7 +121,7 @@ def test_a_follower_forwards_mutations_to_the_leaders_url(pair, monkeypatch):
     b.step(0.1)
     sent: list[tuple[Any, str | None, float]] = []
     monkeypatch.setattr(ha_module, "forward_to",
-                        lambda req, url, timeout: sent.append((req, url, timeout)) or "answer")
+                        lambda req, url, timeout, sign: sent.append((req, url, timeout)) or "answer")
     req = Req()
     assert b.ha.forward(req, 0.1) == "answer"
     assert sent == [(req, "http://a:8080", 11.0)]
@@ -172,7 +174,9 @@ def test_a_follower_mirrors_the_leader_when_the_store_changes_at_most_every_half
     assert h["id"] in b.env.service.core.groups and b.rebinds == 3
     assert a.rebinds == 1  # the leader rebuilt its core once, from the store when elected
     # a follower never writes to the store
-    assert not b.env.service.save()
+    before = dict(etcd.kv)
+    b.env.service.create_group({"model": "on-a-follower", "source": S})
+    assert not b.env.service.save() and etcd.kv == before
 
 
 def test_the_follower_takes_over_from_a_dead_leader_and_the_old_one_cannot_write(pair):
@@ -200,15 +204,17 @@ def test_the_follower_takes_over_from_a_dead_leader_and_the_old_one_cannot_write
     assert b.store.fence == new
     # the old leader comes back: before it notices, its saves are refused (the store is
     # fenced by its old generation); then it steps down
-    before = etcd.kv["state"]
+    before = dict(etcd.kv)
+    a.env.service.join(g["id"], R3)  # (its save is refused)
     assert not a.env.service.save()
-    assert etcd.kv["state"] == before
+    assert etcd.kv == before
     a.step(etcd.now)
     assert not a.ha.leading and a.store.fence is None
     a.env.service.create_group({"model": "late", "source": S, "receivers": [R1]})
     assert not a.env.service.save()
-    assert etcd.kv["state"] == before
-    assert b.env.service.save()
+    assert etcd.kv == before
+    b.env.service.join(g["id"], R3)
+    assert b.env.service.save() and etcd.kv != before
 
 
 def test_a_clean_stop_resigns_so_the_other_leads_at_once(pair, campaigning):

@@ -1,5 +1,6 @@
 """``modelcast-controller`` rejects bad input with one clear line and a non-zero exit."""
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -21,7 +22,17 @@ def run(*args: str, timeout: float = 30) -> subprocess.CompletedProcess:
     (["--host-timeout", "0"], "--host-timeout must be 1..65535 s"),
     (["--audit-interval", "-1"], "--audit-interval must be >= 0 s"),
     (["--trace", "/nonexistent-dir/trace.txt"], "--trace: cannot write /nonexistent-dir/trace.txt"),
-    (["--state-file", "/nonexistent-dir/state.json"], "does not exist"),
+    (["--state-file", "/proc/no-such-dir/state.json"], "--state-file: cannot create directory /proc/no-such-dir"),
+    (["--token", "a", "--token-file", "/etc/hostname"], "--token and --token-file exclude each other"),
+    (["--token-file", "/nonexistent-dir/token"], "--token-file: cannot read /nonexistent-dir/token"),
+    (["--store", "etcd://127.0.0.1:2379"], "--store needs --cluster-secret-file"),
+    (["--cluster-secret-file", "/nonexistent-dir/secret"], "--cluster-secret-file: cannot read"),
+    (["--etcd-cert", "/etc/hostname"], "--etcd-cert and --etcd-key go together"),
+    (["--etcd-user", "root"], "--etcd-user and --etcd-password-file go together"),
+    (["--etcd-ca", "/nonexistent-dir/ca.pem"], "--etcd-ca: cannot read /nonexistent-dir/ca.pem"),
+    (["--peers", "10.0.0.1:8080"], "--peers: '10.0.0.1:8080' is not an http(s)://HOST:PORT URL"),
+    (["--quota-offers", "-1"], "--quota-offers must be 0.."),
+    (["--group-idle", "-5"], "--group-idle must be 0 (never) or a number of seconds"),
     (["--igmp-allow", "10.0.0.0/40"], "--igmp-allow: '10.0.0.0/40' is not an IPv4 CIDR"),
     (["--no-such-option"], "unrecognized arguments"),
     (["--store", "http://127.0.0.1:2379"], "--store: 'http://127.0.0.1:2379' is not an etcd://HOST:PORT"),
@@ -56,6 +67,10 @@ def test_help_lists_our_options():
     assert proc.returncode == 0 and "--state-file" in proc.stdout and "--token" in proc.stdout
     assert "--host-tokens" in proc.stdout and "--igmp-allow" in proc.stdout
     assert "--store" in proc.stdout and "--advertise-url" in proc.stdout
+    for option in ("--token-file", "--cluster-secret-file", "--peers", "--etcd-ca", "--etcd-cert",
+                   "--etcd-key", "--etcd-user", "--etcd-password-file", "--quota-offers",
+                   "--quota-groups", "--quota-receivers", "--group-idle"):
+        assert option in proc.stdout, option
 
 
 def test_no_token_is_refused_unless_rest_is_on_loopback(monkeypatch):
@@ -82,18 +97,67 @@ def test_bad_host_token_file_is_one_line(tmp_path, content, needle):
     assert proc.returncode == 2 and needle in proc.stderr, proc.stderr
 
 
-def test_a_hostile_state_file_stops_the_controller_with_one_line(tmp_path):
-    state = tmp_path / "state.json"
-    content = ('{"version": 1, "topology": {}, "groups": [{"id": 3, "model": "m", "source": "10.0.0.1", '
-               '"address": "232.1.1.1", "port": 5500, "receivers": ["10.0.0.1"]}]}')
-    state.write_text(content)
-    proc = run("--state-file", str(state), "--ofp-tcp-listen-port", str(free_port()),
-               "--wsapi-host", "127.0.0.1", "--wsapi-port", str(free_port()))
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 2 and "Traceback" not in out, out
-    [line] = [l for l in out.splitlines() if "move it aside" in l]
-    assert "group 3 receiver 10.0.0.1 is the group's source" in line
-    assert state.read_text() == content
+def test_a_hostile_state_entry_is_dropped_and_the_controller_starts_with_the_rest(tmp_path):
+    """The first review's attack on a real process: an offer of 2^63 bytes (and a group
+    whose receiver is its source) in the state file stopped every restart with exit 2.
+    Now each is dropped with one log line naming it, and the rest is served."""
+    from lab.controller import Controller
+
+    ctl = Controller(tmp_path, token="t0ken-for-tests")
+    good = {"id": 5, "model": "good", "source": "10.0.0.1", "address": "232.1.1.5", "port": 5500,
+            "receivers": ["10.0.0.2"], "key": "ab" * 32}
+    ctl.state.write_text(json.dumps({
+        "version": 1, "topology": {},
+        "groups": [good, {"id": 3, "model": "m", "source": "10.0.0.1", "address": "232.1.1.1",
+                          "port": 5500, "receivers": ["10.0.0.1"]}],
+        "offers": [{"id": 1, "model": "good", "source": "10.0.0.1", "size": 9},
+                   {"id": 2, "model": "evil", "source": "10.0.0.3", "size": 1 << 63}]}))
+    ctl.start()
+    try:
+        assert [g["id"] for g in ctl.api("GET", "/v1/groups").json()] == [5]
+        assert ctl.api("GET", "/v1/groups/5").json()["key"] == "ab" * 32
+        assert [o["id"] for o in ctl.api("GET", "/v1/offers").json()] == [1]
+        offer = ctl.api("POST", "/v1/offers", json={"model": "next", "source": "10.0.0.1"}).json()
+        assert offer["id"] == 3  # (the dropped offer's id is not given again either)
+    finally:
+        ctl.stop()
+    log = ctl.log_text()
+    assert "Traceback" not in log and "ab" * 32 not in log
+    assert [line for line in log.splitlines() if "group 3: receiver 10.0.0.1 is the group's source" in line]
+    assert [line for line in log.splitlines() if "offer 2: " in line and "maximum" in line]
+
+
+def test_the_state_directory_is_created_private(tmp_path):
+    """``--state-file /var/lib/modelcast/state`` on a first start: the directory is made."""
+    from controller.main import parse
+
+    path = tmp_path / "var" / "lib" / "modelcast" / "state"
+    conf, _ = parse(["--state-file", str(path)])
+    assert conf.state_file == path and path.parent.is_dir()
+    assert path.parent.stat().st_mode & 0o777 == 0o700
+
+
+def test_tokens_and_secrets_come_from_files_not_the_command_line(tmp_path, monkeypatch):
+    from controller.main import parse
+
+    token = tmp_path / "token"
+    token.write_text("s3cret-from-a-file\n")
+    assert parse(["--token-file", str(token)])[0].token == "s3cret-from-a-file"
+    token.write_text("\n")
+    proc = run("--token-file", str(token))
+    assert proc.returncode == 2 and f"--token-file: {token} is empty" in proc.stderr
+    secret = tmp_path / "secret"
+    secret.write_text("short\n")
+    proc = run("--store", "etcd://127.0.0.1:2379", "--cluster-secret-file", str(secret))
+    assert proc.returncode == 2 and "needs at least 32" in proc.stderr
+    secret.write_text("x" * 44 + "\n")
+    password = tmp_path / "password"
+    password.write_text("etcd-pass\n")
+    monkeypatch.setenv("MODELCAST_CLUSTER_SECRET_FILE", str(secret))
+    conf, _ = parse(["--store", "etcd://127.0.0.1:2379", "--peers", "http://a:8080/,http://b:8080",
+                     "--etcd-user", "modelcast", "--etcd-password-file", str(password)])
+    assert conf.cluster_secret == b"x" * 44 and conf.peers == ("http://a:8080", "http://b:8080")
+    assert (conf.etcd_user, conf.etcd_password) == ("modelcast", "etcd-pass")
 
 
 def test_no_protection_turns_fast_failover_off():

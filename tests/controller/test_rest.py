@@ -539,7 +539,7 @@ def test_openapi_documents_every_route(api):
                   for m in ops if m in ("get", "put", "post", "delete", "patch")}
     in_code = _routes_in_source()
     assert in_code == set(rest.routes())
-    assert len(in_code) == 17
+    assert len(in_code) == 23
     assert in_code == documented
     # every $ref resolves and every operation's error responses use the Error schema
     refs = re.findall(r'"\$ref": "#/components/(\w+)/(\w+)"', resp.text)
@@ -576,6 +576,9 @@ def test_offers_say_who_serves_a_model_and_which_group(hosts_api):
     model = "blake3:" + "ab" * 32
     body = {"model": model, "source": S, "name": "llama", "size": 1 << 20, "files": 3}
     assert "source" in api.json("POST", "/v1/offers", body, 403, auth=False, headers=as_host(R1))["error"]
+    # a host offers only what the admin's ACL names it for
+    assert "ACL" in api.json("POST", "/v1/offers", body, 403, auth=False, headers=as_host(S))["error"]
+    api.json("POST", "/v1/acl", {"model": model, "offer": [S]}, 201)
     resp = api.call("POST", "/v1/offers", body, auth=False, headers=as_host(S))
     offer = valid("Offer", resp.json)
     assert resp.status_code == 201 and resp.headers["Location"].endswith(f"/v1/offers/{offer['id']}")

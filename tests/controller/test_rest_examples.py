@@ -248,6 +248,22 @@ def _rekeyed(ex: Example, group: Any, ctl: Controller) -> None:
     assert {k: anonymous[k] for k in ex.body} == ex.body  # session and file_digest
 
 
+def _pinned(ex: Example, group: Any, ctl: Controller) -> None:
+    assert group["id"] == 1 and group["pinned"] is True, group
+    assert ctl.api("GET", "/v1/groups/1").json()["pinned"] is True
+
+
+def _rule_added(ex: Example, rule: Any, ctl: Controller) -> None:
+    """The rule as posted, with its id; posting it again replaced it (same id)."""
+    assert rule == {"id": 1, **ex.body}, rule
+
+
+def _rules_listed(ex: Example, rules: Any, ctl: Controller) -> None:
+    assert [r["model"] for r in rules] == ["blake3:5f1c"], rules
+    # "who may offer": a host token not named there is refused (the admin offers below)
+    assert rules[0]["offer"] == ["10.0.0.1"] and rules[0]["join"] == ["10.0.0.0/24"]
+
+
 def _group_gone(ex: Example, body: Any, ctl: Controller) -> None:
     assert ctl.api("GET", ex.path).status_code == 404
 
@@ -300,7 +316,10 @@ EXPECTED: dict[str, Expect] = {
     "GET /v1/groups": Expect((200,), _list_filters),
     "GET /v1/groups/1": Expect((200,), _one_group),
     "POST /v1/groups/1/rekey": Expect((200,), _rekeyed),
+    "PUT /v1/groups/1/pin": Expect((200,), _pinned),
     "DELETE /v1/groups/1": Expect((204,), _group_gone),
+    "POST /v1/acl": Expect((201, 200), _rule_added),  # one rule per pattern: posting it again replaces it
+    "GET /v1/acl": Expect((200,), _rules_listed),
     "POST /v1/offers": Expect((201, 200), _offered),  # modelcast serve's registration, idempotent
     "GET /v1/offers?model=blake3:5f1c": Expect((200,), _offers_listed),
     "DELETE /v1/offers/1": Expect((204,), _offer_gone),

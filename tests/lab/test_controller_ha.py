@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+import secrets
 import signal
 import subprocess
 import threading
@@ -44,11 +45,15 @@ def cluster(tmp_path_factory):
     if why:
         skip_or_fail(why)
     work = tmp_path_factory.mktemp("ha")
+    secret = work / "cluster-secret"  # (the instances share it: controller.cluster)
+    secret.write_text(secrets.token_urlsafe(32))
     etcd = lab_etcd.Etcd(work)
     etcd.start()
     try:
-        with Fabric(TOPO, work, instances=3, store=etcd.store_url, say=stamp_printer()) as fab:
-            yield fab, etcd, work
+        with pytest.MonkeyPatch.context() as env:  # (the controller processes inherit it)
+            env.setenv("MODELCAST_CLUSTER_SECRET_FILE", str(secret))
+            with Fabric(TOPO, work, instances=3, store=etcd.store_url, say=stamp_printer()) as fab:
+                yield fab, etcd, work
     finally:
         etcd.stop()
 

@@ -6,11 +6,13 @@ a transfer and a stream running: ``tests/lab/test_controller_ha.py``.)"""
 
 from __future__ import annotations
 
+import secrets
 import signal
 import time
 
 import pytest
 
+from controller import store as store_module
 from controller.store import EtcdStore, StoreError, parse_store_url
 from hostagent.control import ControllerClient
 from lab import etcd as lab_etcd
@@ -31,7 +33,10 @@ def cluster(tmp_path):
         skip_or_fail(why)
     etcd = lab_etcd.Etcd(tmp_path)
     etcd.start()
-    ctls = [Controller(tmp_path, store=etcd.store_url, name=f"c{i}") for i in range(3)]
+    secret = tmp_path / "cluster-secret"
+    secret.write_text(secrets.token_urlsafe(32))
+    ctls = [Controller(tmp_path, store=etcd.store_url, name=f"c{i}",
+                       args=["--cluster-secret-file", str(secret)]) for i in range(3)]
     try:
         for c in ctls:
             c.start()
@@ -93,7 +98,7 @@ def test_election_forwarding_failover_and_etcd_restart(cluster):
     stale = EtcdStore(parse_store_url(etcd.store_url))
     stale.fence = gen
     with pytest.raises(StoreError, match="no longer ours"):
-        stale.save(b"{}")
+        stale.save({"meta": b"{}"})
     other = next(c for c in followers if c is not new)
     assert wait_for(lambda: "10.0.0.4" in other.api("GET", f"/v1/groups/{gid}").json()["receivers"], 3)
 
@@ -125,7 +130,7 @@ def test_election_forwarding_failover_and_etcd_restart(cluster):
           f"{'kept' if after is new else 'changed'}, generation {gen2} -> {gen3})")
 
 
-def test_the_store_uses_the_first_endpoint_that_answers(tmp_path):
+def test_the_store_uses_the_first_endpoint_that_answers(tmp_path, monkeypatch):
     why = lab_etcd.available()
     if why:
         skip_or_fail(why)
@@ -140,12 +145,20 @@ def test_the_store_uses_the_first_endpoint_that_answers(tmp_path):
         holder, generation, holder_lease = store.campaign(b'{"id": "x"}', lease)
         assert holder == b'{"id": "x"}' and holder_lease == lease and generation > 0
         store.fence = generation
-        store.save(b'{"version": 1}')
-        assert store.load() == b'{"version": 1}' and store.revision() > generation
+        store.save({"group/1": b'{"id": 1}', "meta": b'{"version": 1}'})
+        assert store.load() == {"group/1": b'{"id": 1}', "meta": b'{"version": 1}'}
+        assert store.revision() > generation
+        # one key per object: a change writes what it changed; a deletion removes its key
+        big = {f"offer/{i}": b'{"id": %d}' % i for i in range(1, 301)}  # (3 transactions of <= 128)
+        store.save({**big, "meta": b'{"version": 1}'})
+        store.save({"group/1": None, "meta": b'{"version": 1}'})
+        monkeypatch.setattr(store_module, "PAGE", 100)  # (read in pages, at one revision)
+        got = store.load()
+        assert "group/1" not in got and len(got) == 301 and got["offer/300"] == b'{"id": 300}'
         other = EtcdStore(parse_store_url(f"etcd://{etcd.endpoint}/lab-b"))  # another prefix
         assert other.load() is None
         store.resign(lease)  # the leader key goes with the lease: the fence no longer holds
         with pytest.raises(StoreError, match="no longer ours"):
-            store.save(b"{}")
+            store.save({"meta": b"{}"})
     finally:
         etcd.stop()

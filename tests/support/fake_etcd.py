@@ -1,6 +1,6 @@
 """An in-memory etcd for the election and HA tests: leases that expire at their TTL
 after the last keepalive, a revision that grows with every write, the leader key bound to
-a lease, the state key fenced by the leader key's create revision (as
+a lease, the state's objects (one key each) fenced by the leader key's create revision (as
 ``controller.store.EtcdStore`` does). Time is ``now`` (stepped by hand) unless a
 ``clock`` is given (the in-process app tests run on real time)."""
 
@@ -19,7 +19,7 @@ class FakeEtcd:
     def __init__(self, min_ttl: int = 2, clock: Callable[[], float] | None = None) -> None:
         self._now = 0.0
         self.clock = clock
-        self.kv: dict[str, tuple[bytes, int]] = {}  # key -> (value, mod revision)
+        self.kv: dict[str, tuple[bytes, int]] = {}  # state object key -> (value, mod revision)
         self.revision = 1
         self.min_ttl = min_ttl
         self.leases: dict[int, float] = {}  # id -> expiry
@@ -98,18 +98,24 @@ class FakeClient:
             e.revision += 1
 
 
-    # -- Store ---------------------------------------------------------------------------
-    def load(self) -> bytes | None:
-        got = self._check().kv.get("state")
-        return got[0] if got else None
+    # -- Store: the state's objects, one key each (as ``EtcdStore`` keeps them) --------------
+    problems: list[str] = []
+
+    def load(self) -> dict[str, bytes] | None:
+        kv = self._check().kv
+        return {k: v for k, (v, _) in kv.items()} or None
 
     def revision(self) -> int:
-        got = self._check().kv.get("state")
+        got = self._check().kv.get("meta")
         return got[1] if got else 0
 
-    def save(self, payload: bytes) -> None:
+    def save(self, changes: dict[str, bytes | None]) -> None:
         e = self._check()
         if self.fence is None or e.key is None or e.key[1] != self.fence:
             raise StoreError("not written: the leader key is no longer ours")
         e.revision += 1
-        e.kv["state"] = (payload, e.revision)
+        for k in sorted(changes, key=lambda k: k == "meta"):  # (meta last, as EtcdStore)
+            if changes[k] is None:
+                e.kv.pop(k, None)
+            else:
+                e.kv[k] = (changes[k], e.revision)
