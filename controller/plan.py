@@ -454,6 +454,14 @@ class Planner:
             if old is None or new is None:  # a switch of one tree alone: no copy of the other reaches it
                 self._alone(g, dpid, old, new, at, color, build, remove)
                 continue
+            if new[1:3] == old[1:3] and dpid != root and UNKNOWN_PORT != old.in_port not in old.out_ports \
+                    and new.in_port not in new.out_ports:
+                # where the moved path comes back in: each version arrives on its own
+                # port and both go out alike (no copy goes back where it came from)
+                build.append((dpid, ofmsgs.flow_add(dpid, gid, new.in_port, source, address)))
+                redirect.append((dpid, ofmsgs.flow_delete(dpid, gid, old.in_port, source, address)))
+                self._rejoins(g, dpid, old, new, build, settle, remove)
+                continue
             build.append((dpid, ofmsgs.group_add(dpid, tid, new.in_port, new.out_ports, new.ff, at)))
             settle.append((dpid, ofmsgs.group_modify(dpid, gid, new.in_port, new.out_ports, new.ff, at)))
             if dpid == root:
