@@ -80,7 +80,7 @@ def test_a_host_with_no_fabric_route_is_told_the_candidates(tmp_path: Path) -> N
     """)
     done = in_namespace(setup, sys.executable, "-c", script)
     assert done.returncode == 1
-    err = done.stderr.strip()
+    err = done.stderr.strip().splitlines()[-1]
     assert err.startswith("modelcast: error: cannot tell this host's address on the multicast fabric")
     assert f"candidates: {FABRIC_IP} (fab0), {MGMT_IP} (mg0)" in err and "--ip ADDR" in err
 
