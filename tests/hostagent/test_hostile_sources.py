@@ -78,6 +78,8 @@ def test_manifest_pages_it_refuses_are_no_sign_of_life() -> None:
                                                content_id=manifest_id(payload(48 * KIB), 5)), 0.0)
     failed_at = repeat(rx, lie, 0.0, 30.0)
     assert rx.stats.drops["wrong_content_id"] > 10 and rx.manifest is None
+    assert rx.offered_content_id == tree.manifest_id(Sender(MemorySource(payload(48 * KIB, seed=2)),
+                                                            sender_config(key=KEY, session_id=5), 0.0).pages)
     assert failed_at is not None and failed_at <= 2.0 + 1e-9, failed_at
     assert failure(rx) == "sender silent"
 
