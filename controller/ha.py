@@ -27,7 +27,7 @@ from typing import Any, Callable, Iterable
 from controller import ofmsgs, settings
 from controller.cluster import Cluster, from_settings
 from controller.election import LEADER, MASTER, Election, Status, role_for
-from controller.rest import PRINCIPAL_KEY, ApiError, forward_to
+from controller.rest import FORWARDED, PRINCIPAL_KEY, ApiError, forward_to
 from controller.service import Service, StateFileError
 from controller.store import EtcdStore
 
@@ -245,7 +245,9 @@ class Ha:
             return None
         assert self.election is not None and self.secret is not None
         leader = self.election.status.leader
-        if leader is not None and not self.secret.allowed(leader.url):
+        if req.headers.get(FORWARDED) or leader is None:  # (forwarded once already: never again)
+            raise ApiError(503, "no leader elected right now; retry shortly", None, {"Retry-After": "1"})
+        if not self.secret.allowed(leader.url):
             log.error("the elected leader's URL %s is not one of --peers: not forwarding to it",
                       leader.url[:200])
             raise ApiError(503, "the elected leader is not one of this instance's --peers; not "
@@ -254,5 +256,5 @@ class Ha:
         who = environ[PRINCIPAL_KEY] if PRINCIPAL_KEY in environ else \
             self.service.authenticate(req.headers.get("Authorization"), mutating=True)
         secret = self.secret
-        return forward_to(req, leader.url if leader is not None else None, timeout=self.forward_timeout_s,
+        return forward_to(req, leader.url, timeout=self.forward_timeout_s,
                           sign=lambda method, path, body: secret.credential(method, path, body, who))

@@ -178,7 +178,7 @@ def endpoint(mutating: bool = False) -> Callable[[Callable[..., Response]], Call
                     # every call: a wrong token is a 401 even on a read (the client learns it
                     # at once), and reads show keys only to a caller allowed to see them
                     who = self.service.authenticate(req.headers.get("Authorization"), mutating)
-                    req.environ[PRINCIPAL_KEY] = who
+                req.environ[PRINCIPAL_KEY] = who
                 forwarded = self.forward(req) if mutating and self.forward is not None else None
                 if forwarded is not None:  # a follower: the leader served it
                     resp = forwarded

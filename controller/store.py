@@ -311,10 +311,9 @@ class EtcdStore:
         self.key = url.prefix + "state"  # (the single snapshot of earlier versions)
         self.objects = url.prefix + "state/"
         self.leader_key = url.prefix + "leader"
-        sec = self.security
         self._clients = [etcd3gw.client(host=h, port=p, timeout=timeout, api_path=API_PATH,
-                                        protocol="https" if sec.tls else "http", ca_cert=sec.ca,
-                                        cert_cert=sec.cert, cert_key=sec.key)
+                                        protocol="https" if self.security.tls else "http",
+                                        session=self._session())
                          for h, p in url.endpoints]
         # fenced: the state is written only while ``fence``, the create revision of the
         # leader key this instance won, is still the key's (None: not the leader, no write)
@@ -323,6 +322,20 @@ class EtcdStore:
         self.problems: list[str] = []
         # saves land in the order they were encoded (green under eventlet's patching)
         self._lock = threading.Lock()
+
+    def _session(self) -> Any:
+        """An HTTP session with exactly our CA and client certificate: not the environment's
+        (requests lets ``REQUESTS_CA_BUNDLE`` replace a session's CA, and would send etcd's
+        traffic through a proxy named in the environment)."""
+        import requests
+
+        session = requests.Session()
+        session.trust_env = False
+        if self.security.ca:
+            session.verify = self.security.ca
+        if self.security.cert:
+            session.cert = (self.security.cert, self.security.key)
+        return session
 
     def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         """One gateway call on the first endpoint that answers; StoreError otherwise."""

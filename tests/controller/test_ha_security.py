@@ -188,3 +188,19 @@ def test_with_peers_a_follower_forwards_only_to_a_listed_leader(recorders, monke
     c = Node("c", etcd, "http://c:8080", peers=("http://a:8080/",))
     c.step(0.1)
     assert c.ha.forward(mutation(), 0.1) == "x" and sent == ["http://a:8080"]
+
+
+def test_a_forwarded_request_reaching_a_follower_is_a_503_not_a_401():
+    """Two instances each believing the other leads (an election under way): the request
+    is never forwarded twice, and the caller is told to retry, not that its token is bad."""
+    from controller.auth import ADMIN
+
+    etcd = FakeEtcd(min_ttl=TTL)
+    a, b = Node("a", etcd, "http://a:8080"), Node("b", etcd, "http://b:8080")
+    a.step(0.1)
+    b.step(0.1)
+    body = json.dumps({"model": "m", "source": S}).encode()
+    headers = {FORWARDED: "1", **Cluster(SECRET).credential("PUT", f"/v1/groups/1/receivers/{R1}", body, ADMIN)}
+    api = Api(b.env, forward=lambda req: b.ha.forward(req, 1.0))
+    resp = api.call("PUT", f"/v1/groups/1/receivers/{R1}", raw=body, auth=False, headers=headers)
+    assert resp.status_code == 503 and resp.headers["Retry-After"] == "1", resp.body
