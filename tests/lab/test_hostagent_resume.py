@@ -19,6 +19,7 @@ from typing import Iterator, Optional
 import msgpack
 import pytest
 
+from hostagent.dirs import tmp_path as receiving_dir
 from lab.bridge import BridgeLab
 from lab.models import ModelFile, file_digest, make_key_file, make_model
 from lab.sh import sh
@@ -61,10 +62,15 @@ def _send(lab: BridgeLab, group: str, model: ModelFile, key: Path) -> subprocess
                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
 
 
+def _partial(out: Path) -> Path:
+    """Where a file is received until it is verified (and renamed to ``out``)."""
+    return Path(receiving_dir(str(out))) / out.name
+
+
 def _held(out: Path) -> int:
-    """Bytes of the output file actually written (it is sparse until filled)."""
+    """Bytes of the file being received actually written (it is sparse until filled)."""
     try:
-        return os.stat(out).st_blocks * 512
+        return os.stat(_partial(out)).st_blocks * 512
     except FileNotFoundError:
         return 0
 
@@ -89,7 +95,8 @@ def _claimed(out: Path) -> list[int]:
 
 
 def _kill_at_60_and_restart(lab: BridgeLab, model: ModelFile, out: Path, tear: int = 0) -> tuple[dict, int]:
-    """Receive, SIGKILL at 60%, optionally tear ``tear`` claimed chunks on disk, restart;
+    """Receive, SIGKILL at 60% (nothing at OUT yet), optionally tear ``tear`` claimed
+    chunks on disk, restart;
     returns the second run's summary and the bytes the first run had written."""
     group, key = _group(), make_key_file(out.parent / "session.key")
     first = _recv(lab, group, out, key)
@@ -99,8 +106,9 @@ def _kill_at_60_and_restart(lab: BridgeLab, model: ModelFile, out: Path, tear: i
     first.kill()
     first.wait(10)
     held = _held(out)
+    assert not out.exists(), "nothing at OUT before the file is verified"
     if tear:
-        with open(out, "r+b") as f:
+        with open(_partial(out), "r+b") as f:
             for chunk in _claimed(out)[:tear]:
                 f.seek(chunk * CHUNK + 1000)
                 f.write(b"torn by the crash")
@@ -154,13 +162,14 @@ def test_disk_full_exits_with_one_line_keeps_the_record_and_resumes_after_space_
         lines = [line for line in err.strip().splitlines() if line.strip()]
         assert code == 1 and summary is None, err
         # (the data write fills the disk; in a rare race the record's write hits it first)
-        assert re.fullmatch(rf"modelcast: error: {re.escape(str(out))}(\.modelcast-state)?: "
+        assert re.fullmatch(rf"modelcast: error: ({re.escape(str(_partial(out)))}|{re.escape(str(out))}"
+                            r"\.modelcast-state): "
                             r"No space left on device \(ENOSPC\)", lines[-1]), err
         assert "Traceback" not in err
         # The record is valid and claims only chunks that are on disk, intact.
         claimed = _claimed(out)
         assert len(claimed) * CHUNK >= 4 * MIB, f"record claims only {len(claimed)} chunks"
-        with open(out, "rb") as got, open(model.path, "rb") as want:
+        with open(_partial(out), "rb") as got, open(model.path, "rb") as want:
             for chunk in claimed:
                 got.seek(chunk * CHUNK)
                 want.seek(chunk * CHUNK)
