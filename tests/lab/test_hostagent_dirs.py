@@ -4,21 +4,31 @@ an empty file, subdirectories, modes 755/600/644) to three receivers in one sess
 one SIGKILLed mid-transfer and restarted resumes from its record, one that expects
 another content id refuses every manifest and exits 1; the output appears only once
 verified. And a multi-shard safetensors model built here (nothing downloaded), loaded on
-each receiver by its ``--on-complete`` hook and compared tensor by tensor. Needs root:
-skipped off CI, a failure under CI=true."""
+each receiver by its ``--on-complete`` hook and compared tensor by tensor. And issue 46's
+finding 4 re-run: in a shared sticky directory another user (uid 65534) plants the
+temporary directory and the resume record of a model and swaps its ``config.json`` there
+and at OUT as fast as it can; the receiver uses neither, says so, and OUT holds the
+model. Needs root: skipped off CI, a failure under CI=true."""
 
 from __future__ import annotations
 
 import json
+import os
 import random
+import shutil
+import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Iterator, Optional
 
+import msgpack
 import pytest
 
+from hostagent.dirs import DirSource
+from hostagent.sender import file_digests
 from lab.bridge import BridgeLab
 from lab.models import make_key_file, make_model_dir, tree_of
 
@@ -183,3 +193,74 @@ def test_a_sharded_safetensors_model_loads_on_every_receiver(lab4: BridgeLab, tm
         assert summary["on_complete"]["exit_status"] == 0 and "loaded 36 tensors from 4 shards" in err
         assert summary["content_id"] == s_sum["content_id"]
         assert tree_of(out) == tree_of(src)
+
+
+# A local user of the receiving host (uid 65534) who planted the temporary directory:
+# swaps config.json for its own in it and at OUT, as often as it can, until SIGTERM;
+# prints how often each swap succeeded.
+SWAPPER = """
+import json, os, signal, sys, time
+swaps = {"tmp": 0, "out": 0}
+signal.signal(signal.SIGTERM, lambda *a: (print(json.dumps(swaps), flush=True), os._exit(0)))
+print("ready", flush=True)
+while True:
+    for where, folder in (("tmp", sys.argv[1]), ("out", sys.argv[2])):
+        target = os.path.join(folder, "config.json")
+        try:
+            with open(target + ".evil", "wb") as handle:
+                handle.write(b'{"evil": true}')
+            os.replace(target + ".evil", target)
+            swaps[where] += 1
+        except OSError:
+            pass
+    time.sleep(0.002)
+"""
+
+
+def test_a_planted_temporary_directory_and_record_in_a_shared_directory_are_not_used(
+        lab4: BridgeLab, tmp_path: Path) -> None:
+    src = make_model_dir(tmp_path / "model", seed=17, files=12, big=2, big_size=2 * MIB)
+    (src / "config.json").write_text('{"hidden_size": 64}')
+    key = make_key_file(tmp_path / "session.key")
+    shared = Path(tempfile.mkdtemp(prefix="modelcast-lab-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None))
+    try:
+        shared.chmod(0o1777)
+        out, planted, record = shared / "model", shared / ".model.modelcast-tmp", shared / "model.modelcast-state"
+        shutil.copytree(src, planted)  # the model's own files: a reused directory would verify
+        source = DirSource(str(src))
+        whole = file_digests(source, CHUNK)[1]
+        record.write_bytes(msgpack.packb({"v": 1, "digest": whole, "size": source.size, "chunk": CHUNK,
+                                          "verified": [[0, -(-source.size // CHUNK)]], "complete": False, "rid": 5}))
+        source.close()
+        for top, dirs, files in os.walk(planted):
+            for path in [top, *(os.path.join(top, f) for f in files)]:
+                os.chmod(path, 0o777 if os.path.isdir(path) else 0o666)
+                os.chown(path, 65534, 65534)
+        os.chown(record, 65534, 65534)
+        script = shared / "swap.py"
+        script.write_text(SWAPPER)
+        swapper = lab4.popen(1, "setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable,
+                             str(script), str(planted), str(out), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True)
+        assert swapper.stdout is not None and swapper.stdout.readline() == "ready\n", swapper.communicate()[1]
+        group = _group()
+        rx = _recv(lab4, 1, group, out, key)
+        time.sleep(0.5)
+        sender = _send(lab4, group, src, key, receivers=1, rate="100")
+        code, summary, err = _finish(rx)
+        s_code, _, s_err = _finish(sender)
+        time.sleep(0.5)  # the swapper has a go at OUT too
+        swapper.send_signal(signal.SIGTERM)
+        swaps = json.loads(swapper.communicate(timeout=10)[0])
+        assert code == 0 and summary is not None and summary["digest_ok"], err
+        assert s_code == 0, s_err
+        assert tree_of(out) == tree_of(src)
+        assert os.stat(out).st_uid == os.geteuid() and not os.stat(out).st_mode & 0o022
+        assert swaps["tmp"] > 0 and swaps["out"] == 0, swaps
+        assert summary["resumed_chunks"] == 0, "the planted record was used"
+        assert f"ignoring {planted}" in err and f"ignoring resume record {record}" in err, err
+        assert os.stat(planted).st_uid == 65534 and record.exists(), "what was planted is left alone"
+        print(f"planted directory and record ignored; the other user swapped config.json {swaps['tmp']} times "
+              f"in its own directory and 0 times at OUT; OUT verified")
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)
