@@ -62,6 +62,11 @@ class Persisted:
                     "links": [[k.a, k.a_port, k.b, k.b_port] for k in sorted(v.links)],
                     "hosts": [[h.ip, h.mac, h.dpid, h.port] for h in v.hosts.values()]}
         kind, _, name = key.partition("/")
+        if kind + "/" == DECLARED:
+            place = self.declared.get(name)
+            return [name, *place] if place is not None else None
+        if not name.isdigit():
+            return None  # (an object that was no state object: deleted)
         if kind + "/" == GROUP:
             return self._group_object(int(name))
         if kind + "/" == OFFER:
@@ -70,9 +75,6 @@ class Persisted:
         if kind + "/" == RULE:
             rule = self.acl.rules.get(int(name))
             return rule.to_dict() if rule is not None else None
-        if kind + "/" == DECLARED:
-            place = self.declared.get(name)
-            return [name, *place] if place is not None else None
         return None  # (SNAPSHOT: superseded, deleted)
 
     def _group_object(self, gid: int) -> dict[str, Any] | None:

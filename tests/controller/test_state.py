@@ -161,3 +161,63 @@ def test_one_change_writes_the_bytes_of_that_change_not_of_the_state(tmp_path):
     # amortised: all 4,000 changes wrote a small multiple of the final state, not 4,000 states
     final = sum(len(json.dumps(o)) for o in svc.list_offers()) + 200 * len(svc.core.groups)
     assert total < 8 * final, (total, final)
+
+
+# ---------------------------------------------------------------------- the state file's log
+
+
+def test_a_torn_or_garbled_record_is_skipped_and_the_file_rewritten_clean(tmp_path):
+    """A crash while a record was appended leaves half a line; a disk error, garbage. Each is
+    skipped with a line naming it, the rest restored, and the next save rewrites the file
+    whole (appending after half a line would glue two records)."""
+    state = tmp_path / "state.json"
+    env = make_env(state_path=state)
+    g, _ = env.service.create_group({"model": "a", "source": S, "receivers": [R1]})
+    o, _ = env.service.create_offer({"model": "a", "source": S})
+    with open(state, "ab") as f:
+        f.write(b"\x00\xff garbage without a tab\n")
+        f.write(b"group/77\t{\"id\": 77, \"model\": ")  # torn: no newline
+    svc, problems = restart(state)
+    assert len(problems) == 2, problems
+    assert "line" in problems[0] and "not a record" in problems[0] and "incomplete" in problems[1]
+    assert svc.get_group(g["id"])["key"] == env.service.get_group(g["id"])["key"]
+    assert [x["id"] for x in svc.list_offers()] == [o["id"]]
+    svc.create_offer({"model": "b", "source": S})
+    assert b"garbage" not in state.read_bytes() and state.read_bytes().endswith(b"\n")
+    again, problems = restart(state)
+    assert problems == [] and len(again.list_offers()) == 2
+
+
+def test_a_single_snapshot_state_file_is_read_and_written_again_as_objects(tmp_path):
+    """State files of earlier versions (one JSON object) still load; the first save after
+    the start writes the log format, with nothing lost."""
+    state = tmp_path / "state.json"
+    state.write_text(json.dumps({"version": 1, "topology": {"switches": [1]}, "groups": [GOOD_GROUP],
+                                 "offers": [GOOD_OFFER]}))
+    svc, problems = restart(state)
+    assert problems == []
+    assert svc.flush_state(100.0)  # (the app's timer: due at once after such a load)
+    assert state.read_bytes().startswith(b"modelcast-state 1\n")
+    again, problems = restart(state)
+    assert problems == [] and again.get_group(4)["key"] == "ab" * 32
+    assert [o["id"] for o in again.list_offers()] == [1] and again.core.view.switches == {1}
+
+
+def test_an_object_under_a_foreign_key_is_dropped_and_deleted_by_the_leader(tmp_path):
+    """What someone else wrote into the store under our prefix (a key of no state object,
+    an object under another's key) is dropped, and deleted at the next save."""
+    from controller.store import FileStore
+
+    state = tmp_path / "state.json"
+    env = make_env(state_path=state)
+    env.service.create_group({"model": "a", "source": S})
+    store = FileStore(state)
+    store.load()
+    store.save({"group/abc": b"{}", "offer/9": json.dumps(dict(GOOD_OFFER, id=8)).encode()})
+    svc, problems = restart(state)
+    assert len(problems) == 2 and any("group/abc" in p for p in problems) \
+        and any("offer/9" in p and "saved under" in p for p in problems), problems
+    assert svc.list_offers() == []
+    assert svc.flush_state(100.0)  # (the dropped objects: deleted at the first flush)
+    again, problems = restart(state)
+    assert problems == [], problems
