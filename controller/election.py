@@ -15,6 +15,9 @@ How it stays safe:
   generation)``, the others ``SLAVE`` with the leader's generation; a switch refuses a
   role request older than the newest it saw (``OFPRRFC_STALE``) and demotes the old
   master when the new one asks: two masters never write to a switch at once.
+* With a ``signer`` (the cluster secret, ``controller.cluster``) each instance signs its
+  leader record, and a record without a valid signature is no leader: a key planted in
+  etcd by someone who can write it is neither followed nor sent anything.
 * A leader that cannot renew its lease stops acting as leader when the lease may have
   expired (the time it sent its last successful keepalive plus the TTL granted), before
   anyone else can have won: it then asks the switches for SLAVE with its own generation,

@@ -4,8 +4,9 @@ store (``--store``). ``controller.election`` decides who leads; this module acts
 It owns: becoming leader (the predecessor's last state from the store, the store's writes
 fenced by the new generation, MASTER asked of every switch and every switch's tables read
 before anything changes: REST mutations get a 503 meanwhile), stepping down, a follower's
-mirror of the leader's state, where a REST mutation is served (here, or forwarded to the
-leader), ``/health``'s cluster fields, the OpenFlow role each switch is asked for, and a
+mirror of the leader's state, where a REST mutation is served (here, or forwarded to a
+leader whose record is signed with the cluster secret, with this instance's credential
+instead of the caller's token: ``controller.cluster``), ``/health``'s cluster fields, the OpenFlow role each switch is asked for, and a
 clean stop's resignation (``request_stop``).
 
 It must not touch: sockets, green threads or Ryu (the app calls ``step`` with the

@@ -2,9 +2,11 @@
 
 Registered by the app: ``wsgi.register(RestApi, {"service": service})`` (optionally with
 ``"barrier_timeout": seconds`` for DELETE). ``controller/openapi.json`` is the one source
-of truth for request bodies: they are validated against its component schemas. Every
-answer is JSON (except /metrics); every error is ``{"error": sentence, "detail": any}``
-with its status, never a traceback.
+of truth for request bodies: they are validated against its component schemas
+(``controller.schema``, which checks loaded state the same way). Every answer is JSON
+(except /metrics); every error is ``{"error": sentence, "detail": any}`` with its status,
+never a traceback, also for JSON the parser refuses. A mutation that a follower forwards
+carries the follower's instance credential, checked here, instead of the caller's token.
 """
 
 from __future__ import annotations

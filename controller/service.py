@@ -1,6 +1,7 @@
 """Everything the controller does that is neither Ryu nor tree computation: the group
-lifecycle as REST users see it, which plans are still in flight, persistence, metrics
-and authentication.
+lifecycle as REST users see it (with the ACL's join rules, the quotas and idle groups'
+expiry), which plans are still in flight, persistence (``controller.persist``), offers and
+the ACL (``controller.offers``), metrics and authentication.
 
 The Ryu app is a shim over this class: topology events go to ``core`` and the plans that
 come back go through ``apply``; the REST layer (``controller.rest``) calls the group
