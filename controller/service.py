@@ -260,8 +260,11 @@ class Service(Persisted, Offers):
         if existing is not None and address is not None and address != existing.address:
             raise Conflict(f"group {existing.gid} for model {model!r} from {source} already "
                            f"exists at {existing.address}")
+        # (a pin is the admin's or the source's: from anyone else it is not taken, and the
+        # answer's "pinned" says so)
+        pin = bool(body.get("pinned")) and (who is None or who.admin or who.ip == source)
         if existing is not None:
-            if body.get("pinned") and existing.gid not in self.pinned:
+            if pin and existing.gid not in self.pinned:
                 return self.pin(existing.gid, True, who), False
             return self.group_json(existing, who), False
         for r in receivers:
@@ -277,7 +280,7 @@ class Service(Persisted, Offers):
         self.keys[g.gid] = secrets.token_hex(32)
         if who is not None and not who.admin:
             self.owners[g.gid] = who.ip
-        if body.get("pinned"):
+        if pin:
             self.pinned.add(g.gid)
         log.info("group %d created by %s: model %r from %s to %d receivers at %s:%d (%s)", g.gid,
                  who or "anonymous", g.model, g.source, len(g.receivers), g.address, g.port,

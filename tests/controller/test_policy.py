@@ -196,3 +196,14 @@ def test_group_idle_zero_keeps_groups_for_ever():
     wall.now += 10 ** 8
     svc.flush_state(1.0)
     assert [g["model"] for g in svc.list_groups()] == ["m"]
+
+
+def test_a_pin_is_the_sources_or_the_admins(api):
+    """A receiver creating (or looking up) its sender's group cannot pin it; the source can."""
+    early = api.json("POST", "/v1/groups", {"model": "m", "source": S, "pinned": True}, 201, auth=False,
+                     headers=as_host(R1))
+    assert early["pinned"] is False
+    again = api.json("POST", "/v1/groups", {"model": "m", "source": S, "pinned": True}, 200, auth=False,
+                     headers=as_host(S))
+    assert again["pinned"] is True and again["id"] == early["id"]
+    api.json("PUT", f"/v1/groups/{early['id']}/pin", status=403, auth=False, headers=as_host(R1))
