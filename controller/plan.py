@@ -454,10 +454,6 @@ class Planner:
             if old is None or new is None:  # a switch of one tree alone: no copy of the other reaches it
                 self._alone(g, dpid, old, new, at, color, build, remove)
                 continue
-            if new[:2] == old[:2]:  # re-protected only (other FF groups round the same ports): in place
-                flip.append((dpid, ofmsgs.group_modify(dpid, gid, new.in_port, new.out_ports, new.ff, at)))
-                self._rejoins(g, dpid, old, new, build, flip, remove)
-                continue
             if new[1:3] == old[1:3] and dpid != root and UNKNOWN_PORT != old.in_port not in old.out_ports \
                     and new.in_port not in new.out_ports:
                 # where the moved path comes back in: each version arrives on its own
