@@ -155,7 +155,7 @@ class ModelcastApp(app_manager.RyuApp):
                 self._send(step.msgs)
                 for dpid in step.takeover:  # a new leader reads every switch anew
                     self._send([(dpid, m) for m in self.reconnect.features(dpid)
-                                + ofmsgs.capability_requests(dpid) + self.reconnect.start(dpid)])
+                                + capabilities.capability_requests(dpid) + self.reconnect.start(dpid)])
             except Exception:  # never let one bad step stop the election
                 log.exception("election step failed")
             hub.sleep(0.1)
@@ -259,7 +259,7 @@ class ModelcastApp(app_manager.RyuApp):
             # restart a healthy switch keeps forwarding and gets no message at all. Its
             # description, group and meter features first: the answers come in order
             # (``_desc_reply``, ``_group_features_reply``, ``_meter_features_reply``).
-            for msg in ofmsgs.capability_requests(dp.id) + self.reconnect.start(dp.id):
+            for msg in capabilities.capability_requests(dp.id) + self.reconnect.start(dp.id):
                 dp.send_msg(msg)
         elif self.dps.get(dp.id) is dp:
             del self.dps[dp.id]

@@ -17,6 +17,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from ryu.ofproto import ofproto_v1_3 as ofp
+from ryu.ofproto import ofproto_v1_3_parser as parser
+
 from controller import ofmsgs
 from controller.core import MulticastCore, Plan
 from controller.punt import QUARANTINE_S
@@ -34,6 +37,85 @@ REFUSED = {NICIRA: "refused an experimenter action (Open vSwitch's Nicira action
 Said = tuple[str, bool, str]
 
 
+# -- what is asked and what the answers mean (messages built without a live datapath) ---
+
+def desc_request(dpid: int) -> ofmsgs.Msg:
+    """The switch's description (OFPMP_DESC): whether it is Open vSwitch (``speaks_nicira``)."""
+    return parser.OFPDescStatsRequest(ofmsgs.datapath(dpid), 0)
+
+
+def desc_text(field: bytes | str) -> str:
+    """A description field of OFPMP_DESC as text (Ryu parses them as bytes, NUL padding
+    stripped)."""
+    if isinstance(field, bytes):
+        field = field.decode("ascii", "replace")
+    return field.strip("\0 ")
+
+
+def speaks_nicira(mfr_desc: bytes | str, hw_desc: bytes | str) -> bool:
+    """Whether a switch that describes itself so has Open vSwitch's Nicira actions (move,
+    load, resubmit: ``protect.rejoin_actions``). Open vSwitch answers mfr "Nicira, Inc."
+    and hw "Open vSwitch" (OVS 2.x and 3.x); anything else is taken to lack them."""
+    return desc_text(mfr_desc) == "Nicira, Inc." or desc_text(hw_desc) == "Open vSwitch"
+
+
+def group_features_request(dpid: int) -> ofmsgs.Msg:
+    """The group types the switch has (OFPMP_GROUP_FEATURES): fast failover is optional
+    in OpenFlow 1.3 (``has_fast_failover``)."""
+    return parser.OFPGroupFeaturesStatsRequest(ofmsgs.datapath(dpid), 0)
+
+
+def has_fast_failover(types: int) -> bool | None:
+    """Whether group features' ``types`` bitmap lists OFPGT_FF; None when it lists
+    nothing (a switch that does not fill it in: its refusals tell, ``refused_fast_failover``)."""
+    return bool(types & (1 << ofp.OFPGT_FF)) if types else None
+
+
+def refused_fast_failover(err_type: int, code: int, data: bytes) -> bool:
+    """An OFPT_ERROR refusing a group's type where the request it quotes (``data``: at
+    least its first 64 bytes) is a group-mod of an OFPGT_FF group."""
+    return (err_type == ofp.OFPET_GROUP_MOD_FAILED and code == ofp.OFPGMFC_BAD_TYPE and len(data) > 10
+            and data[1] == ofp.OFPT_GROUP_MOD and data[10] == ofp.OFPGT_FF)
+
+
+def meter_features_request(dpid: int) -> ofmsgs.Msg:
+    """How many meters the switch has (OFPMP_METER_FEATURES): meters are optional in
+    OpenFlow 1.3, and the punt flows pass ``ofmsgs.METERS`` (``has_meters``)."""
+    return parser.OFPMeterFeaturesStatsRequest(ofmsgs.datapath(dpid), 0)
+
+
+def has_meters(max_meter: int) -> bool:
+    """Whether a switch with ``max_meter`` meters (its meter features) holds ours."""
+    return max_meter >= max(ofmsgs.METERS)
+
+
+def refuses_meters(err_type: int, code: int, data: bytes) -> bool:
+    """An OFPT_ERROR saying the switch cannot hold our punt meters, by the request it
+    quotes (``data``; any when it quotes none): a meter-mod of ours refused (not because
+    the meter is there already: ``ofmsgs.benign_error``), a flow refused for its meter, or
+    meter-mod or the meter instruction unknown to it."""
+    kind = data[1] if len(data) > 1 else None
+    if err_type == ofp.OFPET_METER_MOD_FAILED:
+        return code != ofp.OFPMMFC_METER_EXISTS and (kind != ofp.OFPT_METER_MOD or ofmsgs.meter_of_error(data) in ofmsgs.METERS)
+    if err_type == ofp.OFPET_BAD_REQUEST and code == ofp.OFPBRC_BAD_TYPE:
+        return kind == ofp.OFPT_METER_MOD
+    if err_type == ofp.OFPET_BAD_INSTRUCTION and code == ofp.OFPBIC_UNSUP_INST:
+        return kind == ofp.OFPT_FLOW_MOD  # (ours use apply, goto and meter: the first two are required)
+    return False
+
+
+def capability_requests(dpid: int) -> list[ofmsgs.Msg]:
+    """What a switch is asked first when it connects (or on a takeover): its description
+    and its group and meter features, each answered before the tables are read."""
+    return [desc_request(dpid), group_features_request(dpid), meter_features_request(dpid)]
+
+
+def refuses_nicira(err_type: int, code: int) -> bool:
+    """An OFPT_ERROR a switch without Nicira actions answers one of ours with: an
+    experimenter (vendor) or experimenter action it does not know."""
+    return err_type == ofp.OFPET_BAD_ACTION and code in (ofp.OFPBAC_BAD_EXPERIMENTER, ofp.OFPBAC_BAD_EXP_TYPE)
+
+
 @dataclass
 class Change:
     """What the app does after a switch's capability changed: send ``msgs`` now, apply
@@ -48,9 +130,9 @@ class Change:
 def refused(err_type: int, code: int, data: bytes) -> str | None:
     """The capability an OFPT_ERROR says its switch lacks (``data``: the refused request's
     first bytes); None when it says nothing of the kind."""
-    return (NICIRA if ofmsgs.refuses_nicira(err_type, code) else
-            FAST_FAILOVER if ofmsgs.refused_fast_failover(err_type, code, data) else
-            METERS if ofmsgs.refuses_meters(err_type, code, data) else None)
+    return (NICIRA if refuses_nicira(err_type, code) else
+            FAST_FAILOVER if refused_fast_failover(err_type, code, data) else
+            METERS if refuses_meters(err_type, code, data) else None)
 
 
 def known(core: MulticastCore, rc: Reconnect, dpid: int, lacking: str | None) -> bool:
@@ -64,12 +146,12 @@ def meter_features(body: list[Any]) -> Said | None:
     """A meter-features reply (asked for with the description)."""
     if not body:
         return None
-    return METERS, ofmsgs.has_meters(body[0].max_meter), f"has {body[0].max_meter} meters (its meter features)"
+    return METERS, has_meters(body[0].max_meter), f"has {body[0].max_meter} meters (its meter features)"
 
 
 def group_features(types: int) -> Said | None:
     """A group-features reply's ``types`` bitmap (nothing said when it is empty)."""
-    on = ofmsgs.has_fast_failover(types)
+    on = has_fast_failover(types)
     if on is None:
         return None
     return FAST_FAILOVER, on, ("has fast-failover groups" if on else
@@ -78,10 +160,10 @@ def group_features(types: int) -> Said | None:
 
 def description(d: Any) -> Said | None:
     """A description reply: a switch that is not Open vSwitch lacks Nicira actions."""
-    if ofmsgs.speaks_nicira(d.mfr_desc, d.hw_desc):
+    if speaks_nicira(d.mfr_desc, d.hw_desc):
         return None
     return NICIRA, False, "is not Open vSwitch ({})".format(", ".join(
-        repr(ofmsgs.desc_text(f)) for f in (d.mfr_desc, d.hw_desc, d.sw_desc)))
+        repr(desc_text(f)) for f in (d.mfr_desc, d.hw_desc, d.sw_desc)))
 
 
 def change(core: MulticastCore, rc: Reconnect, dpid: int, said: Said) -> Change | None:

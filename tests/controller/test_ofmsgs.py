@@ -12,7 +12,7 @@ from ryu.controller.controller import Datapath
 from ryu.ofproto import ofproto_v1_3 as ofp
 from ryu.ofproto import ofproto_v1_3_parser as parser
 
-from controller import ofmsgs
+from controller import capabilities, ofmsgs
 from controller.protect import MAX_PORT, OWN_GROUP, TO_OWN_GROUP, ff_id, ff_port
 from controller.reconnect import normalise_actions
 
@@ -382,14 +382,14 @@ def test_sg_match_addresses_are_read_as_strictly_as_ipaddress(address) -> None:
 def test_a_switch_is_taken_for_open_vswitch_by_its_description_alone():
     """OFPMP_DESC as Ryu parses it off the wire (bytes; NUL padding possible): Open vSwitch
     has the Nicira actions, another vendor's switch is taken to lack them."""
-    assert ofmsgs.speaks_nicira(b"Nicira, Inc.", b"Open vSwitch")
-    assert ofmsgs.speaks_nicira(b"Nicira, Inc.\0\0\0", b"Open vSwitch\0")
-    assert ofmsgs.speaks_nicira("Nicira, Inc.", "something else")
-    assert not ofmsgs.speaks_nicira(b"Example Networks", b"OF-1.3 ASIC switch")
-    assert not ofmsgs.speaks_nicira(b"", b"")
-    assert ofmsgs.desc_text(b"caf\xc3\xa9 \0") == "caf\ufffd\ufffd"
-    assert ofmsgs.refuses_nicira(ofp.OFPET_BAD_ACTION, ofp.OFPBAC_BAD_EXPERIMENTER)
-    assert not ofmsgs.refuses_nicira(ofp.OFPET_BAD_ACTION, ofp.OFPBAC_BAD_OUT_PORT)
+    assert capabilities.speaks_nicira(b"Nicira, Inc.", b"Open vSwitch")
+    assert capabilities.speaks_nicira(b"Nicira, Inc.\0\0\0", b"Open vSwitch\0")
+    assert capabilities.speaks_nicira("Nicira, Inc.", "something else")
+    assert not capabilities.speaks_nicira(b"Example Networks", b"OF-1.3 ASIC switch")
+    assert not capabilities.speaks_nicira(b"", b"")
+    assert capabilities.desc_text(b"caf\xc3\xa9 \0") == "caf\ufffd\ufffd"
+    assert capabilities.refuses_nicira(ofp.OFPET_BAD_ACTION, ofp.OFPBAC_BAD_EXPERIMENTER)
+    assert not capabilities.refuses_nicira(ofp.OFPET_BAD_ACTION, ofp.OFPBAC_BAD_OUT_PORT)
 
 
 def test_what_a_switch_lacking_an_optional_feature_answers_is_told_apart():
@@ -399,23 +399,23 @@ def test_what_a_switch_lacking_an_optional_feature_answers_is_told_apart():
     meter_add.set_xid(1)
     meter_add.serialize()
     quoted = bytes(meter_add.buf[:64])
-    assert ofmsgs.refuses_meters(ofp.OFPET_METER_MOD_FAILED, ofp.OFPMMFC_OUT_OF_METERS, quoted)
-    assert ofmsgs.refuses_meters(ofp.OFPET_METER_MOD_FAILED, ofp.OFPMMFC_BAD_FLAGS, quoted)  # (no pktps)
-    assert ofmsgs.refuses_meters(ofp.OFPET_BAD_REQUEST, ofp.OFPBRC_BAD_TYPE, quoted)
-    assert not ofmsgs.refuses_meters(ofp.OFPET_METER_MOD_FAILED, ofp.OFPMMFC_METER_EXISTS, quoted)
+    assert capabilities.refuses_meters(ofp.OFPET_METER_MOD_FAILED, ofp.OFPMMFC_OUT_OF_METERS, quoted)
+    assert capabilities.refuses_meters(ofp.OFPET_METER_MOD_FAILED, ofp.OFPMMFC_BAD_FLAGS, quoted)  # (no pktps)
+    assert capabilities.refuses_meters(ofp.OFPET_BAD_REQUEST, ofp.OFPBRC_BAD_TYPE, quoted)
+    assert not capabilities.refuses_meters(ofp.OFPET_METER_MOD_FAILED, ofp.OFPMMFC_METER_EXISTS, quoted)
     flow = ofmsgs.base_flows(1, True)[0]
     flow.set_xid(2)
     flow.serialize()
-    assert ofmsgs.refuses_meters(ofp.OFPET_BAD_INSTRUCTION, ofp.OFPBIC_UNSUP_INST, bytes(flow.buf[:64]))
-    assert ofmsgs.refuses_meters(ofp.OFPET_METER_MOD_FAILED, ofp.OFPMMFC_UNKNOWN_METER, bytes(flow.buf[:64]))
-    assert not ofmsgs.refuses_meters(ofp.OFPET_BAD_REQUEST, ofp.OFPBRC_BAD_TYPE, bytes(flow.buf[:64]))
-    assert ofmsgs.has_meters(65536) and not ofmsgs.has_meters(0) and not ofmsgs.has_meters(2)
+    assert capabilities.refuses_meters(ofp.OFPET_BAD_INSTRUCTION, ofp.OFPBIC_UNSUP_INST, bytes(flow.buf[:64]))
+    assert capabilities.refuses_meters(ofp.OFPET_METER_MOD_FAILED, ofp.OFPMMFC_UNKNOWN_METER, bytes(flow.buf[:64]))
+    assert not capabilities.refuses_meters(ofp.OFPET_BAD_REQUEST, ofp.OFPBRC_BAD_TYPE, bytes(flow.buf[:64]))
+    assert capabilities.has_meters(65536) and not capabilities.has_meters(0) and not capabilities.has_meters(2)
 
     ff = ofmsgs.ff_group(1, ff_id(2, False), ((2, (("output", 2),)),))
     ff.set_xid(3)
     ff.serialize()
-    assert ofmsgs.refused_fast_failover(ofp.OFPET_GROUP_MOD_FAILED, ofp.OFPGMFC_BAD_TYPE, bytes(ff.buf[:64]))
-    assert not ofmsgs.refused_fast_failover(ofp.OFPET_GROUP_MOD_FAILED, ofp.OFPGMFC_BAD_TYPE, quoted)
-    assert not ofmsgs.refused_fast_failover(ofp.OFPET_GROUP_MOD_FAILED, ofp.OFPGMFC_OUT_OF_GROUPS, bytes(ff.buf[:64]))
-    assert ofmsgs.has_fast_failover(0xF) and ofmsgs.has_fast_failover(0x7) is False
-    assert ofmsgs.has_fast_failover(0) is None  # (not filled in: its refusals tell)
+    assert capabilities.refused_fast_failover(ofp.OFPET_GROUP_MOD_FAILED, ofp.OFPGMFC_BAD_TYPE, bytes(ff.buf[:64]))
+    assert not capabilities.refused_fast_failover(ofp.OFPET_GROUP_MOD_FAILED, ofp.OFPGMFC_BAD_TYPE, quoted)
+    assert not capabilities.refused_fast_failover(ofp.OFPET_GROUP_MOD_FAILED, ofp.OFPGMFC_OUT_OF_GROUPS, bytes(ff.buf[:64]))
+    assert capabilities.has_fast_failover(0xF) and capabilities.has_fast_failover(0x7) is False
+    assert capabilities.has_fast_failover(0) is None  # (not filled in: its refusals tell)

@@ -270,7 +270,7 @@ def test_links_leaving_a_switch_without_fast_failover_wait_for_the_controller(to
         errors = fabric.apply_all(plan)
         if known:
             assert not errors, errors
-        # (the fake switch refuses only an FF group's type; ``ofmsgs.refused_fast_failover``
+        # (the fake switch refuses only an FF group's type; ``capabilities.refused_fast_failover``
         # reads that off the quoted request: tests/controller/test_app.py)
         refused |= {e.dpid for e in errors
                     if (e.type, e.code) == (ofmsgs.ofp.OFPET_GROUP_MOD_FAILED, ofmsgs.ofp.OFPGMFC_BAD_TYPE)}
