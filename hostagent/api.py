@@ -673,7 +673,7 @@ def receive(
     on_event: Optional[OnEvent] = None,
     on_progress: Optional[Callable[[ReceiveProgress], None]] = None,
 ) -> ReceiveResult:
-    """Receive the group's file into ``out`` (written in place, resumable: a resume
+    """Receive the group's file into ``out`` (renamed there once verified, resumable: a resume
     record sits next to it until the file is verified). With a controller, join the
     group's tree first and leave it afterwards, whatever happened."""
     emit = on_event or _ignore
