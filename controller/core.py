@@ -573,7 +573,12 @@ class MulticastCore:
         return {"version": 1, "groups": [g.to_dict() for g in self.groups.values()],
                 "topology": {"switches": sorted(v.switches),
                              "links": [[k.a, k.a_port, k.b, k.b_port] for k in sorted(v.links)],
-                             "hosts": [[h.ip, h.mac, h.dpid, h.port] for h in v.hosts.values()]}}
+                             "hosts": [[h.ip, h.mac, h.dpid, h.port] for h in v.hosts.values()],
+                             "drains": self.drains()}}
+
+    def drains(self) -> list[list[int]]:
+        """The drains as saved: [a, b] a link, [a] a switch."""
+        return sorted(sorted(p) for p in self.view.held) + [[d] for d in sorted(self.view.held_switches)]
 
     def restore(self, data: dict[str, Any]) -> list[str]:
         """Recreate the saved topology and groups and compute their trees; nothing is sent
@@ -587,6 +592,8 @@ class MulticastCore:
                 self.view.add_link(int(a), int(ap), int(b), int(bp))
             for ip, mac, dpid, port in topo.get("hosts", []):
                 self.view.add_host(ip, mac, int(dpid), int(port))
+            for drain in topo.get("drains", []):  # (before the trees: none is computed across one)
+                self.view.hold(int(drain[0]), int(drain[1]) if len(drain) == 2 else None, True)
         except (TypeError, ValueError) as exc:
             problems.append(f"topology: {exc}")
         for d in data.get("groups", []):

@@ -22,6 +22,12 @@ class UnknownGroup(CoreError):
     status = 404
 
 
+class UnknownSwitch(CoreError):
+    """No such switch (or no link between two switches) in the controller's view."""
+
+    status = 404
+
+
 class UnknownOffer(CoreError):
     status = 404
 

@@ -60,7 +60,8 @@ class Persisted:
             v = self.core.view  # (as core.to_dict, without visiting every group)
             return {"switches": sorted(v.switches),
                     "links": [[k.a, k.a_port, k.b, k.b_port] for k in sorted(v.links)],
-                    "hosts": [[h.ip, h.mac, h.dpid, h.port] for h in v.hosts.values()]}
+                    "hosts": [[h.ip, h.mac, h.dpid, h.port] for h in v.hosts.values()],
+                    "drains": self.core.drains()}
         kind, _, name = key.partition("/")
         if kind + "/" == DECLARED:
             place = self.declared.get(name)

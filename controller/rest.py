@@ -140,6 +140,12 @@ def parse_gid(text: str, what: str = "group") -> int:
     return int(text)
 
 
+def parse_dpid(text: str) -> int:
+    if not re.fullmatch(r"[0-9]{1,20}", text or "") or not 1 <= int(text) < 1 << 64:
+        raise ApiError(400, f"switch id {text!r} is not a datapath id (1..2^64-1)")
+    return int(text)
+
+
 def parse_ip(text: str, what: str = "host") -> str:
     return check_unicast(text, what)  # InvalidAddress -> 400
 
@@ -458,6 +464,22 @@ class RestApi(ControllerBase):
     def remove_host(self, req: Any, ip: str, who: Principal | None, **_: Any) -> Response:
         self.service.remove_host(parse_ip(ip), who)
         return Response(status=204)
+
+    # -- drains: links and switches held out of every tree for maintenance -------------
+    @route("modelcast_drains_list", "/v1/drains", methods=["GET"])
+    @endpoint()
+    def list_drains(self, req: Any, **_: Any) -> Response:
+        return json_response(200, self.service.drains())
+
+    @route("modelcast_drain_switch", "/v1/drains/switch/{dpid}", methods=["PUT", "DELETE"])
+    @endpoint(mutating=True)
+    def drain_switch(self, req: Any, dpid: str, who: Principal | None, **_: Any) -> Response:
+        return json_response(200, self.service.drain(parse_dpid(dpid), None, req.method == "PUT", who))
+
+    @route("modelcast_drain_link", "/v1/drains/link/{a}/{b}", methods=["PUT", "DELETE"])
+    @endpoint(mutating=True)
+    def drain_link(self, req: Any, a: str, b: str, who: Principal | None, **_: Any) -> Response:
+        return json_response(200, self.service.drain(parse_dpid(a), parse_dpid(b), req.method == "PUT", who))
 
     @route("modelcast_topology", "/v1/topology", methods=["GET"])
     @endpoint()

@@ -28,7 +28,7 @@ from controller.auth import (ADMIN, Credentials, Forbidden, Principal, check_adm
                              check_self, check_source, may_see_key)
 from controller.cluster import Cluster
 from controller.core import Group, MulticastCore, Plan
-from controller.errors import Conflict, CoreError, InvalidAddress
+from controller.errors import Conflict, CoreError, InvalidAddress, UnknownSwitch
 from controller.linkgate import LinkGate
 from controller.metrics import Metrics, SwitchEntries
 from controller.offers import Offers
@@ -454,6 +454,41 @@ class Service(Persisted, Offers):
             self.apply(self.core.host_remove(ip), "host")
         self.touch(f"{DECLARED}{ip}", TOPOLOGY)
         self.save()
+
+    # -- drains: a link or a switch held out of every tree for maintenance ----------------
+    def drain(self, a: int, b: int | None, on: bool, who: Principal | None = ADMIN) -> dict[str, Any]:
+        """Hold the link between switches ``a`` and ``b`` (``b`` None: switch ``a``) out
+        of every tree and detour while it is still up (``on``), or give it back. Each tree
+        crossing it moves off by version: no copy lost or doubled. Saved: a restart and a
+        new leader keep it."""
+        check_admin(who, "drain switches and links")
+        view = self.core.view
+        for d in (a, b):
+            if d is not None and d not in view.switches:
+                raise UnknownSwitch(f"switch {d} is not in the controller's view")
+        if b is not None and (a == b or not any({k.a, k.b} == {a, b} for k in view.links)):
+            raise UnknownSwitch(f"no link between switches {a} and {b}")
+        plan = self.core.drain(a, b, on)
+        if len(plan):
+            log.info("%s %s: %d trees move (%d messages)", "drain" if on else "undrain",
+                     f"link {a}-{b}" if b is not None else f"switch {a}", len(plan.moved), len(plan))
+        self.apply(plan, "drain" if on else "undrain")
+        self.touch(TOPOLOGY)
+        self.save()
+        return self._drain_json([a] if b is None else sorted((a, b)), on)
+
+    def drains(self) -> list[dict[str, Any]]:
+        """Every drain, with the trees still crossing it and whether its moves are
+        installed (``clear``: nothing crosses it and no plan is in flight)."""
+        return [self._drain_json(d["switches"], True, d) for d in self.core.drained()]
+
+    def _drain_json(self, switches: list[int], on: bool, found: dict[str, Any] | None = None) -> dict[str, Any]:
+        if found is None:
+            found = next((d for d in self.core.drained() if d["switches"] == switches),
+                         {"trees": 0})
+        trees = found["trees"] if on else 0
+        return {"kind": "switch" if len(switches) == 1 else "link", "switches": switches, "drained": on,
+                "trees": trees, "clear": trees == 0 and not self._plans_inflight}
 
     def topology(self) -> dict[str, Any]:
         view = self.core.view

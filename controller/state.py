@@ -108,6 +108,14 @@ def check_link(link: Any) -> None:
         integer(v, 1, hi, what)
 
 
+def check_drain(drain: Any) -> None:
+    """[a, b] a drained link (its two switches), [a] a drained switch."""
+    if not isinstance(drain, list) or len(drain) not in (1, 2):
+        raise ValueError(f"is {drain!r:.60}, not [dpid] or [dpid, dpid]")
+    for v in drain:
+        integer(v, 1, MAX_DPID, "dpid")
+
+
 def _valid_transfer(t: Any) -> bool:
     """An announced transfer as saved: {} or the ``Rekey`` schema with a session."""
     if t == {}:
@@ -338,7 +346,8 @@ def clean(data: dict[str, Any], places: dict[str, list[str]] | None = None,
         "switches": keep("topology.switches", _as_list(topo.get("switches", []), out, "topology.switches"),
                          _dpid),
         "links": keep("topology.links", _as_list(topo.get("links", []), out, "topology.links"), check_link),
-        "hosts": keep("topology.hosts", _as_list(topo.get("hosts", []), out, "topology.hosts"), check_host)}
+        "hosts": keep("topology.hosts", _as_list(topo.get("hosts", []), out, "topology.hosts"), check_host),
+        "drains": keep("topology.drains", _as_list(topo.get("drains", []), out, "topology.drains"), check_drain)}
     for kind, check_one, prefix in (("groups", check_group, "group"), ("offers", check_offer, "offer"),
                                     ("acl", check_rule, "acl rule")):
         out.data[kind] = keep(kind, _as_list(data.get(kind, []), out, kind), check_one,

@@ -539,7 +539,7 @@ def test_openapi_documents_every_route(api):
                   for m in ops if m in ("get", "put", "post", "delete", "patch")}
     in_code = _routes_in_source()
     assert in_code == set(rest.routes())
-    assert len(in_code) == 23
+    assert len(in_code) == 28
     assert in_code == documented
     # every $ref resolves and every operation's error responses use the Error schema
     refs = re.findall(r'"\$ref": "#/components/(\w+)/(\w+)"', resp.text)
@@ -602,3 +602,34 @@ def test_offers_say_who_serves_a_model_and_which_group(hosts_api):
     api.json("GET", f"/v1/offers/{offer['id']}", status=404)
     api.json("DELETE", f"/v1/offers/{offer['id']}", status=404)
     assert api.call("DELETE", f"/v1/offers/{other['id']}", auth=False).status_code == 401
+
+
+def test_a_drained_spine_carries_no_tree_until_it_is_given_back():
+    """PUT /v1/drains/switch/{dpid}: every tree leaves the spine with each receiver
+    served once throughout (tests/controller/test_move.py follows packets in flight); the
+    answer and GET /v1/drains say when nothing crosses it; DELETE gives it back. Errors
+    are JSON: 400, 403, 404. (A restart keeps it: tests/controller/test_service.py.)"""
+    env = make_env(token=TOKEN, host_tokens=HOST_TOKENS)
+    api = Api(env)
+    g = create(api, receivers=[R1, R2, R3])
+    spine = next(d for d in g["tree"]["switches"] if d in (1, 2))
+    got = valid("Drain", api.json("PUT", f"/v1/drains/switch/{spine}"))
+    assert got == {"kind": "switch", "switches": [spine], "drained": True, "trees": 0, "clear": True}
+    assert spine not in api.json("GET", f"/v1/groups/{g['id']}")["tree"]["switches"]
+    assert env.delivered(g["id"]) == {R1: 1, R2: 1, R3: 1}
+    assert not any(spine in link for link in env.fabric.trace(S, g["address"]).link_copies)
+    assert api.json("GET", "/v1/drains") == [got]
+    # a new tree avoids it too
+    g2 = create(api, model="m2", receivers=[R1, R3])
+    assert spine not in g2["tree"]["switches"]
+    # errors
+    assert api.call("PUT", "/v1/drains/switch/99").status_code == 404
+    assert api.call("PUT", "/v1/drains/link/1/2").status_code == 404  # (two spines: no link)
+    assert api.call("PUT", "/v1/drains/switch/0x1").status_code == 400
+    assert api.call("PUT", f"/v1/drains/switch/{spine}", auth=False,
+                    headers=as_host(S)).status_code == 403
+    undone = api.json("DELETE", f"/v1/drains/switch/{spine}")
+    assert undone["drained"] is False and api.json("GET", "/v1/drains") == []
+    link = api.json("PUT", f"/v1/drains/link/{spine}/3")
+    assert link["kind"] == "link" and link["switches"] == [spine, 3]
+    assert api.json("DELETE", f"/v1/drains/link/3/{spine}")["drained"] is False

@@ -461,3 +461,21 @@ def test_a_reloaded_core_still_knows_which_switches_have_no_fast_failover() -> N
     assert g.tree.entries[dpid].ff == ()  # no FF group at a switch without them
     with pytest.raises(AttributeError):
         core.no_ff = set()  # (the managers' state cannot be rebound from outside)
+
+
+def test_a_drain_survives_a_restart_and_the_restored_trees_avoid_it(tmp_path):
+    """Drains are saved with the topology: a restarted controller (or a new leader, which
+    loads the same state) keeps the switch and the link held and computes no tree
+    across them."""
+    state = tmp_path / "state.json"
+    env = make_env(state_path=state)
+    g, _ = env.service.create_group({"model": "a", "source": S, "receivers": [R1, R2, R3]})
+    env.service.drain(1, None, True)
+    env.service.drain(2, 4, True)
+    svc, _, problems = restart(env, state)
+    assert problems == []
+    assert [d["switches"] for d in svc.drains()] == [[2, 4], [1]]
+    tree = svc.core.groups[g["id"]].tree
+    assert 1 not in tree.parent and tree.parent.get(4) != 2 and tree.parent.get(2) != 4
+    svc.drain(1, None, False)
+    assert [d["switches"] for d in svc.drains()] == [[2, 4]]
