@@ -29,7 +29,10 @@ Group = Any  # (``controller.core.Group``: read for its id, addresses and tree; 
 MAX_GID = 0x7FFEFFFF  # its turn group id (ofmsgs.turn_id) stays below the fast-failover ids (protect.FF_BASE)
 UNKNOWN_PORT = -1  # in a believed entry: "whatever is there is wrong", never sent
 SETTLE_S = 0.05  # (Planner.settle_s) Open vSwitch's revalidation after a barrier: a few ms
-DRAIN_S = 0.05  # (Planner.drain_s) a copy crosses the fabric in well under a millisecond
+# (Planner.drain_s) how long the old version's copies may still be in the fabric after
+# the flip: measured on the OVS lab (tests/lab/test_controller_moves.py prints it), a few
+# ms at the median, but a userspace switch starved of CPU held copies up to ~0.3 s
+DRAIN_S = 0.2
 _ABSENT = object()
 _NOTHING: dict = {}  # (never written)
 _SHARED_PRIO = {"transit": ofmsgs.PRIO_DETOUR, "rejoin": ofmsgs.PRIO_REJOIN}  # a shared detour flow's

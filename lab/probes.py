@@ -70,7 +70,7 @@ for seq in range(count):
     except (BlockingIOError, ConnectionRefusedError):
         pass
     if log is not None:
-        log.write(f"{seq} {time.time():.4f}\n")
+        log.write(f"{seq} {time.time():.6f}\n")
         if seq %% 100 == 99:
             log.flush()
     now = time.monotonic()
@@ -84,7 +84,9 @@ print(sent * 8 / max(1e-9, time.monotonic() - t0) / 1e6, flush=True)
 # Captures UDP datagrams whose destination lies in a CIDR (argv: cidr outfile) as they
 # arrive at the host's NIC (AF_PACKET: no socket-level join, so no IGMP report): "a
 # non-receiver got nothing" is checked where it matters, on the wire. One line per
-# datagram: the first 8 payload bytes as a number (the SEND probe's sequence) and the time.
+# datagram: the first 8 payload bytes as a number (the SEND probe's sequence) and the time
+# the kernel received it (SO_TIMESTAMPNS: a capture process starved of CPU reads late, but
+# its times are still the arrivals).
 CAPTURE = r"""
 import socket, struct, sys, time
 net, bits = sys.argv[1].split("/") if "/" in sys.argv[1] else (sys.argv[1], "32")
@@ -95,18 +97,20 @@ try:  # 16 MiB: a capture starved of CPU for a while must not drop what reached 
     s.setsockopt(socket.SOL_SOCKET, 33, 16 << 20)  # SO_RCVBUFFORCE (root)
 except OSError:
     pass
+s.setsockopt(socket.SOL_SOCKET, 35, 1)  # SO_TIMESTAMPNS: when the kernel got it, not when we read it
 s.bind(("%(iface)s", 0))
 out = open(sys.argv[2], "w", buffering=1)
 print("ready", flush=True)
 while True:
-    data, addr = s.recvfrom(65536)
+    data, anc, _, addr = s.recvmsg(65536, 64)
+    stamp = next((struct.unpack("=qq", d[:16]) for lvl, kind, d in anc if lvl == socket.SOL_SOCKET and kind == 35), None)
     if addr[2] == 4 or len(data) < 28 or data[9] != 17:
         continue
     if int.from_bytes(data[16:20], "big") & mask != want:
         continue
     ihl = (data[0] & 15) * 4
     seq = int.from_bytes(data[ihl + 8: ihl + 16], "big")
-    out.write(f"{seq} {time.time():.4f}\n")
+    out.write(f"{seq} {stamp[0] + stamp[1] / 1e9 if stamp else time.time():.6f}\n")
 """ % {"iface": HOST_IFACE}
 
 # Joins a group by socket option, so the kernel sends the IGMP report (argv: mode group
