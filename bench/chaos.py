@@ -19,8 +19,8 @@ Figures (``chaos.json`` in ``--out``, and one JSON line on stdout): fetches star
 verified, failed, wrong bytes accepted (a fetch that exited 0 with other bytes: must be 0),
 the median time of a fetch no fault overlapped, for each fault kind the time from the fault
 to the first fetch started after it that verified, and the RSS slope (MB per hour, least
-squares after the first quarter of the run) of each controller instance and server process
-that lived through at least half the run. ``--smoke`` (what CI runs, ~2 minutes): 105 s, a
+squares after its first 30 s) of each controller instance and server process that lived
+at least 2 minutes (or half the run); every RSS sample is in the JSON. ``--smoke`` (what CI runs, ~2 minutes): 105 s, a
 fault every 15 s, each kind once.
 """
 
@@ -61,6 +61,8 @@ SERVER = "h1"
 CHUNK = 1024 * 1024  # modelcast serve's chunk size: the model id depends on it
 PATIENCE_S = 120.0
 RSS_PERIOD_S = 2.0
+WARM_S = 30.0  # a process's RSS slope leaves out its first seconds (start-up)
+LIVED_S = 120.0  # a process's slope is reported when it lived this long (or half the run)
 
 
 @dataclass
@@ -92,9 +94,13 @@ class Rss:
     pid: int
     samples: list[tuple[float, float]] = field(default_factory=list)
 
-    def slope_mb_per_hour(self, since: float) -> Optional[float]:
-        """Least-squares slope of the samples from ``since`` on (after the warm-up)."""
-        points = [(t, m) for t, m in self.samples if t >= since]
+    def life_s(self) -> float:
+        return self.samples[-1][0] - self.samples[0][0] if self.samples else 0.0
+
+    def slope_mb_per_hour(self) -> Optional[float]:
+        """Least-squares slope of the samples after the process's first ``WARM_S``
+        (start-up: imports, first trees, caches filling)."""
+        points = [(t, m) for t, m in self.samples if t >= self.samples[0][0] + WARM_S]
         if len(points) < 3:
             return None
         mean_t, mean_m = statistics.fmean(t for t, _ in points), statistics.fmean(m for _, m in points)
@@ -301,8 +307,7 @@ class Chaos:
             recover[kind] = {"faults": len(times), "recovered": len(got),
                              "median_s": round(statistics.median(got), 2) if got else None,
                              "max_s": max(got) if got else None}
-        lived = [r for r in self.rss.values() if r.samples and r.samples[-1][0] - r.samples[0][0] >= seconds / 2]
-        warm = seconds / 4  # growth before this is start-up (imports, first trees, caches filling)
+        lived = [r for r in self.rss.values() if r.life_s() >= min(seconds / 2, LIVED_S)]
         counts = {k: sum(f.outcome == k for f in self.fetches) for k in ("verified", "failed", "killed", "cut", "wrong")}
         return {
             "ok": counts["wrong"] == 0 and counts["verified"] > 0 and all(
@@ -314,8 +319,9 @@ class Chaos:
             "calm_fetch_median_s": round(statistics.median(calm), 2) if calm else None,
             "recover": recover,
             "rss_mb_per_hour": {f"{r.label} (pid {r.pid})": {
-                "slope": _rounded(r.slope_mb_per_hour(warm)), "first_mb": r.samples[0][1],
-                "last_mb": r.samples[-1][1]} for r in lived},
+                "slope": _rounded(r.slope_mb_per_hour()), "first_mb": r.samples[0][1],
+                "last_mb": r.samples[-1][1], "from_s": r.samples[0][0], "to_s": r.samples[-1][0]} for r in lived},
+            "rss_samples": {f"{r.label} (pid {r.pid})": r.samples for r in self.rss.values()},
             "faults": [asdict(f) for f in self.faults],
             "failures": [asdict(f) for f in self.fetches if f.outcome in ("failed", "wrong")],
             "machine": machine(),
@@ -363,7 +369,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "chaos.json").write_text(json.dumps(report, indent=1) + "\n")
-    print(json.dumps({k: v for k, v in report.items() if k not in ("faults", "machine")}))
+    print(json.dumps({k: v for k, v in report.items() if k not in ("faults", "machine", "rss_samples")}))
     return 0 if report["ok"] else 1
 
 

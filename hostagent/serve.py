@@ -54,9 +54,8 @@ import msgpack
 
 from .api import (
     ControllerError, OnEvent, ReceiveOptions, ReceiveResult, SendOptions, SendResult, SendStarted, TransferError, _client,
-    _ignore, _ipv4, _stop, _url_host, receive, send_source,
+    _ignore, _ipv4, _own_address, _stop, receive, send_source,
 )
-from .control import local_ip_towards
 from .dirs import DirSource, read_record
 from .events import ReceiverCompleted
 from .manifest import cache_dir, cached_digests
@@ -187,7 +186,8 @@ def serve(paths: list[str], options: ServeOptions, stop: threading.Event, *,
     emit = _locked(on_event or _ignore)
     send_opts = dataclasses.replace(options.send, controller=options.controller, token=options.token, group=None)
     client = _client(send_opts)
-    my_ip = _ipv4(options.ip or local_ip_towards(_url_host(options.controller)))
+    # as a sender's: the address its multicast leaves from, never the route to the controller
+    my_ip = _ipv4(options.ip or _own_address(_ipv4(send_opts.interface)))
     # Each round's sender looks at its group (late joiners) as often as the policy does.
     send_opts = dataclasses.replace(send_opts, ip=my_ip, metrics_port=None, poll=min(send_opts.poll, options.poll))
     models: list[Model] = []

@@ -253,3 +253,29 @@ def test_a_late_arrival_is_repaired_in_the_round_and_a_later_one_takes_the_tail_
     assert done["127.0.0.4"][0].resumed_chunks > 0  # it kept the tail of the first round
     # and the second round ended once it had the start: no whole stream for a host holding the tail
     assert second.bytes_sent < 0.9 * model.size, (second.bytes_sent, model.size)
+
+
+def test_the_server_registers_the_address_its_multicast_leaves_from_not_the_route_to_the_controller(
+        tmp_path, monkeypatch):
+    """No --ip: the server offers the model as its interface's address (what its
+    datagrams come from), not the one the route to the controller (here 127.0.0.1) leaves from."""
+    monkeypatch.setenv("MODELCAST_CACHE_DIR", str(tmp_path / "cache"))
+    group, port = loopback_group()
+    model = make_model(tmp_path / "model.bin", 100_000, seed=7)
+    stop = threading.Event()
+    with FakeController(port, pending_polls=0, address=group) as ctl:
+        opts = serve.ServeOptions(controller=ctl.url, poll=0.05,
+                                  send=SendOptions(interface="127.0.0.2", ttl=0, insecure=True, poll=0.1))
+        server = threading.Thread(target=serve.serve, args=([str(model.path)], opts, stop))
+        server.start()
+        try:
+            client = ControllerClient(ctl.url)
+            deadline = time.monotonic() + 20
+            while not client.offers() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            (offer,) = client.offers()
+            assert offer["source"] == "127.0.0.2"
+            assert [g["source"] for g in ctl.groups.values()] == ["127.0.0.2"]
+        finally:
+            stop.set()
+            server.join(30)
