@@ -529,43 +529,52 @@ def _detour_match(in_port: int, tag: str, source: str | None, group: str | None)
     return _match_in_port(in_port, _tag_oxm(tag) + (_TRANSIT_OXM if source is None else _sg_oxm(source, group)))
 
 
-def rejoin_actions(acts: tuple, group: str, gid: int) -> tuple:
+def rejoin_actions(acts: tuple, group: str, gid: int, edge: tuple[int, ...] = ()) -> tuple:
     """A rejoin flow's whole actions for group ``gid`` (address ``group``) from the kept
     ones (``protect.TO_OWN_GROUP`` or outputs): restore the group's MAC first, then
-    ``OWN_GROUP`` is the group's ALL group."""
-    return (("set_field", "eth_dst", multicast_mac(group)),) + tuple(
-        ("group", gid) if a[0] == "group" and a[1] == OWN_GROUP else a for a in acts)
+    ``OWN_GROUP`` is the group's ALL group. Outputs to hosts (``edge``: the switch's ports
+    towards receivers) go last, after the version tag is taken off."""
+    whole = tuple(("group", gid) if a[0] == "group" and a[1] == OWN_GROUP else a for a in acts)
+    hosts = tuple(a for a in whole if a[0] == "output" and a[1] in edge) if edge else ()
+    if hosts:
+        whole = tuple(a for a in whole if a not in hosts) + POP + hosts
+    return (("set_field", "eth_dst", multicast_mac(group)),) + whole
 
 
-def rejoin_kept(acts: tuple, group: str, gid: int) -> tuple | None:
-    """``rejoin_actions`` backwards (actions read off a switch): the kept form (the one
-    ``TO_OWN_GROUP`` when it is that, as the trees hold it), or None when they are not
-    what the group's rejoin would do."""
+def rejoin_kept(acts: tuple, group: str, gid: int, arrival: int = 0) -> tuple | None:
+    """``rejoin_actions`` backwards (actions read off a switch, whose detour arrives on
+    ``arrival``): the kept form (the one ``TO_OWN_GROUP`` when it is that, as the trees
+    hold it), or None when they are not what the group's rejoin would do."""
     if not acts or acts[0] != ("set_field", "eth_dst", multicast_mac(group)):
         return None
     kept = tuple(("group", OWN_GROUP) if a == ("group", gid) else a for a in acts[1:])
+    if POP[0] in kept:  # (outputs in port order again: as the trees keep them)
+        kept = tuple(sorted((a for a in kept if a != POP[0]), key=lambda a: arrival if a == (
+            "output", ofp.OFPP_IN_PORT) else ff_port(a[1]) if a[0] == "group" else a[1]))
     return TO_OWN_GROUP if kept == TO_OWN_GROUP else kept
 
 
 @lru_cache(maxsize=65536)
-def _rejoin_flow(cookie_value: int, source: str, group: str, acts: tuple) -> tuple[bytes, bytes]:
+def _rejoin_flow(cookie_value: int, source: str, group: str, acts: tuple, edge: tuple[int, ...] = ()
+                 ) -> tuple[bytes, bytes]:
     """A group's rejoin flow add around its in_port and tag (what differs per link): ~10^5
     of them for 1000 groups, mostly with the same actions. ``acts`` as kept
     (``rejoin_actions``)."""
-    acts = rejoin_actions(acts, group, cookie_value & ~COOKIE_MASK)
+    acts = rejoin_actions(acts, group, cookie_value & ~COOKIE_MASK, edge)
     wire = _flow_add(0, cookie_value, PRIO_DETOUR, 0, _tag_oxm("00:00:00:00:00:00"),
                      _sg_oxm(source, group), _apply(acts))._wire
     return wire[:_IN_PORT_AT], wire[_IN_PORT_AT + 4 + len(_OXM_ETH_DST) + 6:]
 
 
 def detour_flow(dpid: int, cookie_value: int, in_port: int, tag: str, acts: tuple,
-                source: str | None = None, group: str | None = None, priority: int = PRIO_DETOUR) -> Msg:
+                source: str | None = None, group: str | None = None, priority: int = PRIO_DETOUR,
+                edge: tuple[int, ...] = ()) -> Msg:
     """A shared flow (``source`` None: cookie ``COOKIE_DETOUR``, a transit flow or, at
     ``PRIO_REJOIN``, a link's rejoin) or a group's rejoin flow (cookie of the group,
     ``acts`` as kept: ``rejoin_actions``) for copies tagged ``tag`` arriving on ``in_port``."""
     if source is None:
         return _flow_add(dpid, cookie_value, priority, in_port, _tag_oxm(tag), _TRANSIT_OXM, _apply(acts))
-    head, tail = _rejoin_flow(cookie_value, source, group, acts)
+    head, tail = _rejoin_flow(cookie_value, source, group, acts, edge)
     m = _new(ReadyFlowMod)
     m._dpid, m.xid = dpid, None
     m._wire = head + _PORT.pack(in_port) + _tag_oxm(tag) + tail
@@ -633,8 +642,8 @@ def tree_adds(gid: int, source: str, group: str, dpids: Iterable[int], entries: 
         rejoin = e[3]
         if rejoin:
             arrival, link_tag, acts = rejoin
-            if acts is not last:  # (a group's rejoins mostly share one action list)
-                head, tail = _rejoin_flow(ck, source, group, acts)
+            if acts is not last or dpid in edge:  # (a group's rejoins mostly share one action list)
+                head, tail = _rejoin_flow(ck, source, group, acts, edge_of(dpid, ()))
                 last = acts
             tlv = tags(link_tag)
             if tlv is None:

@@ -226,7 +226,7 @@ class Planner:
             ins = sorted(ingress.get(gid, ()))
             rejoin = entry.rejoin if entry is not None else ()
             if rejoin:  # (kept as the trees keep it; actions not the group's stay as read: wrong)
-                kept = ofmsgs.rejoin_kept(rejoin[2], g.address, gid)
+                kept = ofmsgs.rejoin_kept(rejoin[2], g.address, gid, rejoin[0])
                 if kept is not None:
                     rejoin = (rejoin[0], rejoin[1], kept)
             root = g.tree is not None and g.tree.root == dpid
@@ -457,8 +457,11 @@ class Planner:
             if old is None or new is None:  # a switch of one tree alone: no copy of the other reaches it
                 self._alone(g, dpid, old, new, at, color, build, remove)
                 continue
+            if new[:3] == old[:3]:  # (its detour's end alone changed)
+                self._rejoins(g, dpid, old, new, build, settle, remove)
+                continue
             if new[1:3] == old[1:3] and dpid != root and UNKNOWN_PORT != old.in_port not in old.out_ports \
-                    and new.in_port not in new.out_ports:
+                    and new.in_port not in new.out_ports and new.in_port != old.in_port:
                 # where the moved path comes back in: each version arrives on its own
                 # port and both go out alike (no copy goes back where it came from)
                 build.append((dpid, ofmsgs.flow_add(dpid, gid, new.in_port, source, address)))
@@ -530,8 +533,9 @@ class Planner:
         if delete:
             return ofmsgs.detour_flow_delete(dpid, ofmsgs.cookie(g.gid), arrival, link_tag,
                                              g.source, g.address)
+        edge = tuple(sorted(p for d, p in g.tree.ends if d == dpid)) if g.tree is not None else ()
         return ofmsgs.detour_flow(dpid, ofmsgs.cookie(g.gid), arrival, link_tag, acts,
-                                  g.source, g.address)
+                                  g.source, g.address, edge=edge)
 
 
 def _moves(changed: list[int], have: dict[int, SwitchEntry], want: dict[int, SwitchEntry]) -> bool:

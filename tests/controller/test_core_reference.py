@@ -83,8 +83,12 @@ def plain_messages(core: MulticastCore, gid: int) -> list[bytes]:
         if e.rejoin:
             arrival, tag, acts = e.rejoin
             # (kept without what is the group's: its MAC restored first, OWN_GROUP its ALL group)
-            acts = (("set_field", "eth_dst", ofmsgs.multicast_mac(g.address)),) + tuple(
-                ("group", gid) if a == ("group", OWN_GROUP) else a for a in acts)
+            acts = tuple(("group", gid) if a == ("group", OWN_GROUP) else a for a in acts)
+            # (copies to hosts leave last, after the version tag comes off)
+            to_hosts = tuple(a for a in acts if a[0] == "output" and (dpid, a[1]) in hosts)
+            if to_hosts:
+                acts = tuple(a for a in acts if a not in to_hosts) + (("pop_vlan",),) + to_hosts
+            acts = (("set_field", "eth_dst", ofmsgs.multicast_mac(g.address)),) + acts
             out.append(wire(parser.OFPFlowMod(
                 dp, cookie=ofmsgs.cookie(gid), table_id=ofmsgs.TABLE, command=ofp.OFPFC_ADD,
                 priority=ofmsgs.PRIO_DETOUR, flags=ofp.OFPFF_SEND_FLOW_REM,

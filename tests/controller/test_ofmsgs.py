@@ -317,7 +317,7 @@ def test_a_new_trees_adds_are_the_builders_messages(gid, sg, data, switches) -> 
                  (dpid, ofmsgs.ingress_add(dpid, gid, in_port, source, group, color) if dpid == root
                   else ofmsgs.flow_add(dpid, gid, in_port, source, group))]
         if rejoin:
-            want.append((dpid, ofmsgs.detour_flow(dpid, ofmsgs.cookie(gid), *rejoin, source, group)))
+            want.append((dpid, ofmsgs.detour_flow(dpid, ofmsgs.cookie(gid), *rejoin, source, group, edge=hosts)))
     order = data.draw(st.permutations(sorted(entries)))
     want.sort(key=lambda m: order.index(m[0]))  # (stable: each switch's own order kept)
     got: list = []
@@ -419,3 +419,16 @@ def test_what_a_switch_lacking_an_optional_feature_answers_is_told_apart():
     assert not capabilities.refused_fast_failover(ofp.OFPET_GROUP_MOD_FAILED, ofp.OFPGMFC_OUT_OF_GROUPS, bytes(ff.buf[:64]))
     assert capabilities.has_fast_failover(0xF) and capabilities.has_fast_failover(0x7) is False
     assert capabilities.has_fast_failover(0) is None  # (not filled in: its refusals tell)
+
+
+def test_a_rejoin_to_hosts_takes_the_version_tag_off_before_them_and_reads_back_in_port_order() -> None:
+    """A rejoin that lists its outputs (its detour arrives over one of the switch's own
+    outputs) sends to links first, tagged, then pops the version tag once and sends to
+    the hosts; read back, the outputs are in the trees' port order again."""
+    ff3 = ff_id(3, False)
+    kept = (("output", ofp.OFPP_IN_PORT), ("output", 2), ("group", ff3), ("output", 5))  # (arrival 1)
+    whole = ofmsgs.rejoin_actions(kept, "232.1.2.3", 7, edge=(2, 5))
+    assert whole == (("set_field", "eth_dst", ofmsgs.multicast_mac("232.1.2.3")), ("output", ofp.OFPP_IN_PORT),
+                     ("group", ff3), ("pop_vlan",), ("output", 2), ("output", 5))
+    assert ofmsgs.rejoin_kept(whole, "232.1.2.3", 7, arrival=1) == kept
+    assert ofmsgs.rejoin_actions(kept, "232.1.2.3", 7) == (whole[0],) + kept  # (no hosts: as kept)

@@ -56,7 +56,10 @@ def operations(methods: tuple[str, ...] = ("get", "post", "put", "delete")) -> l
 def cases(schema: Any, method: str, path: str) -> Any:
     """Valid and invalid requests for one operation."""
     op = schema[path][method]
-    return st.one_of(op.as_strategy(GenerationMode.POSITIVE), op.as_strategy(GenerationMode.NEGATIVE))
+    # (a random Transfer-Encoding or Content-Length header makes the request's framing
+    # invalid HTTP: the server's HTTP layer refuses it with a plain 400 before any route)
+    return st.one_of(op.as_strategy(GenerationMode.POSITIVE), op.as_strategy(GenerationMode.NEGATIVE)).filter(
+        lambda c: not {h.lower() for h in (c.headers or {})} & {"transfer-encoding", "content-length"})
 
 
 def snapshot(ctl: Controller) -> Any:

@@ -83,7 +83,9 @@ def assert_exact(core: MulticastCore, fabric: FakeFabric) -> None:
             own = core.protection and d is not None and not core.nicira
             assert bool(e.rejoin) == own and (not own or e.rejoin[0] == d.arrival), (dpid, g.gid, e, d)
             if e.rejoin:
-                want[dpid].add(("rejoin", g.gid, e.rejoin[:2] + (ofmsgs.rejoin_actions(e.rejoin[2], g.address, g.gid),)))
+                hosts = tuple(sorted(p for d, p in g.tree.ends if d == dpid))  # (the version tag off for them)
+                want[dpid].add(("rejoin", g.gid, e.rejoin[:2] + (ofmsgs.rejoin_actions(
+                    e.rejoin[2], g.address, g.gid, hosts),)))
                 ffs += [a[1] for a in e.rejoin[2] if a[0] == "group" and is_ff(a[1])]
             for f in ffs:
                 d = core.detours.get(dpid, ff_port(f))
