@@ -144,14 +144,15 @@ def test_settings_are_checked(bad):
 
 @contextmanager
 def serving(ctl: FakeController, path: str, rate: float, events: list, metrics_port: Optional[int] = None,
-            **rounds: float) -> Iterator[str]:
+            ip: Optional[str] = LOOPBACK, interface: str = LOOPBACK, **rounds: float) -> Iterator[str]:
     """``serve`` of ``path`` in a thread until the block ends; yields the offered model id
-    (from the controller, as a fetcher finds it). ``events`` gets the server's events and,
+    (from the controller, as a fetcher finds it), offered as ``ip`` (None: as the server
+    finds its address, here ``interface``). ``events`` gets the server's events and,
     last, the list of models it returns."""
     stop = threading.Event()
     opts = serve.ServeOptions(
-        controller=ctl.url, ip=LOOPBACK, poll=0.05, metrics_port=metrics_port,
-        send=SendOptions(interface=LOOPBACK, ttl=0, rate_mbit=rate, chunk_size=65536, insecure=True,
+        controller=ctl.url, ip=ip, poll=0.05, metrics_port=metrics_port,
+        send=SendOptions(interface=interface, ttl=0, rate_mbit=rate, chunk_size=65536, insecure=True,
                          poll=0.1, wait_timeout=5, timeout=10),
         rounds=RoundSettings(quiet_s=0.2, max_wait_s=0.5, **rounds))
     server = threading.Thread(target=lambda: events.append(serve.serve([path], opts, stop, on_event=events.append)))
@@ -162,7 +163,7 @@ def serving(ctl: FakeController, path: str, rate: float, events: list, metrics_p
         while not client.offers() and time.monotonic() < deadline:
             time.sleep(0.05)
         (offer,) = client.offers()
-        assert offer["source"] == LOOPBACK and offer["size"] == os.path.getsize(path)
+        assert offer["source"] == (ip or interface) and offer["size"] == os.path.getsize(path)
         yield offer["model"]
     finally:
         stop.set()
@@ -258,24 +259,11 @@ def test_a_late_arrival_is_repaired_in_the_round_and_a_later_one_takes_the_tail_
 def test_the_server_registers_the_address_its_multicast_leaves_from_not_the_route_to_the_controller(
         tmp_path, monkeypatch):
     """No --ip: the server offers the model as its interface's address (what its
-    datagrams come from), not the one the route to the controller (here 127.0.0.1) leaves from."""
+    datagrams come from), not the one the route to the controller (here 127.0.0.1) leaves
+    from; ``serving`` checks the offer."""
     monkeypatch.setenv("MODELCAST_CACHE_DIR", str(tmp_path / "cache"))
     group, port = loopback_group()
     model = make_model(tmp_path / "model.bin", 100_000, seed=7)
-    stop = threading.Event()
     with FakeController(port, pending_polls=0, address=group) as ctl:
-        opts = serve.ServeOptions(controller=ctl.url, poll=0.05,
-                                  send=SendOptions(interface="127.0.0.2", ttl=0, insecure=True, poll=0.1))
-        server = threading.Thread(target=serve.serve, args=([str(model.path)], opts, stop))
-        server.start()
-        try:
-            client = ControllerClient(ctl.url)
-            deadline = time.monotonic() + 20
-            while not client.offers() and time.monotonic() < deadline:
-                time.sleep(0.05)
-            (offer,) = client.offers()
-            assert offer["source"] == "127.0.0.2"
+        with serving(ctl, str(model.path), 100, [], ip=None, interface="127.0.0.2"):
             assert [g["source"] for g in ctl.groups.values()] == ["127.0.0.2"]
-        finally:
-            stop.set()
-            server.join(30)
