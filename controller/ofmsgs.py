@@ -428,11 +428,19 @@ def flow_add(dpid: int, gid: int, in_port: int, source: str, group: str) -> Msg:
     return m
 
 
+@lru_cache(maxsize=4)
+def _stamp(color: int) -> bytes:
+    """``stamp(color)`` packed (Ryu packs the VLAN id's set-field: once per version)."""
+    return _actions(stamp(color))
+
+
 @lru_cache(maxsize=65536)
 def _ingress(gid: int, source: str, group: str, color: int, target: int) -> tuple[bytes, bytes]:
-    """The tree's first (S,G) flow, which stamps the version, before and after its in_port."""
-    wire = _flow_add(0, COOKIE_TAG | gid, PRIO_SG, 0, b"", _sg_oxm(source, group),
-                     _apply(stamp(color) + (("group", target),)))._wire
+    """The tree's first (S,G) flow, which stamps the version, before and after its in_port
+    (one per group: its instruction packed from the version's actions and its group's)."""
+    body = _stamp(color) + _GROUP.pack(ofp.OFPAT_GROUP, ofp.OFP_ACTION_GROUP_SIZE, target)
+    apply = _INSTRUCTION.pack(ofp.OFPIT_APPLY_ACTIONS, ofp.OFP_INSTRUCTION_ACTIONS_SIZE + len(body)) + body
+    wire = _flow_add(0, COOKIE_TAG | gid, PRIO_SG, 0, b"", _sg_oxm(source, group), apply)._wire
     return wire[:_IN_PORT_AT], wire[_IN_PORT_AT + 4:]
 
 
@@ -448,11 +456,14 @@ def ingress_add(dpid: int, gid: int, in_port: int, source: str, group: str, colo
     return m
 
 
+_OXM_VLAN_VID = _oxm_header("vlan_vid", 0)
+
+
 @lru_cache(maxsize=65536)
 def _version_oxm(source: str, group: str, color: int) -> bytes:
     """eth_type IPv4, the version's VLAN id, ipv4_src ``source``, ipv4_dst ``group``."""
-    return _oxm(("eth_type", ETH_IPV4), ("vlan_vid", OFPVID_PRESENT | VERSION_VIDS[color]),
-                ("ipv4_src", source), ("ipv4_dst", group))
+    return (_OXM_ETH_TYPE_IPV4 + _OXM_VLAN_VID + struct.pack("!H", OFPVID_PRESENT | VERSION_VIDS[color])
+            + _OXM_IPV4_SRC + _ipv4(source) + _OXM_IPV4_DST + _ipv4(group))
 
 
 def version_flow(dpid: int, gid: int, in_port: int, source: str, group: str, color: int, target: int) -> Msg:
