@@ -347,7 +347,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def cmd_fetch(args: argparse.Namespace) -> int:
     """The model MODEL_ID into --out from whoever offers it; exit 0 only when verified."""
-    from .serve import Fetched, fetch
+    from .serve import Fetched, FetchWaiting, fetch
 
     options = ReceiveOptions(
         controller=args.controller, token=_token(args), ip=args.ip, request_timeout=args.request_timeout,
@@ -360,6 +360,8 @@ def cmd_fetch(args: argparse.Namespace) -> int:
         if isinstance(event, Fetched):
             attempts[0] = event.attempt
             _say(args, f"attempt {event.attempt} (from {event.source}) ended: {event.error}; resuming")
+        elif isinstance(event, FetchWaiting):
+            _say(args, f"asking again in {event.seconds:g}s: {event.why}")
         else:
             report.on_event(event)
 

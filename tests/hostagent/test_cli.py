@@ -130,6 +130,8 @@ def test_fetch_says_it_is_waiting_for_an_offer(tmp_path: Path, capsys) -> None:
     err = capsys.readouterr().err.splitlines()
     assert code == 1
     assert err[0] == f"waiting for an offer of {model_id} (asking {fake.url} for up to 0.3s)"
+    # why it waits, each time it waits (never in silence)
+    assert re.fullmatch(r"asking again in [0-9.]+s: nobody offers .*", err[1]), err
     assert err[-1].startswith("modelcast: error: ") and f"nobody offers {model_id}" in err[-1]
 
 
