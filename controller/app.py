@@ -396,7 +396,8 @@ class ModelcastApp(app_manager.RyuApp):
             self.audits.soon(msg.datapath.id)
 
     def _timer_loop(self) -> None:
-        """Host discovery's probes and timeouts, and the switches' periodic audits."""
+        """Host discovery's probes and timeouts, flapping links given back, and the
+        switches' periodic audits."""
         while True:
             hub.sleep(0.25)
             if not self.leading:
@@ -404,6 +405,7 @@ class ModelcastApp(app_manager.RyuApp):
             try:
                 self._discovery_tick()
                 self.punt_guard.expire(time.monotonic())
+                self.service.apply(self.core.release_damped(time.monotonic()), "flap hold ended")
                 self._start_audits(time.monotonic())
                 self.service.flush_state(time.monotonic())
             except Exception:  # never let one bad step stop the timers

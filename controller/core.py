@@ -19,12 +19,14 @@ from __future__ import annotations
 
 import gc
 import logging
+import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
 from controller import ofmsgs
 from controller.addressing import check_model, check_ssm, ssm_address
+from controller.damping import Damping
 from controller.errors import Conflict, CoreError, ReceiverIsSource, UnknownGroup
 from controller.failover import Failover
 from controller.plan import BUILD, MAX_GID, REMOVE, UNKNOWN_PORT, Plan, Planner, SwitchState
@@ -103,6 +105,7 @@ class MulticastCore:
         self.groups: dict[int, Group] = {}
         self.failover = self.Failover(self.view, protection, nicira)
         self.planner = Planner(self.view, self.groups, self.failover)
+        self.damping = Damping()  # flapping links held out of new trees (controller.damping)
         # gid -> its tree's parent map (groups with a tree): what a failure scans for the
         # groups crossing a link (``_crossing``), without visiting each group and tree
         self._parents: dict[int, dict[int, int | None]] = {}
@@ -250,9 +253,12 @@ class MulticastCore:
     def link_add(self, a: int, a_port: int, b: int, b_port: int) -> Plan:
         return self._after_up() if self.view.add_link(a, a_port, b, b_port) else Plan()
 
-    def link_remove(self, a: int, a_port: int, b: int, b_port: int) -> Plan:
+    def link_remove(self, a: int, a_port: int, b: int, b_port: int, now: float | None = None) -> Plan:
+        live = self.view.graph.has_edge(a, b)
         if not self.view.remove_link(a, a_port, b, b_port):
             return Plan()
+        if live:
+            self._flapped(a, b, now)
         # every tree crossing the link crosses something no longer live; the trees that
         # cross a link whose detour the failure changed are found in the same scan
         reguard = self.failover.restale() if self.protection else set()
@@ -288,10 +294,28 @@ class MulticastCore:
                         "trees": sum(1 for p in self._parents.values() if dpid in p)})
         return out
 
-    def port_down(self, dpid: int, port: int) -> Plan:
-        return self.ports_down(dpid, [port])
+    def _flapped(self, a: int, b: int, now: float | None) -> None:
+        """A live link went down: held out of new trees for a while if it flaps."""
+        now = time.monotonic() if now is None else now
+        until = self.damping.down(frozenset((a, b)), now)
+        if until is not None:
+            self.view.damp(a, b, True)
+            log.warning("link %d-%d went down %d times within %g s: held out of trees and detours "
+                        "for %g s", a, b, self.damping.flaps, self.damping.window_s, until - now)
 
-    def ports_down(self, dpid: int, ports: Iterable[int]) -> Plan:
+    def release_damped(self, now: float) -> Plan:
+        """Give back the flapping links whose hold ended by ``now`` (the app's timer)."""
+        back = False
+        for pair in self.damping.due(now):
+            a, b = sorted(pair)
+            log.info("link %d-%d: its hold for flapping ended", a, b)
+            back |= bool(self.view.damp(a, b, False))
+        return self._after_up() if back else Plan()
+
+    def port_down(self, dpid: int, port: int, now: float | None = None) -> Plan:
+        return self.ports_down(dpid, [port], now)
+
+    def ports_down(self, dpid: int, ports: Iterable[int], now: float | None = None) -> Plan:
         """Ports of one switch went down together (a reconnecting switch reports them all
         at once): one reroute for all of them. One per port would be wrong in a single
         plan: plans run phase by phase together, so a tree moved by the first port and
@@ -300,12 +324,15 @@ class MulticastCore:
         hosts: set[str] = set()
         went = False
         for port in ports:
+            link = self.view.port_link.get((dpid, port))
+            live = link is not None and self.view.graph.has_edge(link.a, link.b)
             if not self.view.port_down(dpid, port):
                 continue
             went = True
-            link = self.view.port_link.get((dpid, port))
             if link is not None:
                 lost += ((link.a, link.b), (link.b, link.a))
+                if live:  # (once per link: its other end's PortStatus finds it down)
+                    self._flapped(link.a, link.b, now)
             else:
                 hosts.update(self.view.hosts_at(dpid, port))
         affected = set(self._crossing(lost))

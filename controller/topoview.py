@@ -113,6 +113,7 @@ class TopologyView:
         # switches, and switches (every link of theirs)
         self.held: set[frozenset[int]] = set()
         self.held_switches: set[int] = set()
+        self.damped: set[frozenset[int]] = set()  # flapping links held out for a while (controller.damping)
         self.hosts: dict[str, HostLoc] = {}
         self.graph: nx.Graph = nx.Graph()
         # the live graph again as plain dicts, switch -> neighbour -> port towards it: tree
@@ -280,7 +281,15 @@ class TopologyView:
         switch ``a``) out of the graph (``on``), or give them back: up and known, they
         carry nothing (a drain for maintenance). Returns the graph's edge changes (a, b,
         added), None when the hold was already so."""
-        key, bag = (a, self.held_switches) if b is None else (frozenset((a, b)), self.held)
+        return self._hold((a, self.held_switches) if b is None else (frozenset((a, b)), self.held), a, b, on)
+
+    def damp(self, a: int, b: int, on: bool) -> list[tuple[int, int, bool]] | None:
+        """``hold`` for a flapping link (``controller.damping``): apart from drains, so
+        giving one back leaves the other."""
+        return self._hold((frozenset((a, b)), self.damped), a, b, on)
+
+    def _hold(self, what: tuple, a: int, b: int | None, on: bool) -> list[tuple[int, int, bool]] | None:
+        key, bag = what
         if (key in bag) == on:
             return None
         (bag.add if on else bag.discard)(key)
@@ -294,7 +303,8 @@ class TopologyView:
         live = (link in self.links and link.a in self.switches and link.b in self.switches
                 and (link.a, link.a_port) not in self.ports_down
                 and (link.b, link.b_port) not in self.ports_down
-                and not (self.held and frozenset((link.a, link.b)) in self.held)
+                and not ((self.held or self.damped) and (frozenset((link.a, link.b)) in self.held
+                                                         or frozenset((link.a, link.b)) in self.damped))
                 and link.a not in self.held_switches and link.b not in self.held_switches)
         if live:
             if not self.graph.has_edge(link.a, link.b):
