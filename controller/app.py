@@ -75,7 +75,7 @@ class ModelcastApp(app_manager.RyuApp):
         self.dps: dict[int, Any] = {}
         self.installer = PlanInstaller(self.dps, conf.barrier_timeout_s)
         core = MulticastCore(algorithm=conf.algorithm, udp_port=conf.udp_port,
-                             protection=conf.protection, nicira=conf.nicira)
+                             protection=conf.protection, nicira=conf.nicira, flap_damping=conf.flap_damping)
         # several instances (--store etcd://): one leads and writes, the others follow
         store = open_store(conf) if conf.store_url else None
         self.switch_roles: dict[int, tuple[str, int]] = {}  # dpid -> what its role reply said

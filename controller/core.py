@@ -95,7 +95,7 @@ class MulticastCore:
 
     def __init__(self, view: TopologyView | None = None, algorithm: str = "spt",
                  udp_port: int = DEFAULT_PORT, balance: bool = True, protection: bool = True,
-                 nicira: bool = True) -> None:
+                 nicira: bool = True, flap_damping: int = 3) -> None:
         if algorithm not in ALGORITHMS:
             raise ValueError(f"unknown tree algorithm {algorithm!r}; use one of {ALGORITHMS}")
         self.view = view or TopologyView()
@@ -105,7 +105,7 @@ class MulticastCore:
         self.groups: dict[int, Group] = {}
         self.failover = self.Failover(self.view, protection, nicira)
         self.planner = Planner(self.view, self.groups, self.failover)
-        self.damping = Damping()  # flapping links held out of new trees (controller.damping)
+        self.damping = Damping(flaps=flap_damping)  # flapping links held out of new trees (controller.damping)
         # gid -> its tree's parent map (groups with a tree): what a failure scans for the
         # groups crossing a link (``_crossing``), without visiting each group and tree
         self._parents: dict[int, dict[int, int | None]] = {}

@@ -53,6 +53,9 @@ def parse(argv: list[str]) -> tuple[settings.Settings, list[str]]:
     ap.add_argument("--host-timeout", type=int, default=os.environ.get("MODELCAST_HOST_TIMEOUT"),
                     help="seconds a host may stay silent before it is probed, and forgotten "
                     "if it does not answer 3 probes in 3 s (env MODELCAST_HOST_TIMEOUT; default 300)")
+    ap.add_argument("--flap-damping", type=int, metavar="N",
+                    help="a link that goes down N times within 60 s is held out of new trees and detours "
+                    "for 30 s, doubled at each further hold (0 disables; default 3)")
     ap.add_argument("--audit-interval", type=float, help="seconds between audits of each switch's "
                     "tables (what was deleted or changed by hand is put back; 0 disables; default 5)")
     ap.add_argument("--no-protection", action="store_true",
@@ -155,7 +158,8 @@ def parse(argv: list[str]) -> tuple[settings.Settings, list[str]]:
                           ("punt_port_rate", "punt_port_rate"), ("etcd_ca", "etcd_ca"),
                           ("etcd_cert", "etcd_cert"), ("etcd_key", "etcd_key"), ("etcd_user", "etcd_user"),
                           ("quota_offers", "quota_offers"), ("quota_groups", "quota_groups"),
-                          ("quota_receivers", "quota_receivers"), ("group_idle", "group_idle_s")):
+                          ("quota_receivers", "quota_receivers"), ("group_idle", "group_idle_s"),
+                          ("flap_damping", "flap_damping")):
         if getattr(ours, option) is not None:  # given on the command line: overrides the env
             setattr(conf, field, getattr(ours, option))
     if ours.no_protection:
@@ -188,6 +192,8 @@ def parse(argv: list[str]) -> tuple[settings.Settings, list[str]]:
         ap.error(f"--udp-port must be 1..65535, not {conf.udp_port}")
     if not 1 <= conf.host_timeout_s <= 65535:  # an OpenFlow idle timeout is 16 bits
         ap.error(f"--host-timeout must be 1..65535 s, not {conf.host_timeout_s}")
+    if not 0 <= conf.flap_damping <= 100:
+        ap.error(f"--flap-damping must be 0..100 downs, not {conf.flap_damping}")
     if not conf.audit_interval_s >= 0:
         ap.error(f"--audit-interval must be >= 0 s, not {conf.audit_interval_s}")
     if not 16 <= conf.rest_connections <= 1 << 20:

@@ -205,7 +205,8 @@ class Persisted:
         snapshot is written again as objects."""
         old = self.core
         self.core = MulticastCore(algorithm=old.algorithm, udp_port=old.udp_port,
-                                  balance=old.balance, protection=old.protection, nicira=old.nicira)
+                                  balance=old.balance, protection=old.protection, nicira=old.nicira,
+                                  flap_damping=old.damping.flaps)
         self.core.no_ff.update(old.no_ff)  # (what the switches said of themselves still holds)
         for table in (self.keys, self.transfers, self.offers, self.offer_index, self.declared,
                       self._errors, self.acl.rules, self.owners, self.active):

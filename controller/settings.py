@@ -26,6 +26,7 @@ class Settings:
     barrier_timeout_s: float = 5.0  # a switch that does not confirm a phase by then: error
     # a host silent this long is probed, and forgotten if it does not answer (controller.hosts)
     host_timeout_s: int = 300
+    flap_damping: int = 3  # a link down this many times within 60 s is held out of new trees for a while (0: never)
     audit_interval_s: float = 5.0  # each switch's tables re-read and repaired this often (at most 2% of the time per switch); 0: never
     # fast-failover groups and detours pre-installed for tree links (controller.protect)
     protection: bool = True

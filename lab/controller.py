@@ -77,7 +77,9 @@ class Controller:
                "--ofp-listen-host", "127.0.0.1", "--wsapi-host", self.rest_host,
                "--wsapi-port", str(self.rest_port),
                *(["--store", self.store] if self.store else ["--state-file", str(self.state)]),
-               "--token", self.token, "--algorithm", self.algorithm, *self.args]
+               "--token", self.token, "--algorithm", self.algorithm,
+               # (lab tests fail links again and again to measure each failure alike)
+               "--flap-damping", "0", *self.args]
         with open(logf, "w") as out:
             # Own session: a terminal's Ctrl-C reaches only the orchestrating process,
             # which then stops everything in order (this process by PID).

@@ -50,7 +50,7 @@ def test_a_link_flapped_five_times_in_twenty_seconds_is_held_after_the_third():
     receiver still gets one copy; when the hold ends it is given back and the next new
     tree takes it again. Without damping every new tree takes it at once."""
     topo = T.ring(6, 1)
-    core, fabric = core_and_fabric(topo)
+    core, fabric = core_and_fabric(topo, flap_damping=3)
     k = next(x for x in topo.links if {x.a, x.b} == {1, 2})
     trees = flap(core, fabric, topo, k, 5)
     uses = [(1, 2) in t for t in trees]
@@ -68,7 +68,6 @@ def test_a_link_flapped_five_times_in_twenty_seconds_is_held_after_the_third():
     assert (1, 2) in g.tree.links()
     assert_delivery(core, fabric, topo)
 
-    plain, plain_fabric = core_and_fabric(topo)
-    plain.damping.flaps = 0  # (no damping)
+    plain, plain_fabric = core_and_fabric(topo, flap_damping=0)
     assert [(1, 2) in t for t in flap(plain, plain_fabric, topo, k, 5)] == [True] * 5
     assert not plain.view.damped

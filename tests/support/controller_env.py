@@ -52,6 +52,7 @@ def core_and_fabric(topo: T.Topology, *, unknown_hosts: tuple[str, ...] = (),
     view = TopologyView.from_topology(topo)
     for ip in unknown_hosts:
         view.remove_host(ip)
+    core_options.setdefault("flap_damping", 0)  # (tests fail links again and again; test_damping.py turns it on)
     core = MulticastCore(view, **core_options)
     fabric = FakeFabric(topo)
     for dpid in topo.switches:
