@@ -508,6 +508,8 @@ class Service(Persisted, Offers):
                "protection": {"on": self.core.protection, "detour_ends": "per-link" if self.core.nicira else "per-group",
                               "unprotected_switches": sorted(self.core.no_ff)},
                "fabric": self.gate.health(self.core.view)}
+        if self.core.damping.held:  # links held out of new trees for flapping
+            out["flapping"] = self.core.damping.report(time.monotonic())
         if self.cluster_health is not None:  # several instances: role, leader, generation
             out.update(self.cluster_health())
         return out

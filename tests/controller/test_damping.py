@@ -4,9 +4,11 @@ follows, so trees stop moving with it; without damping every new tree takes it a
 
 from __future__ import annotations
 
+import time
+
 import topologies as T
 from controller.damping import Damping
-from tests.support.controller_env import core_and_fabric
+from tests.support.controller_env import TOKEN, Api, core_and_fabric, make_env
 from tests.support.fabric_checks import apply, assert_delivery
 
 
@@ -71,3 +73,15 @@ def test_a_link_flapped_five_times_in_twenty_seconds_is_held_after_the_third():
     plain, plain_fabric = core_and_fabric(topo, flap_damping=0)
     assert [(1, 2) in t for t in flap(plain, plain_fabric, topo, k, 5)] == [True] * 5
     assert not plain.view.damped
+
+
+def test_a_held_link_shows_in_health_with_the_time_it_has_left():
+    """GET /v1/health names the links held for flapping and how long each hold lasts."""
+    topo = T.ring(6, 1)
+    env = make_env(topo, token=TOKEN, flap_damping=3)
+    api = Api(env)
+    k = next(x for x in topo.links if {x.a, x.b} == {1, 2})
+    assert "flapping" not in api.json("GET", "/v1/health")
+    flap(env.core, env.fabric, topo, k, 3, start=time.monotonic())
+    got = api.json("GET", "/v1/health")["flapping"]
+    assert [h["switches"] for h in got] == [[1, 2]] and 0 < got[0]["held_s"] <= 38  # (30 s from the third down, 8 s on)
