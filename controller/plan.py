@@ -533,7 +533,7 @@ class Planner:
         if delete:
             return ofmsgs.detour_flow_delete(dpid, ofmsgs.cookie(g.gid), arrival, link_tag,
                                              g.source, g.address)
-        edge = tuple(sorted(p for d, p in g.tree.ends if d == dpid)) if g.tree is not None else ()
+        edge = ofmsgs.edge_ports(g.tree.ends).get(dpid, ()) if g.tree is not None else ()
         return ofmsgs.detour_flow(dpid, ofmsgs.cookie(g.gid), arrival, link_tag, acts,
                                   g.source, g.address, edge=edge)
 

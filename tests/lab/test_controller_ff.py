@@ -38,7 +38,7 @@ import topologies as T
 from controller import ofmsgs
 from lab.ovs import Lab
 from lab.probes import Capture, send
-from tests.support.controller_lab import controller_lab, wait_for
+from tests.support.controller_lab import controller_lab, group_from_h1, wait_for
 
 pytestmark = pytest.mark.lab
 
@@ -210,14 +210,7 @@ def test_loss_window_with_and_without_protection(tmp_path, capsys):
     work = tmp_path
     rows = []
     with controller_lab(TOPO, work) as (lab, ctl):
-        for h in TOPO.hosts[1:]:  # hosts are learned from their own traffic
-            assert lab.ping(h.name, "h1", count=1, wait=2), ctl.log_text()
-        ip = {h.name: h.ip for h in TOPO.hosts}
-        r = ctl.api("POST", "/v1/groups", json={"model": "ff-test", "source": ip["h1"],
-                                                "receivers": [ip[h] for h in RECEIVERS]})
-        assert r.status_code == 201, r.text
-        gid = r.json()["id"]
-        ctl.wait_group(gid, lambda g: g["state"] == "installed")
+        gid = group_from_h1(lab, ctl, TOPO, "ff-test", RECEIVERS)["id"]
         # protection armed, and the controller's count is what the switches hold
         assert wait_for(lambda: metric_ff_groups(ctl) == {d: ff_groups(lab, d) for d in TOPO.switches}, 5)
         assert sum(ff_groups(lab, d) for d in TOPO.switches) > 0
@@ -323,15 +316,9 @@ def test_a_move_that_turns_the_tree_around_loses_nothing(tmp_path, capsys):
     work = tmp_path
     rows = []
     with controller_lab(topo, work) as (lab, ctl):
-        for h in topo.hosts[1:]:
-            assert lab.ping(h.name, "h1", count=1, wait=2), ctl.log_text()
-        ip = {h.name: h.ip for h in topo.hosts}
         receivers = ("h2", "h3", "h4")
-        r = ctl.api("POST", "/v1/groups", json={"model": "turn-test", "source": ip["h1"],
-                                                "receivers": [ip[h] for h in receivers]})
-        assert r.status_code == 201, r.text
-        gid = r.json()["id"]
-        g = ctl.wait_group(gid, lambda g: g["state"] == "installed")
+        g = group_from_h1(lab, ctl, topo, "turn-test", receivers)
+        gid = g["id"]
         way = ([1, 2], [2, 3], [3, 4])  # the tree's path to s4 this way round, and the other
         other = ([1, 6], [6, 5], [5, 4], [4, 3], [3, 2])
         assert all(k in g["tree"]["links"] for k in way), g["tree"]

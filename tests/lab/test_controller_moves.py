@@ -21,7 +21,7 @@ import pytest
 import topologies as T
 from controller.plan import DRAIN_S
 from lab.probes import Capture, send
-from tests.support.controller_lab import controller_lab, wait_for
+from tests.support.controller_lab import controller_lab, group_from_h1, wait_for
 
 pytestmark = pytest.mark.lab
 
@@ -61,13 +61,7 @@ def run_moves(topo: T.Topology, receivers: tuple[str, ...], moves: Callable[[dic
     """The stream from h1 to ``receivers`` while ``moves(group)`` (the drain path and its
     switches for the tree as it is) is drained, waited for and given back MOVES times."""
     with controller_lab(topo, work) as (lab, ctl):
-        for h in topo.hosts[1:]:  # hosts are learned from their own traffic
-            assert lab.ping(h.name, "h1", count=1, wait=2), ctl.log_text()
-        ip = {h.name: h.ip for h in topo.hosts}
-        r = ctl.api("POST", "/v1/groups", json={"model": "moves", "source": ip["h1"],
-                                                "receivers": [ip[h] for h in receivers]})
-        assert r.status_code == 201, r.text
-        g = ctl.wait_group(r.json()["id"], lambda g: g["state"] == "installed")
+        g = group_from_h1(lab, ctl, topo, "moves", receivers)
         probes = {h: Capture(lab, h, g["address"], work) for h in receivers}
         sent_log = Path(work) / "sent.txt"
         sender = send(lab, "h1", g["address"], g["port"], INTERVAL, 10_000_000, log=sent_log)

@@ -41,6 +41,19 @@ def controller_lab(topo: T.Topology, work: Path,
         yield lab, ctl
 
 
+def group_from_h1(lab: Lab, ctl: Controller, topo: T.Topology, model: str,
+                  receivers: Sequence[str]) -> dict:
+    """Every host learned (from its own traffic: a ping to h1), then a group from h1 to
+    ``receivers`` (host names) created and installed: the group as REST answers it."""
+    for h in topo.hosts[1:]:
+        assert lab.ping(h.name, "h1", count=1, wait=2), ctl.log_text()
+    ip = {h.name: h.ip for h in topo.hosts}
+    r = ctl.api("POST", "/v1/groups", json={"model": model, "source": ip["h1"],
+                                            "receivers": [ip[h] for h in receivers]})
+    assert r.status_code == 201, r.text
+    return ctl.wait_group(r.json()["id"], lambda g: g["state"] == "installed")
+
+
 def wait_for(pred: Callable[[], bool], timeout: float, step: float = 0.05) -> bool:
     """Poll ``pred`` until it holds or ``timeout`` s pass; its last answer."""
     deadline = time.monotonic() + timeout
