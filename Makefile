@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 
 .PHONY: venv lab-deps test test-fast demo bench bench-controller bench-controller-sweep clean docs
 
-$(VENV)/.installed: pyproject.toml scripts/venv.sh
+$(VENV)/.installed: pyproject.toml scripts/venv.sh scripts/vendor-ui.sh
 	bash scripts/venv.sh
 
 venv: $(VENV)/.installed

@@ -3,7 +3,7 @@
 # OpenSSL headers that build the receiver's C path (hostagent/_fastrun.c) when the venv is made. Used by
 # .ci/run, `make demo` and the Vagrant VM, so the one recipe is exercised on every CI run.
 set -euo pipefail
-pkgs="gcc libssl-dev openvswitch-switch mininet iproute2 iputils-ping ethtool nftables uftp iperf3 tcpdump curl rsync opentracker aria2 mktorrent etcd-server"
+pkgs="gcc libssl-dev openvswitch-switch mininet iproute2 iputils-ping ethtool nftables uftp iperf3 tcpdump curl rsync opentracker aria2 mktorrent etcd-server chromium chromium-driver"
 missing=""
 for p in $pkgs; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
 if [ -n "$missing" ]; then

@@ -16,6 +16,7 @@ if ! "$VENV/bin/python" -c 'import ryu' 2>/dev/null; then
   $PIP install "setuptools<58" wheel
   $PIP install --no-build-isolation ryu==4.34
 fi
+bash scripts/vendor-ui.sh  # the web view's graph library, shipped as package data
 echo "venv: installing modelcast and test dependencies"
 # compat: a plain path entry in a .pth; the default finder costs every agent process
 # ~12 ms of CPU at start-up (measured: 18 ms against 6 ms for python -c pass)
