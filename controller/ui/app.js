@@ -37,6 +37,8 @@
     generation: 0,           // bumped to stop the running follow loop (a new token)
     abort: null,
     layoutKey: "",
+    seenLinks: new Map(),    // every link drawn so far (withLostLinks)
+    traceKey: "",
     draws: 0,
     drawnAt: 0,
     error: "",
@@ -86,6 +88,7 @@
   // -- status line and errors ---------------------------------------------------------------
   const MODES = {
     starting: "starting",
+    connecting: "connecting… (polling)",
     stream: "live (event stream)",
     polling: "live (polling every 0.5 s)",
     reconnecting: "reconnecting…",
@@ -240,6 +243,8 @@
     return { between: between, hosts: new Map(topo.hosts.map((h) => [h.ip, h])) };
   }
 
+  const loadClass = (n) => (n >= 4 ? "load4" : n >= 2 ? "load2" : n === 1 ? "load1" : "load0");
+
   function selectedGroup() {
     return state.groups.find((g) => g.id === state.selected) || null;
   }
@@ -272,19 +277,20 @@
       add("nodes", { id: hostId(h.ip), kind: "host", ip: h.ip, label: h.ip }, cls);
       if (ids.has(h.dpid)) {
         const id = hostEdgeId(h);
+        const n = load.get(id) || 0;
         add("edges", { id: id, kind: "hostlink", source: swId(h.dpid), target: hostId(h.ip), ip: h.ip,
-          dpid: h.dpid, port: h.port }, tree.has(id) ? "tree tree-" + tree.get(id) : "");
+          dpid: h.dpid, port: h.port, load: n }, loadClass(n) + (tree.has(id) ? " tree tree-" + tree.get(id) : ""));
       }
     }
     for (const l of topo.links) {
       if (!ids.has(l.a) || !ids.has(l.b)) continue;
       const id = linkId(l);
       const n = load.get(id) || 0;
-      const cls = [n >= 4 ? "load4" : n >= 2 ? "load2" : n === 1 ? "load1" : "load0"];
+      const cls = [loadClass(n)];
       if (tree.has(id)) cls.push("tree", "tree-" + tree.get(id));
       if (!l.up) cls.push("down");
       add("edges", { id: id, kind: "link", source: swId(l.a), target: swId(l.b), a: l.a, a_port: l.a_port,
-        b: l.b, b_port: l.b_port, up: l.up, load: n, users: users.get(id) || [] }, cls.join(" "));
+        b: l.b, b_port: l.b_port, up: l.up, lost: !!l.lost, load: n, users: users.get(id) || [] }, cls.join(" "));
     }
     cy.batch(() => {
       cy.elements().forEach((e) => { if (!els.has(e.id())) cy.remove(e); });
@@ -362,13 +368,13 @@
   function describe(e) {
     const d = e.data();
     if (d.kind === "link") {
-      const up = d.up ? "up" : "DOWN";
+      const up = d.up ? "up" : d.lost ? "DOWN (the controller no longer lists it)" : "DOWN";
       const inTree = e.hasClass("tree") ? " · in group " + state.selected + "'s tree" : "";
       return swLabel(d.a) + " port " + d.a_port + " — " + swLabel(d.b) + " port " + d.b_port + " · " + up
         + " · used by " + d.load + " tree(s)" + (d.users.length ? " (groups " + d.users.join(", ") + ")" : "")
         + inTree;
     }
-    if (d.kind === "hostlink") return d.ip + " on " + swLabel(d.dpid) + " port " + d.port;
+    if (d.kind === "hostlink") return d.ip + " on " + swLabel(d.dpid) + " port " + d.port + " · used by " + d.load + " tree(s)";
     if (d.kind === "switch") return "switch " + swLabel(d.dpid) + " (dpid " + d.dpid + ")";
     const g = selectedGroup();
     const role = g && g.source === d.ip ? "source of group " + g.id
@@ -454,11 +460,30 @@
 
   async function readAll() {
     const [topo, groups] = await Promise.all([getJson("/v1/topology"), getJson("/v1/groups")]);
-    state.topo = topo;
+    state.topo = withLostLinks(topo);
     state.groups = groups;
     if (state.selected == null && groups.length && !state.choseNone) state.selected = groups[0].id;
-    await readTrace(false);
+    const g = selectedGroup();
+    const key = g ? JSON.stringify([g.tree, g.receivers]) : "";
+    await readTrace(key !== state.traceKey);  // (a new tree: its path now, not in 2 s)
+    state.traceKey = key;
     draw();
+  }
+
+  // A cut link is forgotten by the controller (its port went down): the page keeps drawing
+  // it, down, until it is back, its port holds another link or one of its switches left.
+  function withLostLinks(topo) {
+    const links = new Map(topo.links.map((l) => [linkId(l), l]));
+    const ports = new Set(topo.links.flatMap((l) => [l.a + "." + l.a_port, l.b + "." + l.b_port]));
+    const switches = new Set(topo.switches);
+    for (const [id, l] of state.seenLinks) {
+      if (!links.has(id) && switches.has(l.a) && switches.has(l.b)
+          && !ports.has(l.a + "." + l.a_port) && !ports.has(l.b + "." + l.b_port)) {
+        links.set(id, Object.assign({}, l, { up: false, lost: true }));
+      }
+    }
+    state.seenLinks = links;
+    return Object.assign({}, topo, { links: Array.from(links.values()) });
   }
 
   async function readTrace(force) {
@@ -470,21 +495,26 @@
       state.traceAt = Date.now();
     } catch (e) {
       if (noRoute(e)) state.traceOffered = false;
-      else if (e.status === 401) throw e;
+      else if (isRefusal(e)) throw e;
       state.trace = null;
     }
   }
 
+  const isRefusal = (e) => e instanceof HttpError && e.status === 401;
+
+  // a 401: stop following until the token changes
+  function refused(e) {
+    if (state.mode === "unauthorized") return;
+    setMode("unauthorized");
+    showError("The controller refused the token (" + e.message + "). Enter a valid token, or forget it "
+      + "to read anonymously.");
+    state.generation += 1;
+    if (state.abort) state.abort.abort();
+  }
+
   function failed(e) {
-    if (e instanceof HttpError && e.status === 401) {
-      setMode("unauthorized");
-      showError("The controller refused the token (" + e.message + "). Enter a valid token, or forget it "
-        + "to read anonymously.");
-      state.generation += 1;  // stop following until the token changes
-      if (state.abort) state.abort.abort();
-      throw e;
-    }
-    showError("Cannot read the controller: " + e.message);
+    if (isRefusal(e)) refused(e);
+    else showError("Cannot read the controller: " + e.message);
     throw e;
   }
 
@@ -520,14 +550,13 @@
       try { message = (await r.json()).error || message; } catch (e) { /* not JSON */ }
       throw new HttpError(r.status, message);
     }
-    setMode("stream");
-    showError("");
     const reader = r.body.getReader();
     const decoder = new TextDecoder();
     let buffer = "";
     while (gen === state.generation) {
       const { value, done } = await reader.read();
       if (done) return;
+      if (state.mode !== "stream") { setMode("stream"); showError(""); }  // (bytes arrive: it is live)
       buffer += decoder.decode(value, { stream: true }).replace(/\r\n?/g, "\n");
       let end;
       while ((end = buffer.indexOf("\n\n")) >= 0) {
@@ -545,28 +574,41 @@
     abort.abort();
   }
 
+  // One read of events and state; the timer runs it every POLL_MS whenever the stream
+  // is not delivering (connecting through a buffering proxy, reconnecting, not offered).
+  let polling = false;
+  async function poll() {
+    if (polling) return;
+    polling = true;
+    try {
+      await readEvents();
+      await refresh();
+    } catch (e) {
+      if (isRefusal(e)) refused(e);
+      else if (!state.error) showError("Cannot read the controller: " + e.message);
+    } finally {
+      polling = false;
+    }
+  }
+
   async function follow() {
     const gen = ++state.generation;
     if (state.abort) state.abort.abort();
+    setMode("connecting");
     while (gen === state.generation) {
       try {
         await readEvents();
         await refresh();
         if (gen !== state.generation) return;
-        if (state.eventsOffered && state.streamOffered) {
-          await stream(gen);
-          if (gen !== state.generation) return;
-          if (state.streamOffered) { setMode("reconnecting"); await sleep(500); }
-          continue;
-        }
-        setMode("polling");
-        while (gen === state.generation) {
-          await sleep(POLL_MS);
-          await readEvents();
-          await refresh();
-        }
+        if (!state.eventsOffered || !state.streamOffered) { setMode("polling"); return; }
+        await stream(gen);
+        if (gen !== state.generation) return;
+        if (!state.streamOffered) { setMode("polling"); return; }
+        setMode("reconnecting");
+        await sleep(500);
       } catch (e) {
-        if (gen !== state.generation || (e instanceof HttpError && e.status === 401)) return;
+        if (isRefusal(e)) refused(e);
+        if (gen !== state.generation) return;
         if (e.name !== "AbortError") {
           setMode(e instanceof HttpError ? "reconnecting" : "offline");
           if (!state.error) showError("Cannot read the controller: " + e.message);
@@ -615,6 +657,7 @@
       if (state.mode === "stream" && state.selected) readTrace(false).then(() => drawReceivers(selectedGroup()), () => {});
     }, TRACE_MS);
     setInterval(() => { if (state.mode === "stream") refresh().catch(() => {}); }, RESYNC_MS);
+    setInterval(() => { if (!["stream", "unauthorized", "starting"].includes(state.mode)) poll(); }, POLL_MS);
     follow();
   }
 
@@ -633,7 +676,7 @@
         events: Array.from($("events").children).map((li) => li.event),
         draws: state.draws,
         switches: cy.nodes("[kind = 'switch']").map((n) => n.data("dpid")),
-        hosts: Object.fromEntries(cy.nodes("[kind = 'host']").map((n) => [n.data("ip"), n.classes()])),
+        hosts: Object.fromEntries(cy.nodes("[kind = 'host']").map((n) => [n.data("ip"), n.classes().join(" ")])),
         links: cy.edges("[kind = 'link']").map((e) => ({ a: e.data("a"), a_port: e.data("a_port"), b: e.data("b"),
           b_port: e.data("b_port"), up: !e.hasClass("down"), load: e.data("load") })),
         tree: cy.edges("[kind = 'link'].tree").map(pair),
