@@ -22,6 +22,12 @@ from controller.state import OFFER, RULE, offer_fields
 log = logging.getLogger("modelcast.service")
 
 
+def _at(offer: dict[str, Any], revision: str) -> bool:
+    """The offer is a Hugging Face snapshot of ``revision``: its commit, or a ref to it."""
+    hf = offer.get("hf")
+    return hf is not None and (hf["commit"] == revision or revision in hf["refs"])
+
+
 class Offers:
     """Offers and ACL rules over the service's ``offers`` (and their ``offer_index``),
     ``acl``, ``quotas`` and ``next_ids``."""
@@ -46,7 +52,7 @@ class Offers:
                             "model (the admin adds one: POST /v1/acl)")
         oid = self.offer_index.get((model, source))
         if oid is not None:
-            self.offers[oid].update(fields)
+            self.offers[oid] = fields  # (a re-offer without ``hf`` drops the old one)
             self.touch(f"{OFFER}{oid}")
             self.save()
             return self.offer_json(oid), False
@@ -60,9 +66,14 @@ class Offers:
         self.save()
         return self.offer_json(oid), True
 
-    def list_offers(self, model: str | None = None, source: str | None = None) -> list[dict[str, Any]]:
+    def list_offers(self, model: str | None = None, source: str | None = None, name: str | None = None,
+                    revision: str | None = None) -> list[dict[str, Any]]:
+        """The offers of ``model``, ``source`` and ``name`` (each if given); ``revision``:
+        only Hugging Face snapshots at that commit, or whose refs hold that branch or tag
+        (``modelcast fetch hf://ORG/NAME@REVISION`` asks with both)."""
         return [self.offer_json(oid) for oid, o in sorted(self.offers.items())
-                if (model is None or o["model"] == model) and (source is None or o["source"] == source)]
+                if (model is None or o["model"] == model) and (source is None or o["source"] == source)
+                and (name is None or o["name"] == name) and (revision is None or _at(o, revision))]
 
     def get_offer(self, oid: int) -> dict[str, Any]:
         if oid not in self.offers:

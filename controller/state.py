@@ -178,16 +178,22 @@ def check_group(d: Any) -> None:
         raise ValueError(f"active is {active!r:.60}, not a time")
 
 
-OFFER_FIELDS = ("model", "source", "name", "size", "files")
+OFFER_FIELDS = ("model", "source", "name", "size", "files", "hf")
 
 
 def offer_fields(body: Any) -> dict[str, Any]:
     """An offer's fields as REST takes them and as they are saved: the ``OfferCreate``
-    schema (its maxima too), then a printable model and a host's address. Raises
-    SchemaError or CoreError (REST: 400)."""
+    schema (its maxima too), then a printable model and a host's address; ``hf`` (a
+    Hugging Face snapshot's commit, refs and LFS files) only when given, so an offer
+    without it is saved as before. Raises SchemaError or CoreError (REST: 400)."""
     check("OfferCreate", body)
-    return {"model": check_model(body["model"]), "source": check_unicast(body["source"], "source"),
-            "name": body.get("name", ""), "size": body.get("size", 0), "files": body.get("files", 0)}
+    fields = {"model": check_model(body["model"]), "source": check_unicast(body["source"], "source"),
+              "name": body.get("name", ""), "size": body.get("size", 0), "files": body.get("files", 0)}
+    if "hf" in body:
+        hf = body["hf"]
+        fields["hf"] = {"commit": hf["commit"], "refs": sorted(set(hf.get("refs", []))),
+                        "lfs": sorted(set(hf.get("lfs", [])))}
+    return fields
 
 
 def check_offer(o: Any) -> None:

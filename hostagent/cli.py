@@ -301,7 +301,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if not args.controller:
         raise CliError("serve needs --controller (it registers the models and hands out the groups)")
     for path in args.paths:
-        if not os.path.isfile(path) and not os.path.isdir(path):
+        if not path.startswith("hf://") and not os.path.isfile(path) and not os.path.isdir(path):
             raise CliError(f"no such file or directory: {path}")
     token = _token(args)
     send = SendOptions(controller=args.controller, token=token, rate_mbit=args.rate, chunk_size=args.chunk_size,
@@ -309,7 +309,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                        interface=args.interface, request_timeout=args.request_timeout)
     options = ServeOptions(
         controller=args.controller, token=token, ip=args.ip, send=send, metrics_port=args.metrics_port,
-        metrics_addr=args.metrics_addr,
+        metrics_addr=args.metrics_addr, hf_cache=args.hf_cache,
         rounds=RoundSettings(quiet_s=args.window_quiet, max_wait_s=args.window_max, admit_share=args.admit_share,
                              hold_share=args.window_hold))
     stop = threading.Event()
@@ -327,7 +327,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
             if args.json:
                 print(json.dumps({"event": "served", **dataclasses.asdict(event)}), flush=True)
             else:
-                _say(args, f"serving {event.name} as {event.model} ({event.size} bytes) on group {event.group_id}")
+                at = f"@{event.revision}" if event.revision else ""
+                _say(args, f"serving {event.name}{at} as {event.model} ({event.size} bytes) on group {event.group_id}")
         elif isinstance(event, RoundStarted):
             _say(args, f"round {event.round} of {event.model[:19]}...: {len(event.receivers)} receivers")
         elif isinstance(event, RoundDone):
@@ -346,9 +347,20 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_fetch(args: argparse.Namespace) -> int:
-    """The model MODEL_ID into --out from whoever offers it; exit 0 only when verified."""
+    """The model MODEL_ID into --out (an hf:// name: into the Hugging Face cache) from
+    whoever offers it; exit 0 only when verified."""
     from .serve import Fetched, FetchWaiting, fetch
 
+    hf_ref = None
+    if args.model_id.startswith("hf://"):
+        from . import hf
+
+        hf_ref = hf.parse_hf(args.model_id)  # (ValueError: one line, exit 1)
+        if args.out or args.on_complete:
+            raise CliError("an hf:// name goes into the Hugging Face cache (--hf-cache); --out and --on-complete "
+                           "are for a content id")
+    elif not args.out:
+        raise CliError("fetch MODEL_ID needs --out (an hf://ORG/NAME name goes into the Hugging Face cache)")
     options = ReceiveOptions(
         controller=args.controller, token=_token(args), ip=args.ip, request_timeout=args.request_timeout,
         interface=args.interface, insecure=args.insecure, source="", timeout=args.timeout, gro=not args.no_gro,
@@ -366,6 +378,8 @@ def cmd_fetch(args: argparse.Namespace) -> int:
             report.on_event(event)
 
     _say(args, f"waiting for an offer of {args.model_id} (asking {args.controller} for up to {args.patience:g}s)")
+    if hf_ref is not None:
+        return _fetch_hf(args, hf_ref, options, on_event, report)
     try:
         result = fetch(args.model_id, args.out, options, patience=args.patience, on_event=on_event)
     finally:
@@ -377,6 +391,26 @@ def cmd_fetch(args: argparse.Namespace) -> int:
     else:
         print(f"modelcast: error: {result.error}", file=sys.stderr)
     return 0 if result.ok else 1
+
+
+def _fetch_hf(args: argparse.Namespace, ref: Any, options: ReceiveOptions, on_event: Callable[[object], None],
+              report: Any) -> int:
+    """``fetch hf://...``: into the Hugging Face cache (hostagent.hf); prints the snapshot."""
+    from . import hf
+
+    cache = hf.hub_cache(args.hf_cache)
+    try:
+        done = hf.fetch_hf(ref, cache, options, patience=args.patience, on_event=on_event)
+    finally:
+        report.close()
+    if args.json:
+        print(json.dumps(done.summary()))
+    elif done.ok:
+        how = "already in the cache" if done.had_it else "verified"
+        _say(args, f"{how}: {ref} at {done.commit} ({done.model}) in {done.snapshot}")
+    else:
+        print(f"modelcast: error: {done.error}", file=sys.stderr)
+    return 0 if done.ok else 1
 
 
 # ----------------------------------------------------------------------------- parts
@@ -694,7 +728,12 @@ def build_parser() -> argparse.ArgumentParser:
                     "SIGTERM or SIGINT withdraws the offers and exits 0.",
         epilog=_examples("modelcast serve ./llama-3-70b/ --controller http://10.0.0.254:8080 "
                          "--token-file /etc/modelcast/token --rate 800"))
-    srv.add_argument("paths", nargs="+", metavar="PATH", help="a model file or directory (repeatable)")
+    srv.add_argument("paths", nargs="+", metavar="PATH",
+                     help="a model file or directory, or hf://ORG/NAME[@REVISION]: that snapshot of the local "
+                          "Hugging Face cache, offered under its name and commit (repeatable)")
+    srv.add_argument("--hf-cache", metavar="DIR",
+                     help="the Hugging Face cache hf:// names are found in (default: $HF_HUB_CACHE, else "
+                          "$HF_HOME/hub, else ~/.cache/huggingface/hub); read offline")
     _controller_options(srv, True)
     _host_options(srv)
     _stream_options(srv, "a round's catch-up bound: receivers not verified this long after its stream fail")
@@ -712,16 +751,23 @@ def build_parser() -> argparse.ArgumentParser:
     _output_options(srv, "one JSON line per model served and per round")
 
     fch = sub.add_parser(
-        "fetch", formatter_class=_Help, help="fetch a model by its id from whoever serves it",
+        "fetch", formatter_class=_Help, help="fetch a model by its id or Hugging Face name from whoever serves it",
         description="Ask the controller who offers MODEL_ID, join that server's group and receive the model "
-                    "into --out (resuming across rounds); exit 0 only when verified.",
+                    "into --out (resuming across rounds); exit 0 only when verified. An hf://ORG/NAME[@REVISION] "
+                    "name is received into the Hugging Face cache instead (blobs, then the snapshot, then the "
+                    "ref), where loaders find it offline.",
         epilog=_examples("modelcast fetch blake3:5f1c... --controller http://10.0.0.254:8080 "
                          "--token-file /etc/modelcast/token --out /dev/shm/llama-3-70b"))
-    fch.add_argument("model_id", metavar="MODEL_ID", help="the content id (blake3:<hex>) the server printed")
+    fch.add_argument("model_id", metavar="MODEL_ID",
+                     help="the content id (blake3:<hex>) the server printed, or hf://ORG/NAME[@REVISION] (a branch, "
+                          "tag or commit; default main)")
     _controller_options(fch, True)
     _host_options(fch)
-    fch.add_argument("--out", required=True, metavar="PATH", help="output file or directory (written as recv "
-                                                                  "--out does)")
+    fch.add_argument("--out", metavar="PATH", help="output file or directory (written as recv --out does); "
+                                                   "with a content id")
+    fch.add_argument("--hf-cache", metavar="DIR",
+                     help="with an hf:// name: the Hugging Face cache it goes into (default: $HF_HUB_CACHE, else "
+                          "$HF_HOME/hub, else ~/.cache/huggingface/hub)")
     fch.add_argument("--timeout", type=float, default=ReceiveOptions.timeout, metavar="SECONDS",
                      help="per attempt: give up after this long without the server")
     fch.add_argument("--patience", type=float, default=300.0, metavar="SECONDS",

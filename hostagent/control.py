@@ -167,15 +167,21 @@ class ControllerClient:
     def delete_group(self, group_id: int) -> None:
         self._call("DELETE", f"/v1/groups/{group_id}")
 
-    def offer(self, model: str, source: str, name: str = "", size: int = 0, files: int = 0) -> dict:
-        """POST /v1/offers: ``source`` serves ``model`` (modelcast serve); idempotent."""
-        return self._call("POST", "/v1/offers", {"model": model, "source": source, "name": name[:256],
-                                                 "size": size, "files": files})
+    def offer(self, model: str, source: str, name: str = "", size: int = 0, files: int = 0,
+              hf: Optional[dict] = None) -> dict:
+        """POST /v1/offers: ``source`` serves ``model`` (modelcast serve); idempotent.
+        ``hf``: a Hugging Face snapshot's commit, refs and LFS files (hostagent.hf)."""
+        body: dict[str, Any] = {"model": model, "source": source, "name": name[:256], "size": size, "files": files}
+        if hf is not None:
+            body["hf"] = hf
+        return self._call("POST", "/v1/offers", body)
 
-    def offers(self, model: Optional[str] = None) -> list[dict]:
-        """GET /v1/offers: who serves ``model`` (every offer without one)."""
-        query = "?" + urlencode({"model": model}) if model is not None else ""
-        return self._call("GET", "/v1/offers" + query) or []
+    def offers(self, model: Optional[str] = None, name: Optional[str] = None,
+               revision: Optional[str] = None) -> list[dict]:
+        """GET /v1/offers: who serves ``model``, or the model named ``name`` (at
+        ``revision``: a commit or a branch the server holds); every offer without these."""
+        query = {k: v for k, v in (("model", model), ("name", name), ("revision", revision)) if v is not None}
+        return self._call("GET", "/v1/offers" + ("?" + urlencode(query) if query else "")) or []
 
     def withdraw(self, offer_id: int) -> None:
         self._call("DELETE", f"/v1/offers/{offer_id}")

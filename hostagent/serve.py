@@ -77,6 +77,7 @@ class Served:
     size: int
     group_id: int
     offer_id: int
+    revision: str = ""  # a Hugging Face model's commit (hf://ORG/NAME): what the offer names
 
 
 @dataclass(frozen=True)
@@ -138,6 +139,7 @@ class ServeOptions:
     poll: float = 0.1  # seconds between looks at each group's receivers (a controller without held GETs)
     metrics_port: Optional[int] = None
     metrics_addr: str = "127.0.0.1"
+    hf_cache: Optional[str] = None  # where hf:// names are resolved (default: $HF_HUB_CACHE, $HF_HOME/hub)
 
 
 @dataclass
@@ -154,6 +156,7 @@ class Model:
     group_id: int = 0
     offer_id: int = 0
     stats: ServeStats = field(default_factory=ServeStats)
+    hf: Optional[dict] = None  # a Hugging Face snapshot's offer fields (commit, refs, LFS files)
 
 
 def open_model(path: str, chunk_size: int) -> Model:
@@ -179,10 +182,29 @@ def open_model(path: str, chunk_size: int) -> Model:
                  stats=ServeStats(size=source.size))
 
 
+def open_named(path: str, chunk_size: int, hf_cache: Optional[str] = None) -> Model:
+    """``path``, or the snapshot an ``hf://ORG/NAME[@REVISION]`` name resolves to in the
+    local Hugging Face cache (offline; ``hostagent.hf``), opened as ``open_model`` does:
+    a Hugging Face model is offered under its name with its commit."""
+    from . import hf
+
+    if not hf.is_hf(path):
+        return open_model(path, chunk_size)
+    try:
+        ref = hf.parse_hf(path)
+    except ValueError as exc:
+        raise TransferError(str(exc)) from None
+    snap = hf.resolve_local(ref, hf.hub_cache(hf_cache))
+    model = open_model(snap.path, chunk_size)
+    model.name, model.hf = snap.repo, snap.offer_hf()
+    return model
+
+
 def serve(paths: list[str], options: ServeOptions, stop: threading.Event, *,
           on_event: Optional[OnEvent] = None) -> list[Model]:
-    """Serve ``paths`` until ``stop`` is set; then withdraw the offers, let running rounds
-    end and delete the groups. Returns the models with their stats."""
+    """Serve ``paths`` (files, directories, ``hf://`` names) until ``stop`` is set; then
+    withdraw the offers, let running rounds end and delete the groups. Returns the models
+    with their stats."""
     emit = _locked(on_event or _ignore)
     send_opts = dataclasses.replace(options.send, controller=options.controller, token=options.token, group=None)
     client = _client(send_opts)
@@ -195,13 +217,13 @@ def serve(paths: list[str], options: ServeOptions, stop: threading.Event, *,
     threads = []
     try:
         for p in paths:
-            models.append(open_model(p, send_opts.chunk_size))
+            models.append(open_named(p, send_opts.chunk_size, options.hf_cache))
         if len({m.content_id for m in models}) != len(models):
             raise TransferError("two of the paths are the same model (same content id)")
         for m in models:
             m.group_id = int(client.create_group(m.content_id, my_ip)["id"])
-            m.offer_id = int(client.offer(m.content_id, my_ip, m.name, m.size, m.files)["id"])
-            emit(Served(m.content_id, m.name, m.size, m.group_id, m.offer_id))
+            m.offer_id = int(client.offer(m.content_id, my_ip, m.name, m.size, m.files, hf=m.hf)["id"])
+            emit(Served(m.content_id, m.name, m.size, m.group_id, m.offer_id, m.hf["commit"] if m.hf else ""))
         if options.metrics_port is not None:
             from .metrics import serve_models
 
