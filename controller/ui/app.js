@@ -72,13 +72,16 @@
     return h;
   }
 
+  // the controller's one-sentence error ({"error", "detail"}) of an answer that is not ok
+  async function httpError(r) {
+    let message = r.status + " " + r.statusText;
+    try { message = (await r.json()).error || message; } catch (e) { /* not JSON */ }
+    return new HttpError(r.status, message);
+  }
+
   async function getJson(path, signal) {
     const r = await fetch(path, { headers: headers(), cache: "no-store", signal: signal });
-    if (!r.ok) {
-      let message = r.status + " " + r.statusText;
-      try { message = (await r.json()).error || message; } catch (e) { /* not JSON */ }
-      throw new HttpError(r.status, message);
-    }
+    if (!r.ok) throw await httpError(r);
     return r.json();
   }
 
@@ -331,10 +334,13 @@
     sel.value = state.selected ? String(state.selected) : "";
   }
 
+  // "s3 3→1 (120 pkts)": switch, in port → out port, and the packets its bucket towards the
+  // out port sent (else its (S,G) flow matched), as the switch said at the trace
   function hopText(hop) {
     let s = swLabel(hop.dpid) + " " + hop.in_port + "→" + hop.out_port;
-    const packets = Object.keys(hop).filter((k) => /packets/.test(k) && typeof hop[k] === "number");
-    if (packets.length) s += " (" + hop[packets[0]] + " pkts)";
+    const c = hop.counters || {};
+    const count = c.bucket || c.flow;
+    if (count && typeof count.packets === "number") s += " (" + count.packets + " pkts)";
     return s;
   }
 
@@ -345,7 +351,7 @@
     const rows = Object.entries(group ? group.receivers || {} : {}).map(([ip, st]) => {
       const tr = document.createElement("tr");
       const t = traced.get(ip);
-      const why = t ? (t.why || (t.hops || []).map(hopText).join(" · ")) : "";
+      const why = t ? [t.why, (t.hops || []).map(hopText).join(" · ")].filter(Boolean).join(": ") : "";
       for (const [text, cls] of [[ip, ""], [st, "state " + st], [why, "why"]]) {
         const td = document.createElement("td");
         if (cls.startsWith("state")) {
@@ -545,11 +551,7 @@
     const r = await fetch("/v1/events/stream?since=" + state.lastEvent,
       { headers: headers({ Accept: "text/event-stream" }), cache: "no-store", signal: abort.signal });
     if (r.status === 404) { state.streamOffered = false; return; }
-    if (!r.ok) {
-      let message = r.status + " " + r.statusText;
-      try { message = (await r.json()).error || message; } catch (e) { /* not JSON */ }
-      throw new HttpError(r.status, message);
-    }
+    if (!r.ok) throw await httpError(r);
     const reader = r.body.getReader();
     const decoder = new TextDecoder();
     let buffer = "";
@@ -681,6 +683,8 @@
           b_port: e.data("b_port"), up: !e.hasClass("down"), load: e.data("load") })),
         tree: cy.edges("[kind = 'link'].tree").map(pair),
         hostTree: cy.edges("[kind = 'hostlink'].tree").map((e) => e.data("ip")),
+        receivers: Object.fromEntries(Array.from($("receivers").tBodies[0].rows).map((tr) =>
+          [tr.dataset.ip, { state: tr.cells[1].textContent, path: tr.cells[2].textContent }])),
         offscreen: cy.nodes().filter((n) => !inside(n.position())).map((n) => n.id()),
       };
     },
