@@ -97,7 +97,7 @@ class ReceiverConfig:
     key: Optional[bytes] = None
     # Upper bound of the random NACK delay. Must exceed the sender's aggregation window
     # plus a round trip, or the first multicast repair comes too late to suppress anyone.
-    nack_backoff: float = 0.3  # at nack_group_scale receivers or more
+    nack_backoff: float = 0.08  # at nack_group_scale receivers or more
     # The backoff shrinks with (hint / nack_group_scale) ** 2 below this many receivers:
     # with few receivers there is little to suppress, and each repair round would
     # otherwise wait the full backoff (the sender's aggregation window scales alike).
@@ -262,7 +262,7 @@ class Receiver:
         self._gap_timers: list[tuple[float, int, int, bool]] = []  # heap of (deadline, start, end, retry)
         # NACKs still awaiting repair: [sent at, retry due at, ranges, last repair datagram
         # for it at (None: nothing yet; -1.0: only parity shares of its blocks so far),
-        # highest seq served for it so far (-1: none)]
+        # highest seq served for it so far (-1: none), last repair or share for it at (None)]
         self._rounds: deque[list] = deque()
         # Kept as rounds come and go, not rebuilt per timer (at 50% loss that rebuild was
         # most of the receiver's CPU): the union of the rounds' ranges (disjoint: a round
@@ -948,7 +948,19 @@ class Receiver:
             return
         self._complete_tries += 1
         self._send(wire.Complete(self.manifest.session, self.receiver_id, self.manifest.file_digest))
-        self._complete_at = now + self.config.complete_interval
+        self._complete_at = now + self._complete_retry()
+
+    def _complete_retry(self) -> float:
+        """How long to wait for COMPLETE_ACK before saying COMPLETE again: a few of the
+        fastest round trips measured (NACK to repair), else a quarter of
+        ``complete_interval``, doubling with each attempt up to ``complete_interval``.
+        The sender ends the session only once every receiver's COMPLETE is in, so one
+        COMPLETE lost (2% loss, 1,024 receivers: ~20 of them) held the whole group's
+        end for a full interval."""
+        cfg = self.config
+        first = cfg.complete_interval / 4 if self._repair_min is None else 4 * self._repair_min
+        first = min(cfg.complete_interval, max(cfg.nack_tick, first))
+        return min(cfg.complete_interval, first * 2 ** (self._complete_tries - 1))
 
     def _check_claims(self, now: float) -> None:
         """Re-hash chunks a resume record claims, whose digests are known, up to
@@ -1012,11 +1024,12 @@ class Receiver:
     def _retry_delay(self) -> float:
         """How long a NACKed range waits for its repair before it is asked for again:
         a few smoothed NACK-to-repair delays (Jacobson's RTO) plus one backoff span,
-        within [min_nack_retry, nack_retry]; before any measurement, a guess from the
-        group size."""
+        within [min_nack_retry, nack_retry]; before any measurement, two backoff spans
+        (a span exceeds the sender's aggregation window plus a round trip, see
+        ``ReceiverConfig.nack_backoff``)."""
         cfg = self.config
         if self._repair_srtt is None:
-            rto = max(0.1, cfg.nack_retry * min(1.0, self._group_hint / max(1, cfg.nack_group_scale)) ** 2)
+            rto = 2 * self._backoff_span()
         else:
             rto = self._repair_srtt + 4 * self._repair_rttvar + self._backoff_span()
         rto = min(cfg.nack_retry, max(cfg.min_nack_retry, rto))
@@ -1026,7 +1039,7 @@ class Receiver:
             # the link is idle, so a lost repair is re-asked for after a few of the
             # fastest round trips instead of the streaming-time timeout -- plus a fresh
             # suppression backoff rather than the whole span: catch-up goes in rounds (at
-            # 50% loss, a dozen), and a full 0.3 s span per round would dwarf the time
+            # 50% loss, a dozen), and a full span per round would dwarf the time
             # the sender needs to send the repairs.
             rto = min(rto, 2 * self._repair_min + self._backoff() + 0.005)
         return rto
@@ -1038,8 +1051,11 @@ class Receiver:
         if not self._requested.count_in(start, end):
             return  # no round asked for it
         for entry in self._rounds:
-            sent_at, _, ranges, last, _ = entry
+            sent_at, _, ranges, last, _, _ = entry
             if ranges.count_in(start, end):
+                entry[5] = now
+                if self._total_seq is not None:
+                    self._rounds_due = min(self._rounds_due, now + self._quiet())
                 if served and start > entry[4]:
                     self._served_past(now, entry, start)
                 if last is not None:
@@ -1129,22 +1145,37 @@ class Receiver:
         """Rounds whose retry fell due: what they asked for is due again (the caller
         NACKs what is still missing). Each round expires when its own retry falls due
         (the retry delay adapts, so rounds need not expire in the order they were sent)
-        -- unless its repairs are still arriving: a big request is being served, not lost."""
-        quiet = max(0.01, 8 * self._gap_s)
+        -- unless its repairs are still arriving: a big request is being served, not lost.
+        Once the stream is over, a round whose repairs came and then stopped for
+        ``_quiet`` is due at once: the sender answered it (parity shares of its blocks,
+        in one burst each) and what is still missing was lost on the way or needs one
+        more share. Waiting out the retry timeout for that was most of the tail after
+        the stream at large group sizes."""
+        quiet = self._quiet()
+        after_end = self._total_seq is not None
         keep: deque[list] = deque()
         due = RangeSet()
+        next_due = math.inf
         for r in self._rounds:
             if now >= r[1] and r[3] is not None and now - r[3] < quiet and r[2].count > 1:
                 r[1] = now + self._retry_delay()
-            if now < r[1]:
+            answered = after_end and r[5] is not None and now - r[5] >= quiet
+            if now < r[1] and not answered:
                 keep.append(r)
+                due_at = r[1] if not after_end or r[5] is None else min(r[1], r[5] + quiet)
+                next_due = min(next_due, due_at)
                 continue
             for s, e in r[2]:
                 self._requested.discard(s, e)
                 due.add(s, e)
         self._rounds = keep
-        self._rounds_due = min((r[1] for r in keep), default=math.inf)
+        self._rounds_due = next_due
         return due
+
+    def _quiet(self) -> float:
+        """A pause in a request's repairs that says the sender is done with it: several
+        datagram times at the sender's pace, at least 10 ms."""
+        return max(0.01, 8 * self._gap_s)
 
     def _credit_parity(self, wanted: list[tuple[int, int]], requested: RangeSet) -> list[tuple[int, int]]:
         """A block with p shares held and r holes needs only r - p more datagrams (any
@@ -1235,7 +1266,7 @@ class Receiver:
         pace = self._gap_s * (1.0 - min(0.9, self._loss))
         serve = (2 if self._total_seq is None else 1) * outstanding * pace
         retry = min(self.config.nack_retry, self._retry_delay() + serve)
-        self._rounds.append([now, now + retry, RangeSet(ranges), None, -1])
+        self._rounds.append([now, now + retry, RangeSet(ranges), None, -1, None])
         self._rounds_due = min(self._rounds_due, now + retry)  # then ask again for what is missing
 
     def _send(self, msg: wire.Message) -> None:

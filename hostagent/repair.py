@@ -12,6 +12,9 @@ shares are multicast instead (m chosen to minimise m + the leftovers of receiver
 need more than m; see ``fec.plan_shares``). One share repairs a different single loss
 at every receiver, which is what makes independent loss at large group sizes cheap.
 ``fec_overhead`` additionally sends parity with the stream, before anyone asks.
+With ``fec_anticipate``, each window also sizes the parity of every block streamed since
+the last window for the whole group, from the loss rates the receivers report (the
+largest loss in a block grows with the group): those receivers never have to NACK.
 Requests inside the FEC block still being streamed wait until the block is complete, so
 the sweep sees every receiver's losses in it.
 
@@ -27,6 +30,7 @@ The planner only decides; ``Sender`` builds the datagrams for what ``next_repair
 
 from __future__ import annotations
 
+import math
 import random
 from bisect import bisect_right
 from collections import deque
@@ -45,6 +49,7 @@ class PeerState(Protocol):
     """What the planner reads of a receiver the sender knows."""
 
     loss: float  # first-transmission loss it reported in its last NACK
+    loss_over: int  # datagrams that figure averaged over when reported (0: none reported)
     completed: bool
     failed: bool
 
@@ -78,7 +83,7 @@ class _ParityJob:
     chunk: int
     block: int
     count: int
-    indices: Optional[tuple[int, ...]] = None  # chosen when the job reaches the queue head
+    indices: Optional[tuple[int, ...]] = None  # chosen when the job reaches the queue head (or when queued)
     sent: int = 0
 
 
@@ -97,6 +102,7 @@ class RepairPlanner:
         fec_k: int,
         fec_overhead: float,
         fec_anticipate: bool,
+        loss_horizon: int = 1024,
     ) -> None:
         """``repair_holdoff``: ignore requests for seqs multicast this recently (None:
         one NACK window); ``shared_loss_memory``: how long a unicast repair counts as
@@ -108,6 +114,8 @@ class RepairPlanner:
         self._memory = shared_loss_memory
         self._min_window = min_nack_window
         self._anticipate = fec_anticipate
+        self._keep = 1.0 - 1.0 / max(1, loss_horizon)  # receivers' loss EWMA weight per datagram
+        self._anticipated_to = 0  # blocks ending at or before this seq were sized for the group
         self.deadline: Optional[float] = None  # when the open NACK window closes
 
         # NACK aggregation and repair queue
@@ -213,17 +221,21 @@ class RepairPlanner:
     # ------------------------------------------------------------------ the window sweep
 
     def close_window(
-        self, now: float, peers: Mapping[int, PeerState], next_seq: int, rate: float, nack_window: float
+        self, now: float, peers: Mapping[int, PeerState], next_seq: int, rate: float, nack_window: float,
+        congested: bool = False,
     ) -> None:
         """Sweep all receivers' requests: shared ranges go multicast once (or as parity),
         the rest unicast. ``next_seq`` is the stream position, ``rate`` the pacing rate
-        (bits/s; it says when the block being streamed will be complete)."""
+        (bits/s; it says when the block being streamed will be complete); ``congested``:
+        the loss reported looks like congestion (no parity is sent unasked then)."""
         self.deadline = None
         self._expire_recent(now, nack_window)
         window, self._window = self._window, {}
         self._window_any = RangeSet()
         if self._fec_k:
             window = self._defer_open_block(window, now, next_seq, rate, nack_window)
+            if self._anticipate:
+                self._anticipate_group(peers, next_seq, congested)
             window = self._plan_parity(window, now, peers, next_seq)
         points: list[tuple[int, int, int]] = []  # (position, +1/-1, receiver)
         for rid, ranges in window.items():
@@ -488,6 +500,47 @@ class RepairPlanner:
                     extra -= take
         return {rid: ranges for rid, ranges in window.items() if ranges}
 
+    def _anticipate_group(self, peers: Mapping[int, PeerState], next_seq: int, congested: bool) -> None:
+        """Size the parity of every block streamed since the last window for the whole
+        group, not for the few receivers whose NACK came first: queue, once per block,
+        the shares that at least two receivers will almost surely need, judged from the
+        loss rates the group reports (``expected_shares``). With independent loss the
+        largest need in a block grows with the group (~4 of 32 at 1,024 receivers and
+        2%); repairing it one NACK round at a time costs a round trip, a suppression
+        backoff and a wave of NACKs per round. Receivers whose need these shares cover
+        never NACK; only the few that need more (or lost a share) are left.
+
+        Not while the loss looks like congestion: it is shared (the same datagrams, plain
+        multicast repairs serve it) and the rate is being cut -- parity sent unasked
+        would only add to the load. Those blocks are repaired on request."""
+        start = self._anticipated_to
+        if start >= next_seq:
+            return
+        if congested:
+            self._anticipated_to = next_seq
+            return
+        losses = group_loss_rates(peers.values(), self._keep)
+        if not losses:
+            return  # nobody reported a loss figure yet: the next window decides
+        counts: dict[int, int] = {}
+        layout, k = self.layout, self._fec_k
+        seq = start
+        while seq < next_seq:
+            chunk, block, first, end = fec.block_of(layout, seq, k)
+            if end > next_seq:
+                break  # still being streamed: sized once complete
+            k_eff = end - first
+            m = counts.get(k_eff)
+            if m is None:
+                m = counts[k_eff] = expected_shares(losses, k_eff, fec.MAX_SHARES - k_eff - self._share_reserve)
+            if m > 0:
+                job = _ParityJob(chunk, block, m)
+                job.indices = self._share_indices(first, k_eff, m)
+                self._repairs.append(job)
+                self._parity_pending[first] = self._parity_pending.get(first, 0) + m
+            seq = end
+        self._anticipated_to = seq
+
     def _share_indices(self, first: int, k_eff: int, count: int) -> tuple[int, ...]:
         """Fresh share indices for a block, so shares from successive rounds combine.
         Blocks start at a random offset and the map is bounded: a forgotten block
@@ -502,6 +555,77 @@ class RepairPlanner:
         indices = tuple(base + (nxt + i) % span for i in range(count))
         self._next_share[first] = (nxt + count) % span
         return indices
+
+
+ANTICIPATE_CONFIDENCE = 0.75  # how sure the group must be to need a share before it is sent unasked
+_MIN_LOSS_SPAN = 32  # a loss figure over fewer datagrams says little
+
+
+def group_loss_rates(peers: Iterable[PeerState], keep: float) -> list[float]:
+    """Each active receiver's first-transmission loss rate, from its last report.
+
+    A receiver's figure is an EWMA that starts at 0 (``Receiver._measure_loss``), so a
+    report over n datagrams reads ``1 - keep**n`` of the rate: divided back out here.
+    That rate rests on the few losses behind it (L = rate * n), and a receiver reports
+    because it lost something: each counts at a one-sigma lower bound, (L - sqrt(L)) / n,
+    so one early loss in a short file does not make the whole group look lossy.
+    Receivers with no usable report count at the median of those with one (the group's
+    typical loss; one heavy straggler does not set it). Empty: nobody reported."""
+    known: list[float] = []
+    unknown = 0
+    for p in peers:
+        if p.completed or p.failed:
+            continue
+        if p.loss_over < _MIN_LOSS_SPAN:
+            unknown += 1
+            continue
+        lost = p.loss / (1.0 - keep ** p.loss_over) * p.loss_over
+        known.append(min(1.0, max(0.0, lost - math.sqrt(lost)) / p.loss_over))
+    if not known:
+        return []
+    typical = sorted(known)[len(known) // 2]
+    return known + [typical] * unknown
+
+
+def expected_shares(losses: Iterable[float], k_eff: int, limit: int,
+                    confidence: float = ANTICIPATE_CONFIDENCE) -> int:
+    """Parity shares a block of ``k_eff`` datagrams will need, judged before anyone asks:
+    the largest m such that, with each receiver losing datagrams independently at its
+    rate, at least two receivers lose m or more of the block with probability
+    ``confidence``. (Two, not one: a share only one receiver needs is a unicast repair's
+    job, and the fabric should not carry it to everyone.) At most ``limit``."""
+    rates: dict[float, int] = {}
+    for p in losses:
+        if p > 0:
+            rates[round(p, 4)] = rates.get(round(p, 4), 0) + 1
+    if not rates:
+        return 0
+    tails = {p: _binomial_tails(k_eff, p) for p in rates}
+    m = 0
+    while m < limit:
+        j = m + 1
+        log_none, odds = 0.0, 0.0  # P(nobody needs >= j) in logs; sum of s / (1 - s)
+        for p, n in rates.items():
+            s = tails[p][j] if j < len(tails[p]) else 0.0
+            if s >= 1.0:
+                log_none, odds = -math.inf, math.inf
+                break
+            log_none += n * math.log1p(-s)
+            odds += n * s / (1.0 - s)
+        none = math.exp(log_none)
+        if 1.0 - none - none * odds < confidence:
+            break
+        m = j
+    return m
+
+
+def _binomial_tails(k: int, p: float) -> list[float]:
+    """``[P(X >= j) for j in 0..k]`` for X ~ Binomial(k, p), cut where it vanishes."""
+    pmf = [math.comb(k, i) * p**i * (1 - p) ** (k - i) for i in range(k + 1)]
+    tails = [0.0] * (k + 2)
+    for i in range(k, -1, -1):
+        tails[i] = tails[i + 1] + pmf[i]
+    return tails[: k + 1]
 
 
 def _alternate(start: int, end: int, parts: list[tuple[int, int]]) -> list[tuple[int, int, bool]]:

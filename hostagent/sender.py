@@ -94,7 +94,7 @@ class SenderConfig:
     # release of 8 would otherwise go out as a send of 7 and a lone datagram, which a
     # receiver's GRO hands over alone -- the slow path per datagram.
     send_quantum: int = 1
-    nack_window: float = 0.075  # at nack_group_scale receivers or more; shorter below
+    nack_window: float = 0.02  # at nack_group_scale receivers or more; shorter below
     # Group size at which the NACK aggregation window (and the receivers' NACK backoff,
     # which scales the same way from the manifest's receivers hint) reach their full
     # length; below it both shrink with (N / nack_group_scale) ** 2. Few receivers have
@@ -150,6 +150,8 @@ class SenderConfig:
     fec_overhead: float = 0.0  # proactive parity shares per data datagram (e.g. 0.02)
     # One receiver asks for part of a block, but the others' reported loss says more
     # will: answer with (multicast) parity instead of unicast. Same cost to the sender.
+    # And at each NACK window, every block streamed since the last one gets the shares
+    # the group's reported loss says at least two receivers will need (repair.py).
     fec_anticipate: bool = True
     # This session is lane (index, count) of a striped transfer, sending the slice of the
     # file that starts at byte offset (hostagent.lanes); (0, 1, 0): the whole file.
@@ -202,6 +204,8 @@ class _Peer:
     completed: bool = False
     failed: bool = False
     loss: float = 0.0  # first-transmission loss it reported in its last NACK
+    loss_over: int = 0  # datagrams that figure averaged over (streamed since it joined)
+    first_seq: int = 0  # stream position when it joined
     budget: Optional[PeerBudget] = None  # what its repairs may cost (set on admission)
     rejected: bool = False  # sent a COMPLETE with a wrong digest: failed, without failing the transfer
 
@@ -313,7 +317,7 @@ class Sender:
             self.layout, rng, multicast_threshold=config.multicast_threshold,
             repair_holdoff=config.repair_holdoff, shared_loss_memory=config.shared_loss_memory,
             min_nack_window=config.min_nack_window, fec_k=config.fec_k, fec_overhead=config.fec_overhead,
-            fec_anticipate=config.fec_anticipate,
+            fec_anticipate=config.fec_anticipate, loss_horizon=config.loss_horizon,
         )
         self._parity_cache: dict[tuple[int, int, int], bytes] = {}  # encoded shares of queued jobs
         self._loss = LossClassifier(
@@ -495,6 +499,11 @@ class Sender:
         return {v.value: n for v, n in self._loss.verdicts.items()}
 
     @property
+    def stream_done_at(self) -> Optional[float]:
+        """When the last first transmission left (None: still streaming)."""
+        return self._stream_done_at
+
+    @property
     def stream_position(self) -> int:
         """Sequence numbers sent once so far (first-pass progress)."""
         return self._next_seq
@@ -540,7 +549,7 @@ class Sender:
             self.stats.drops["peer_table_full"] += 1
             return None
         self._last_activity = now
-        peer = self.peers[rid] = _Peer(rid, addr, now, budget=PeerBudget(
+        peer = self.peers[rid] = _Peer(rid, addr, now, first_seq=self._next_seq, budget=PeerBudget(
             self._repair_cap, self._peer_rate, self._peer_rate * self.config.repair_burst, now,
             unit=self._datagram_bytes))
         self._open.add(rid)
@@ -660,6 +669,7 @@ class Sender:
         if peer.completed or peer.failed:
             return
         peer.loss = msg.loss_permille / 1000
+        peer.loss_over = self._next_seq - peer.first_seq
         asked = msg.ranges
         if len(asked) > self.config.max_nack_ranges:
             # Bounded work per NACK; a real receiver asks again for the rest.
@@ -714,7 +724,7 @@ class Sender:
         congestion cuts the rate, and loss the receivers report never takes it below
         ``min_rate_bps`` (drops at our own link may)."""
         pacer = self._pacer
-        self._repair.close_window(now, self.peers, self._next_seq, pacer.rate, self.nack_window)
+        self._repair.close_window(now, self.peers, self._next_seq, pacer.rate, self.nack_window, pacer.congested)
         self._charge_group_repairs(now)
         verdict = self._loss.verdict(now, self._taking_part())
         # Only congestion cuts; one receiver's own loss is repaired at the group's rate.

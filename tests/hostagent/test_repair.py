@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from hostagent.common import Layout
-from hostagent.repair import ParityRepair, PlainRepair, RepairPlanner
+from hostagent.repair import ParityRepair, PlainRepair, RepairPlanner, expected_shares, group_loss_rates
 
 LAYOUT = Layout(file_size=64 * 1024, chunk_size=16 * 1024, payload_size=1024)  # 4 chunks of 16 seqs
 WINDOW = 0.05
@@ -17,6 +17,7 @@ WINDOW = 0.05
 @dataclass
 class Peer:
     loss: float = 0.0
+    loss_over: int = 0  # datagrams the loss figure covers (0: no report)
     completed: bool = False
     failed: bool = False
 
@@ -188,3 +189,51 @@ def test_proactive_parity_follows_each_complete_block() -> None:
     without = planner(fec_k=8)
     without.stream_sent(7)
     assert not without.proactive_queued
+
+
+# --------------------------------------------------------------------------- group-sized parity
+
+
+def test_expected_shares_follow_the_largest_loss_the_group_will_see() -> None:
+    """At 2% independent loss a 32-datagram block needs ~1 share for 8 receivers and
+    ~4 for 1,024 (the largest loss in the block grows with the group, ~log N)."""
+    assert expected_shares([0.02] * 8, 32, 200) == 1
+    assert expected_shares([0.02] * 1024, 32, 200) == 4
+    assert expected_shares([0.02] * 1024, 32, 2) == 2  # never past the share indices left
+
+
+def test_no_group_parity_for_a_lone_lossy_receiver_or_without_reports() -> None:
+    """One receiver at 50% among receivers without loss: its repairs are its own
+    (unicast or on request), nothing is multicast to everyone unasked."""
+    assert expected_shares([0.5] + [0.0] * 63, 32, 200) == 0
+    assert expected_shares([], 32, 200) == 0
+    assert group_loss_rates([Peer(), Peer()], 1 - 1 / 1024) == []
+
+
+def test_group_loss_rates_undo_the_ewma_start_and_fill_in_the_silent() -> None:
+    """A report over n datagrams of a 2% loss reads 2% * (1 - keep**n); the sender
+    divides that back out (less one sigma of its few losses), and receivers that never
+    reported count at the median."""
+    keep = 1 - 1 / 1024
+    n = 2000
+    reported = 0.02 * (1 - keep**n)
+    rates = group_loss_rates([Peer(loss=reported, loss_over=n)] * 3 + [Peer()] * 5, keep)
+    assert len(rates) == 8
+    assert all(0.015 < r <= 0.02 for r in rates)
+
+
+def test_a_window_after_loss_reports_sizes_every_streamed_block_for_the_group() -> None:
+    """One receiver's NACK closes a window: every complete block streamed so far gets the
+    shares the group's reported loss says two receivers will need, not just the block
+    asked about."""
+    p = planner(fec_k=8)
+    keep = 1 - 1 / 1024
+    n = 64
+    peers = {rid: Peer(loss=0.2 * (1 - keep**n), loss_over=n) for rid in range(64)}
+    p.nack(0, [(1, 2)], 0.0, 0.01)
+    p.close_window(0.01, peers, next_seq=32, rate=1e9, nack_window=0.01)
+    blocks = set()
+    while (r := p.next_repair(0.01, peers)) is not None:
+        if isinstance(r, ParityRepair):
+            blocks.add(r.first)
+    assert blocks == {0, 8, 16, 24}
