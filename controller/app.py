@@ -36,6 +36,7 @@ from ryu.topology import event as topo_event
 from controller import (capabilities, lldpauth, membership, ofmsgs, settings, topochange, tracing, unicast,
                         webserver)
 from controller.core import MulticastCore, Plan, tune_gc
+from controller.counters import Counters
 from controller.election import Election
 from controller.ha import Ha, instance_id
 from controller.hostnotices import HostNotices
@@ -49,6 +50,7 @@ from controller.rest import RestApi
 from controller.service import Changes, Service
 from controller.store import EtcdStore, parse_store_url
 from controller.tracing import trace
+from controller.webui import WebUi
 
 app_manager.require_app("ryu.topology.switches", api_style=True)
 log = logging.getLogger("modelcast.app")
@@ -83,12 +85,14 @@ class ModelcastApp(app_manager.RyuApp):
                                host_tokens=conf.host_tokens, writer=self.installer.write_state, store=store)
         self.service.gate = LinkGate(conf.fabric)  # (before load: restored links are checked too)
         self.service.changes = Changes(hub.Event, conf.held_max)  # (green: a held GET waits on the hub)
+        self.service.events.use(hub.Event)  # (so does a client following the event stream)
         metrics = self.service.metrics
         metrics.rest_connections.set_function(lambda: sum(webserver.POOL.open.values()) if webserver.POOL else 0)
         metrics.rest_connections_refused.set_function(lambda: webserver.POOL.refused if webserver.POOL else 0)
         metrics.lldp_refused.set_function(lambda: lldpauth.SIGNER.forged if lldpauth.SIGNER else 0)
         self.punt_guard = PuntGuard(conf.punt_port_rate if conf.punt_rate > 0 else 0)
         self.host_notices = HostNotices()
+        self.counters = Counters(self._send_one, hub.Event)  # live counters for traces
         metrics.punt_quarantines.set_function(lambda: self.punt_guard.quarantined)
         self._rebind()
         election = (Election(store, instance_id(), conf.advertise_url or "", ttl=conf.lease_ttl_s)
@@ -101,7 +105,9 @@ class ModelcastApp(app_manager.RyuApp):
             self.discovery.pin()  # (over a place the saved state had)
         kwargs["wsgi"].register(RestApi, {"service": self.service,
                                           "barrier_timeout": 3 * conf.barrier_timeout_s + 2,
-                                          "forward": self._forward if election else None})
+                                          "forward": self._forward if election else None,
+                                          "counters": self.counters})
+        kwargs["wsgi"].register(WebUi, {"service": self.service})  # the live web view at /ui/
         hub.spawn(self.installer.run)
         hub.spawn(self._timer_loop)
         if election is not None:
@@ -251,6 +257,7 @@ class ModelcastApp(app_manager.RyuApp):
             return
         if ev.state == MAIN_DISPATCHER:
             log.info("switch %#x connected from %s", dp.id, dp.address)
+            self.service.events.emit("switch_connected", dpid=dp.id, address=str(dp.address[0]))
             self.dps[dp.id] = dp
             self._send(self.ha.role_requests([dp.id]))
             if not self.leading:
@@ -271,11 +278,11 @@ class ModelcastApp(app_manager.RyuApp):
             self._apply(topochange.switch_left(self.core, dp.id), "reroute")
             self._flush_unicast()
 
-    @set_ev_cls([ofp_event.EventOFPFlowStatsReply, ofp_event.EventOFPGroupDescStatsReply],
-                MAIN_DISPATCHER)
+    @set_ev_cls([ofp_event.EventOFPFlowStatsReply, ofp_event.EventOFPGroupDescStatsReply,
+                 ofp_event.EventOFPGroupStatsReply], MAIN_DISPATCHER)
     def _stats_reply(self, ev: Any) -> None:
         dp = ev.msg.datapath
-        if not self.leading:
+        if self.counters.reply(dp.id, ev.msg) or not self.leading:  # (a trace's read; a follower's)
             return
         done = self.reconnect.on_reply(dp.id, ev.msg, getattr(dp, "ports", {}).values())
         if done is None:
@@ -423,16 +430,21 @@ class ModelcastApp(app_manager.RyuApp):
 
     def _discovered(self, acts: Actions) -> None:
         self._send(acts.msgs)
-        self.host_notices.tell(acts, self.core.view, self.discovery, time.monotonic())
+        self.host_notices.tell(acts, self.core.view, self.discovery, time.monotonic(), self.service.events)
         self._apply(acts.plan, "host")
         if acts.learned or acts.forgotten:
             self.service.save_soon()  # written by the timer: a burst of new hosts is one write
 
+    def _send_one(self, dpid: int, msg: Any) -> bool:
+        dp = self.dps.get(dpid)
+        if dp is None:
+            return False
+        dp.send_msg(msg)
+        return True
+
     def _send(self, msgs: list[tuple[int, Any]]) -> None:
         for dpid, msg in msgs:
-            dp = self.dps.get(dpid)
-            if dp is not None:
-                dp.send_msg(msg)
+            self._send_one(dpid, msg)
 
     def _flush_unicast(self) -> None:
         self._send([(dpid, ofmsgs.unicast_flush(dpid)) for dpid in self.dps])

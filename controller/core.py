@@ -28,6 +28,7 @@ from controller import ofmsgs
 from controller.addressing import check_model, check_ssm, ssm_address
 from controller.damping import Damping
 from controller.errors import Conflict, CoreError, ReceiverIsSource, UnknownGroup
+from controller.events import EventLog
 from controller.failover import Failover
 from controller.plan import BUILD, MAX_GID, REMOVE, UNKNOWN_PORT, Plan, Planner, SwitchState
 from controller.topoview import TopologyView, check_unicast, known_hosts
@@ -106,6 +107,7 @@ class MulticastCore:
         self.failover = self.Failover(self.view, protection, nicira)
         self.planner = Planner(self.view, self.groups, self.failover)
         self.damping = Damping(flaps=flap_damping)  # flapping links held out of new trees (controller.damping)
+        self.events = EventLog()  # what happened, for operators (controller.events; the service's too)
         # gid -> its tree's parent map (groups with a tree): what a failure scans for the
         # groups crossing a link (``_crossing``), without visiting each group and tree
         self._parents: dict[int, dict[int, int | None]] = {}
@@ -302,6 +304,8 @@ class MulticastCore:
             self.view.damp(a, b, True)
             log.warning("link %d-%d went down %d times within %g s: held out of trees and detours "
                         "for %g s", a, b, self.damping.flaps, self.damping.window_s, until - now)
+            self.events.emit("damped", switches=sorted((a, b)), hold_s=round(until - now, 1),
+                             flaps=self.damping.flaps, window_s=self.damping.window_s)
 
     def release_damped(self, now: float) -> Plan:
         """Give back the flapping links whose hold ended by ``now`` (the app's timer)."""
@@ -309,6 +313,7 @@ class MulticastCore:
         for pair in self.damping.due(now):
             a, b = sorted(pair)
             log.info("link %d-%d: its hold for flapping ended", a, b)
+            self.events.emit("undamped", switches=[a, b])
             back |= bool(self.view.damp(a, b, False))
         return self._after_up() if back else Plan()
 

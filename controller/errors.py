@@ -22,6 +22,12 @@ class UnknownGroup(CoreError):
     status = 404
 
 
+class UnknownReceiver(CoreError):
+    """The address is not a receiver of the group."""
+
+    status = 404
+
+
 class UnknownSwitch(CoreError):
     """No such switch (or no link between two switches) in the controller's view."""
 

@@ -3,7 +3,8 @@ that claims a known host's address from elsewhere -- dropped (the host is pinned
 ``--fabric`` or declared over REST: said at most once a minute per host) or contested
 (the holder is probed where it is).
 
-It owns these log lines and their rate limit. It must not change anything: host
+It owns these log lines, their rate limit and the matching events (``host_learned``,
+``host_forgotten``; ``controller.events``). It must not change anything: host
 discovery (``controller.hosts``) has decided already, and the app sends and applies its
 ``Actions``.
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import logging
 
+from controller.events import EventLog
 from controller.hosts import Actions, HostDiscovery
 from controller.topoview import TopologyView
 
@@ -26,12 +28,17 @@ class HostNotices:
         self.quiet_s = quiet_s
         self._warned: dict[str, float] = {}  # host -> when a claim on it was last said
 
-    def tell(self, acts: Actions, view: TopologyView, discovery: HostDiscovery, now: float) -> None:
+    def tell(self, acts: Actions, view: TopologyView, discovery: HostDiscovery, now: float,
+             events: EventLog | None = None) -> None:
         for ip in acts.learned:
             h = view.hosts[ip]
             log.info("host %s (%s) at switch %#x port %d", ip, h.mac, h.dpid, h.port)
+            if events is not None:
+                events.emit("host_learned", host=ip, mac=h.mac, dpid=h.dpid, port=h.port)
         for ip in acts.forgotten:
             log.info("host %s forgotten (port down, or silent and not answering probes)", ip)
+            if events is not None:
+                events.emit("host_forgotten", host=ip)
         for ip in acts.spoofed:
             if now - self._warned.get(ip, float("-inf")) < self.quiet_s:
                 continue

@@ -27,7 +27,9 @@ from ryu.lib import hub
 from controller.auth import Principal
 from controller.core import MAX_GID
 from controller import settings
+from controller.counters import Counters
 from controller.errors import CoreError
+from controller.events import sse
 from controller.schema import OPENAPI_PATH, SchemaError, check, loads, openapi, openapi_bytes, validator
 from controller.service import Service
 from controller.topoview import check_unicast
@@ -150,8 +152,48 @@ def parse_ip(text: str, what: str = "host") -> str:
     return check_unicast(text, what)  # InvalidAddress -> 400
 
 
-WAIT_MAX_S = 20.0  # the longest ``Prefer: wait`` a GET of a group is held for
+WAIT_MAX_S = 20.0  # the longest ``Prefer: wait`` a GET of a group (or of events) is held for
+STREAM_S = 300.0  # an event stream ends after this (the client reconnects with Last-Event-ID)
+KEEPALIVE_S = 15.0  # an idle event stream sends a comment this often (proxies close silent ones)
+EVENTS_MAX = 1000  # events in one answer at most
 RECHECK_S = 1.0  # a held GET looks at its group again at least this often
+
+
+def _only(req: Any, *names: str) -> None:
+    """A 400 for a query parameter the route does not take (a typo must not be ignored)."""
+    unknown = sorted(set(req.GET) - set(names))
+    if unknown:
+        raise ApiError(400, f"unknown query parameter {unknown[0]!r}; this route takes "
+                       f"{', '.join(names) or 'none'}")
+
+
+def _int_text(text: str, what: str, low: int, high: int) -> int:
+    if not re.fullmatch(r"\d{1,19}", text or "") or not low <= int(text) <= high:
+        raise ApiError(400, f"{what} {text[:40]!r} is not an integer in {low}..{high}")
+    return int(text)
+
+
+def _int(req: Any, name: str, default: int, low: int, high: int) -> int:
+    text = req.GET.get(name)
+    return default if text is None else _int_text(text, name, low, high)
+
+
+def _since(req: Any) -> int:
+    return _int(req, "since", 0, 0, 2 ** 63)
+
+
+def _group_filter(req: Any) -> int | None:
+    text = req.GET.get("group")
+    return parse_gid(text) if text is not None else None
+
+
+def _flag(req: Any, name: str, default: bool) -> bool:
+    text = req.GET.get(name)
+    if text is None:
+        return default
+    if text.lower() not in ("0", "1", "true", "false"):
+        raise ApiError(400, f"{name} must be 0, 1, true or false, not {text[:20]!r}")
+    return text.lower() in ("1", "true")
 
 
 def etag(raw: bytes) -> str:
@@ -178,6 +220,7 @@ def endpoint(mutating: bool = False) -> Callable[[Callable[..., Response]], Call
     def wrap(func: Callable[..., Response]) -> Callable[..., Response]:
         @functools.wraps(func)
         def handler(self: "RestApi", req: Any, **kwargs: Any) -> Response:
+            forwarded = None
             try:
                 if mutating and req.headers.get(FORWARDED) and self.service.cluster is not None:
                     # from a follower: its instance credential names the caller it authenticated
@@ -210,6 +253,9 @@ def endpoint(mutating: bool = False) -> Callable[[Callable[..., Response]], Call
                 resp = error_response(500, "internal error; the controller log has the details")
             status = resp.status_code
             self.service.count_request(req.method if req.method in METRIC_METHODS else "other", status)
+            if mutating and forwarded is None and 400 <= status < 500:  # (a leader tells its own)
+                self.service.events.emit("refused", method=req.method, path=req.path[:200], status=status,
+                                         error=_error_of(resp))
             level = logging.WARNING if status >= 500 else (
                 logging.INFO if req.method in _MUTATING else logging.DEBUG)
             log.log(level, "%s %s -> %d", req.method, req.path_qs, status)
@@ -218,6 +264,14 @@ def endpoint(mutating: bool = False) -> Callable[[Callable[..., Response]], Call
         return handler
 
     return wrap
+
+
+def _error_of(resp: Response) -> str:
+    """An error answer's sentence (for the "refused" event)."""
+    try:
+        return str(json.loads(resp.body).get("error", ""))[:300]
+    except (ValueError, AttributeError):
+        return ""
 
 
 FORWARDED = "X-Modelcast-Forwarded"  # set on a mutation a follower passed to the leader
@@ -234,12 +288,12 @@ def forwarded_principal(service: Service, req: Any) -> Principal | None:
     return service.credentials.require(who)
 
 
-def _model_source(req: Any) -> tuple[str | None, str | None]:
-    """The ``model`` and ``source`` filters of a list request (groups, offers); any other
-    query parameter is a 400, not silently ignored."""
-    unknown = sorted(set(req.GET) - {"model", "source"})
+def _model_source(req: Any, also: tuple[str, ...] = ()) -> tuple[str | None, str | None]:
+    """The ``model`` and ``source`` filters of a list request (groups, offers; ``also``:
+    its other filters); any other query parameter is a 400, not silently ignored."""
+    unknown = sorted(set(req.GET) - {"model", "source", *also})
     if unknown:
-        raise ApiError(400, f"unknown query parameter {unknown[0]!r}; use model and source",
+        raise ApiError(400, f"unknown query parameter {unknown[0]!r}; use {', '.join(('model', *also))} and source",
                        {"unknown": unknown})
     source = req.GET.get("source")
     return req.GET.get("model"), parse_ip(source, "source") if source is not None else None
@@ -290,6 +344,8 @@ class RestApi(ControllerBase):
         self.barrier_timeout = float(data.get("barrier_timeout", DEFAULT_BARRIER_TIMEOUT))
         # several instances: (req) -> the leader's answer, or None when this one leads
         self.forward: Callable[[Any], Response | None] | None = data.get("forward")
+        # live counters for traces (controller.counters; None: the tree alone)
+        self.counters: Counters | None = data.get("counters")
 
     # -- body ------------------------------------------------------------------------
     def _body(self, req: Any, schema: str, optional: bool = False) -> dict[str, Any]:
@@ -366,6 +422,18 @@ class RestApi(ControllerBase):
                 return resp
         return json_response(200, None, {"ETag": tag}, raw=raw)
 
+    @route("modelcast_group_trace", "/v1/groups/{id}/trace", methods=["GET"])
+    @endpoint()
+    def trace(self, req: Any, id: str, **_: Any) -> Response:
+        """Each receiver's hops with live counters (``?receiver=IP``: one; ``?counters=0``:
+        the tree alone, no switch asked)."""
+        _only(req, "receiver", "counters")
+        gid = parse_gid(id)
+        receiver = req.GET.get("receiver")
+        live = _flag(req, "counters", True) and self.counters is not None
+        read = self.counters.read if live and self.counters is not None else None
+        return json_response(200, self.service.trace(gid, receiver, read))
+
     @route("modelcast_group_rekey", "/v1/groups/{id}/rekey", methods=["POST"])
     @endpoint(mutating=True)
     def rekey(self, req: Any, id: str, who: Principal | None, **_: Any) -> Response:
@@ -409,7 +477,8 @@ class RestApi(ControllerBase):
     @route("modelcast_offers_list", "/v1/offers", methods=["GET"])
     @endpoint()
     def list_offers(self, req: Any, **_: Any) -> Response:
-        return json_response(200, self.service.list_offers(*_model_source(req)))
+        by = {k: req.GET[k] for k in ("name", "revision") if k in req.GET}
+        return json_response(200, self.service.list_offers(*_model_source(req, ("name", "revision")), **by))
 
     @route("modelcast_offers_create", "/v1/offers", methods=["POST"])
     @endpoint(mutating=True)
@@ -480,6 +549,62 @@ class RestApi(ControllerBase):
     @endpoint(mutating=True)
     def drain_link(self, req: Any, a: str, b: str, who: Principal | None, **_: Any) -> Response:
         return json_response(200, self.service.drain(parse_dpid(a), parse_dpid(b), req.method == "PUT", who))
+
+    # -- events (controller.events) ------------------------------------------------------
+    @route("modelcast_events", "/v1/events", methods=["GET"])
+    @endpoint()
+    def events(self, req: Any, **_: Any) -> Response:
+        """Events after ``since`` (oldest first), optionally of one ``group``; with
+        ``Prefer: wait=N`` held until there is one (or N s)."""
+        _only(req, "since", "group", "limit")
+        since, group = _since(req), _group_filter(req)
+        limit = _int(req, "limit", EVENTS_MAX, 1, EVENTS_MAX)
+        log_ = self.service.events
+        found = log_.since(since, group, limit)
+        wait = prefer_wait(req)
+        if not found and wait > 0:
+            with self.service.changes.hold() as held:
+                deadline = time.monotonic() + (wait if held else 0.0)
+                while not found and (left := deadline - time.monotonic()) > 0:
+                    log_.wait(max(since, log_.last), min(left, RECHECK_S))
+                    found = log_.since(since, group, limit)
+        return json_response(200, {"events": found, "first": log_.first, "last": log_.last,
+                                    "missed": since + 1 < log_.first})
+
+    @route("modelcast_events_stream", "/v1/events/stream", methods=["GET"])
+    @endpoint()
+    def events_stream(self, req: Any, **_: Any) -> Response:
+        """Server-Sent Events: each event as it happens (after ``since``, or the
+        ``Last-Event-ID`` a reconnecting client sends), a comment every KEEPALIVE_S, and
+        the end after STREAM_S (clients reconnect). Holds one of the held slots."""
+        _only(req, "since", "group")
+        last_id = req.headers.get("Last-Event-ID")
+        since = _since(req) if last_id is None else _int_text(last_id, "Last-Event-ID", 0, 2 ** 63)
+        group = _group_filter(req)
+        service = self.service
+        if service.changes.held >= service.changes.limit:
+            raise ApiError(503, "too many held requests and event streams right now; retry shortly",
+                           None, {"Retry-After": "5"})
+
+        def stream() -> Any:
+            log_ = service.events
+            with service.changes.hold():
+                after = since
+                yield b": modelcast events\nretry: 1000\n\n"
+                end = time.monotonic() + STREAM_S
+                while (left := end - time.monotonic()) > 0:
+                    top = log_.last  # (before yielding: events may arrive while it writes)
+                    found = log_.since(after, group, EVENTS_MAX)
+                    after = found[-1]["id"] if len(found) == EVENTS_MAX else top
+                    for ev in found:
+                        yield sse(ev, json_bytes(ev))
+                    if not found and not log_.wait(after, min(left, KEEPALIVE_S)):
+                        yield b": keepalive\n\n"
+
+        resp = Response(status=200, app_iter=stream(), content_type="text/event-stream")
+        resp.headers["Cache-Control"] = "no-cache"
+        resp.headers["X-Accel-Buffering"] = "no"
+        return resp
 
     @route("modelcast_topology", "/v1/topology", methods=["GET"])
     @endpoint()

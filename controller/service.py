@@ -28,7 +28,9 @@ from controller.auth import (ADMIN, Credentials, Forbidden, Principal, check_adm
                              check_self, check_source, may_see_key)
 from controller.cluster import Cluster
 from controller.core import Group, MulticastCore, Plan
-from controller.errors import Conflict, CoreError, InvalidAddress, UnknownSwitch
+from controller.errors import Conflict, CoreError, InvalidAddress, UnknownReceiver, UnknownSwitch
+from controller.events import MAX_LISTED
+from controller.treetrace import Read, trace as trace_tree
 from controller.linkgate import LinkGate
 from controller.metrics import Metrics, SwitchEntries
 from controller.offers import Offers
@@ -122,6 +124,10 @@ class Service(Persisted, Offers):
         self.core = core
         self.installer = installer
         self.changes = Changes()  # (the app's uses hub.Event)
+        self.events = core.events  # the event history (controller.events), one with the core's
+        # (gid, receiver) -> when it joined, until a plan puts it on the switches: the
+        # "installed" event's time to install
+        self._joined: dict[tuple[int, str], float] = {}
         self.state_path = Path(state_path) if state_path is not None else None
         self.writer = writer or self._write  # (path, payload): atomic, or an appended record
         # where the state's objects are kept: the state file by default, or e.g. etcd
@@ -223,14 +229,33 @@ class Service(Persisted, Offers):
                 self.metrics.openflow_errors.inc(len(errors))
                 log.warning("install %s for groups %s: %d OpenFlow errors: %s",
                             reason, _ids(gids), len(errors), "; ".join(errors[:20]))
+                self.events.emit("install_failed", groups=gids, reason=reason, errors=errors[:5])
             else:
                 log.debug("install %s for groups %s confirmed in %.1f ms",
                           reason, _ids(gids), elapsed * 1000)
+                if gids:
+                    self._installed_event(gids, reason, elapsed, len(plan))
             if done is not None:
                 done(errors)
             self.changes.notify()
 
         self.installer.install(plan, _done)
+
+    def _installed_event(self, gids: list[int], reason: str, elapsed: float, messages: int) -> None:
+        """One "installed" event per confirmed plan, with each receiver it put on the
+        switches since its join and how long that took (join to confirmation)."""
+        joined: dict[str, dict[str, float]] = {}
+        if self._joined:
+            now = self.clock()
+            for gid in gids:
+                g = self.core.groups.get(gid)
+                for ip in list(g.receivers) if g is not None else ():
+                    at = self._joined.get((gid, ip))
+                    if at is not None and self.receiver_state(g, ip) == "installed":
+                        del self._joined[(gid, ip)]
+                        joined.setdefault(str(gid), {})[ip] = round(now - at, 4)
+        self.events.emit("installed", groups=gids, reason=reason, seconds=round(elapsed, 4),
+                         messages=messages, **({"receivers": joined} if joined else {}))
 
     @property
     def busy(self) -> bool:
@@ -285,6 +310,12 @@ class Service(Persisted, Offers):
         log.info("group %d created by %s: model %r from %s to %d receivers at %s:%d (%s)", g.gid,
                  who or "anonymous", g.model, g.source, len(g.receivers), g.address, g.port,
                  g.algorithm)
+        now = self.clock()
+        for ip in g.receivers:
+            self._joined[(g.gid, ip)] = now
+        self.events.emit("group_created", group=g.gid, model=g.model, source=g.source,
+                         receivers=sorted(g.receivers, key=_ip_key)[:MAX_LISTED],
+                         receiver_count=len(g.receivers))
         self.apply(plan, "create")
         self._changed(g.gid)
         return self.group_json(g, who), True
@@ -330,7 +361,9 @@ class Service(Persisted, Offers):
         for table in (self.keys, self.transfers, self._errors, self.owners, self.active):
             table.pop(gid, None)
         self.pinned.discard(gid)
+        self._forget_joins(gid)
         log.info("group %d deleted", gid)
+        self.events.emit("group_deleted", group=gid)
         self.apply(plan, "delete", (lambda errors: done()) if done is not None else None)
         self.touch(f"{GROUP}{gid}")
         self.save()
@@ -346,7 +379,11 @@ class Service(Persisted, Offers):
             self._check_join(who, g.model, ip)
             if who is not None and not who.admin:
                 self.quotas.check(who, "receivers", self._receivers_of(who.ip))
+        new = ip not in g.receivers
         plan = self.core.join(g.gid, ip)
+        if new:
+            self._joined[(g.gid, ip)] = self.clock()
+            self.events.emit("join", group=g.gid, receiver=ip, by=str(who) if who is not None else "anonymous")
         self.apply(plan, "join")
         self._changed(g.gid)
         return self.group_json(g, who)
@@ -354,7 +391,11 @@ class Service(Persisted, Offers):
     def leave(self, gid: int, ip: str, who: Principal | None = ADMIN) -> dict[str, Any]:
         g = self.core.group(gid)
         check_self(who, ip)
+        was = ip in g.receivers
         plan = self.core.leave(g.gid, ip)
+        if was:
+            self._joined.pop((g.gid, ip), None)
+            self.events.emit("leave", group=g.gid, receiver=ip, by=str(who) if who is not None else "anonymous")
         self.apply(plan, "leave")
         self._changed(g.gid)
         return self.group_json(g, who)
@@ -383,6 +424,10 @@ class Service(Persisted, Offers):
                         "and not offered", gid, self.group_idle_s)
             self.delete_group(gid)
         return idle
+
+    def _forget_joins(self, gid: int) -> None:
+        for key in [k for k in self._joined if k[0] == gid]:
+            del self._joined[key]
 
     def _changed(self, gid: int) -> None:
         """A REST change of a group: its idle clock restarts, and it is saved now."""
@@ -472,6 +517,8 @@ class Service(Persisted, Offers):
         if len(plan):
             log.info("%s %s: %d trees move (%d messages)", "drain" if on else "undrain",
                      f"link {a}-{b}" if b is not None else f"switch {a}", len(plan.moved), len(plan))
+        self.events.emit("drain", groups=plan.groups, switches=[a] if b is None else sorted((a, b)),
+                         on=on, by=str(who) if who is not None else "anonymous")
         self.apply(plan, "drain" if on else "undrain")
         self.touch(TOPOLOGY)
         self.save()
@@ -545,6 +592,25 @@ class Service(Persisted, Offers):
         if self._inflight.get(g.gid) or g.gid in self._errors:
             return "pending"
         return "installed" if self._on_switches(g, ip) else "pending"
+
+    def errors_of(self, gid: int) -> list[str]:
+        """The OpenFlow errors of the group's last confirmed plan (none: it was installed)."""
+        return list(self._errors.get(gid, ()))
+
+    def plans_of(self, gid: int) -> int:
+        """The group's plans sent and not yet confirmed by barriers."""
+        return self._inflight.get(gid, 0)
+
+    def trace(self, gid: int, receiver: str | None = None, read: Read | None = None) -> dict[str, Any]:
+        """The group's tree hop by hop for each receiver (or ``receiver`` alone: 404 when
+        it is not one), with live counters when ``read`` is given (``controller.treetrace``)."""
+        g = self.core.group(gid)
+        if receiver is not None:
+            receiver = check_unicast(receiver, "receiver")
+            if receiver not in g.receivers:
+                raise UnknownReceiver(f"{receiver} is not a receiver of group {g.gid}")
+        return trace_tree(self, g, [receiver] if receiver is not None else list(g.receivers),
+                               read, time.monotonic)
 
     def _on_switches(self, g: Group, ip: str) -> bool:
         loc = self.core.view.hosts.get(ip)

@@ -378,6 +378,11 @@ class FakeSwitch:
         self.flows: list[FlowEntry] = []
         self.groups: dict[int, GroupEntry] = {}
         self.meters: dict[int, tuple] = {}  # meter id -> (flags, ((band type, rate, burst), ...))
+        # packets counted as ``process`` runs them (every packet ``PACKET_BYTES`` long): per
+        # flow (by ``FlowEntry.key``), per group and per bucket, as flow and group stats say
+        self.flow_packets: collections.Counter = collections.Counter()
+        self.group_packets: collections.Counter = collections.Counter()
+        self.bucket_packets: collections.Counter = collections.Counter()  # (gid, bucket index) -> packets
         self.up = True
         self._port_live = port_live or (lambda port: True)
 
@@ -386,6 +391,8 @@ class FakeSwitch:
         self.flows = []
         self.groups = {}
         self.meters = {}
+        for counts in (self.flow_packets, self.group_packets, self.bucket_packets):
+            counts.clear()
 
     # ---- messages
 
@@ -543,6 +550,7 @@ class FakeSwitch:
 
     #: entries per multipart reply part: small, so every reader meets OFPMPF_REPLY_MORE
     reply_part_size = 4
+    PACKET_BYTES = 1000  # every traced packet's length, for byte counters
 
     def request(self, msg: Any) -> list[Any]:
         """Answer a flow-stats or group-desc request with its reply parts, every part but
@@ -553,8 +561,8 @@ class FakeSwitch:
             body = [parser.OFPFlowStats(
                 table_id=e.table_id, duration_sec=0, duration_nsec=0, priority=e.priority,
                 idle_timeout=e.idle_timeout, hard_timeout=0, flags=e.flags, cookie=e.cookie,
-                packet_count=0,
-                byte_count=0, match=parser.OFPMatch(**e.match),
+                packet_count=self.flow_packets[e.key()],
+                byte_count=self.flow_packets[e.key()] * self.PACKET_BYTES, match=parser.OFPMatch(**e.match),
                 instructions=_parser_instructions(e.instructions))
                 for e in (self.flows[i] for i in self._selected(
                     msg, _normalise_match(msg.match), False, True))]
@@ -568,6 +576,17 @@ class FakeSwitch:
         elif isinstance(msg, parser.OFPDescStatsRequest):
             return [parser.OFPDescStatsReply(msg.datapath, body=parser.OFPDescStats(
                 *(self.OVS_DESC if self.nicira else self.PLAIN_DESC)), flags=0)]
+        elif isinstance(msg, parser.OFPGroupStatsRequest):
+            reply = parser.OFPGroupStatsReply
+            size = self.PACKET_BYTES
+            body = [parser.OFPGroupStats(
+                length=0, group_id=gid, ref_count=0, packet_count=self.group_packets[gid],
+                byte_count=self.group_packets[gid] * size, duration_sec=0, duration_nsec=0,
+                bucket_stats=[parser.OFPBucketCounter(self.bucket_packets[(gid, i)],
+                                                      self.bucket_packets[(gid, i)] * size)
+                              for i in range(len(g.buckets))])
+                for gid, g in sorted(self.groups.items())
+                if msg.group_id in (gid, ofp.OFPG_ALL)]
         elif isinstance(msg, parser.OFPGroupDescStatsRequest):
             reply = parser.OFPGroupDescStatsReply
             body = [parser.OFPGroupDescStats(g.type, gid, [
@@ -653,14 +672,17 @@ class FakeSwitch:
             res.notes.append(f"s{self.dpid}: group chain too deep at {gid}, dropped")
             return
         if group.type == ofp.OFPGT_ALL:
-            chosen = list(group.buckets)
+            chosen = list(range(len(group.buckets)))
         elif group.type == ofp.OFPGT_INDIRECT:
-            chosen = list(group.buckets[:1])
+            chosen = [0][:len(group.buckets)]
         else:  # FF and SELECT: the first live bucket (SELECT: deterministic stand-in for hashing)
-            chosen = [b for b in group.buckets if self._bucket_live(b)][:1]
+            chosen = [i for i, b in enumerate(group.buckets) if self._bucket_live(b)][:1]
             if not chosen:
                 res.notes.append(f"s{self.dpid}: group {gid} has no live bucket, dropped")
-        for b in chosen:
+        self.group_packets[gid] += 1
+        for i in chosen:
+            self.bucket_packets[(gid, i)] += 1
+            b = group.buckets[i]
             self._run_actions(b.actions, dict(pkt), res, depth)
 
     def process(self, pkt: dict[str, int]) -> _Result:
@@ -681,6 +703,7 @@ class FakeSwitch:
                 res.misses += 1
                 res.notes.append(f"s{self.dpid}: table {table} miss for {describe(pkt)}")
                 return
+            self.flow_packets[entry.key()] += 1
             goto = None
             for kind, payload in entry.instructions:
                 if kind == "meter":

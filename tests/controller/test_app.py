@@ -110,6 +110,29 @@ def test_every_handler_runs_with_real_effects(make_bench, caplog):
     assert dict(fabric.trace(H["h1"].ip, g["address"]).delivered) == {H["h3"].ip: 1, H["h4"].ip: 1}
     assert f"IGMP join: {H['h4'].ip} joined group {g['id']}" in caplog.text
 
+    # a trace reads the switches' counters: between two traces, every hop to every
+    # receiver counted the 3 packets sent, on its (S,G) flow, its group and the bucket
+    # towards that receiver
+    app.counters.ttl_s = 0  # (no cached reading: each trace asks the switches)
+
+    def counts() -> dict[str, list[dict[str, int]]]:
+        traced = svc.trace(g["id"], None, app.counters.read)
+        assert all(r["state"] == "installed" and r["why"] is None for r in traced["receivers"])
+        assert all(r["hops"][0]["dpid"] == H["h1"].dpid and r["hops"][-1]["next"] == r["ip"]
+                   for r in traced["receivers"])
+        return {r["ip"]: [{k: h["counters"][k]["packets"] for k in ("flow", "group", "bucket")}
+                          for h in r["hops"]] for r in traced["receivers"]}
+
+    before = counts()
+    for _ in range(3):
+        fabric.trace(H["h1"].ip, g["address"])
+    after = counts()
+    assert sorted(after) == [H["h3"].ip, H["h4"].ip]
+    assert {ip: [{k: h[k] - b[k] for k in h} for h, b in zip(hops, before[ip])] for ip, hops in after.items()} \
+        == {ip: [{"flow": 3, "group": 3, "bucket": 3}] * len(hops) for ip, hops in after.items()}
+    assert sum(isinstance(m, parser.OFPGroupStatsRequest) for dp in bench.dps.values()
+               for m in dp.sent_of(parser.OFPMultipartRequest)) == 2 * len(core.groups[g["id"]].tree.parent)
+
     # a tree link fails: both ends report the port down, the tree moves to the other spine
     spine, leaf = next((p, c) for p, c in core.groups[g["id"]].tree.links() if c == 4)
     k = next(k for k in TOPO.links if {k.a, k.b} == {spine, leaf})

@@ -27,7 +27,7 @@ import topologies as T
 from controller import ofmsgs
 from controller.core import MulticastCore, Plan
 from controller.reconnect import Reconnect
-from controller.rest import RestApi
+from controller.rest import RestApi, validator
 from controller.service import Service
 from controller.topoview import TopologyView
 from lab.controller import Controller
@@ -210,6 +210,13 @@ def make_env(topo: T.Topology | None = None, *, token: str | None = None,
     clock = Clock()
     service = Service(core, installer, state_path, token, registry, clock, host_tokens)
     return Env(topo, core, fabric, installer, service, registry, clock, [h.ip for h in topo.hosts])
+
+
+def valid(schema: str, data: Any) -> Any:
+    """``data`` after asserting it matches the OpenAPI document's ``schema``."""
+    errors = list(validator(schema).iter_errors(data))
+    assert not errors, [e.message for e in errors]
+    return data
 
 
 TOKEN = "t0ken-for-tests"
