@@ -28,6 +28,7 @@ from .api import (
     ReceiveStarted,
     SendOptions, SendProgress, SendStarted, TransferError, Unauthenticated, receive, send,
 )
+from . import treeview
 from .rounds import RoundSettings
 from .control import ControllerError
 from .events import ChunkCorrupt, ManifestReceived, ReceiverCompleted, ReceiverFailed, ReceiverJoined
@@ -814,6 +815,7 @@ def build_parser() -> argparse.ArgumentParser:
     key.add_argument("--force", action="store_true", help="replace PATH if it exists")
     key.add_argument("--quiet", action="store_true", help="print nothing but errors")
     key.set_defaults(json=False)
+    treeview.add_parser(sub, _Help, _controller_options, _examples)
     return parser
 
 
@@ -827,7 +829,7 @@ def _version() -> str:
 
 
 COMMANDS = {"send": cmd_send, "recv": cmd_recv, "serve": cmd_serve, "fetch": cmd_fetch, "catalog": cmd_catalog,
-            "ls": cmd_ls, "keygen": cmd_keygen}
+            "ls": cmd_ls, "keygen": cmd_keygen, "trace": lambda args: treeview.cmd_trace(args, _token(args))}
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

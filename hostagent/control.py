@@ -186,6 +186,11 @@ class ControllerClient:
     def withdraw(self, offer_id: int) -> None:
         self._call("DELETE", f"/v1/offers/{offer_id}")
 
+    def trace(self, group_id: int, receiver: Optional[str] = None) -> dict:
+        """GET /v1/groups/{id}/trace: the tree hop by hop with live counters."""
+        query = f"?receiver={receiver}" if receiver else ""
+        return self._call("GET", f"/v1/groups/{group_id}/trace{query}")
+
     def topology(self) -> dict:
         return self._call("GET", "/v1/topology")
 

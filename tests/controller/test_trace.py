@@ -8,26 +8,7 @@ from typing import Any
 
 import topologies as T
 from controller import ofmsgs
-from controller.counters import Counters
-from tests.support.controller_env import R1, R2, S, TOKEN, Api, Env, make_env, valid
-
-
-def fabric_counters(env: Env, answering: set[int] | None = None) -> Counters:
-    """Counters whose requests the fake switches answer at once (``answering``: only
-    these switches are connected)."""
-    counters: Counters
-
-    def send(dpid: int, msg: Any) -> bool:
-        if answering is not None and dpid not in answering:
-            return False
-        msg.serialize()  # (as Ryu does before sending: the request must be well formed)
-        for part in env.fabric.request(dpid, msg):
-            part.xid = msg.xid
-            counters.reply(dpid, part)
-        return True
-
-    counters = Counters(send, ttl_s=0.0)
-    return counters
+from tests.support.controller_env import R1, R2, S, TOKEN, Api, fabric_counters, make_env, valid
 
 
 def packets(trace: dict[str, Any]) -> dict[str, list[tuple[int | None, ...]]]:

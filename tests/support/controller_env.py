@@ -26,6 +26,7 @@ from webob import Request
 import topologies as T
 from controller import ofmsgs
 from controller.core import MulticastCore, Plan
+from controller.counters import Counters
 from controller.reconnect import Reconnect
 from controller.rest import RestApi, validator
 from controller.service import Service
@@ -217,6 +218,24 @@ def valid(schema: str, data: Any) -> Any:
     errors = list(validator(schema).iter_errors(data))
     assert not errors, [e.message for e in errors]
     return data
+
+
+def fabric_counters(env: Env, answering: set[int] | None = None) -> Counters:
+    """Counters whose requests the fake switches answer at once (``answering``: only
+    these switches are connected)."""
+    counters: Counters
+
+    def send(dpid: int, msg: Any) -> bool:
+        if answering is not None and dpid not in answering:
+            return False
+        msg.serialize()  # (as Ryu does before sending: the request must be well formed)
+        for part in env.fabric.request(dpid, msg):
+            part.xid = msg.xid
+            counters.reply(dpid, part)
+        return True
+
+    counters = Counters(send, ttl_s=0.0)
+    return counters
 
 
 TOKEN = "t0ken-for-tests"
