@@ -397,11 +397,12 @@ def cmd_fetch(args: argparse.Namespace) -> int:
 def _fetch_hf(args: argparse.Namespace, ref: Any, options: ReceiveOptions, on_event: Callable[[object], None],
               report: Any) -> int:
     """``fetch hf://...``: into the Hugging Face cache (hostagent.hf); prints the snapshot."""
-    from . import hf
+    from .hf import hub_cache
+    from .hffetch import fetch_hf
 
-    cache = hf.hub_cache(args.hf_cache)
+    cache = hub_cache(args.hf_cache)
     try:
-        done = hf.fetch_hf(ref, cache, options, patience=args.patience, on_event=on_event)
+        done = fetch_hf(ref, cache, options, patience=args.patience, on_event=on_event)
     finally:
         report.close()
     if args.json:

@@ -126,7 +126,8 @@ def test_no_test_module_imports_another() -> None:
 # ``lab`` marker): ``make test-fast`` leaves those out. The top level keeps what
 # concerns the whole project.
 TEST_DIRS = {"controller", "hostagent", "bench", "lab", "support"}
-TOP_LEVEL_TESTS = {"test_layout.py", "test_docs.py", "test_topologies.py", "test_support_teardown.py"}
+TOP_LEVEL_TESTS = {"test_layout.py", "test_docs.py", "test_topologies.py", "test_support_teardown.py",
+                   "test_deploy.py", "test_grafana.py"}  # (deploy/: manifests and the dashboard)
 
 
 def test_tests_are_laid_out_by_package_and_kind() -> None:

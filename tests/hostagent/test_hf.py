@@ -19,6 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from hostagent import hf
+from hostagent.hffetch import fetch_hf
 from tests.support.hfcache import HfModel, check_loads, hub_names, model_files, write_hub_cache
 from tests.support.lab import need_module
 
@@ -275,9 +276,9 @@ def test_serve_by_name_and_fetch_by_name_into_another_cache_on_loopback(tmp_path
         try:
             fetch_opts = ReceiveOptions(controller=ctl.url, ip=LOOPBACK, interface=LOOPBACK, source="", timeout=10,
                                         insecure=True)
-            got = hf.fetch_hf(hf.HfRef(REPO), str(tmp_path / "node"), fetch_opts, patience=60)
+            got = fetch_hf(hf.HfRef(REPO), str(tmp_path / "node"), fetch_opts, patience=60)
             (offer,) = ControllerClient(ctl.url).offers()
-            again = hf.fetch_hf(hf.HfRef(REPO, made.commit), str(tmp_path / "node"), fetch_opts, patience=60)
+            again = fetch_hf(hf.HfRef(REPO, made.commit), str(tmp_path / "node"), fetch_opts, patience=60)
         finally:
             stop.set()
             server.join(30)
