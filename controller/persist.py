@@ -275,7 +275,7 @@ class Persisted:
                 continue
             self.offers[o["id"]] = {"model": o["model"].strip(), "source": o["source"],
                                     "name": o.get("name", ""), "size": o.get("size", 0),
-                                    "files": o.get("files", 0)}
+                                    "files": o.get("files", 0), **({"hf": o["hf"]} if "hf" in o else {})}
             self.offer_index[(o["model"].strip(), o["source"])] = o["id"]
         for r in data["acl"]:
             self.acl.rules[r["id"]] = Rule.from_dict(r)
