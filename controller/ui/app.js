@@ -1,7 +1,7 @@
 // modelcast live view: the fabric, one group's tree over it, and the event timeline.
 //
 // Everything comes from the controller's REST API with the caller's token (typed into the
-// page or given once as ?token=, kept in this tab's sessionStorage, sent as
+// page or given once as #token=, kept in this tab's sessionStorage, sent as
 // "Authorization: Bearer"): /v1/topology, /v1/groups, /v1/groups/{id}/trace and the event
 // history /v1/events. The page follows the controller through the Server-Sent Events
 // stream /v1/events/stream, read with fetch() so the token travels in a header
@@ -52,14 +52,19 @@
   function token() { return sessionStorage.getItem(TOKEN_KEY) || ""; }
 
   function takeUrlParameters() {
-    // ?token= goes to sessionStorage and out of the address bar (and so out of the
-    // history, bookmarks and screenshots); ?group= selects a group
+    // #token= (never sent to the server) or ?token= (which the server's access log
+    // records) goes to sessionStorage and out of the address bar, so out of bookmarks and
+    // screenshots; ?group= selects a group
     const url = new URL(location.href);
-    const t = url.searchParams.get("token");
+    const fragment = new URLSearchParams(url.hash.slice(1));
+    const t = fragment.has("token") ? fragment.get("token") : url.searchParams.get("token");
     if (t !== null) {
       if (t) sessionStorage.setItem(TOKEN_KEY, t); else sessionStorage.removeItem(TOKEN_KEY);
       url.searchParams.delete("token");
-      history.replaceState(null, "", url.pathname + url.search + url.hash);
+      fragment.delete("token");
+      const rest = fragment.toString();
+      history.replaceState(null, "", url.pathname + url.search + (rest ? "#" + rest : ""));
+      if ($("token")) $("token").value = t;
     }
     const g = parseInt(url.searchParams.get("group") || "", 10);
     if (g > 0) state.selected = g;
@@ -641,6 +646,10 @@
     $("group").addEventListener("change", (evt) => select(evt.target.value));
     $("only-group").addEventListener("change", refilterEvents);
     $("token").value = token();
+    // a #token= given to the open page (the browser does not reload it for a fragment)
+    window.addEventListener("hashchange", () => {
+      if (new URLSearchParams(location.hash.slice(1)).has("token")) { takeUrlParameters(); showError(""); follow(); }
+    });
     $("token-form").addEventListener("submit", (evt) => {
       evt.preventDefault();
       const t = $("token").value.trim();
