@@ -223,6 +223,20 @@ class AutoscaleReport:
         return "\n".join(lines)
 
 
+def served_line(server: AgentRun, timeout: float = 120) -> dict:
+    """A ``modelcast serve --json``'s first "served" line: the model is hashed and offered."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for line in server.stdout.read_text().splitlines():
+            event = json.loads(line)
+            if event.get("event") == "served":
+                return event
+        if not server.alive():
+            break
+        time.sleep(0.1)
+    raise LabError(f"modelcast serve did not offer the model: {server.stderr_tail()}")
+
+
 class Autoscale:
     """``model`` (file or directory) served from ``server``; ``receivers`` fetch it.
     ``run()`` -> ``AutoscaleReport``. Every process is killed by PID on every path."""
@@ -263,25 +277,12 @@ class Autoscale:
         return self._start(host, name, ["fetch", model_id, "--out", str(self.workdir / f"{name}-model"),
                                         "--timeout", "30", "--patience", "180"])
 
-    def _served(self, server: AgentRun, timeout: float = 120) -> dict:
-        """The server's first line: the model is offered (it hashed the model first)."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            for line in server.stdout.read_text().splitlines():
-                event = json.loads(line)
-                if event.get("event") == "served":
-                    return event
-            if not server.alive():
-                break
-            time.sleep(0.1)
-        raise LabError(f"modelcast serve did not offer the model: {server.stderr_tail()}")
-
     def run(self) -> AutoscaleReport:
         want = tree_of(self.model) if self.model.is_dir() else None
         server = self._start(self.server, "serve", [
             "serve", str(self.model), "--rate", str(self.rate), "--chunk-size", str(self.chunk_size),
             *self.serve_args])
-        served = self._served(server)
+        served = served_line(server)
         model_id, size = served["model"], served["size"]
         self.say(f"{self.server} serves {served['name']} as {model_id[:23]}... ({size / 1e6:.1f} MB)")
         fleet: dict[str, AgentRun] = {}

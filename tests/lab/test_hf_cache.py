@@ -9,16 +9,14 @@ with no warning, and ``safetensors`` loads every tensor equal to the source's.""
 
 from __future__ import annotations
 
-import json
 import signal
-import time
 from pathlib import Path
 
 import pytest
 
 import topologies as T
+from lab.autoscale import served_line
 from lab.fabric import Fabric
-from lab.sh import LabError
 from lab.transfer import AgentRun, agent_argv
 from tests.support.hfcache import check_loads, hub_names, model_files, write_hub_cache
 from tests.support.lab import need_lab, need_module
@@ -27,20 +25,6 @@ pytestmark = pytest.mark.lab
 
 REPO = "acme/toy-llm"
 SERVER, FETCHERS = "h1", ("h3", "h4")
-
-
-def served(run: AgentRun, timeout: float = 120) -> dict:
-    """The server's "served" line: the model is hashed and offered."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for line in run.stdout.read_text().splitlines():
-            event = json.loads(line)
-            if event.get("event") == "served":
-                return event
-        if not run.alive():
-            break
-        time.sleep(0.1)
-    raise LabError(f"modelcast serve did not offer {REPO}: {run.stderr_tail()}")
 
 
 def test_a_model_served_by_name_is_fetched_by_name_into_caches_the_libraries_load(tmp_path: Path) -> None:
@@ -54,7 +38,7 @@ def test_a_model_served_by_name_is_fetched_by_name_into_caches_the_libraries_loa
             "serve", f"hf://{REPO}", "--hf-cache", str(tmp_path / "server-cache"), "--rate", "150"]),
             tmp_path / "serve")
         try:
-            offer = served(server)
+            offer = served_line(server)
             assert offer["name"] == REPO and offer["revision"] == made.commit and offer["size"] == made.size
             fetches = [AgentRun.start(fabric, host, "fetch", agent_argv(fabric, host, [
                 "fetch", f"hf://{REPO}", "--hf-cache", str(tmp_path / f"{host}-cache"), "--timeout", "30",
