@@ -608,6 +608,7 @@
         await refresh();
         if (gen !== state.generation) return;
         if (!state.eventsOffered || !state.streamOffered) { setMode("polling"); return; }
+        setMode("connecting");  // (the timer polls until the stream's first bytes)
         await stream(gen);
         if (gen !== state.generation) return;
         if (!state.streamOffered) { setMode("polling"); return; }
