@@ -30,8 +30,6 @@ CONTENT_TYPES = {
     ".js": "text/javascript; charset=utf-8",
     ".css": "text/css; charset=utf-8",
     ".LICENSE": "text/plain; charset=utf-8",
-    ".svg": "image/svg+xml",
-    ".png": "image/png",
 }
 # The page runs only its own scripts and talks only to this controller: a token kept in
 # the page's session storage is not readable by script injected from elsewhere.
@@ -117,8 +115,8 @@ class WebUi(ControllerBase):
         f = self.files.get(name)
         if f is None:
             if name == LIBRARY:
-                raise ApiError(404, "the graph library was not vendored into this install: "
-                                    "run scripts/vendor-ui.sh (scripts/venv.sh does) and reinstall")
+                raise ApiError(404, "the graph library was not vendored into this install: run "
+                                    "scripts/vendor-ui.sh before installing the package (scripts/venv.sh does)")
             raise ApiError(404, f"no such file of the web view: {name[:200]!r}")
         resp = Response(status=304) if f.etag in if_none_match(req) else Response(status=200, body=f.body)
         resp.headers["Content-Type"] = f.ctype
