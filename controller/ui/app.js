@@ -84,8 +84,8 @@
     return new HttpError(r.status, message);
   }
 
-  async function getJson(path, signal) {
-    const r = await fetch(path, { headers: headers(), cache: "no-store", signal: signal });
+  async function getJson(path) {
+    const r = await fetch(path, { headers: headers(), cache: "no-store" });
     if (!r.ok) throw await httpError(r);
     return r.json();
   }
@@ -530,18 +530,18 @@
   }
 
   // events since the last one seen; a restarted controller counts from 1 again
-  async function readEvents(signal) {
+  async function readEvents() {
     if (!state.eventsOffered) return false;
     let answer;
     try {
-      answer = await getJson("/v1/events?since=" + state.lastEvent, signal);
+      answer = await getJson("/v1/events?since=" + state.lastEvent);
     } catch (e) {
       if (noRoute(e)) { state.eventsOffered = false; return false; }
       throw e;
     }
     if (answer.last < state.lastEvent) {
       state.lastEvent = 0;
-      return readEvents(signal);
+      return readEvents();
     }
     const fresh = state.eventCount > 0;
     for (const ev of answer.events || []) addEvent(ev, fresh);
