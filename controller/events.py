@@ -41,6 +41,7 @@ class EventLog:
         if size < 1:
             raise ValueError(f"an event log holds at least one event, not {size}")
         self._ring: deque[dict[str, Any]] = deque(maxlen=size)
+        self.counted: Callable[[str], None] | None = None  # (kind) per event: the service's metric
         self._clock = clock
         self._new = event
         self._event = event()
@@ -68,6 +69,8 @@ class EventLog:
             ev["group_count"] = len(listed)
         ev.update(fields)
         self._ring.append(ev)
+        if self.counted is not None:
+            self.counted(kind)
         event, self._event = self._event, self._new()
         event.set()
         return ev

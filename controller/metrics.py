@@ -27,6 +27,8 @@ class Metrics:
         self.openflow_errors = PCounter("modelcast_openflow_errors",
                                         "OpenFlow errors switches answered to our plans",
                                         registry=registry)
+        self.events = PCounter("modelcast_events", "Events recorded by kind (controller.events: "
+                               "failover, reroute, damped, refused, ...)", ["kind"], registry=registry)
         self.rest_requests = PCounter("modelcast_rest_requests", "REST requests served",
                                       ["method", "status"], registry=registry)
         self.audits = PCounter("modelcast_audits",

@@ -175,6 +175,7 @@ class Service(Persisted, Offers):
         # which discovered links are believed (the app sets the one of --fabric before load)
         self.gate = LinkGate()
         self.metrics.groups.set_function(lambda: len(self.core.groups))
+        self.events.counted = lambda kind: self.metrics.events.labels(kind=kind).inc()
         self.metrics.registry.register(SwitchEntries(self))
         for state in RECEIVER_STATES:
             self.metrics.receivers.labels(state=state).set_function(

@@ -142,8 +142,8 @@ def add_parser(sub: Any, formatter: Any, controller_options: Any, examples: Any)
                     "enters on and its (S,G) flow's packets, every port it copies to with its bucket's packets "
                     "(and, with --watch, how fast each rises), each receiver's state and why it waits. The hop "
                     "where a count stops rising is where packets stop.",
-        epilog=examples("modelcast trace llama-70b --controller http://10.0.0.254:8080 --watch",
-                        "modelcast trace 3 --receiver 10.0.0.7 --controller http://10.0.0.254:8080 --json"))
+        epilog=examples("modelcast trace llama-70b --controller http://10.0.0.254:8080 "
+                        "--token-file /etc/modelcast/token --watch"))
     p.add_argument("group", metavar="MODEL_OR_GROUP", help="a group id, or a model with one group")
     controller_options(p, True)
     p.add_argument("--receiver", metavar="IP", help="only this receiver's path")

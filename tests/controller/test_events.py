@@ -130,6 +130,10 @@ def test_a_port_down_tells_the_failover_the_reroute_and_why_and_a_flapping_link_
     svc.apply(core.release_damped(until), "flap hold ended")
     assert kinds(svc.events.since(svc.events.last - 1))[-1] in ("undamped", "installed")
     assert any(e["kind"] == "undamped" and e["switches"] == [1, 2] for e in svc.events.since(0))
+    # Prometheus counts them by kind (the dashboard's switch-over panel)
+    told = kinds(svc.events.since(0))
+    assert {k: env.metric("modelcast_events_total", kind=k) for k in ("failover", "damped", "port_down")} == \
+        {"failover": told.count("failover"), "damped": 1, "port_down": 3}
 
 
 def test_a_switch_lost_and_a_link_lost_are_told_with_their_reroutes():

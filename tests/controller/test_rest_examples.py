@@ -301,6 +301,13 @@ def _health(ex: Example, health: Any, ctl: Controller) -> None:
     assert health["switches"] == len(default_topology().switches)
 
 
+def _group_story(ex: Example, answer: Any, ctl: Controller) -> None:
+    """"what happened to group 1": the examples' group from its creation to its deletion."""
+    kinds = [e["kind"] for e in answer["events"]]
+    assert kinds[0] == "group_created" and "join" in kinds and "leave" in kinds and kinds[-1] == "group_deleted", kinds
+    assert all(e.get("group") == 1 or 1 in e.get("groups", ()) for e in answer["events"]), answer
+
+
 def _metric_families(ex: Example, text: Any, ctl: Controller) -> None:
     """Every word after "Prometheus:" names a modelcast metric family."""
     words = re.findall(r"\w+", ex.comment.split("Prometheus:", 1)[1])
@@ -327,6 +334,7 @@ EXPECTED: dict[str, Expect] = {
     "GET /v1/topology": Expect((200,), _topology),
     "GET /v1/health": Expect((200,), _health),
     "GET /metrics": Expect((200,), _metric_families),
+    "GET /v1/events?since=0&group=1": Expect((200,), _group_story),
 }
 
 

@@ -21,7 +21,7 @@ from lab.models import make_model
 from lab.sh import free_port
 from tests.support.agents import LOOPBACK, FakeController
 
-COMMANDS = ("send", "recv", "serve", "fetch", "catalog", "ls", "keygen")
+COMMANDS = ("send", "recv", "serve", "fetch", "catalog", "ls", "keygen", "trace")
 
 
 def subparsers() -> dict[str, argparse.ArgumentParser]:
