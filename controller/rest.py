@@ -601,6 +601,9 @@ class RestApi(ControllerBase):
                     if not found and not log_.wait(after, min(left, KEEPALIVE_S)):
                         yield b": keepalive\n\n"
 
+        # (eventlet's server holds a response's chunks until 4 KB by default: each event
+        # must leave when it happens)
+        req.environ["eventlet.minimum_write_chunk_size"] = 0
         resp = Response(status=200, app_iter=stream(), content_type="text/event-stream")
         resp.headers["Cache-Control"] = "no-cache"
         resp.headers["X-Accel-Buffering"] = "no"

@@ -170,9 +170,6 @@ def hop_packets(path: str) -> list[int]:
     return [int(n) for n in re.findall(r"\((\d+) pkts\)", path)]
 
 
-@pytest.mark.xfail(strict=True, reason="the controller's event stream is not flushed: eventlet's WSGI server "
-                   "holds a response's chunks until 4 KB (controller/rest.py events_stream needs "
-                   "req.environ['eventlet.minimum_write_chunk_size'] = 0); remove this mark with the fix")
 def test_the_page_follows_the_event_stream(browser, fabric):
     """The page holds the event stream and gets its first bytes at once, so it follows
     the controller by its events rather than by polling."""
