@@ -140,6 +140,18 @@ class ReceiverConfig:
     lane: tuple[int, int] = (0, 1)
 
 
+def offered_id(page: wire.Manifest) -> Optional[str]:
+    """The content id a manifest page names on its own: a one-page manifest's (it holds
+    every digest), else the one its ``id_root`` commits to -- a lane's: the whole file's
+    (None: a page of several without one, from a sender before ``id_root``)."""
+    size, root = page.id_root
+    if root:
+        return tree.id_of_root(page.entries, size, page.chunk_size, page.file_digest, root)
+    if page.lane[1] == 1 and page.first_chunk == 0 and len(page.digests) == page.chunk_count * wire.CHUNK_DIGEST_LEN:
+        return tree.content_id(page.entries, page.file_size, page.chunk_size, page.file_digest, page.digests)
+    return None
+
+
 class _Digests:
     """The chunk digests of the manifest pages that arrived, in segments allocated as
     pages land: memory follows what was received, not the chunk count a manifest claims."""
@@ -288,7 +300,7 @@ class Receiver:
 
         self.complete = False
         self._id_ok = False  # the manifest hashed to config.content_id (see _id_checked)
-        self.offered_content_id: Optional[str] = None  # the id of a one-page manifest refused for it
+        self.offered_content_id: Optional[str] = None  # the id a manifest page refused for it names
         self.failed = False
         self.acked = False
         self._complete_at: Optional[float] = None
@@ -629,8 +641,9 @@ class Receiver:
         if started:
             self._start(msg, now)
         elif not hmac.compare_digest(msg.file_digest, self.manifest.file_digest) or (
-            msg.file_size, msg.chunk_size, msg.payload_size, msg.entries
-        ) != (self.manifest.file_size, self.manifest.chunk_size, self.manifest.payload_size, self.manifest.entries):
+            msg.file_size, msg.chunk_size, msg.payload_size, msg.entries, msg.id_root
+        ) != (self.manifest.file_size, self.manifest.chunk_size, self.manifest.payload_size, self.manifest.entries,
+              self.manifest.id_root):
             self.stats.drops["manifest_mismatch"] += 1
             return False
         self._group_hint = max(self._group_hint, msg.receivers_hint)
@@ -650,9 +663,9 @@ class Receiver:
 
     def _acceptable(self, msg: wire.Manifest) -> bool:
         """The first manifest's checks beyond the wire's: a directory's entry list is
-        safe to create (``hostagent.tree``), and a one-page manifest hashes to the
-        expected content id (a longer one is checked when its last page lands:
-        ``_id_checked``). Refusals are counted, never accepted."""
+        safe to create (``hostagent.tree``), and the page names the expected content id
+        (``offered_id``) -- before anything is created or written. Refusals are counted,
+        never accepted."""
         if msg.entries:
             try:
                 tree.decode_entries(msg.entries, msg.file_size)
@@ -660,22 +673,22 @@ class Receiver:
                 self.stats.drops[exc.reason] += 1
                 return False
         expected = self.config.content_id
-        if (expected is not None and msg.first_chunk == 0 and len(msg.digests) == msg.chunk_count * wire.CHUNK_DIGEST_LEN
-                and not tree.matches_id(expected, msg.entries, msg.file_size, msg.chunk_size, msg.file_digest,
-                                        msg.digests)):
+        offered = offered_id(msg) if expected is not None else None
+        if offered is not None and not hmac.compare_digest(tree.parse_content_id(offered), expected):  # type: ignore[arg-type]
             self.stats.drops["wrong_content_id"] += 1
-            # what the sender offers instead, for the caller's error (``recv --expect``)
-            self.offered_content_id = tree.content_id(msg.entries, msg.file_size, msg.chunk_size, msg.file_digest,
-                                                      msg.digests)
+            self.offered_content_id = offered  # what the sender offers instead, for the caller's error (recv --expect)
             return False
         return True
 
     def _id_checked(self) -> bool:
         """With an expected content id: whether the whole manifest (every digest page)
-        is known and hashes to it. A manifest that does not fails the receiver the moment
-        its last page lands, before anything completes (``_check_done`` waits for this);
-        its data is never accepted (what the record claims is re-hashed next time anyway)."""
-        if self.config.content_id is None or self._id_ok:
+        is known and hashes to it. A manifest that does not -- its first page named the
+        id, its digests do not add up to it: a sender holding the key lied -- fails the
+        receiver the moment its last page lands, before anything completes
+        (``_check_done`` waits for this); its data is never accepted (what the record
+        claims is re-hashed next time anyway). A lane's digests are a slice of the file's:
+        whoever holds every lane's checks them (``chunk_digests``, hostagent.lanes)."""
+        if self.config.content_id is None or self._id_ok or self.config.lane[1] > 1:
             return True
         layout, manifest = self.layout, self.manifest
         if layout is None or manifest is None or self.failed or self._digests.known.count < layout.chunk_count:
@@ -690,11 +703,17 @@ class Receiver:
 
     def content_id(self) -> Optional[str]:
         """``blake3:<hex>`` of the manifest received (None until every page arrived)."""
-        layout, manifest = self.layout, self.manifest
-        if layout is None or manifest is None or self._digests.known.count < layout.chunk_count:
+        digests, manifest = self.chunk_digests(), self.manifest
+        if digests is None or manifest is None:
             return None
-        digests = b"".join(self._digests.get(c) for c in range(layout.chunk_count))
         return tree.content_id(manifest.entries, manifest.file_size, manifest.chunk_size, manifest.file_digest, digests)
+
+    def chunk_digests(self) -> Optional[bytes]:
+        """Every chunk digest the manifest's pages brought, in chunk order (None until all came)."""
+        layout = self.layout
+        if layout is None or self._digests.known.count < layout.chunk_count:
+            return None
+        return b"".join(self._digests.get(c) for c in range(layout.chunk_count))
 
     def _start(self, msg: wire.Manifest, now: float) -> None:
         begin = getattr(self._sink, "begin", None)

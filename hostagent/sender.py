@@ -53,8 +53,9 @@ from .events import (
 )
 from .pacing import LINK_OVERHEAD, LOSS_HORIZON, LossClassifier, Pacer, PeerBudget, RepairBudget, Verdict
 from .repair import ParityRepair, RepairPlanner
+from .tree import digests_root
 
-_DIGESTS_PER_PAGE_BUDGET = 120  # bytes of a manifest page spent on fixed fields
+_DIGESTS_PER_PAGE_BUDGET = 180  # bytes of a manifest page spent on fixed fields (with the id root's ~55)
 _ENTRIES_PAGE_ROOM = 4096  # a page with a long entry list still carries ~250 chunk digests
 _REPAIR_BURST = 16.0  # datagrams of unused repair share kept while streaming
 
@@ -239,12 +240,15 @@ def check_chunk_count(size: int, chunk_size: int) -> None:
 
 
 def build_manifest_pages(source: ChunkSource, config: SenderConfig, session: int,
-                         known: Optional[tuple[bytes, bytes]] = None, entries: bytes = b"") -> list[wire.Manifest]:
+                         known: Optional[tuple[bytes, bytes]] = None, entries: bytes = b"",
+                         whole: Optional[tuple[int, bytes]] = None) -> list[wire.Manifest]:
     """Digest the file (``file_digests``, unless ``known`` already holds its result, e.g.
     from hostagent.manifest's cache); split the digest list into pages that each fit in
     one datagram. ``entries``: a directory's entry list (``hostagent.tree``), carried in
     every page; a long one makes pages larger than a frame (IP fragments them), never
-    more than one datagram."""
+    more than one datagram. ``whole``: the (size, ``tree.digests_root``) the content id
+    names when ``source`` is a slice of the content (a lane), carried in every page
+    (``wire.Manifest.id_root``), as this file's own is when it takes several pages."""
     check_chunk_count(source.size, config.chunk_size)
     layout = Layout(source.size, config.chunk_size, config.payload_size)
     digests, file_digest = known if known is not None else file_digests(source, config.chunk_size)
@@ -255,6 +259,8 @@ def build_manifest_pages(source: ChunkSource, config: SenderConfig, session: int
     budget -= len(config.name.encode()) + (len(entries) + 5 if entries else 0)
     per_page = max(1, budget // wire.CHUNK_DIGEST_LEN)
     page_count = max(1, -(-layout.chunk_count // per_page))
+    if whole is None and page_count > 1:
+        whole = (layout.file_size, digests_root(digests))
     pages = []
     for index in range(page_count):
         first = index * per_page
@@ -264,7 +270,7 @@ def build_manifest_pages(source: ChunkSource, config: SenderConfig, session: int
                 session, layout.file_size, layout.chunk_size, layout.payload_size,
                 layout.chunk_count, file_digest, index, page_count, first,
                 bytes(digests[first * wire.CHUNK_DIGEST_LEN : last * wire.CHUNK_DIGEST_LEN]),
-                config.name, lane=config.lane, entries=entries,
+                config.name, lane=config.lane, entries=entries, id_root=whole or (0, b""),
             )
         )
     return pages

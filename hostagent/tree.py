@@ -159,10 +159,23 @@ class Space:
 def content_id(entries_blob: bytes, size: int, chunk_size: int, file_digest: bytes, chunk_digests: bytes) -> str:
     """``blake3:<hex>`` of a model's manifest (a single file: ``entries_blob`` empty);
     ``chunk_digests``: all of them, in chunk order."""
-    if len(file_digest) != FILE_DIGEST_LEN or len(chunk_digests) % CHUNK_DIGEST_LEN:
+    if len(chunk_digests) % CHUNK_DIGEST_LEN:
         raise ValueError("digest length")
-    canon = msgpack.packb([_ID_CONTEXT, entries_blob, size, chunk_size, file_digest,
-                           blake3.blake3(chunk_digests).digest()], use_bin_type=True)
+    return id_of_root(entries_blob, size, chunk_size, file_digest, digests_root(chunk_digests))
+
+
+def digests_root(chunk_digests: bytes) -> bytes:
+    """The digest of all chunk digests (in chunk order) that a content id covers: what a
+    manifest page carries (``wire.Manifest.id_root``) so that a receiver checks the id at
+    its first page, before the other pages came."""
+    return blake3.blake3(chunk_digests).digest()
+
+
+def id_of_root(entries_blob: bytes, size: int, chunk_size: int, file_digest: bytes, root: bytes) -> str:
+    """``content_id`` from the ``digests_root`` of the chunk digests instead of the digests."""
+    if len(file_digest) != FILE_DIGEST_LEN or len(root) != FILE_DIGEST_LEN:
+        raise ValueError("digest length")
+    canon = msgpack.packb([_ID_CONTEXT, entries_blob, size, chunk_size, file_digest, root], use_bin_type=True)
     return ID_PREFIX + blake3.blake3(canon).hexdigest()
 
 

@@ -156,6 +156,13 @@ class Manifest:
     # A directory (``hostagent.tree``): its canonical entry list, in every page. Encoded
     # only when non-empty, so a single file's manifest is what it always was.
     entries: bytes = b""
+    # What the content id (``hostagent.tree``) names, so a receiver holding an expected
+    # id checks it at the first page it hears, before the other pages (and any data):
+    # (byte count, ``tree.digests_root`` of every chunk digest) of the whole content -- a
+    # lane's: the whole file's. The receiver still hashes the digests the pages bring to
+    # the id once all came. Encoded (a msgpack map) only when non-empty: in a manifest of
+    # several pages and in every lane's; a one-page manifest hashes to its id as it is.
+    id_root: tuple[int, bytes] = (0, b"")
 
 
 @dataclass(frozen=True, slots=True)
@@ -476,7 +483,8 @@ def encode_manifest(msg: Manifest, key: bytes | None = None) -> bytes:
             msg.digests,
             msg.name,
             msg.receivers_hint,
-        ] + ([list(msg.lane)] if msg.lane[1] > 1 else []) + ([msg.entries] if msg.entries else []),
+        ] + ([list(msg.lane)] if msg.lane[1] > 1 else []) + ([msg.entries] if msg.entries else [])
+        + ([{"size": msg.id_root[0], "root": msg.id_root[1]}] if msg.id_root[1] else []),
         use_bin_type=True,
     )
     return _finish(T_MANIFEST, 0, msg.session, body, key)
@@ -757,8 +765,19 @@ def _decode_lane(value: object, file_size: int) -> tuple[int, int, int]:
     return index, count, offset
 
 
+def _decode_id_root(value: dict, file_size: int, lane: tuple[int, int, int]) -> tuple[int, bytes]:
+    """The content's (size, digests root): a lane's slice lies within it, anything else is it."""
+    if set(value) != {"size", "root"} or type(value["root"]) is not bytes or len(value["root"]) != FILE_DIGEST_LEN:
+        raise BadField("id root")
+    size = _u(value["size"], MAX_FILE_SIZE)
+    inside = size >= lane[2] + file_size if lane[1] > 1 else size == file_size
+    if not inside:
+        raise BadField("id root size")
+    return size, value["root"]
+
+
 def _decode_manifest(session: int, body: memoryview) -> Manifest:
-    fields = _unpack_array(body, 11, optional=2)
+    fields = _unpack_array(body, 11, optional=3)
     file_size = _u(fields[0], MAX_FILE_SIZE)
     chunk_size = _u(fields[1], MAX_CHUNK_SIZE)
     payload_size = _u(fields[2], MAX_PAYLOAD)
@@ -786,17 +805,20 @@ def _decode_manifest(session: int, body: memoryview) -> Manifest:
         raise BadField("page index")
     if type(name) is not str or len(name.encode()) > MAX_NAME_BYTES:
         raise BadField("name")
-    lane, entries = (0, 1, 0), b""
-    for extra in fields[11:]:  # optional trailing fields (lane, then entries), told apart by type
-        if type(extra) is list and lane[1] == 1 and not entries:
+    lane, entries, root = (0, 1, 0), b"", None
+    for extra in fields[11:]:  # optional trailing fields (lane, entries, id root), in order, told apart by type
+        if type(extra) is list and lane[1] == 1 and not entries and root is None:
             lane = _decode_lane(extra, file_size)
-        elif type(extra) is bytes and extra and not entries:
+        elif type(extra) is bytes and extra and not entries and root is None:
             entries = extra  # (its contents are checked by the receiver: hostagent.tree)
+        elif type(extra) is dict and root is None:
+            root = extra
         else:
             raise BadField("optional manifest field")
     return Manifest(
         session, file_size, chunk_size, payload_size, chunk_count, file_digest,
         page_index, page_count, first_chunk, digests, name, hint, lane, entries,
+        _decode_id_root(root, file_size, lane) if root is not None else (0, b""),
     )
 
 

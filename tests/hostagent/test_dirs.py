@@ -300,10 +300,49 @@ def test_expect_refuses_every_manifest_that_does_not_hash_to_the_id(tmp_path: Pa
             sink.close()
 
 
+@pytest.mark.parametrize("kind", ["directory", "file"])
+def test_a_manifest_of_many_pages_naming_another_id_is_refused_at_the_first_page_heard(tmp_path: Path,
+                                                                                        kind: str) -> None:
+    """Whichever page of a many-page manifest a receiver hears first names the content id
+    (``id_root``): a receiver expecting another id refuses it there -- nothing created,
+    the data that follows not written, the sender's real id known for the error -- and a
+    receiver expecting the published id starts from that one page."""
+    if kind == "directory":
+        source = DirSource(str(make_model_dir(tmp_path / "src", files=6, big=1, big_size=700_000)))
+        entries = source.entries_blob
+    else:
+        source, entries = MemorySource(random.Random(3).randbytes(700_000)), b""  # type: ignore[assignment]
+    cfg = sender_config(expected_receivers=1, key=KEY, chunk_size=1024, session_id=7, max_datagram=1200)
+    pages = build_manifest_pages(source, cfg, 7, file_digests(source, cfg.chunk_size), entries)
+    published = tree.manifest_id(pages)
+    assert len(pages) >= 3 and all(p.id_root == pages[0].id_root for p in pages)
+    data = wire.encode(wire.Data(7, 0, 0, 0, source.read(0, 1024)), KEY)
+    wrong = "blake3:" + "5f1c" * 16
+    out = tmp_path / "out"
+    sink, right = PathSink(str(out)), PathSink(str(tmp_path / "right"))
+    refusing = Receiver(sink, ReceiverConfig(key=KEY, content_id=tree.parse_content_id(wrong)), 0.0)
+    taking = Receiver(right, ReceiverConfig(key=KEY, content_id=tree.parse_content_id(published)), 0.0)
+    try:
+        for receiver in (refusing, taking):
+            receiver.receive_datagram(wire.encode(pages[2], KEY), ("10.0.0.1", 5000), 0.1)  # a late joiner's first
+            receiver.receive_datagram(data, ("10.0.0.1", 5000), 0.2)
+        assert refusing.manifest is None and refusing.stats.drops["wrong_content_id"] == 1
+        assert refusing.offered_content_id == published
+        assert refusing.have.count == 0 and sink.inner is None
+        assert not out.exists() and not (tmp_path / ".out.modelcast-tmp").exists()
+        assert taking.manifest is not None and taking.have.count == 1 and taking.stats.drops.total() == 0
+    finally:
+        if isinstance(source, DirSource):
+            source.close()
+        sink.close()
+        right.close()
+
+
 @pytest.mark.parametrize("forge", ["chunk digest", "none"])
 def test_a_manifest_of_many_pages_is_held_to_the_id_once_its_last_page_lands(tmp_path: Path, forge: str) -> None:
-    """A manifest of several pages: the id can only be checked once all arrived. A sender holding
-    the key that forges one chunk's digest (and sends data matching it) fails the
+    """A manifest of several pages: its first page names the published id (``id_root``),
+    but only all pages' digests prove it. A sender holding the key that forges one chunk's
+    digest (and sends data matching it) while its pages claim the published root fails the
     receiver that expects the published id before anything completes; unforged, the
     same receiver completes, and reports the id it verified."""
     src = make_model_dir(tmp_path / "src", files=6, big=1, big_size=700_000)
@@ -311,11 +350,12 @@ def test_a_manifest_of_many_pages_is_held_to_the_id_once_its_last_page_lands(tmp
     cfg = sender_config(expected_receivers=1, key=KEY, chunk_size=1024, session_id=5, max_datagram=1200)
     digests, whole = file_digests(source, cfg.chunk_size)
     published = tree.manifest_id(build_manifest_pages(source, cfg, 5, (digests, whole), source.entries_blob))
+    claimed = (source.size, tree.digests_root(digests))
     data = bytearray(source.read(0, source.size))
     if forge == "chunk digest":  # chunk 30 says other bytes, and those bytes are what is sent
         data[30 * 1024] ^= 0xFF
         digests = digests[: 30 * 16] + wire.chunk_digest(bytes(data[30 * 1024 : 31 * 1024])) + digests[31 * 16 :]
-    pages = build_manifest_pages(source, cfg, 5, (digests, whole), source.entries_blob)
+    pages = build_manifest_pages(source, cfg, 5, (digests, whole), source.entries_blob, whole=claimed)
     assert len(pages) >= 3
     sink = PathSink(str(tmp_path / "out"))
     sim = Sim(bytes(data), cfg, manifest=pages, sink_factory=lambda: sink)
@@ -359,11 +399,12 @@ def test_a_single_file_is_received_beside_out_and_renamed_only_once_verified(tmp
     source = MemorySource(data)
     digests, whole = file_digests(source, cfg.chunk_size)
     published = tree.manifest_id(build_manifest_pages(source, cfg, 6, (digests, whole)))
+    claimed = (len(data), tree.digests_root(digests))  # (the forger's pages claim the published id)
     sent = bytearray(data)
     if forge == "chunk digest":
         sent[40 * 1024] ^= 0xFF
         digests = digests[: 40 * 16] + wire.chunk_digest(bytes(sent[40 * 1024 : 41 * 1024])) + digests[41 * 16 :]
-    pages = build_manifest_pages(source, cfg, 6, (digests, whole))
+    pages = build_manifest_pages(source, cfg, 6, (digests, whole), whole=claimed)
     assert len(pages) >= 3
     out = tmp_path / "model.bin"
     out.write_bytes(b"GOOD" * 1000)

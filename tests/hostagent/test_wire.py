@@ -49,6 +49,9 @@ def manifests(draw):
         first = draw(st.sampled_from([first, chunk_count - first]))
     n = draw(st.one_of(st.integers(0, min(chunk_count - first, 60)), st.just(min(chunk_count - first, 60))))
     page_count = draw(st.one_of(st.integers(1, 100), near(1 << 32, 1)))
+    lane = draw(lanes())
+    whole = file_size if lane[1] == 1 else draw(st.integers(lane[2] + file_size, wire.MAX_FILE_SIZE))
+    id_root = draw(st.one_of(st.just((0, b"")), st.tuples(st.just(whole), st.binary(min_size=32, max_size=32))))
     return Manifest(
         session=draw(u64), file_size=file_size, chunk_size=chunk_size,
         payload_size=draw(st.one_of(st.integers(wire.MIN_PAYLOAD, 9000), near(wire.MIN_PAYLOAD, 0, 1),
@@ -57,8 +60,9 @@ def manifests(draw):
         page_index=draw(st.one_of(st.integers(0, page_count - 1), st.just(page_count - 1))), page_count=page_count,
         first_chunk=first, digests=draw(st.binary(min_size=16 * n, max_size=16 * n)),
         name=draw(st.one_of(st.text(max_size=40), st.just("n" * wire.MAX_NAME_BYTES))),
-        receivers_hint=draw(u32), lane=draw(lanes()),
+        receivers_hint=draw(u32), lane=lane,
         entries=draw(st.binary(max_size=300)),  # a directory's entry list (optional field)
+        id_root=id_root,  # what the content id names (optional field)
     )
 
 
@@ -126,7 +130,8 @@ EDGE_MANIFEST = Manifest(  # every field at the largest value a valid manifest c
     payload_size=wire.MAX_PAYLOAD, chunk_count=wire.MAX_CHUNK_COUNT, file_digest=b"f" * 32,
     page_index=(1 << 32) - 1, page_count=1 << 32, first_chunk=wire.MAX_CHUNK_COUNT - 2, digests=b"d" * 32,
     name="\u20ac" * (wire.MAX_NAME_BYTES // 3), receivers_hint=(1 << 32) - 1,
-    lane=(wire.MAX_LANES - 1, wire.MAX_LANES, wire.MAX_FILE_SIZE - wire.MAX_CHUNK_COUNT * MAX_CHUNK), entries=b"e")
+    lane=(wire.MAX_LANES - 1, wire.MAX_LANES, wire.MAX_FILE_SIZE - wire.MAX_CHUNK_COUNT * MAX_CHUNK), entries=b"e",
+    id_root=(wire.MAX_FILE_SIZE, b"r" * 32))
 
 
 @settings(max_examples=examples(300), deadline=None)
@@ -466,6 +471,26 @@ def test_lane_field_is_absent_for_one_lane_and_checked_when_present() -> None:
         with pytest.raises(WireError) as info:
             decode(raw)
         assert info.value.reason == "bad_field", bad
+
+
+def test_id_root_is_absent_unless_set_and_checked_when_present() -> None:
+    """A page without ``id_root`` is the array it was; with one it carries the content's
+    size and digests root, and anything else there -- a short root, a size that is not
+    the file's (or does not hold a lane's slice), another key, a second map -- is refused."""
+    base = Manifest(5, 10000, 4096, 1024, 3, b"d" * 32, 0, 2, 0, b"x" * 32, "m", 2)
+    assert len(msgpack.unpackb(encode(base)[wire.HEADER_LEN:])) == 11
+    rooted = dataclasses.replace(base, id_root=(10000, b"r" * 32))
+    assert decode(encode(rooted, KEY), KEY) == rooted
+    laned = dataclasses.replace(base, lane=(1, 2, 1 << 20), id_root=((1 << 20) + 10000, b"r" * 32))
+    assert decode(encode(laned)) == laned
+    plain = msgpack.unpackb(encode(base)[wire.HEADER_LEN:])
+    good = {"size": 10000, "root": b"r" * 32}
+    for extra in ([{"size": 10000, "root": b"r" * 31}], [{"size": 9999, "root": b"r" * 32}],
+                  [{**good, "more": 1}], [{"size": 10000}], [good, good], [[1, 2, 1 << 20], {**good, "size": 10000}]):
+        raw = encode(base)[: wire.HEADER_LEN] + msgpack.packb(plain + extra, use_bin_type=True)
+        with pytest.raises(WireError) as info:
+            decode(raw)
+        assert info.value.reason == "bad_field", extra
 
 
 _write = st.tuples(st.integers(0, 2), st.integers(0, 2), st.lists(st.integers(1, 4), min_size=1, max_size=3),
