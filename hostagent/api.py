@@ -457,7 +457,8 @@ def _send(path: str, opts: SendOptions, source: FileSource | DirSource, interfac
     elif digests is None:
         cache = cache_dir() if opts.manifest_cache and not entries else None
         digests, _ = cached_digests(path, config.chunk_size, lambda: file_digests(source, config.chunk_size), cache)
-    pages = build_manifest_pages(source, config, config.session_id, digests, entries)  # type: ignore[arg-type]
+    pages = build_manifest_pages(source, config, config.session_id, digests, entries,  # type: ignore[arg-type]
+                                 whole=lane.whole if lane is not None else None)
     group_id: Optional[int] = None
     announced = False
     try:
@@ -690,8 +691,6 @@ def receive(
         except ValueError as exc:
             raise TransferError(str(exc)) from None
     if options.lanes != 1:
-        if options.expect is not None:
-            raise TransferError("--expect is not supported with --lanes yet (a lane's manifest is a slice)")
         if not options.controller:  # refused before any lane starts
             _require_key(key, options, _ignore, "--group without --key-file")
         return _receive_lanes(out, options, source_ip, interface, key, emit, on_progress)
@@ -808,13 +807,14 @@ def _receive(out: str, opts: ReceiveOptions, group: tuple[str, int], source_ip: 
              key: Optional[bytes], emit: OnEvent,
              on_progress: Optional[Callable[[ReceiveProgress], None]],
              joined: Optional[tuple[ControllerClient, int, dict]] = None,
-             lane: Optional[tuple[int, int]] = None, sink_factory: Callable[[str], Any] = PathSink) -> ReceiveResult:
+             lane: Optional[tuple[int, int]] = None, sink_factory: Callable[[str], Any] = PathSink,
+             ended: Optional[Callable[[Receiver], None]] = None) -> ReceiveResult:
     """Receive on the group's sockets. ``joined`` (client, group id, join answer): the
     key, session and digest come from the controller, and a new announcement is taken
     until a manifest locks the receiver onto one transfer. ``lane`` (index, count): take
     only that lane's manifest, into the sink ``sink_factory`` makes (hostagent.lanes:
-    the lane's slice of OUT); by default a ``PathSink`` (a file or a directory: the
-    manifest says which)."""
+    the lane's slice of the file); by default a ``PathSink`` (a file or a directory: the
+    manifest says which). ``ended``: given the receiver once its loop ended."""
     try:
         sink = sink_factory(out)
     except OSError as exc:
@@ -855,7 +855,10 @@ def _receive(out: str, opts: ReceiveOptions, group: tuple[str, int], source_ip: 
             if new is not None and (new.session, new.key) != (receiver.session, receiver.config.key) and new.key:
                 receiver.expect(new.session, new.file_digest, new.key)  # type: ignore[arg-type]
 
-        return _listen(out, opts, receiver, sink, mc, uc, group, emit, on_progress, reannounced)
+        result = _listen(out, opts, receiver, sink, mc, uc, group, emit, on_progress, reannounced)
+        if ended is not None:
+            ended(receiver)
+        return result
     finally:
         if watcher is not None:
             watcher.stop()
@@ -907,7 +910,7 @@ def _listen(out: str, opts: ReceiveOptions, receiver: Receiver, sink: PathSink |
     loop = run(receiver, uc, [mc, uc], group, on_event, done, gro=opts.gro)
     end = marks["end"]
     ok = isinstance(end, FileComplete)
-    offered = receiver.content_id()
+    offered = receiver.content_id() if receiver.config.lane[1] == 1 else None  # (a lane's: its slice's)
     if expected is not None and not ok and offered is not None and offered != expected:
         end = Failed(content_mismatch(expected, offered))  # (a manifest of several pages: refused at its last)
     if ok and receiver.manifest is not None:
@@ -1007,8 +1010,14 @@ def _send_lanes(path: str, opts: SendOptions, interface: str, emit: OnEvent,
 def _receive_lanes(out: str, opts: ReceiveOptions, source_ip: str, interface: str, key: Optional[bytes],
                    emit: OnEvent, on_progress: Optional[Callable[[ReceiveProgress], None]]) -> ReceiveResult:
     """``receive`` of a file sent with ``--lanes``: one receiver process per lane, each
-    writing its slice of ``out``; then the file is trimmed and the hook run, once."""
+    writing its slice of the file into OUT's temporary (``dirs.own_tmp``, where a receive
+    without lanes writes too); once every lane verified its slice and the lanes' digests
+    hash to the content id (``--expect``'s, when given), the file is trimmed and renamed
+    to OUT and the hook run, once. OUT is untouched until then."""
+    import shutil
+
     from . import lanes
+    from .dirs import own_tmp, rename_into_place
 
     try:
         lanes.check(opts.lanes, opts.group, opts.controller)
@@ -1016,37 +1025,62 @@ def _receive_lanes(out: str, opts: ReceiveOptions, source_ip: str, interface: st
         raise TransferError(str(exc)) from None
     started = time.monotonic()
     count = opts.lanes
+    try:
+        tmp, fd, fallback = own_tmp(out)
+        os.close(fd)
+    except OSError as exc:
+        raise TransferError(f"cannot write beside {out}: {exc.strerror}") from None
+    part = os.path.join(tmp, os.path.basename(os.path.abspath(out)))
 
-    def one(index: int, lane_emit: OnEvent, lane_progress: Any) -> tuple[ReceiveResult, int]:
+    def one(index: int, lane_emit: OnEvent, lane_progress: Any) -> tuple[ReceiveResult, int, Optional[bytes], int]:
         per = dataclasses.replace(opts, group=lanes.lane_group(opts.group or "", index), lanes=1, on_complete=None,
                                   metrics_port=None if opts.metrics_port is None else opts.metrics_port + index)
         sinks: list[FileSink] = []
+        got: list[Receiver] = []
 
-        def sink(path: str) -> FileSink:
-            sinks.append(FileSink(path, lanes.state_path(path, index), trim=False))
+        def sink(_: str) -> FileSink:
+            sinks.append(FileSink(part, lanes.state_path(out, index), trim=False))
             return sinks[-1]
 
         result = _receive(out, per, _group(per.group), source_ip, interface, key, lane_emit, lane_progress,
-                          None, (index, count), sink)
-        return result, sinks[0].base if sinks else 0
+                          None, (index, count), sink, got.append)
+        manifest = got[0].manifest if got else None
+        return (result, sinks[0].base if sinks else 0, got[0].chunk_digests() if got else None,
+                manifest.chunk_size if manifest is not None else 0)
 
-    try:
-        outcomes, failed = lanes.run(list(range(count)), one, _started_once(emit, ReceiveStarted),
-                                     lanes.merge_progress(on_progress), lambda r: r[0].digest_ok)
-    except lanes.LaneError as exc:
-        raise TransferError(str(exc)) from None
-    results = {i: r for i, (r, _) in outcomes.items()}
-    size = max(base + r.bytes for r, base in outcomes.values())
+    results: dict[int, ReceiveResult] = {}
+    found: Optional[str] = None
     error: Optional[str] = None
-    if failed is not None:
-        error = f"lane {failed}: {results[failed].error}"
-    elif len({r.file_digest for r in results.values()}) != 1:
-        error = "the lanes carried different files"
-    else:
-        os.truncate(out, size)  # stale bytes of an older, longer file (no lane trims)
+    try:
+        try:
+            outcomes, failed = lanes.run(list(range(count)), one, _started_once(emit, ReceiveStarted),
+                                         lanes.merge_progress(on_progress), lambda r: r[0].digest_ok)
+        except lanes.LaneError as exc:
+            raise TransferError(str(exc)) from None
+        results.update((i, r) for i, (r, _, _, _) in outcomes.items())
+        size = max(base + r.bytes for r, base, _, _ in outcomes.values())
+        if failed is not None:
+            error = results[failed].error or "failed"
+            if not error.startswith("content id mismatch"):  # (the same sentence in every lane: said once)
+                error = f"lane {failed}: {error}"
+        elif len({(r.file_digest, chunk) for r, _, _, chunk in outcomes.values()}) != 1:
+            error = "the lanes carried different files"
+        else:
+            digests = [outcomes[i][2] or b"" for i in range(count)]
+            found = lanes.whole_id(size, outcomes[0][3], bytes.fromhex(results[0].file_digest or ""), digests)
+            if opts.expect is not None and found != opts.expect:
+                error = content_mismatch(opts.expect, found)  # (every lane's first page named the id: a liar)
+            else:
+                os.truncate(part, size)  # stale bytes of an older, longer file (no lane trims)
+                with open(part, "rb") as handle:
+                    os.fsync(handle.fileno())
+                rename_into_place(part, out, tmp)
+    finally:
+        if fallback or not any(r.bytes for r in results.values()):
+            shutil.rmtree(tmp, ignore_errors=True)  # (nothing to resume: no lane took a manifest, or none finds it)
     result = lanes.merge_receive(results, error, count, size, opts.group or "", time.monotonic() - started, _cpu_s())
     result.out = out
-    result.content_id = None  # (each lane verified its slice's manifest: no lane's id is the file's)
+    result.content_id = found
     if error is None and opts.on_complete:
         result.on_complete = _run_hook(opts.on_complete, out, opts.hook_stdout)
         result.ok = result.on_complete.exit_status == 0

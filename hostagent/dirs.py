@@ -402,6 +402,13 @@ def merge_parts(out: str, parts: list[str]) -> None:
         _rmtree(part)
 
 
+def rename_into_place(path: str, out: str, tmp: str) -> None:
+    """A verified file at ``path``, in ``tmp`` (``own_tmp``), becomes ``out`` in one step
+    (``_replace_dir``); ``tmp`` is removed."""
+    _replace_dir(path, out)
+    _rmtree(tmp, ignore_errors=True)
+
+
 class TmpFileSink(FileSink):
     """A single file received as a directory is: into this user's own temporary
     directory (``own_tmp``), renamed to ``out`` only once verified (``finish``). ``out``
@@ -418,8 +425,7 @@ class TmpFileSink(FileSink):
         """Verified: trim, make durable, rename into place (an existing ``out`` exchanged
         and removed, as a directory's), drop the record and the temporary directory."""
         super().finish(size)
-        _replace_dir(self.path, self.out)
-        _rmtree(self.tmp, ignore_errors=True)
+        rename_into_place(self.path, self.out, self.tmp)
 
     def close(self) -> None:
         super().close()

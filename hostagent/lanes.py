@@ -11,6 +11,13 @@ verified its slice, and one summary: counters summed over the lanes, times the s
 lane's. A lane that fails fails the transfer at once (the other lanes are stopped) with
 the lane named in the error.
 
+The transfer has the content id the file has sent whole (``hostagent.tree``): every lane's
+manifest pages carry the whole file's size and digests root (``wire.Manifest.id_root``),
+so each receiver lane refuses a wrong ``--expect`` at its first page, before it writes;
+the lanes write into the file's temporary beside OUT, and the whole file becomes OUT --
+renamed, never copied -- only once the lanes' digests, put together, hash to that id
+(``whole_id``).
+
 Lanes are processes forked from the caller (no second interpreter start); each reports
 its events, progress and result back over one queue. Only with a ``group`` (ADDR:PORT)
 for now: with a controller every lane would need a port of its own in the group.
@@ -31,6 +38,7 @@ from typing import Any, Callable, Optional, TypeVar
 
 from .events import TransferFinished
 from .net import STATE_SUFFIX, parse_group
+from .tree import content_id, digests_root
 from .wire import CHUNK_DIGEST_LEN, MAX_LANES
 
 R = TypeVar("R")
@@ -47,13 +55,15 @@ class LaneError(Exception):
 @dataclass(frozen=True)
 class Lane:
     """Lane ``index`` of ``count``: ``length`` bytes of the file from ``offset``, with
-    the whole file's chunk digests cut to them (and its whole-file digest, the name)."""
+    the whole file's chunk digests cut to them (and its whole-file digest, the name), and
+    the whole file's (size, digests root) its pages carry for the content id."""
 
     index: int
     count: int
     offset: int
     length: int
     digests: tuple[bytes, bytes]
+    whole: tuple[int, bytes]
 
 
 def plan(size: int, chunk_size: int, count: int, digests: tuple[bytes, bytes]) -> list[Lane]:
@@ -62,13 +72,21 @@ def plan(size: int, chunk_size: int, count: int, digests: tuple[bytes, bytes]) -
     chunk_digests, file_digest = digests
     chunks = -(-size // chunk_size)
     per = -(-chunks // count)
+    whole = (size, digests_root(chunk_digests))
     lanes = []
     for index in range(count):
         first, last = min(chunks, index * per), min(chunks, (index + 1) * per)
         offset, end = min(size, first * chunk_size), min(size, last * chunk_size)
         cut = chunk_digests[first * CHUNK_DIGEST_LEN : last * CHUNK_DIGEST_LEN]
-        lanes.append(Lane(index, count, offset, end - offset, (cut, file_digest)))
+        lanes.append(Lane(index, count, offset, end - offset, (cut, file_digest), whole))
     return lanes
+
+
+def whole_id(size: int, chunk_size: int, file_digest: bytes, lane_digests: list[bytes]) -> str:
+    """The content id of the file the lanes received: its size, chunk size and digest with
+    every lane's chunk digests (as each lane's manifest pages brought them) in lane order
+    -- the id the file has sent without lanes."""
+    return content_id(b"", size, chunk_size, file_digest, b"".join(lane_digests))
 
 
 def lane_group(group: str, index: int) -> str:

@@ -22,7 +22,7 @@ import blake3
 import msgpack
 import pytest
 
-from hostagent import lanes
+from hostagent import lanes, tree
 from hostagent.api import ReceiveResult
 from hostagent.wire import CHUNK_DIGEST_LEN
 from lab.bridge import BridgeLab
@@ -42,7 +42,7 @@ def test_lanes_cover_the_file_in_whole_chunks(size: int, count: int) -> None:
     pos = 0
     for lane in plan:
         assert lane.offset == pos and (lane.offset % MIB == 0 or lane.offset == size) and lane.length >= 0
-        assert lane.digests[1] == b"f" * 32
+        assert lane.digests[1] == b"f" * 32 and lane.whole == (size, tree.digests_root(digests[0]))  # the file's id
         first = lane.offset // MIB
         assert lane.digests[0] == digests[0][first * CHUNK_DIGEST_LEN : (first + -(-lane.length // MIB)) * CHUNK_DIGEST_LEN]
         pos = lane.offset + lane.length
