@@ -49,10 +49,13 @@ def port(core: MulticastCore, dpid: int, port: int, down: bool) -> Plan:
     notice a lost link only after ~10 s)."""
     t0 = time.perf_counter()
     link = core.view.port_link.get((dpid, port))
+    was_down = (dpid, port) in core.view.ports_down
     plan = core.port_down(dpid, port) if down else core.port_up(dpid, port)
     if len(plan) or down:
         log.info("port %#x:%d %s: %d groups rerouted, %d messages, computed in %.1f ms",
                  dpid, port, "down" if down else "up", len(plan.groups), len(plan), _ms(t0))
+    if was_down == down:  # (a PortStatus that changes nothing -- e.g. a carrier flag
+        return plan  # moving while the port stays up -- is no event)
     where = {"dpid": dpid, "port": port}
     if link is not None:
         where["link"] = [[link.a, link.a_port], [link.b, link.b_port]]

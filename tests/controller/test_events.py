@@ -125,6 +125,10 @@ def test_a_port_down_tells_the_failover_the_reroute_and_why_and_a_flapping_link_
             assert [e["groups"] for e in told if e["kind"] == "failover"] == [[g["id"]]]
             reroute = next(e for e in told if e["kind"] == "reroute")
             assert reroute["groups"] == [g["id"]] and reroute["why"] == f"port {k.a:#x}:{k.a_port} down"
+    # a PortStatus that changes nothing (the port up and reported up again) is no event
+    last = svc.events.last
+    apply(fabric, topochange.port(core, k.a, k.a_port, False))
+    assert svc.events.since(last) == []
     damped = [e for e in svc.events.since(0) if e["kind"] == "damped"]
     assert len(damped) == 1 and damped[0]["switches"] == [1, 2] and damped[0]["hold_s"] == 30.0
     until = core.damping.held[frozenset((1, 2))]
