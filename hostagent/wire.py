@@ -162,6 +162,8 @@ class Manifest:
     # lane's: the whole file's. The receiver still hashes the digests the pages bring to
     # the id once all came. Encoded (a msgpack map) only when non-empty: in a manifest of
     # several pages and in every lane's; a one-page manifest hashes to its id as it is.
+    # (A receiver built before this field refuses such pages as bad_field: receivers are
+    # upgraded no later than their senders.)
     id_root: tuple[int, bytes] = (0, b"")
 
 
