@@ -11,7 +11,7 @@ Two algorithms:
 
 from __future__ import annotations
 
-from bisect import insort
+from bisect import bisect_left
 from collections import Counter
 from dataclasses import dataclass, field
 from heapq import heapify, heappop, heappush
@@ -28,6 +28,7 @@ from controller.topoview import TopologyView, check_unicast, known_hosts
 
 ALGORITHMS = ("spt", "steiner")
 DirectedLink = tuple[int, int]
+Preds = tuple[int, ...]  # a switch's predecessors on shortest paths from a root, sorted
 
 
 class SwitchEntry(NamedTuple):
@@ -190,6 +191,8 @@ def _bump(into: dict[int, dict[int, int]], links: dict[int, int | None], step: i
 
 
 _NO_LOAD: dict[int, int] = {}
+_NUM = np.int32  # switch and link numbers in the cached layers (2^31 of either is far off)
+_ROWS = np.arange(1 << 12)  # row numbers, shared by the layers (views of it)
 _MAX_PENDING = 1 << 14  # link changes waiting for the vector: reroutes alone would grow it forever
 
 
@@ -215,7 +218,8 @@ class PathCache:
         self.view = view
         self._removals = -1
         self._edges = 0
-        self._dags: dict[int, tuple[dict[int, int], dict[int, list[int]]]] = {}
+        self._dags: dict[int, tuple[dict[int, int], dict[int, Preds]]] = {}
+        self._shared: dict[Preds, Preds] = {}  # the DAGs' equal predecessor tuples, one object each
         self._layers: dict[int, list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]] = {}
         # numbers for the vectorised search, never reused: switches from 1 (0 stands for
         # "no predecessor"), directed links from 1 (0: "no link", load 0)
@@ -282,7 +286,11 @@ class PathCache:
             hit = []
             for lo, hi in zip(cuts.tolist(), cuts[1:].tolist()):
                 width = int(count[lo:hi].max())
-                hit.append((nodes[lo:hi], p_ids[lo:hi, :width], l_ids[lo:hi, :width], np.arange(hi - lo)))
+                # copies as narrow as the layer needs: a slice would keep the whole
+                # node x widest-degree arrays alive, per root (~0.75 MB on fat-tree:34)
+                hit.append((nodes[lo:hi].copy(), p_ids[lo:hi, :width].astype(_NUM),
+                            l_ids[lo:hi, :width].astype(_NUM), _ROWS[:hi - lo] if hi - lo <= len(_ROWS)
+                            else np.arange(hi - lo)))
             self._layers[root] = hit
         return hit
 
@@ -293,6 +301,7 @@ class PathCache:
         changes = view.edge_changes(self._edges)
         if view.removals != self._removals or changes is None:
             self._dags.clear()
+            self._shared.clear()
         else:
             for i, (a, b, added) in enumerate(changes):
                 # (the view's graph is the DAG's only after the last change)
@@ -309,18 +318,22 @@ class PathCache:
         if self._removals != self.view.removals or self._edges != self.view.edge_count:
             self._catch_up()
 
-    def dag(self, root: int) -> tuple[dict[int, int], dict[int, list[int]]]:
+    def dag(self, root: int) -> tuple[dict[int, int], dict[int, Preds]]:
         """(distance, predecessors on some shortest path) for every switch reachable from root."""
         self.refresh()
         hit = self._dags.get(root)
         if hit is None:
-            hit = self._dags[root] = _bfs_dag(self.view.nbr_ports, root)
+            hit = self._dags[root] = _bfs_dag(self.view.nbr_ports, root, self._shared)
         return hit
 
 
-def _bfs_dag(adj: dict[int, dict[int, int]], root: int) -> tuple[dict[int, int], dict[int, list[int]]]:
-    """(distance, predecessors on some shortest path, sorted) of every switch reachable
-    from ``root``, in breadth-first order."""
+def _bfs_dag(adj: dict[int, dict[int, int]], root: int, shared: dict[tuple, tuple] | None = None
+             ) -> tuple[dict[int, int], dict[int, Preds]]:
+    """(distance, predecessors on some shortest path, a sorted tuple) of every switch
+    reachable from ``root``, in breadth-first order. Equal predecessor tuples are one
+    object when ``shared`` (a tuple -> itself table) is given: most switches have the same
+    predecessors from most roots (on fat-tree:34 a core's aggregation switches in every
+    other pod), and one list per switch per root was half of the controller's memory."""
     dist = {root: 0}
     preds: dict[int, list[int]] = {root: []}
     frontier = [root]
@@ -337,15 +350,25 @@ def _bfs_dag(adj: dict[int, dict[int, int]], root: int) -> tuple[dict[int, int],
                 elif dv == du:
                     preds[v].append(u)
         frontier = nxt
-    for p in preds.values():
+    one = {} if shared is None else shared
+    get = one.setdefault
+    for n, p in preds.items():
         p.sort()  # deterministic tie-breaks
-    return dist, preds
+        t = tuple(p)
+        preds[n] = get(t, t)  # type: ignore[assignment]
+    return dist, preds  # type: ignore[return-value]
 
 
 
 
 
-def _patch(dist: dict[int, int], preds: dict[int, list[int]], a: int, b: int, added: bool,
+def _with(preds: Preds, p: int) -> Preds:
+    """``preds`` with ``p`` added in order (a new tuple: the old one may be shared)."""
+    i = bisect_left(preds, p)
+    return preds[:i] + (p,) + preds[i:]
+
+
+def _patch(dist: dict[int, int], preds: dict[int, Preds], a: int, b: int, added: bool,
            adj: dict[int, dict[int, int]] | None = None) -> bool:
     """Apply one edge change to a BFS DAG in place; False when distances may change (and
     the DAG is to be recomputed). With ``adj``, the graph after the change, a removal
@@ -369,9 +392,9 @@ def _patch(dist: dict[int, int], preds: dict[int, list[int]], a: int, b: int, ad
         _shrink(dist, preds, adj, far, dist[near] + 1)
         return True
     if added:
-        insort(preds[far], near)
+        preds[far] = _with(preds[far], near)
         return True
-    preds[far].remove(near)
+    preds[far] = tuple(p for p in preds[far] if p != near)
     if preds[far]:
         return True
     if adj is None:
@@ -380,7 +403,7 @@ def _patch(dist: dict[int, int], preds: dict[int, list[int]], a: int, b: int, ad
     return True
 
 
-def _regrow(dist: dict[int, int], preds: dict[int, list[int]], adj: dict[int, dict[int, int]],
+def _regrow(dist: dict[int, int], preds: dict[int, Preds], adj: dict[int, dict[int, int]],
             far: int) -> None:
     """``far`` lost its only shortest-path predecessor: the nodes all of whose shortest
     paths ran through it get new distances from their neighbours that keep theirs
@@ -416,7 +439,7 @@ def _regrow(dist: dict[int, int], preds: dict[int, list[int]], adj: dict[int, di
     _repred(dist, preds, adj, gone)
 
 
-def _shrink(dist: dict[int, int], preds: dict[int, list[int]], adj: dict[int, dict[int, int]],
+def _shrink(dist: dict[int, int], preds: dict[int, Preds], adj: dict[int, dict[int, int]],
             far: int, d: int) -> None:
     """A new edge brings ``far`` to distance ``d``, closer than before (or into the
     component): breadth-first from it over the nodes that come closer too (a link coming
@@ -437,14 +460,14 @@ def _shrink(dist: dict[int, int], preds: dict[int, list[int]], adj: dict[int, di
     _repred(dist, preds, adj, closer)
 
 
-def _repred(dist: dict[int, int], preds: dict[int, list[int]], adj: dict[int, dict[int, int]],
+def _repred(dist: dict[int, int], preds: dict[int, Preds], adj: dict[int, dict[int, int]],
             moved: set[int]) -> None:
     """Predecessors again for the nodes whose distance changed and their neighbours, and
     the distances back in BFS order (the layers rely on it)."""
     for v in {y for x in moved for y in adj.get(x, ())} | moved:
         dv = dist.get(v)
         if dv is not None and dv > 0:
-            preds[v] = sorted(y for y in adj[v] if dist.get(y) == dv - 1)
+            preds[v] = tuple(sorted(y for y in adj[v] if dist.get(y) == dv - 1))
     order = sorted(dist.items(), key=itemgetter(1))
     dist.clear()
     dist.update(order)
@@ -543,7 +566,7 @@ def compute_tree(view: TopologyView, source: str, receivers: Iterable[str],
     return tree
 
 
-def _spt(root: int, targets: set[int], preds: dict[int, list[int]], dist: dict[int, int],
+def _spt(root: int, targets: set[int], preds: dict[int, Preds], dist: dict[int, int],
          load: LinkLoad, keep: dict[int, int | None] | None = None
          ) -> dict[int, int | None]:
     """Each target walks back along shortest-path predecessors choosing, at every hop,
@@ -570,7 +593,7 @@ def _spt(root: int, targets: set[int], preds: dict[int, list[int]], dist: dict[i
 
 
 def _settle(todo: list[int], cost: dict[int, int], choice: dict[int, int | None],
-            preds: dict[int, list[int]], dist: dict[int, int], load: LinkLoad) -> None:
+            preds: dict[int, Preds], dist: dict[int, int], load: LinkLoad) -> None:
     """Least-loaded path choices for the switches of ``todo`` (targets not in ``cost``)
     and every ancestor of theirs not in ``cost`` (a kept tree stops the walk up),
     resolved nearest to the root first: ``cost`` and ``choice`` get them."""

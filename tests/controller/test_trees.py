@@ -28,9 +28,9 @@ def _flip_link(view: TopologyView, link, kind: float, remove_below: float, add_b
     return True
 
 
-def fresh(view: TopologyView, root: int) -> tuple[dict[int, int], dict[int, list[int]]]:
+def fresh(view: TopologyView, root: int) -> tuple[dict[int, int], dict[int, tuple[int, ...]]]:
     dist = nx.single_source_shortest_path_length(view.graph, root)
-    preds = {n: sorted(p for p in view.graph.adj[n] if dist.get(p) == d - 1)
+    preds = {n: tuple(sorted(p for p in view.graph.adj[n] if dist.get(p) == d - 1))
              for n, d in dist.items()}
     return dist, preds
 
@@ -62,6 +62,22 @@ def test_patched_layers_equal_a_fresh_search_after_link_and_switch_changes(seed,
                 want_dist, want_preds = fresh(view, root)
                 assert dist == want_dist and preds == want_preds
                 assert list(dist.values()) == sorted(dist.values())  # BFS order kept
+
+
+def test_roots_share_equal_predecessor_lists() -> None:
+    """Memory: on fat-tree:8 a core's predecessors (the aggregation switches of its
+    column) are the same from every edge switch outside their pods, so the DAGs of all
+    roots hold one object per distinct predecessor set, not one per switch per root
+    (half of the controller's memory on fat-tree:34 was these lists)."""
+    topo = T.parse("fat-tree:8")
+    cache = PathCache(TopologyView.from_topology(topo))
+    edges = [d for d, name in topo.switches.items() if name.startswith("e")]
+    dags = [cache.dag(root)[1] for root in edges]
+    entries = [p for preds in dags for p in preds.values()]
+    distinct = {id(p) for p in entries}
+    assert len(distinct) == len(set(entries))  # equal tuples are one object
+    assert len(distinct) * 10 < len(entries)  # 77 objects for 32 roots x 80 switches
+    assert dags[0] == fresh(cache.view, edges[0])[1]
 
 
 @settings(max_examples=60, deadline=None)
