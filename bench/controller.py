@@ -20,7 +20,12 @@ each other (same tier pair and direction, e.g. every aggregation->edge link): mu
 trees fan out downwards, so comparing an edge uplink with an aggregation downlink says
 nothing about balance; idle links count, so piling onto one of several parallel links
 shows. The issue's literal ratio (max over mean of *used* links, across tiers) and a
-load-blind baseline, measured in the same run, are printed beside it.
+load-blind baseline, measured in the same run, are printed beside it, and what balancing
+alone could reach (``even_split``): where a few groups leave each switch (fat-tree:34's
+edge uplinks carry 1.6 groups each on average with 1000 groups, and an edge switch with
+three of the sources must put three on one uplink) the class ratio measures where the
+sources are, not the search. ``rss_mb`` is the process's peak once the groups are built
+(before the load-blind build), ``rss_per_group_kb`` what the build added per group.
 """
 
 from __future__ import annotations
@@ -29,8 +34,10 @@ import argparse
 import gc
 import json
 import math
+import os
 import random
 import re
+import resource
 import statistics
 import sys
 import time
@@ -64,6 +71,46 @@ def load_ratios(core: MulticastCore, topo: Topology) -> tuple[float, float]:
         return 0.0, 0.0
     per_class = max(max(v) / statistics.mean(v) for v in classes.values() if any(v))
     return per_class, max(used) / statistics.mean(used)
+
+
+def even_split(core: MulticastCore, topo: Topology) -> tuple[float, float]:
+    """(max over tier classes of the even split's max over the class mean, max over links
+    of load / its even split). A link's even split is the least load its busiest parallel
+    link must carry given how many groups this run's trees send out of its upper end
+    towards the lower end's tier (and into its lower end from the upper end's tier):
+    ceil(those loads' sum / the parallel links) at either end, the larger. The first says
+    how far the class ratio (``load_ratios``) could fall by balancing alone (where a
+    handful of groups leave each switch, as on fat-tree:34's edge uplinks with 1000
+    groups, it cannot reach 1); the second how far the search is from balancing each
+    switch's groups over its links (1.0: no link above an even split)."""
+    ends: dict[tuple[int, str, str], list[int]] = defaultdict(list)  # (switch, side, tier) -> loads
+    links = []
+    for link in topo.links:
+        for u, v in ((link.a, link.b), (link.b, link.a)):
+            tu, tv, n = _tier(topo.switches[u]), _tier(topo.switches[v]), core.load[(u, v)]
+            ends[(u, "out", tv)].append(n)
+            ends[(v, "in", tu)].append(n)
+            links.append(((tu, tv), n, (u, "out", tv), (v, "in", tu)))
+    split = {key: math.ceil(sum(loads) / len(loads)) for key, loads in ends.items()}
+    floor: dict[tuple[str, str], int] = defaultdict(int)
+    total: dict[tuple[str, str], list[int]] = defaultdict(list)
+    excess = 0.0
+    for cls, n, out, into in links:
+        even = max(split[out], split[into])
+        floor[cls] = max(floor[cls], even)
+        total[cls].append(n)
+        if even:
+            excess = max(excess, n / even)
+    per_class = [floor[c] / statistics.mean(v) for c, v in total.items() if any(v)]
+    return max(per_class, default=0.0), excess
+
+
+def rss_mb() -> tuple[float, float]:
+    """(this process's resident memory now, its peak so far), in MB."""
+    with open("/proc/self/statm") as f:
+        now = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return now / 2**20, peak / 2**20
 
 
 def workload(topo: Topology, groups: int, receivers: int, seed: int) -> list[tuple[str, str, list[str]]]:
@@ -134,9 +181,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     graph = topo.graph()
     # the reference in slices between the groups (``build``): on a shared machine the CPU
     # available changes from second to second, and the ratio must not
+    gc.collect()
+    rss_before, _ = rss_mb()
     core, total_s, cpu_s, messages, send_cpu_s, ref_s, ref_cpu_s = build(
         topo, args.groups, args.receivers, args.seed, args.algorithm, True, not args.no_protection, True, graph)
+    gc.collect()
+    rss_after, rss_peak = rss_mb()  # (before the load-blind build below adds its own)
     ratio, ratio_global = load_ratios(core, topo)
+    floor_ratio, over_even = even_split(core, topo)
     per_switch = [len(entries) for entries in core.installed.values()]
     kinds: dict[str, list[int]] = defaultdict(list)
     for dpid in core.installed:
@@ -213,6 +265,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "max_link_load_ratio": round(ratio, 3),
         "max_link_load_ratio_global": round(ratio_global, 3),
         "max_link_load_ratio_load_blind": round(blind_ratio, 3),
+        "max_link_load_ratio_even_split": round(floor_ratio, 3),
+        "max_link_load_over_even_split": round(over_even, 3),
+        # the controller's memory: the process's peak once every group is built, and what
+        # the build added (trees, entries, protection, the per-source caches) per group
+        "rss_mb": round(rss_peak, 1),
+        "rss_per_group_kb": round((rss_after - rss_before) * 1024 / args.groups, 1),
     }
 
 

@@ -23,12 +23,16 @@ from typing import Any
 
 from bench.machine import machine
 
-# (topology, receivers per group): the issue's case first, then other families and sizes
-CASES: tuple[tuple[str, int], ...] = (
-    ("fat-tree:16", 64), ("fat-tree:16", 8), ("fat-tree:16", 256),
-    ("fat-tree:12", 32), ("fat-tree:8", 16), ("fat-tree:8", 64),
-    ("leaf-spine:8,32,16", 32), ("leaf-spine:4,16,8", 16),
-    ("ring:24", 8), ("linear:16", 8),
+# (topology, receivers per group, groups or None for --groups): fat-tree:16 x64 first,
+# then other families and sizes, then fat-tree up to 9,826 hosts (k = 34) at 256
+# receivers and 100 to 4,000 groups, whose time and memory per group should stay flat
+CASES: tuple[tuple[str, int, int | None], ...] = (
+    ("fat-tree:16", 64, None), ("fat-tree:16", 8, None), ("fat-tree:16", 256, None),
+    ("fat-tree:12", 32, None), ("fat-tree:8", 16, None), ("fat-tree:8", 64, None),
+    ("leaf-spine:8,32,16", 32, None), ("leaf-spine:4,16,8", 16, None),
+    ("ring:24", 8, None), ("linear:16", 8, None),
+    ("fat-tree:16", 256, 4000), ("fat-tree:24", 256, None),
+    ("fat-tree:34", 256, 100), ("fat-tree:34", 256, None),
 )
 
 
@@ -61,11 +65,21 @@ def row(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "trees_vs_reference_cpu": span("trees_vs_reference_cpu"),
         "reroute_vs_reference_cpu_p99": span("reroute_vs_reference_cpu_p99"),
         "reference_us_per_tree": round(ref_us, 1),
+        "groups": groups,
         "build_us_per_group": round(statistics.median(r["trees_total_s"] for r in runs) / groups * 1e6, 1),
+        # the same per message: a group's work is its messages (a tree of 256 receivers
+        # spans ~2.6 x the switches on fat-tree:34 that it does on fat-tree:16)
+        "build_us_per_message": round(statistics.median(r["trees_total_s"] for r in runs)
+                                      / first["messages_total"] * 1e6, 2),
+        "rss_mb": statistics.median(r["rss_mb"] for r in runs),
+        "rss_per_group_kb": statistics.median(r["rss_per_group_kb"] for r in runs),
         "messages_per_group": round(first["messages_total"] / groups, 1),
         "messages_per_failed_group": round(first["messages_per_failure"] / failed, 1) if failed else None,
         "failures": first["link_failures"], "bridges_not_failed": first["bridges_not_failed"],
-        "max_link_load_ratio": first["max_link_load_ratio"], "machine": first["machine"],
+        "max_link_load_ratio": first["max_link_load_ratio"],
+        "max_link_load_ratio_even_split": first["max_link_load_ratio_even_split"],
+        "max_link_load_over_even_split": first["max_link_load_over_even_split"],
+        "machine": first["machine"],
     }
 
 
@@ -78,8 +92,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs", type=int, default=3, help="fresh-process runs per case")
     ap.add_argument("--failures", type=int, default=20, help="link failures per run")
     ap.add_argument("--groups", type=int, default=1000)
-    ap.add_argument("--case", action="append", metavar="TOPOLOGY@RECEIVERS",
-                    help="a case instead of the default list, e.g. fat-tree:8@64 (repeatable)")
+    ap.add_argument("--case", action="append", metavar="TOPOLOGY@RECEIVERS[xGROUPS]",
+                    help="a case instead of the default list, e.g. fat-tree:8@64 or "
+                         "fat-tree:34@256x4000 (repeatable)")
     ap.add_argument("--json", action="store_true", help="one JSON object per case")
     args = ap.parse_args(argv)
     if args.runs < 1 or args.groups < 1 or args.failures < 0:
@@ -88,25 +103,31 @@ def main(argv: list[str] | None = None) -> int:
     if args.case:
         cases = []
         for case in args.case:
-            topology, _, receivers = case.rpartition("@")
-            if not topology or not receivers.isdigit() or int(receivers) < 1:
-                ap.error(f"--case {case!r}: expected TOPOLOGY@RECEIVERS, e.g. fat-tree:8@64")
-            cases.append((topology, int(receivers)))
+            topology, _, size = case.rpartition("@")
+            receivers, _, groups = size.partition("x")
+            if not topology or not receivers.isdigit() or int(receivers) < 1 or (
+                    groups and (not groups.isdigit() or int(groups) < 1)):
+                ap.error(f"--case {case!r}: expected TOPOLOGY@RECEIVERS[xGROUPS], e.g. fat-tree:8@64")
+            cases.append((topology, int(receivers), int(groups) if groups else None))
     print(f"# {machine()}", file=sys.stderr)
     if not args.json:
-        print(f"{'topology':22} {'rcv':>4} {'build/ref (median, range)':>27} {'CPU':>6} "
-              f"{'reroute CPU p99/ref':>22} {'ref us/tree':>11} {'us/group':>8} {'msgs/group':>10} "
-              f"{'msgs/failed':>11} {'load':>6}")
-    for topology, receivers in cases:
-        r = row([one(topology, receivers, args.failures, args.groups) for _ in range(args.runs)])
+        print(f"{'topology':22} {'rcv':>4} {'groups':>6} {'build/ref (median, range)':>27} {'CPU':>6} "
+              f"{'reroute CPU p99/ref':>22} {'ref us/tree':>11} {'us/group':>8} {'us/msg':>6} "
+              f"{'msgs/group':>10} {'msgs/failed':>11} {'RSS MB':>7} {'KB/group':>8} {'load':>6} "
+              f"{'floor':>6} {'/even':>6}")
+    for topology, receivers, groups in cases:
+        n = groups or args.groups
+        r = row([one(topology, receivers, args.failures, n) for _ in range(args.runs)])
         if args.json:
             print(json.dumps(r), flush=True)
             continue
         cpu = r["trees_vs_reference_cpu"]
-        print(f"{r['topology']:22} {receivers:4} {_fmt(r['trees_vs_reference']):>27} {cpu[1]:6.2f} "
+        print(f"{r['topology']:22} {receivers:4} {n:6} {_fmt(r['trees_vs_reference']):>27} {cpu[1]:6.2f} "
               f"{_fmt(r['reroute_vs_reference_cpu_p99']):>22} {r['reference_us_per_tree']:11.1f} "
-              f"{r['build_us_per_group']:8.1f} {r['messages_per_group']:10.1f} "
-              f"{r['messages_per_failed_group'] or '-':>11} {r['max_link_load_ratio']:6.3f}", flush=True)
+              f"{r['build_us_per_group']:8.1f} {r['build_us_per_message']:6.2f} {r['messages_per_group']:10.1f} "
+              f"{r['messages_per_failed_group'] or '-':>11} {r['rss_mb']:7.0f} {r['rss_per_group_kb']:8.1f} "
+              f"{r['max_link_load_ratio']:6.3f} {r['max_link_load_ratio_even_split']:6.3f} "
+              f"{r['max_link_load_over_even_split']:6.3f}", flush=True)
     return 0
 
 
