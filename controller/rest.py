@@ -156,6 +156,7 @@ WAIT_MAX_S = 20.0  # the longest ``Prefer: wait`` a GET of a group (or of events
 STREAM_S = 300.0  # an event stream ends after this (the client reconnects with Last-Event-ID)
 KEEPALIVE_S = 15.0  # an idle event stream sends a comment this often (proxies close silent ones)
 EVENTS_MAX = 1000  # events in one answer at most
+MAX_FILTER = 256  # an offer list's name or revision filter (openapi.json's maxLength)
 RECHECK_S = 1.0  # a held GET looks at its group again at least this often
 
 
@@ -478,6 +479,9 @@ class RestApi(ControllerBase):
     @endpoint()
     def list_offers(self, req: Any, **_: Any) -> Response:
         by = {k: req.GET[k] for k in ("name", "revision") if k in req.GET}
+        for k, v in by.items():  # (the schema's maxLength: a longer one names no offer)
+            if len(v) > MAX_FILTER:
+                raise ApiError(400, f"{k} is longer than {MAX_FILTER} characters")
         return json_response(200, self.service.list_offers(*_model_source(req, ("name", "revision")), **by))
 
     @route("modelcast_offers_create", "/v1/offers", methods=["POST"])

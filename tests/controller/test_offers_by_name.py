@@ -48,6 +48,8 @@ def test_offers_are_found_by_name_and_by_commit_or_ref(tmp_path):
     assert ids(api, "?revision=main") == [new["id"], other["id"]]
     assert ids(api, f"?name={NAME}&source={R1}") == [new["id"]]
     assert "unknown query parameter" in api.json("GET", "/v1/offers?rev=main", status=400)["error"]
+    assert api.json("GET", "/v1/offers?revision=" + "a" * 257, status=400)["error"] == \
+        "revision is longer than 256 characters"
     # the server's branch moved: its re-offer replaces the refs (and one without hf drops them)
     api.json("POST", "/v1/offers", body(S, "blake3:" + "01" * 32, OLD, ["main", "v1"]), 200)
     assert ids(api, f"?name={NAME}&revision=main") == [old["id"], new["id"]]
