@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import threading
-import urllib.request
 import time
+import urllib.request
 from contextlib import contextmanager
 from typing import Iterator, Optional
 
@@ -204,9 +205,12 @@ def test_serve_and_fetch_on_loopback(tmp_path, monkeypatch):
         assert ctl.offers == {} and ctl.groups == {}
     labels = f'{{model="{model_id}",name="model.bin"}}'
     for line in (f"modelcast_serve_rounds_total{labels} 2.0", f"modelcast_serve_receivers_total{labels} 2.0",
-                 f"modelcast_serve_receivers_per_round{labels} 1.0", f"modelcast_serve_model_bytes{labels} 900000.0",
-                 f"modelcast_serve_bytes_per_receiver{labels} {served[0].stats.bytes_sent / 2}"):
+                 f"modelcast_serve_receivers_per_round{labels} 1.0", f"modelcast_serve_model_bytes{labels} 900000.0"):
         assert line in text, (line, text)
+    # (scraped after both rounds, before the server's last datagrams: at least the model
+    # per receiver, at most the final count's share)
+    per = float(re.search(rf"^modelcast_serve_bytes_per_receiver{re.escape(labels)} (\S+)$", text, re.M).group(1))
+    assert model.size <= per <= served[0].stats.bytes_sent / 2, (per, served[0].stats.bytes_sent)
 
 
 def test_a_late_arrival_is_repaired_in_the_round_and_a_later_one_takes_the_tail_and_the_next(tmp_path, monkeypatch):
