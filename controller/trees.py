@@ -191,7 +191,7 @@ def _bump(into: dict[int, dict[int, int]], links: dict[int, int | None], step: i
 
 
 _NO_LOAD: dict[int, int] = {}
-_NUM = np.int32  # switch and link numbers in the cached layers (2^31 of either is far off)
+_NARROW = 1 << 16  # up to this many switches and links, the layers' numbers are 16-bit
 _ROWS = np.arange(1 << 12)  # row numbers, shared by the layers (views of it)
 _MAX_PENDING = 1 << 14  # link changes waiting for the vector: reroutes alone would grow it forever
 
@@ -284,12 +284,15 @@ class PathCache:
             count = pred.sum(1)
             cuts = np.searchsorted(hops, np.arange(1, int(hops[-1]) + 2))
             hit = []
+            # numbers in as few bytes as today's count needs (numbers are never reused,
+            # so they stay below it): these arrays are a cache per source switch
+            num = np.uint16 if max(len(self.dpids), len(self.link_ids) + 1) <= _NARROW else np.int32
             for lo, hi in zip(cuts.tolist(), cuts[1:].tolist()):
                 width = int(count[lo:hi].max())
                 # copies as narrow as the layer needs: a slice would keep the whole
                 # node x widest-degree arrays alive, per root (~0.75 MB on fat-tree:34)
-                hit.append((nodes[lo:hi].copy(), p_ids[lo:hi, :width].astype(_NUM),
-                            l_ids[lo:hi, :width].astype(_NUM), _ROWS[:hi - lo] if hi - lo <= len(_ROWS)
+                hit.append((nodes[lo:hi].copy(), p_ids[lo:hi, :width].astype(num),
+                            l_ids[lo:hi, :width].astype(num), _ROWS[:hi - lo] if hi - lo <= len(_ROWS)
                             else np.arange(hi - lo)))
             self._layers[root] = hit
         return hit

@@ -87,7 +87,8 @@ def test_vectorised_search_picks_the_per_node_searchs_tree_as_loads_and_links_ch
     """The array search (new trees) and the per-node one (trees kept across a change) must
     choose the same least-loaded paths, with loads added tree by tree between searches,
     the cached arrays renumbered or rebuilt after link changes, and the load vector
-    counted afresh when too many changes wait for it (a small cap here)."""
+    counted afresh when too many changes wait for it (a small cap here), with the cached
+    layers' numbers in 16 or 32 bits."""
     rng = random.Random(seed)
     topo = T.parse(family)
     view = TopologyView.from_topology(topo)
@@ -95,10 +96,11 @@ def test_vectorised_search_picks_the_per_node_searchs_tree_as_loads_and_links_ch
     load = LinkLoad()
     roots = sorted(topo.switches)
     cap, trees._MAX_PENDING = trees._MAX_PENDING, rng.choice([1, 3, trees._MAX_PENDING])
+    narrow, trees._NARROW = trees._NARROW, rng.choice([0, trees._NARROW])  # (0: 32-bit layers)
     try:
         _search_as_loads_and_links_change(rng, topo, view, cache, load, roots, steps)
     finally:
-        trees._MAX_PENDING = cap
+        trees._MAX_PENDING, trees._NARROW = cap, narrow
 
 
 def _search_as_loads_and_links_change(rng, topo, view, cache, load, roots, steps) -> None:
