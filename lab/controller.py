@@ -73,13 +73,7 @@ class Controller:
         """Start and wait (<= 30 s) until /v1/health answers; on failure raise with the log."""
         logf = self.workdir / f"{self.name}-{len(self.logs)}.log"
         self.logs.append(logf)
-        cmd = [str(VENV_BIN / "modelcast-controller"), "--ofp-tcp-listen-port", str(self.of_port),
-               "--ofp-listen-host", "127.0.0.1", "--wsapi-host", self.rest_host,
-               "--wsapi-port", str(self.rest_port),
-               *(["--store", self.store] if self.store else ["--state-file", str(self.state)]),
-               "--token", self.token, "--algorithm", self.algorithm,
-               # (lab tests fail links again and again to measure each failure alike)
-               "--flap-damping", "0", *self.args]
+        cmd = self.command()
         with open(logf, "w") as out:
             # Own session: a terminal's Ctrl-C reaches only the orchestrating process,
             # which then stops everything in order (this process by PID).
@@ -99,6 +93,16 @@ class Controller:
                                    unreachable_ok=True, check=alive)
         except ControllerError as exc:
             raise LabError(f"{exc}\n{self.log_text()}") from None
+
+    def command(self) -> list[str]:
+        """The command line ``start`` runs (a test that runs a documented one overrides it)."""
+        return [str(VENV_BIN / "modelcast-controller"), "--ofp-tcp-listen-port", str(self.of_port),
+                "--ofp-listen-host", "127.0.0.1", "--wsapi-host", self.rest_host,
+                "--wsapi-port", str(self.rest_port),
+                *(["--store", self.store] if self.store else ["--state-file", str(self.state)]),
+                "--token", self.token, "--algorithm", self.algorithm,
+                # (lab tests fail links again and again to measure each failure alike)
+                "--flap-damping", "0", *self.args]
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
         """Stop our controller process (by PID) with ``sig``; SIGKILL after 10 s."""

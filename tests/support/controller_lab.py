@@ -64,6 +64,22 @@ def wait_for(pred: Callable[[], bool], timeout: float, step: float = 0.05) -> bo
     return pred()
 
 
+def health(c: Controller) -> dict:
+    """An instance's ``GET /v1/health`` (role, leader, generation); {} from a dead one."""
+    try:
+        return c.api("GET", "/v1/health", timeout=2).json()
+    except Exception:
+        return {}
+
+
+def leader_of(instances: Sequence[Controller], timeout: float = 15) -> Controller:
+    """The one live instance that says it leads, once exactly one does."""
+    alive = [c for c in instances if c.proc is not None]
+    assert wait_for(lambda: sum(health(c).get("role") == "leader" for c in alive) == 1, timeout), \
+        [health(c) for c in alive]
+    return next(c for c in alive if health(c).get("role") == "leader")
+
+
 def ofctl(lab: Lab, dpid: int, *args: str) -> str:
     return subprocess.run(["ovs-ofctl", "-O", "OpenFlow13", *args, lab.bridge(dpid)],
                           capture_output=True, text=True, check=True).stdout

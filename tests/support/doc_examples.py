@@ -1,6 +1,7 @@
 """The agent commands (``modelcast ...``) a Markdown page shows in its fenced code blocks,
 as tests read them: ``tests/hostagent/test_agent_examples.py`` parses each one, and
-``tests/lab/test_newcomer.py`` runs the README's on a lab."""
+``tests/lab/test_newcomer.py`` runs the README's on a lab (and its ``modelcast-controller``
+lines, read the same way)."""
 
 from __future__ import annotations
 
@@ -16,25 +17,29 @@ ELIDED = "..."  # "and the options shown above", where a page abbreviates
 
 @dataclass
 class AgentExample:
-    """One ``modelcast`` command line of a page (``\\`` continuations joined)."""
+    """One ``modelcast`` (or ``modelcast-controller``) command line of a page (``\\``
+    continuations joined)."""
 
     page: str
     line: int
     command: str
 
     @property
+    def program(self) -> str:
+        """The command it runs (``modelcast``, ``modelcast-controller``)."""
+        return self.command.split(" ", 1)[0]
+
+    @property
     def argv(self) -> list[str]:
-        """The arguments after ``modelcast``, a trailing comment and ``...`` left out."""
-        tokens = shlex.split(self.command, comments=True)
-        assert tokens[0] == "modelcast", self
-        return [t for t in tokens[1:] if t != ELIDED]
+        """The arguments after the program, a trailing comment and ``...`` left out."""
+        return [t for t in shlex.split(self.command, comments=True)[1:] if t != ELIDED]
 
     def __str__(self) -> str:
         return f"{self.page}:{self.line}: {self.command}"
 
 
-def agent_examples(page: Path) -> list[AgentExample]:
-    """Every ``modelcast`` command line in the page's fenced code blocks, in order."""
+def agent_examples(page: Path, program: str = "modelcast") -> list[AgentExample]:
+    """Every ``program`` command line in the page's fenced code blocks, in order."""
     text = page.read_text(encoding="utf-8")
     found = []
     for block in re.finditer(r"^```[^\n]*\n(.*?)^```", text, re.M | re.S):
@@ -46,7 +51,7 @@ def agent_examples(page: Path) -> list[AgentExample]:
             while command.endswith("\\") and i + 1 < len(lines):
                 i += 1
                 command = command[:-1].rstrip() + " " + lines[i].strip()
-            if command.startswith("modelcast "):
+            if command.startswith(f"{program} "):
                 found.append(AgentExample(str(page.relative_to(ROOT)), first + start, command))
             i += 1
     return found
