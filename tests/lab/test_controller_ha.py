@@ -21,13 +21,12 @@ import pytest
 
 import topologies as T
 from lab import etcd as lab_etcd
-from lab.controller import Controller, stamp_printer
+from lab.controller import stamp_printer
 from lab.fabric import Fabric
 from lab.models import make_model
 from lab.probes import Capture, send
 from lab.transfer import Transfer
-from tests.support.controller_lab import wait_for
-from tests.support.controller_lab import held
+from tests.support.controller_lab import health, held, leader_of, wait_for
 from tests.support.lab import need_lab, skip_or_fail
 
 pytestmark = pytest.mark.lab
@@ -56,19 +55,6 @@ def cluster(tmp_path_factory):
                 yield fab, etcd, work
     finally:
         etcd.stop()
-
-
-def health(c: Controller) -> dict:
-    try:
-        return c.api("GET", "/v1/health").json()
-    except Exception:  # a killed instance
-        return {}
-
-
-def leader_of(fab: Fabric) -> Controller:
-    alive = [c for c in fab.controllers if c.proc is not None]
-    assert wait_for(lambda: sum(health(c).get("role") == "leader" for c in alive) == 1, 15)
-    return next(c for c in alive if health(c).get("role") == "leader")
 
 
 class Masters:
@@ -172,7 +158,7 @@ def check_delivery(fab: Fabric, g: dict, src: str, dst: str, work) -> None:
 def test_leader_sigkill_mid_transfer(cluster):
     fab, _, work = cluster
     lab = fab.live_lab()
-    old = leader_of(fab)
+    old = leader_of(fab.controllers)
     followers = [c for c in fab.controllers if c is not old]
     # a stream h1 -> h3, h5 created through a follower (forwarded to the leader)
     r = followers[0].api("POST", "/v1/groups", json={"model": "ha-stream", "source": IP["h1"],
@@ -198,7 +184,7 @@ def test_leader_sigkill_mid_transfer(cluster):
                 fab, {"model": "ha-after", "source": IP["h2"], "receivers": [IP["h5"]]},
                 t_kill + 15)
             failover = t_served - t_kill
-            new = leader_of(fab)
+            new = leader_of(fab.controllers)
             assert new is not old
             # the new group installs (barrier-confirmed)
             g_after = new.wait_group(g_after["id"], lambda g: g["state"] == "installed", timeout=15)
@@ -250,7 +236,7 @@ def test_leader_sigkill_mid_transfer(cluster):
 def test_etcd_restart_keeps_the_data_plane_and_the_controllers_catch_up(cluster):
     fab, etcd, work = cluster
     lab = fab.live_lab()
-    lead = leader_of(fab)
+    lead = leader_of(fab.controllers)
     r = lead.api("POST", "/v1/groups", json={"model": "ha-etcd", "source": IP["h1"],
                                              "receivers": [IP["h4"], IP["h6"]]})
     assert r.status_code in (200, 201), r.text
@@ -269,7 +255,7 @@ def test_etcd_restart_keeps_the_data_plane_and_the_controllers_catch_up(cluster)
             g2, served = create_until_served(
                 fab, {"model": "ha-etcd-after", "source": IP["h3"], "receivers": [IP["h6"]]},
                 back + 15)
-            lead2 = leader_of(fab)
+            lead2 = leader_of(fab.controllers)
             g2 = lead2.wait_group(g2["id"], lambda x: x["state"] == "installed", timeout=15)
             # every instance catches up: all list the new group
             assert wait_for(lambda: all(

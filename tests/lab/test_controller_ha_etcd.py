@@ -18,7 +18,7 @@ from hostagent.control import ControllerClient
 from lab import etcd as lab_etcd
 from lab.controller import Controller
 from lab.sh import free_port
-from tests.support.controller_lab import wait_for
+from tests.support.controller_lab import health, leader_of, wait_for
 from tests.support.lab import skip_or_fail
 
 pytestmark = pytest.mark.lab  # real etcd and controller processes
@@ -47,23 +47,9 @@ def cluster(tmp_path):
         etcd.stop()
 
 
-def health(c: Controller) -> dict:
-    try:
-        return c.api("GET", "/v1/health", timeout=2).json()
-    except Exception:
-        return {}
-
-
-def leader(ctls: list[Controller]) -> Controller:
-    alive = [c for c in ctls if c.proc is not None]
-    assert wait_for(lambda: sum(health(c).get("role") == "leader" for c in alive) == 1, 15), \
-        [health(c) for c in alive]
-    return next(c for c in alive if health(c).get("role") == "leader")
-
-
 def test_election_forwarding_failover_and_etcd_restart(cluster):
     etcd, ctls = cluster
-    lead = leader(ctls)
+    lead = leader_of(ctls)
     followers = [c for c in ctls if c is not lead]
     gen = health(lead)["generation"]
     for c in followers:
@@ -92,7 +78,7 @@ def test_election_forwarding_failover_and_etcd_restart(cluster):
     failover = time.monotonic() - t0
     assert "10.0.0.4" in joined["receivers"]
     assert failover <= FAILOVER_BOUND_S, failover
-    new = leader(ctls)
+    new = leader_of(ctls)
     assert new in followers and health(new)["generation"] > gen
     # the old leader's fenced writes are refused by etcd
     stale = EtcdStore(parse_store_url(etcd.store_url))
@@ -112,7 +98,7 @@ def test_election_forwarding_failover_and_etcd_restart(cluster):
     joined = client.join(gid, "10.0.0.5")
     back = time.monotonic() - t1
     assert "10.0.0.5" in joined["receivers"]
-    after = leader(ctls)
+    after = leader_of(ctls)
     gen3 = health(after)["generation"]
     assert gen3 >= gen2
     assert wait_for(lambda: all("10.0.0.5" in c.api("GET", f"/v1/groups/{gid}").json()["receivers"]

@@ -31,7 +31,7 @@ from controller.store import EtcdSecurity, EtcdStore, StoreError, parse_store_ur
 from lab import etcd as lab_etcd
 from lab.controller import Controller
 from lab.sh import free_port
-from tests.support.controller_lab import wait_for
+from tests.support.controller_lab import health, wait_for
 from tests.support.lab import skip_or_fail
 
 pytestmark = pytest.mark.lab  # real etcd and controller processes
@@ -165,13 +165,6 @@ def controllers(tmp_path: Path) -> Iterator[Any]:
     yield start
     for c in made:
         c.stop()
-
-
-def health(c: Controller) -> dict:
-    try:
-        return c.api("GET", "/v1/health", timeout=2).json()
-    except Exception:
-        return {}
 
 
 def _b64(text: str) -> str:
