@@ -15,8 +15,10 @@ kept while they work. The design in full: docs/architecture.md, "Protection".
 from __future__ import annotations
 
 from functools import lru_cache
+from itertools import repeat
 from typing import NamedTuple
 
+import numpy as np
 from ryu.ofproto import ofproto_v1_3 as ofp
 
 from controller.topoview import TopologyView
@@ -213,49 +215,97 @@ def _path_around(nbr: dict[int, dict[int, int]], src: int, dst: int,
         return None
     sides = ({src: None}, {dst: None})  # node -> its parent on that side
     hop: tuple[dict, dict] = ({src: None}, {dst: None})  # node -> its side's first hop to it
-    salt = src * 0x9E3779B1 ^ dst * 0x85EBCA77
+    salt = (src * 0x9E3779B1 ^ dst * 0x85EBCA77) & _M32
     depth = ({src: 0}, {dst: 0})
     fronts = [[src], [dst]]
     while fronts[0] and fronts[1]:
         side = 0 if len(fronts[0]) <= len(fronts[1]) else 1
         mine, other, far = sides[side], sides[1 - side], depth[1 - side]
-        level = depth[side][fronts[side][0]] + 1
-        meet = None
-        for u in fronts[side]:
-            for v in nbr[u].keys() & other.keys():
-                if (u == src and v == dst) or (u == dst and v == src) or v in mine:
-                    continue
-                # among equally short detours a hash of the link and the meeting, not the
-                # lowest dpids: those put every detour of a fabric tier through the
-                # same few links (254 of 800 on fat-tree:16), and a failure of one of
-                # them re-protected every tree entry that relied on them
-                miss = 0
-                if hint is not None:
-                    a, b = (u, v) if side == 0 else (v, u)  # a on src's side, b on dst's
-                    miss = 2 * ((hop[1][b] or a) != hint[1]) + ((hop[0][a] or b) != hint[0])
-                cand = (level + far[v], miss, ((v * 0xC2B2AE3D ^ u * 0x27D4EB2F ^ salt) * 0x2C1B3C6D
-                                               & 0xFFFFFFFF) >> 8, v, u)
-                if meet is None or cand < meet:
-                    meet = cand
+        front = fronts[side]
+        level = depth[side][front[0]] + 1
+        us: list[int] = []
+        vs: list[int] = []
+        theirs = other.keys()
+        for u in front:
+            common = nbr[u].keys() & theirs
+            if common:
+                vs.extend(common)
+                us.extend(repeat(u, len(common)))
+        meet = _meeting(us, vs, (src, dst, salt), level, far, mine, hop, hint, side) if us else None
         if meet is not None:
-            mine[meet[3]] = meet[4]
-            head = [meet[3]]
+            mine[meet[0]] = meet[1]
+            head = [meet[0]]
             while sides[0][head[-1]] is not None:
                 head.append(sides[0][head[-1]])
             path = head[::-1]
             while sides[1][path[-1]] is not None:
                 path.append(sides[1][path[-1]])
             return path
-        nxt = []
-        for u in fronts[side]:
-            for v in sorted(nbr[u]):
-                if v not in mine and not ((u == src and v == dst) or (u == dst and v == src)):
-                    mine[v] = u
-                    hop[side][v] = v if mine[u] is None else hop[side][u]
-                    depth[side][v] = level
-                    nxt.append(v)
+        nxt: list[int] = []
+        at, hops = depth[side], hop[side]
+        for u in front:
+            new = [v for v in sorted(nbr[u]) if v not in mine]
+            if u == src or u == dst:  # (not across the link itself)
+                new = [v for v in new if v != src and v != dst]
+            mine.update(zip(new, repeat(u)))
+            at.update(zip(new, repeat(level)))
+            if hint is not None:
+                hops.update(zip(new, new if mine[u] is None else repeat(hops[u])))
+            nxt += new
         fronts[side] = nxt
     return None
+
+
+_M32 = 0xFFFFFFFF
+_MANY = 16  # meeting candidates from which the hashes are taken as arrays
+
+
+def _meeting(us: list[int], vs: list[int], link: tuple[int, int, int], level: int, far: dict[int, int],
+             mine: dict[int, int | None], hop: tuple[dict, dict], hint: tuple[int, int] | None,
+             side: int) -> tuple[int, int] | None:
+    """The meeting (v on the far side, u on this one) of ``_path_around``'s candidates
+    (``us[i]`` next to ``vs[i]``) it takes: the shortest total, then (with ``hint``) the
+    fewest changed ends, then the hash, then the lowest v and u; None when every candidate
+    is the link itself or a node both sides hold. Among equally short detours a hash of
+    the link and the meeting, not the lowest dpids: those put every detour of a fabric
+    tier through the same few links (254 of 800 on fat-tree:16), and a failure of one of
+    them re-protected every tree entry that relied on them. With many candidates (a
+    fat-tree:34 link has up to 528) the hashes are array operations: the same low 32 bits
+    as Python's integers, so the same choice."""
+    src, dst, salt = link
+    if len(us) < _MANY or hint is not None:
+        best: tuple[int, int] | None = None
+        low = 0
+        for u, v in zip(us, vs):
+            if v in mine or (u == src and v == dst) or (u == dst and v == src):
+                continue
+            miss = 0
+            if hint is not None:
+                a, b = (u, v) if side == 0 else (v, u)  # a on src's side, b on dst's
+                miss = 2 * ((hop[1][b] or a) != hint[1]) + ((hop[0][a] or b) != hint[0])
+            key = ((level + far[v]) * 4 + miss) << 24 | \
+                ((v * 0xC2B2AE3D ^ u * 0x27D4EB2F ^ salt) * 0x2C1B3C6D & _M32) >> 8
+            if best is None or key < low or (key == low and (v, u) < best):
+                low, best = key, (v, u)
+        return best
+    u64 = np.uint64
+    U = np.array(us, dtype=u64)
+    V = np.array(vs, dtype=u64)
+    ok = ~(((U == src) & (V == dst)) | ((U == dst) & (V == src)))
+    both = mine.keys() & far.keys()
+    if both:
+        ok &= ~np.isin(V, np.array(list(both), dtype=u64))
+    if not ok.all():
+        U, V = U[ok], V[ok]
+        if not len(U):
+            return None
+        vs = V.tolist()
+    hops = np.fromiter(map(far.__getitem__, vs), dtype=u64, count=len(vs))  # (level: the same for all)
+    h = ((V * u64(0xC2B2AE3D) ^ U * u64(0x27D4EB2F) ^ u64(salt)) * u64(0x2C1B3C6D) & u64(_M32)) >> u64(8)
+    key = hops << u64(26) | h
+    at = np.flatnonzero(key == key.min())
+    i = int(at[0]) if len(at) == 1 else int(at[np.lexsort((U[at], V[at]))[0]])
+    return int(V[i]), int(U[i])
 
 
 def _detour(nbr: dict[int, dict[int, int]], path: list[int]) -> Detour:
