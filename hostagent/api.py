@@ -298,6 +298,12 @@ class SendResult:
     lanes: int = 1  # sessions the file was striped over (hostagent.lanes)
     content_id: str = ""  # blake3:<hex> of the manifest (hostagent.tree)
     files: int = 1
+    # time.monotonic() (one clock for every process of the host, namespaces included) at
+    # the moments a start or an end costs: the socket open and the sender built
+    # ("ready"), the first data datagram handed to the kernel ("first_data"), the first
+    # pass out ("stream_end"), every expected receiver verified ("verified"), the
+    # summary made ("result"). A bench takes them against the process's spawn and exit.
+    clock: dict[str, float] = field(default_factory=dict)
 
     def summary(self) -> dict:
         """The JSON summary object."""
@@ -355,6 +361,11 @@ class ReceiveResult:
     files: int = 0  # files written (1 for a single file)
     native_rx: bool = fastrun.NATIVE  # the clean-stream path ran in C (hostagent.fastrun)
     early_held: int = 0  # DATA held because it came before the first manifest page (then checked and taken)
+    # time.monotonic() when the sockets were joined and the receiver built ("ready"), the
+    # transfer's first datagram came ("first"), the file was verified ("verified"), the
+    # sender acknowledged it and the loop ended ("acked") and the summary was made
+    # ("result"): SendResult.clock's, from this side.
+    clock: dict[str, float] = field(default_factory=dict)
 
     def summary(self) -> dict:
         """The JSON summary object."""
@@ -535,20 +546,25 @@ def _stream(path: str, opts: SendOptions, sender: Sender, sock: socket.socket, g
     """Run the sender's loop to its TransferFinished and summarise."""
     reasons: dict[int, str] = {}
     timeline: dict[str, Any] = {"completed_s": []}
+    clock = {"ready": started}
     throttle = _Throttle()
 
     def on_event(event: object) -> None:
         if isinstance(event, StreamFinished):
-            timeline["stream_s"] = round(time.monotonic() - started, 3)
+            clock["stream_end"] = time.monotonic()
+            timeline["stream_s"] = round(clock["stream_end"] - started, 3)
         elif isinstance(event, ReceiverCompleted):
             timeline["completed_s"].append(round(time.monotonic() - started, 3))
         elif isinstance(event, ReceiverFailed):
             reasons[event.receiver_id] = event.reason
         elif isinstance(event, TransferFinished):
             timeline["finished"] = event
+            clock["verified"] = time.monotonic()
         emit(event)  # type: ignore[arg-type]
 
     def should_stop() -> bool:
+        if "first_data" not in clock and sender.stats.data_sent:  # (sent in this loop turn)
+            clock["first_data"] = time.monotonic()
         if done is not None and not sender.finished and done():
             sender.end_now(time.monotonic())
         if lister is not None and (g := lister.changed()) is not None:
@@ -592,6 +608,7 @@ def _stream(path: str, opts: SendOptions, sender: Sender, sock: socket.socket, g
         send_buffer_drops=loop.send_drops, dropped=dict(stats.drops), peak_rss_mb=_peak_rss_mb(), cpu_s=_cpu_s(),
         finished=finished, error=None if finished.ok else _send_failure(finished, opts.receivers),
         content_id=tree.manifest_id(sender.pages), files=_files(sender.pages[0]),
+        clock={**clock, "result": time.monotonic()},
     )
 
 
@@ -836,6 +853,7 @@ def _receive(out: str, opts: ReceiveOptions, group: tuple[str, int], source_ip: 
                                 content_id=tree.parse_content_id(opts.expect) if opts.expect else None,
                                 lane=lane or ReceiverConfig.lane, deadline=opts.deadline)
         receiver = Receiver(sink, config, time.monotonic(), state=sink.load_state())
+        ready = time.monotonic()
         emit(ReceiveStarted(out, group))
         metrics = _serve_metrics(opts, "receiver", lambda: receiver.stats, lambda: _held_bytes(receiver), emit)
         if joined is not None:
@@ -855,7 +873,7 @@ def _receive(out: str, opts: ReceiveOptions, group: tuple[str, int], source_ip: 
             if new is not None and (new.session, new.key) != (receiver.session, receiver.config.key) and new.key:
                 receiver.expect(new.session, new.file_digest, new.key)  # type: ignore[arg-type]
 
-        result = _listen(out, opts, receiver, sink, mc, uc, group, emit, on_progress, reannounced)
+        result = _listen(out, opts, receiver, sink, mc, uc, group, emit, on_progress, reannounced, ready)
         if ended is not None:
             ended(receiver)
         return result
@@ -871,10 +889,10 @@ def _receive(out: str, opts: ReceiveOptions, group: tuple[str, int], source_ip: 
 def _listen(out: str, opts: ReceiveOptions, receiver: Receiver, sink: PathSink | FileSink, mc: socket.socket,
             uc: socket.socket, group: tuple[str, int], emit: OnEvent,
             on_progress: Optional[Callable[[ReceiveProgress], None]],
-            each_turn: Callable[[], None] = lambda: None) -> ReceiveResult:
+            each_turn: Callable[[], None] = lambda: None, ready: Optional[float] = None) -> ReceiveResult:
     """Run the receiver's loop until it verified the file (and the sender acknowledged)
     or gave up; run the on_complete command; summarise. ``each_turn`` runs every loop
-    turn (in the loop's thread)."""
+    turn (in the loop's thread); ``ready``: when the group was joined (the clock's mark)."""
     fastrun.warn_if_pure()
     marks: dict[str, Any] = {}
     throttle = _Throttle()
@@ -908,6 +926,7 @@ def _listen(out: str, opts: ReceiveOptions, receiver: Receiver, sink: PathSink |
 
     started = time.monotonic()
     loop = run(receiver, uc, [mc, uc], group, on_event, done, gro=opts.gro)
+    acked = time.monotonic()
     end = marks["end"]
     ok = isinstance(end, FileComplete)
     offered = receiver.content_id() if receiver.config.lane[1] == 1 else None  # (a lane's: its slice's)
@@ -942,6 +961,8 @@ def _listen(out: str, opts: ReceiveOptions, receiver: Receiver, sink: PathSink |
         content_id=receiver.content_id(),
         files=_files(receiver.manifest) if receiver.manifest else 0,
         early_held=stats.early_held,
+        clock={"ready": ready or started, **{k: marks[v] for k, v in (("first", "first"), ("verified", "end_at")) if v in marks},
+               "acked": acked, "result": time.monotonic()},
     )
 
 

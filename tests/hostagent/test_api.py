@@ -88,7 +88,11 @@ def test_send_and_receive_in_process(tmp_path, capsys, monkeypatch) -> None:
     # The summaries are the CLI's JSON objects; the metrics port is free for the next transfer.
     assert sent.summary()["receivers"][0]["ok"] is True and "finished" not in sent.summary()
     assert got.summary()["on_complete"] is None
-    assert _port_is_free(metrics_port)
+    # The marks a bench times a start and an end by, in the order they happen.
+    c, rc = sent.clock, got.clock
+    assert c["ready"] <= c["first_data"] <= c["stream_end"] <= c["verified"] <= c["result"], c
+    assert rc["ready"] <= c["first_data"] and rc["first"] <= rc["verified"] <= rc["acked"] <= rc["result"], rc
+    assert rc["verified"] <= c["verified"]  # the sender heard the COMPLETE sent once verified
     assert capsys.readouterr() == ("", "")  # a library prints nothing
 
 
