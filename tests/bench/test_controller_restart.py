@@ -26,3 +26,15 @@ def test_what_a_switch_lost_meanwhile_is_put_back() -> None:
     assert fabric.snapshot() != intact
     out = restart(core, fabric, intact)
     assert out["plan_messages"] > 0 and out["fabric_unchanged"]
+
+
+def test_start_up_discovers_the_whole_fabric_and_says_what_ryus_probing_adds() -> None:
+    """fat-tree:4: 20 switches, 32 links seen from both ends (64 signed frames), 16 hosts;
+    Ryu then probes its 80 ports one by one, 0.05 s apart."""
+    from bench.controller_restart import discover
+
+    out = discover("fat-tree:4")
+    assert out["lldp_frames"] == 64 and out["switch_ports"] == 80
+    assert out["ryu_lldp_reprobe_s"] == 4.0
+    assert out["link_messages"] > 0 and out["host_messages"] >= 16
+    assert out["discovery_cpu_s"] >= out["links_cpu_s"] > 0
