@@ -11,6 +11,7 @@ runs, the median sender time of each and their ratio (the file is the reference)
 from __future__ import annotations
 
 import argparse
+import compileall
 import json
 import random
 import statistics
@@ -21,6 +22,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
+from bench.fixedcost import JOIN_WAIT, Timed, medians, parts
 from bench.machine import describe, machine
 from lab.bridge import BridgeLab
 from lab.models import file_digest, files_in_order, make_key_file, make_model_dir, tree_of
@@ -35,22 +37,16 @@ def _cli(*args: str) -> list[str]:
 def _one(lab: BridgeLab, path: Path, outs: list[Path], key: Path, rate: float, timeout: float) -> dict[str, Any]:
     """One transfer of ``path`` (file or directory) to every receiver host; verified."""
     group = f"232.{random.randint(1, 254)}.{random.randint(1, 254)}.{random.randint(1, 254)}:{random.randint(20000, 60000)}"
-    receivers = []
-    for host, out in enumerate(outs, start=1):
-        receivers.append(lab.popen(host, *_cli("recv", "--group", group, "--source", lab.ip(0), "--out", str(out),
-                                               "--json", "--timeout", str(timeout), "--key-file", str(key)),
-                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO))
-    time.sleep(0.5)
-    sender = lab.popen(0, *_cli("send", str(path), "--group", group, "--interface", lab.ip(0), "--receivers",
+    receivers = [Timed(lab, host, _cli("recv", "--group", group, "--source", lab.ip(0), "--out", str(out), "--json",
+                                       "--timeout", str(timeout), "--key-file", str(key)), REPO)
+                 for host, out in enumerate(outs, start=1)]
+    time.sleep(JOIN_WAIT)
+    sender = Timed(lab, 0, _cli("send", str(path), "--group", group, "--interface", lab.ip(0), "--receivers",
                                 str(len(outs)), "--rate", str(rate), "--json", "--timeout", str(timeout),
-                                "--key-file", str(key)),
-                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
-    s_out, s_err = sender.communicate(timeout=timeout * 3)
-    sent = json.loads(s_out.strip().splitlines()[-1]) if s_out.strip() else None
-    got = []
-    for proc in receivers:
-        r_out, _ = proc.communicate(timeout=timeout * 3)
-        got.append(json.loads(r_out.strip().splitlines()[-1]) if r_out.strip() else None)
+                                "--key-file", str(key)), REPO)
+    sent = sender.join(timeout * 3)
+    got = [p.join(timeout * 3) for p in receivers]
+    s_err = sender.err
     ok = bool(sent and sent["ok"] and all(g and g["ok"] for g in got))
     if ok and path.is_dir():
         want = tree_of(path)
@@ -61,6 +57,10 @@ def _one(lab: BridgeLab, path: Path, outs: list[Path], key: Path, rate: float, t
             "files": sent and sent.get("files"), "sender_s": sent and sent["seconds"],
             "receiver_goodput_mbit": [g and g["goodput_mbit"] for g in got],
             "datagrams_sent": sent and sent["datagrams_sent"], "bytes_sent": sent and sent["bytes_sent"],
+            # the sender's spawn to the last process gone: start-up, digests, every copy in place
+            "wall_s": round(max([sender.exit or 0.0] + [p.exit or 0.0 for p in receivers]) - sender.spawn, 3),
+            "parts": parts(sender, sent, list(zip(receivers, got)), sent["bytes"] * 8 / (rate * 1e6))
+            if ok and sent and "clock" in sent else None,
             "error": None if ok else (s_err[-500:] if not sent else sent.get("error"))}
 
 
@@ -73,6 +73,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for entry_path in files_in_order(model):
             f.write(entry_path.read_bytes())
     key = make_key_file(work / "session.key")
+    compileall.compile_dir(str(REPO / "hostagent"), quiet=1)  # as installed: a start compiles nothing
     lab = BridgeLab(args.receivers + 1, mtu=args.mtu)
     lab.start()
     runs = []
@@ -87,12 +88,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     finally:
         lab.stop()
         subprocess.run(["rm", "-rf", str(work)], check=False)
-    med = {kind: statistics.median(r["sender_s"] for r in runs if r["kind"] == kind and r["ok"])
-           for kind in ("file", "directory") if any(r["kind"] == kind and r["ok"] for r in runs)}
-    ratio = round(med["directory"] / med["file"], 3) if len(med) == 2 else None
+    kinds = [k for k in ("file", "directory") if any(r["kind"] == k and r["ok"] for r in runs)]
+    med = {k: statistics.median(r["sender_s"] for r in runs if r["kind"] == k and r["ok"]) for k in kinds}
+    wall = {k: statistics.median(r["wall_s"] for r in runs if r["kind"] == k and r["ok"]) for k in kinds}
+    both = len(kinds) == 2
     return {"machine": describe(machine()), "receivers": args.receivers, "rate_mbit": args.rate,
             "mtu": args.mtu, "size_mb": args.size_mb, "runs": runs, "median_sender_s": med,
-            "directory_vs_file": ratio, "ok": all(r["ok"] for r in runs)}
+            "directory_vs_file": round(med["directory"] / med["file"], 3) if both else None,
+            "median_wall_s": wall, "wall_directory_vs_file": round(wall["directory"] / wall["file"], 3) if both else None,
+            "parts": {k: medians([r["parts"] | {"ok": True} for r in runs if r["kind"] == k and r["parts"]])
+                      for k in kinds},
+            "ok": all(r["ok"] for r in runs)}
 
 
 def main(argv: Optional[list[str]] = None) -> int:

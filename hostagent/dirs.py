@@ -27,11 +27,9 @@ run ends (that run cannot be resumed), and what was planted is never read or wri
 from __future__ import annotations
 
 import errno
-import logging
 import os
 import resource
 import stat
-import tempfile
 import threading
 from typing import Callable, Iterable, Optional
 
@@ -46,7 +44,20 @@ TMP_SUFFIX = ".modelcast-tmp"
 _NOFOLLOW_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _RENAME_EXCHANGE = 2
 _OTHERS_WRITE = stat.S_IWGRP | stat.S_IWOTH
-log = logging.getLogger("modelcast.agent")
+
+
+def _warn(message: str, *args: object) -> None:
+    """A warning on the agent's logger. (logging and tempfile load where they are used,
+    on paths a transfer rarely takes: every agent process's start-up counts.)"""
+    import logging
+
+    logging.getLogger("modelcast.agent").warning(message, *args)
+
+
+def _mkdtemp(prefix: str, dir: str) -> str:
+    import tempfile
+
+    return tempfile.mkdtemp(prefix=prefix, dir=dir)
 
 
 def scan(root: str) -> list[Entry]:
@@ -162,9 +173,9 @@ def own_tmp(out: str, fresh: bool = False) -> tuple[str, int, bool]:
         os.mkdir(path, 0o700)
     except FileExistsError:
         if not _own_dir(path):
-            log.warning("ignoring %s: not this user's own directory (another user's, a symlink, or writable "
-                        "by others); receiving into a private directory beside it", path)
-            path, fallback = tempfile.mkdtemp(prefix=os.path.basename(path) + ".", dir=os.path.dirname(path)), True
+            _warn("ignoring %s: not this user's own directory (another user's, a symlink, or writable "
+                  "by others); receiving into a private directory beside it", path)
+            path, fallback = _mkdtemp(prefix=os.path.basename(path) + ".", dir=os.path.dirname(path)), True
     fd = os.open(path, _NOFOLLOW_DIR)
     if not _own(os.fstat(fd)):
         os.close(fd)
@@ -299,13 +310,16 @@ class DirSink(_Files):
         (atomically exchanged with an existing ``out``, which is then removed), drop the
         resume record."""
         self._records.close()
-        wanted = {e.path for e in self.space.entries}
-        for index, entry in enumerate(self.space.entries):
+        entries = self.space.entries
+
+        def settle(index: int) -> None:
             fd = self.fds[index]
-            os.ftruncate(fd, entry.size)
-            os.fchmod(fd, entry.mode)
+            os.ftruncate(fd, entries[index].size)
+            os.fchmod(fd, entries[index].mode)
             os.fsync(fd)
-        self._prune(wanted)
+
+        _in_parallel(settle, range(len(entries)))
+        self._prune({e.path for e in entries})
         _fsync_tree(self.tmp)
         self._close_all()
         os.close(self._root)
@@ -338,13 +352,53 @@ class DirSink(_Files):
             _rmtree(self.tmp, ignore_errors=True)
 
 
+SYNC_THREADS = 16  # fsyncs at once when a directory is made durable
+
+
+def _in_parallel(work: Callable[[int], None], items: Iterable[int], threads: int = SYNC_THREADS) -> None:
+    """``work(item)`` for every item, on up to ``threads`` threads; the first error is
+    raised once all are done. For fsyncs: issued one after another, each waits for its
+    own journal commit (40 files: 40-160 ms on a virtual disk here); issued together, the
+    file system commits them in a few (~20 ms)."""
+    todo = list(items)
+    if len(todo) <= 1 or threads <= 1:
+        for item in todo:
+            work(item)
+        return
+    errors: list[BaseException] = []
+    lock = threading.Lock()
+
+    def worker() -> None:
+        while True:
+            with lock:
+                if not todo or errors:
+                    return
+                item = todo.pop()
+            try:
+                work(item)
+            except BaseException as exc:  # (re-raised in the caller's thread)
+                with lock:
+                    errors.append(exc)
+
+    pool = [threading.Thread(target=worker, daemon=True) for _ in range(min(threads, len(todo)))]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    if errors:
+        raise errors[0]
+
+
 def _fsync_tree(root: str) -> None:
-    for top, _, _ in os.walk(root):
+    def sync(top: str) -> None:
         fd = os.open(top, _NOFOLLOW_DIR)
         try:
             os.fsync(fd)
         finally:
             os.close(fd)
+
+    tops = [top for top, _, _ in os.walk(root)]
+    _in_parallel(lambda i: sync(tops[i]), range(len(tops)))
 
 
 def _rmtree(path: str, ignore_errors: bool = False) -> None:
@@ -492,10 +546,10 @@ class PathSink:
             try:
                 self._record = read_record(self.state_path)
             except RecordNotOwn:
-                log.warning("ignoring resume record %s: not this user's own regular file; this run keeps its "
-                            "records elsewhere and cannot be resumed", self.state_path)
-                self._records_dir = tempfile.mkdtemp(prefix=f".{os.path.basename(self.out)}.modelcast-state.",
-                                                     dir=os.path.dirname(os.path.abspath(self.out)))
+                _warn("ignoring resume record %s: not this user's own regular file; this run keeps its "
+                      "records elsewhere and cannot be resumed", self.state_path)
+                self._records_dir = _mkdtemp(prefix=f".{os.path.basename(self.out)}.modelcast-state.",
+                                             dir=os.path.dirname(os.path.abspath(self.out)))
         return self._record
 
     @property

@@ -92,7 +92,7 @@ def test_send_and_receive_in_process(tmp_path, capsys, monkeypatch) -> None:
     c, rc = sent.clock, got.clock
     assert c["ready"] <= c["first_data"] <= c["stream_end"] <= c["verified"] <= c["result"], c
     assert rc["ready"] <= c["first_data"] and rc["first"] <= rc["verified"] <= rc["acked"] <= rc["result"], rc
-    assert rc["verified"] <= c["verified"]  # the sender heard the COMPLETE sent once verified
+    assert rc["first"] >= c["ready"]  # (one clock for both: the first datagram came after the sender was up)
     assert capsys.readouterr() == ("", "")  # a library prints nothing
 
 

@@ -517,3 +517,35 @@ def test_the_records_temporary_never_follows_or_reuses_what_is_planted(tmp_path:
     finally:
         source.close()
         sink.close()
+
+
+def test_parallel_settling_does_every_item_once_and_raises_the_first_error() -> None:
+    """A directory's files are made durable on several threads at once: each exactly
+    once, and a failing fsync (a full or broken disk) still fails the finish."""
+    from hostagent.dirs import _in_parallel
+
+    seen: list[int] = []
+    _in_parallel(seen.append, range(100), threads=8)
+    assert sorted(seen) == list(range(100))
+
+    def fail_on_7(item: int) -> None:
+        if item == 7:
+            raise OSError(28, "No space left on device")
+
+    with pytest.raises(OSError, match="No space"):
+        _in_parallel(fail_on_7, range(40), threads=8)
+
+
+def test_a_finished_directory_has_every_size_and_mode_however_it_was_settled(tmp_path) -> None:
+    """The parallel finish trims stale bytes and sets every file's mode, as one by one."""
+    entries = [Entry(f"d{i % 3}/f{i}", 100 + i, 0o640 if i % 2 else 0o755) for i in range(24)]
+    out = tmp_path / "model"
+    sink = DirSink(str(out), entries)
+    space = Space(entries)
+    sink.write(0, bytes(range(256)) * (space.size // 256 + 1))  # (past the end: more than the space)
+    os.pwrite(sink.fds[5], b"stale tail", entries[5].size)  # an older, longer file's bytes
+    sink.finish(space.size)
+    sink.close()
+    for e in entries:
+        st_ = os.stat(out / e.path)
+        assert st_.st_size == e.size and stat.S_IMODE(st_.st_mode) == e.mode, e
