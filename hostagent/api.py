@@ -459,15 +459,17 @@ def _send(path: str, opts: SendOptions, source: FileSource | DirSource, interfac
         raise TransferError(str(exc)) from None
     if not opts.controller:  # (with one, the key comes with the group)
         _require_key(config.key, opts, emit, "--group without --key-file")
-    # The manifest needs the file's digests (they also name the model): one read of the
-    # file the first time, none while it is unchanged. (A directory is digested every
-    # time: its own mtime does not move when a file in it is rewritten.)
+    # The manifest needs the content's digests (they also name the model): one read of
+    # the file, or of the directory's files, the first time, none while it is unchanged
+    # (a directory: while each of the files sent is).
     entries = source.entries_blob if isinstance(source, DirSource) else b""
     if lane is not None:
         config.lane, digests = (lane.index, lane.count, lane.offset), lane.digests
     elif digests is None:
-        cache = cache_dir() if opts.manifest_cache and not entries else None
-        digests, _ = cached_digests(path, config.chunk_size, lambda: file_digests(source, config.chunk_size), cache)
+        cache = cache_dir() if opts.manifest_cache else None
+        files = [e.path for e in source.space.entries] if isinstance(source, DirSource) else None
+        digests, _ = cached_digests(path, config.chunk_size, lambda: file_digests(source, config.chunk_size), cache,
+                                    files)
     pages = build_manifest_pages(source, config, config.session_id, digests, entries,  # type: ignore[arg-type]
                                  whole=lane.whole if lane is not None else None)
     group_id: Optional[int] = None

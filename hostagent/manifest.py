@@ -16,7 +16,7 @@ The cache lives in ``$MODELCAST_CACHE_DIR``, else ``$XDG_CACHE_HOME/modelcast``,
 from __future__ import annotations
 
 import os
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 import blake3
 import msgpack
@@ -40,14 +40,24 @@ def cache_dir() -> str:
     return os.path.join(base, "modelcast")
 
 
-def _identity(path: str) -> list:
-    st = os.stat(path)
-    return [os.path.realpath(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+def _identity(path: str, files: Optional[Sequence[str]] = None) -> list:
+    """The version of ``path``; with ``files`` (a directory's content: these files under
+    it, in this order), every one's, in the directory's place their total size (``_load``
+    counts chunks from it). A directory's own mtime does not move when a file in it is
+    rewritten; each file's does."""
+    if files is None:
+        st = os.stat(path)
+        return [os.path.realpath(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+    each = [[rel, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+            for rel in files for st in (os.stat(os.path.join(path, rel)),)]
+    return [os.path.realpath(path), 0, 0, sum(f[3] for f in each), 0, 0, each]
 
 
-def _entry_path(directory: str, path: str, chunk_size: int) -> str:
-    """One entry per (file, chunk size): a changed file replaces its own entry."""
-    name = blake3.blake3(f"{os.path.realpath(path)}\0{chunk_size}".encode()).hexdigest(length=16)
+def _entry_path(directory: str, path: str, chunk_size: int, files: Optional[Sequence[str]] = None) -> str:
+    """One entry per (file, chunk size), or per (directory, its files, chunk size): a
+    changed file replaces its own entry."""
+    key = f"{os.path.realpath(path)}\0{chunk_size}" + ("".join(f"\0{rel}" for rel in files) if files else "")
+    name = blake3.blake3(key.encode()).hexdigest(length=16)
     return os.path.join(directory, f"{_PREFIX}{name}{_SUFFIX}")
 
 
@@ -97,13 +107,15 @@ def _prune(directory: str) -> None:
 
 
 def cached_digests(path: str, chunk_size: int, compute: Callable[[], Digests],
-                   directory: Optional[str]) -> tuple[Digests, bool]:
+                   directory: Optional[str], files: Optional[Sequence[str]] = None) -> tuple[Digests, bool]:
     """``compute()``'s digests of ``path``, from the cache in ``directory`` while the file
-    is unchanged (``directory`` None: no cache); returns (digests, whether it was a hit)."""
+    is unchanged (``directory`` None: no cache); returns (digests, whether it was a hit).
+    ``files``: ``path`` is a directory whose content is these files (relative paths, in
+    the content's order), each of which must be unchanged."""
     if directory is None:
         return compute(), False
-    before = _identity(path)
-    entry = _entry_path(directory, path, chunk_size)
+    before = _identity(path, files)
+    entry = _entry_path(directory, path, chunk_size, files)
     hit = _load(entry, before, chunk_size)
     if hit is not None:
         try:
@@ -112,6 +124,6 @@ def cached_digests(path: str, chunk_size: int, compute: Callable[[], Digests],
             pass
         return hit, True
     digests = compute()
-    if _identity(path) == before:
+    if _identity(path, files) == before:
         _store(entry, before, chunk_size, digests)
     return digests, False

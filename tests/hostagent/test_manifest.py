@@ -4,14 +4,17 @@ never a reason for a send to fail."""
 from __future__ import annotations
 
 import os
+from pathlib import Path
+from typing import Optional
 
 import blake3
 
 import hostagent.manifest as manifest
 from hostagent.manifest import CACHE_ENV, cache_dir, cached_digests
+from hostagent.dirs import DirSource
 from hostagent.net import FileSource
 from hostagent.sender import file_digests
-from lab.models import make_model
+from lab.models import make_model, make_model_dir
 
 CHUNK = 64 * 1024
 
@@ -110,3 +113,49 @@ def test_the_cache_keeps_only_the_most_recently_used_entries(tmp_path, monkeypat
     assert len(list(cache.iterdir())) == 2
     assert _digests(paths[0], str(cache))[1] and _digests(paths[2], str(cache))[1]
     assert not _digests(paths[1], str(cache))[1]
+
+
+def _dir_digests(root: Path, cache: str, only: Optional[list[str]] = None) -> tuple[tuple[bytes, bytes], bool, int]:
+    """(digests, hit, chunk reads) of a directory's content (``only``: those files, as a
+    part of a model is sent)."""
+    source = DirSource(str(root), only=only)
+    reads = 0
+    real = source.read
+
+    def counting(offset: int, length: int) -> bytes:
+        nonlocal reads
+        reads += 1
+        return real(offset, length)
+
+    source.read = counting  # type: ignore[method-assign]
+    try:
+        digests, hit = cached_digests(str(root), CHUNK, lambda: file_digests(source, CHUNK), cache,
+                                      [e.path for e in source.space.entries])
+    finally:
+        source.close()
+    return digests, hit, reads
+
+
+def test_a_directory_is_digested_once_while_each_of_its_files_is_unchanged(tmp_path) -> None:
+    """A model directory sent again reads nothing; a file rewritten in place (its
+    directory's mtime does not move) or a part of the directory sent on its own is a
+    miss, never the whole directory's digests."""
+    root = make_model_dir(tmp_path / "model", seed=5, files=12, big=2, big_size=3 * CHUNK)
+    cache = str(tmp_path / "cache")
+    first, hit, reads = _dir_digests(root, cache)
+    assert not hit and reads > 0
+    again, hit, reads = _dir_digests(root, cache)
+    assert hit and reads == 0 and again == first
+    small = next(p for p in sorted(root.rglob("*")) if p.is_file() and 0 < p.stat().st_size < CHUNK)
+    dir_mtime = os.stat(root).st_mtime_ns
+    st = os.stat(small)
+    with open(small, "r+b") as handle:  # same size, mtime put back: only its ctime tells
+        handle.write(b"X")
+    os.utime(small, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert os.stat(root).st_mtime_ns == dir_mtime
+    changed, hit, _ = _dir_digests(root, cache)
+    assert not hit and changed[1] != first[1]
+    part = sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())[:3]
+    sub, hit, _ = _dir_digests(root, cache, only=part)
+    assert not hit and sub[1] != changed[1]
+    assert _dir_digests(root, cache, only=part)[:2] == (sub, True)
