@@ -43,8 +43,8 @@ bench-controller-sweep: $(VENV)/.installed
 # modelcast, BitTorrent and a pipelined chain, N = 1..16, with total fabric traffic; the
 # host agent at 1 Gbit/s and with one lossy receiver (kernel-bridge lab); then the
 # in-memory NACK-implosion scaling run; a 40-file directory vs the same bytes as one file
-# (kernel-bridge lab); the chaos run (serve and a fleet for 10 min under rotating faults,
-# bench/chaos.py). Writes docs/bench/.
+# (kernel-bridge lab); the agent's fixed costs part by part (kernel-bridge lab); the chaos
+# run (serve and a fleet for 10 min under rotating faults, bench/chaos.py). Writes docs/bench/.
 bench: $(VENV)/.installed
 	@if [ "$$(id -u)" != 0 ]; then echo "make bench: must run as root (it builds an OVS lab): sudo make bench" >&2; exit 1; fi
 	bash scripts/lab-deps.sh
@@ -52,6 +52,7 @@ bench: $(VENV)/.installed
 	$(PY) -m bench.agent $(BENCH_AGENT_ARGS)
 	$(PY) -m bench.scale --json > docs/bench/scale.jsonl
 	$(PY) -m bench.dirs > docs/bench/dirs.json
+	$(PY) -m bench.fixedcost > docs/bench/fixedcost.json
 	$(PY) -m bench.chaos --out docs/bench
 
 # The documentation site (MkDocs, Material theme) from docs/ into site/; --strict fails on

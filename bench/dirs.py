@@ -1,11 +1,16 @@
 """A 40-file model directory against the same bytes as one file, same lab, same run.
 
-Issue 13's target: one session for a 40-file directory takes at most 1.1 x the time of
-the same bytes sent as one file. On a kernel-bridge netns lab (MTU 9000), the real CLI
-sends a directory (three large shards, 36 tiny config/tokenizer files, one empty file)
-and, alternating with it, one file holding exactly its bytes, to N receivers; every copy
-is verified (the CLI's exit status and the received tree). Prints one JSON object: the
-runs, the median sender time of each and their ratio (the file is the reference).
+The target: a 40-file directory costs at most 1.05 x the time of the same bytes sent as
+one file. On a kernel-bridge netns lab (MTU 9000; by default 24 MB, the sender at
+``--rate 200``, 3 receivers) the real CLI sends a directory (three large shards, 36 tiny
+config/tokenizer files, one empty file) and, alternating with it, one file holding
+exactly its bytes; every copy is verified (the CLI's exit status and the received tree).
+Two times for each: the sender's own (its ``seconds``: socket open to every receiver
+verified) and the wall time (the sender's spawn to the last process gone: start-up and
+digests before, every copy durable and renamed into place after), with the parts
+``bench.fixedcost`` names. ``--baseline CHECKOUT`` runs another commit's agent in turn
+with this one. Prints one JSON object: the runs, the medians and the directory's ratios
+to the file.
 """
 
 from __future__ import annotations
@@ -34,16 +39,18 @@ def _cli(*args: str) -> list[str]:
     return [sys.executable, "-m", "hostagent.cli", *args]
 
 
-def _one(lab: BridgeLab, path: Path, outs: list[Path], key: Path, rate: float, timeout: float) -> dict[str, Any]:
-    """One transfer of ``path`` (file or directory) to every receiver host; verified."""
+def _one(lab: BridgeLab, path: Path, outs: list[Path], key: Path, rate: float, timeout: float,
+         cwd: Path = REPO) -> dict[str, Any]:
+    """One transfer of ``path`` (file or directory) to every receiver host, by the agent
+    found at ``cwd``; verified."""
     group = f"232.{random.randint(1, 254)}.{random.randint(1, 254)}.{random.randint(1, 254)}:{random.randint(20000, 60000)}"
     receivers = [Timed(lab, host, _cli("recv", "--group", group, "--source", lab.ip(0), "--out", str(out), "--json",
-                                       "--timeout", str(timeout), "--key-file", str(key)), REPO)
+                                       "--timeout", str(timeout), "--key-file", str(key)), cwd)
                  for host, out in enumerate(outs, start=1)]
     time.sleep(JOIN_WAIT)
     sender = Timed(lab, 0, _cli("send", str(path), "--group", group, "--interface", lab.ip(0), "--receivers",
                                 str(len(outs)), "--rate", str(rate), "--json", "--timeout", str(timeout),
-                                "--key-file", str(key)), REPO)
+                                "--key-file", str(key)), cwd)
     sent = sender.join(timeout * 3)
     got = [p.join(timeout * 3) for p in receivers]
     s_err = sender.err
@@ -73,43 +80,56 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for entry_path in files_in_order(model):
             f.write(entry_path.read_bytes())
     key = make_key_file(work / "session.key")
-    compileall.compile_dir(str(REPO / "hostagent"), quiet=1)  # as installed: a start compiles nothing
+    agents = {"this": REPO} | ({"baseline": Path(args.baseline).resolve()} if args.baseline else {})
+    for root in agents.values():  # as installed: pip byte-compiles, a start compiles nothing
+        compileall.compile_dir(str(root / "hostagent"), quiet=1)
     lab = BridgeLab(args.receivers + 1, mtu=args.mtu)
     lab.start()
     runs = []
     try:
         for i in range(args.runs):
-            for path in ((one, model) if i % 2 == 0 else (model, one)):
-                outs = [work / f"rx{h}-{i}-{path.name}" for h in range(1, args.receivers + 1)]
-                runs.append(_one(lab, path, outs, key, args.rate, args.timeout))
-                print(json.dumps(runs[-1]), file=sys.stderr)
-                for out in outs:
-                    subprocess.run(["rm", "-rf", str(out)], check=False)
+            for name in (list(agents) if i % 2 == 0 else list(reversed(agents))):
+                for path in ((one, model) if i % 2 == 0 else (model, one)):
+                    outs = [work / f"rx{h}-{i}-{name}-{path.name}" for h in range(1, args.receivers + 1)]
+                    runs.append({"agent": name, **_one(lab, path, outs, key, args.rate, args.timeout, agents[name])})
+                    print(json.dumps(runs[-1]), file=sys.stderr)
+                    for out in outs:
+                        subprocess.run(["rm", "-rf", str(out)], check=False)
     finally:
         lab.stop()
         subprocess.run(["rm", "-rf", str(work)], check=False)
+    result = {"machine": describe(machine()), "receivers": args.receivers, "rate_mbit": args.rate,
+              "mtu": args.mtu, "size_mb": args.size_mb, "runs": runs,
+              **summary([r for r in runs if r["agent"] == "this"]), "ok": all(r["ok"] for r in runs)}
+    if args.baseline:
+        result["baseline"] = summary([r for r in runs if r["agent"] == "baseline"])
+    return result
+
+
+def summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Medians of one agent's runs: the sender's own time and the wall time of each kind,
+    the directory's over the file's, and the parts (``bench.fixedcost``)."""
     kinds = [k for k in ("file", "directory") if any(r["kind"] == k and r["ok"] for r in runs)]
     med = {k: statistics.median(r["sender_s"] for r in runs if r["kind"] == k and r["ok"]) for k in kinds}
     wall = {k: statistics.median(r["wall_s"] for r in runs if r["kind"] == k and r["ok"]) for k in kinds}
     both = len(kinds) == 2
-    return {"machine": describe(machine()), "receivers": args.receivers, "rate_mbit": args.rate,
-            "mtu": args.mtu, "size_mb": args.size_mb, "runs": runs, "median_sender_s": med,
-            "directory_vs_file": round(med["directory"] / med["file"], 3) if both else None,
-            "median_wall_s": wall, "wall_directory_vs_file": round(wall["directory"] / wall["file"], 3) if both else None,
+    return {"median_sender_s": med, "directory_vs_file": round(med["directory"] / med["file"], 3) if both else None,
+            "median_wall_s": wall,
+            "wall_directory_vs_file": round(wall["directory"] / wall["file"], 3) if both else None,
             "parts": {k: medians([r["parts"] | {"ok": True} for r in runs if r["kind"] == k and r["parts"]])
-                      for k in kinds},
-            "ok": all(r["ok"] for r in runs)}
+                      for k in kinds}}
 
 
 def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.dirs", description=__doc__.splitlines()[0])
-    ap.add_argument("--size-mb", type=float, default=96, help="bytes of the directory (and of the file)")
-    ap.add_argument("--receivers", type=int, default=2)
-    ap.add_argument("--rate", type=float, default=800, help="sender rate cap, Mbit/s")
+    ap.add_argument("--size-mb", type=float, default=24, help="bytes of the directory (and of the file)")
+    ap.add_argument("--receivers", type=int, default=3)
+    ap.add_argument("--rate", type=float, default=200, help="sender rate cap, Mbit/s")
     ap.add_argument("--mtu", type=int, default=9000)
-    ap.add_argument("--runs", type=int, default=3, help="transfers of each (alternating)")
+    ap.add_argument("--runs", type=int, default=5, help="transfers of each (alternating)")
     ap.add_argument("--timeout", type=float, default=60)
     ap.add_argument("--work", default=None, help="where the model and copies go (default: $TMPDIR)")
+    ap.add_argument("--baseline", default=None, help="another checkout whose agent runs in turn with this one")
     ap.add_argument("--smoke", action="store_true", help="8 MB, one run of each (what CI runs)")
     args = ap.parse_args(argv)
     if args.smoke:
