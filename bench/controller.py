@@ -42,7 +42,7 @@ import statistics
 import sys
 import time
 from collections import defaultdict
-from typing import Any
+from typing import Any, Callable
 
 import networkx as nx
 
@@ -301,9 +301,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     ap.add_argument("--no-protection", action="store_true",
                     help="trees without fast-failover groups and detours (the controller's --no-protection)")
+    return command(ap, run, argv)
+
+
+def command(ap: argparse.ArgumentParser, bench: Callable[[argparse.Namespace], dict[str, Any]],
+            argv: list[str] | None) -> int:
+    """A controller bench's command line: ``bench`` run with ``ap``'s arguments, its result
+    printed as one JSON object (``--json``) or a line per figure; 2 for an unknown topology."""
     args = ap.parse_args(argv)
     try:
-        result = run(args)
+        result = bench(args)
     except TopologyError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

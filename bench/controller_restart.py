@@ -32,7 +32,7 @@ import time
 from collections import Counter
 from typing import Any
 
-from bench.controller import reference_s, workload
+from bench.controller import command, reference_s, workload
 from bench.machine import machine
 from controller import ofmsgs
 from controller.core import MulticastCore, tune_gc
@@ -41,7 +41,7 @@ from controller.lldpauth import LldpSigner
 from controller.reconnect import Reconnect
 from controller.topoview import TopologyView
 from lab.fakeof import FakeFabric
-from topologies import TopologyError, parse
+from topologies import parse
 
 
 def installed(topology: str, groups: int, receivers: int, seed: int) -> tuple[MulticastCore, FakeFabric, int]:
@@ -184,18 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--receivers", type=int, default=64)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--json", action="store_true", help="print one JSON object")
-    args = ap.parse_args(argv)
-    try:
-        result = run(args)
-    except TopologyError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    if args.json:
-        print(json.dumps(result))
-    else:
-        for k, v in result.items():
-            print(f"{k:28} {v}")
-    return 0
+    return command(ap, run, argv)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """The controller benchmark beyond fat-tree:16 (not a test): every topology family at a
 few sizes and receiver counts, each run in a fresh process as ``bench.controller`` is.
 
-    python -m bench.controller_sweep [--runs 3] [--failures 20] [--json]
+    python -m bench.controller_sweep [--runs 3] [--failures 20] [--json] [--plot PNG]
 
 One row per case: the build and the reroutes as ratios to the reference timed in the
 same run (``bench.controller``'s), next to what explains them: the reference's time per
@@ -19,9 +19,10 @@ import json
 import statistics
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
-from bench.machine import machine
+from bench.machine import describe, machine
 
 # (topology, receivers per group, groups or None for --groups): fat-tree:16 x64 first,
 # then other families and sizes, then fat-tree up to 9,826 hosts (k = 34) at 256
@@ -83,6 +84,36 @@ def row(runs: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def plot(rows: list[dict[str, Any]], path: Path) -> None:
+    """Time and memory per group against the number of groups, one line per fabric, for
+    the cases of 256 receivers (fat-tree:16 to fat-tree:34): flat lines are what scales."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = [("build_us_per_group", "build per group (µs)"), ("build_us_per_message", "build per message (µs)"),
+              ("rss_per_group_kb", "memory per group (KB of RSS)")]
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    fabrics = sorted({(r["hosts"], r["topology"]) for r in rows if r["receivers"] == 256})
+    for hosts, topology in fabrics:
+        pts = sorted((r for r in rows if r["topology"] == topology and r["receivers"] == 256),
+                     key=lambda r: r["groups"])
+        for ax, (key, _) in zip(axes, panels):
+            ax.plot([r["groups"] for r in pts], [r[key] for r in pts], marker="o",
+                    label=f"{topology.split(',')[0]} ({hosts} hosts)")
+    for ax, (_, label) in zip(axes, panels):
+        ax.set_xscale("log")
+        ax.set_xlabel("groups of 256 receivers")
+        ax.set_ylabel(label)
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.suptitle(f"controller build, protection on ({describe(rows[0]['machine'])})", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
 def _fmt(span: list[float] | None) -> str:
     return "-" if span is None else f"{span[1]:.2f} ({span[0]:.2f}-{span[2]:.2f})"
 
@@ -96,7 +127,16 @@ def main(argv: list[str] | None = None) -> int:
                     help="a case instead of the default list, e.g. fat-tree:8@64 or "
                          "fat-tree:34@256x4000 (repeatable)")
     ap.add_argument("--json", action="store_true", help="one JSON object per case")
+    ap.add_argument("--plot", type=Path, metavar="PNG",
+                    help="also plot time and memory per group of the 256-receiver cases")
+    ap.add_argument("--rows", type=Path, metavar="JSONL",
+                    help="plot the rows of an earlier --json run instead of running (with --plot)")
     args = ap.parse_args(argv)
+    if args.rows:
+        if not args.plot:
+            ap.error("--rows is read only to --plot")
+        plot([json.loads(line) for line in args.rows.read_text().splitlines() if line.strip()], args.plot)
+        return 0
     if args.runs < 1 or args.groups < 1 or args.failures < 0:
         ap.error("--runs and --groups must be at least 1, --failures at least 0")
     cases = list(CASES)
@@ -115,9 +155,11 @@ def main(argv: list[str] | None = None) -> int:
               f"{'reroute CPU p99/ref':>22} {'ref us/tree':>11} {'us/group':>8} {'us/msg':>6} "
               f"{'msgs/group':>10} {'msgs/failed':>11} {'RSS MB':>7} {'KB/group':>8} {'load':>6} "
               f"{'floor':>6} {'/even':>6}")
+    rows = []
     for topology, receivers, groups in cases:
         n = groups or args.groups
         r = row([one(topology, receivers, args.failures, n) for _ in range(args.runs)])
+        rows.append(r)
         if args.json:
             print(json.dumps(r), flush=True)
             continue
@@ -128,6 +170,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['messages_per_failed_group'] or '-':>11} {r['rss_mb']:7.0f} {r['rss_per_group_kb']:8.1f} "
               f"{r['max_link_load_ratio']:6.3f} {r['max_link_load_ratio_even_split']:6.3f} "
               f"{r['max_link_load_over_even_split']:6.3f}", flush=True)
+    if args.plot:
+        plot(rows, args.plot)
     return 0
 
 

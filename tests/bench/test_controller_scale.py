@@ -47,19 +47,26 @@ def test_a_run_reports_the_controllers_memory() -> None:
     assert out["max_link_load_over_even_split"] >= 1.0
 
 
-def test_a_sweep_case_can_set_its_own_group_count() -> None:
+def test_a_sweep_case_can_set_its_own_group_count(tmp_path) -> None:
     """``--case TOPOLOGY@RECEIVERS xGROUPS``: the case's groups override ``--groups``, and
     each row has the time per group and per message and the memory per group, so rows of
     different sizes can be compared; a malformed case is refused."""
     cmd = [sys.executable, "-m", "bench.controller_sweep", "--runs", "1", "--groups", "20", "--failures", "1",
            "--case", "fat-tree:4@4x40", "--case", "fat-tree:4@4", "--json"]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stderr
     rows = [json.loads(line) for line in done.stdout.splitlines()]
     assert [r["groups"] for r in rows] == [40, 20]
     for r in rows:
         assert r["build_us_per_group"] > 0 and r["build_us_per_message"] > 0
         assert r["rss_mb"] > 10 and r["rss_per_group_kb"] >= 0
+    # the plot of time and memory per group, drawn from these rows (as 256-receiver ones)
+    rows_file, png = tmp_path / "rows.jsonl", tmp_path / "sweep.png"
+    rows_file.write_text("".join(json.dumps({**r, "receivers": 256}) + "\n" for r in rows))
+    drawn = subprocess.run([sys.executable, "-m", "bench.controller_sweep", "--plot", str(png), "--rows",
+                            str(rows_file)], capture_output=True, text=True, timeout=120, check=False)
+    assert drawn.returncode == 0, drawn.stderr
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     bad = subprocess.run([sys.executable, "-m", "bench.controller_sweep", "--case", "fat-tree:4@4xmany"],
-                         capture_output=True, text=True, timeout=60)
+                         capture_output=True, text=True, timeout=60, check=False)
     assert bad.returncode == 2 and "TOPOLOGY@RECEIVERS[xGROUPS]" in bad.stderr
