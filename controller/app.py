@@ -105,7 +105,9 @@ class ModelcastApp(app_manager.RyuApp):
             self.discovery.pin()  # (over a place the saved state had)
         kwargs["wsgi"].register(RestApi, {"service": self.service,
                                           "barrier_timeout": 3 * conf.barrier_timeout_s + 2,
-                                          "forward": self._forward if election else None,
+                                          "forward": (lambda req: self.ha.forward(req, time.monotonic()))
+                                          if election else None,
+                                          "leader": self.ha.leader_url if election else None,
                                           "counters": self.counters})
         kwargs["wsgi"].register(WebUi, {"service": self.service})  # the live web view at /ui/
         hub.spawn(self.installer.run)
@@ -165,9 +167,6 @@ class ModelcastApp(app_manager.RyuApp):
             except Exception:  # never let one bad step stop the election
                 log.exception("election step failed")
             hub.sleep(0.1)
-
-    def _forward(self, req: Any) -> Any:
-        return self.ha.forward(req, time.monotonic())
 
     @set_ev_cls(ofp_event.EventOFPRoleReply, MAIN_DISPATCHER)
     def _role_reply(self, ev: Any) -> None:

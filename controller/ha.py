@@ -232,6 +232,16 @@ class Ha:
         return {"role": role, "leader": st.leader.url if st.leader is not None else None,
                 "generation": st.generation}
 
+    def leader_url(self) -> str | None:
+        """Where reads that only the leader can answer (its event history) go: the
+        elected leader's URL while this instance follows one it may forward to (signed
+        with the cluster secret and, with ``--peers``, listed); None while it leads or no
+        such leader is known."""
+        if self.leading or self.election is None or self.secret is None:
+            return None
+        leader = self.election.status.leader
+        return leader.url if leader is not None and self.secret.allowed(leader.url) else None
+
     def forward(self, req: Any, now: float) -> Any:
         """A mutation on a follower goes to the leader (its answer passed back as is);
         None when this instance leads and serves it itself. Only to a leader whose record

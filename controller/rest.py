@@ -300,6 +300,22 @@ def _model_source(req: Any, also: tuple[str, ...] = ()) -> tuple[str | None, str
     return req.GET.get("model"), parse_ip(source, "source") if source is not None else None
 
 
+def _from_leader(req: Any, leader_url: str, timeout: Any, header: str, stream: bool = False) -> Any:
+    """A read only the leader can answer (its events), asked of it as is: the caller's
+    ``header`` passed on, never its token (events carry no secret)."""
+    import requests  # green under the controller's eventlet monkey-patching
+
+    headers = {FORWARDED: "1"}
+    if req.headers.get(header):
+        headers[header] = req.headers[header]
+    try:
+        return requests.get(leader_url.rstrip("/") + req.path_qs, headers=headers, timeout=timeout,
+                            stream=stream)
+    except requests.RequestException as exc:
+        raise ApiError(503, f"the leader at {leader_url[:200]} did not answer ({type(exc).__name__}); "
+                       "retry shortly", None, {"Retry-After": "1"}) from None
+
+
 def forward_to(req: Any, leader_url: str | None, timeout: float,
                sign: Callable[[str, str, bytes], dict[str, str]]) -> Response:
     """Send a mutation on to the leader and answer with its response (status, body,
@@ -347,6 +363,9 @@ class RestApi(ControllerBase):
         self.forward: Callable[[Any], Response | None] | None = data.get("forward")
         # live counters for traces (controller.counters; None: the tree alone)
         self.counters: Counters | None = data.get("counters")
+        # several instances: () -> the leader's URL while this one follows (its event
+        # history is the leader's: a follower relays it), else None
+        self.leader: Callable[[], str | None] | None = data.get("leader")
 
     # -- body ------------------------------------------------------------------------
     def _body(self, req: Any, schema: str, optional: bool = False) -> dict[str, Any]:
@@ -563,6 +582,11 @@ class RestApi(ControllerBase):
         _only(req, "since", "group", "limit")
         since, group = _since(req), _group_filter(req)
         limit = _int(req, "limit", EVENTS_MAX, 1, EVENTS_MAX)
+        leader = self._leader(req)
+        if leader is not None:
+            upstream = _from_leader(req, leader, WAIT_MAX_S + 5, "Prefer")
+            with upstream:
+                return json_response(upstream.status_code, None, raw=upstream.content)
         log_ = self.service.events
         found = log_.since(since, group, limit)
         wait = prefer_wait(req)
@@ -589,6 +613,27 @@ class RestApi(ControllerBase):
         if service.changes.held >= service.changes.limit:
             raise ApiError(503, "too many held requests and event streams right now; retry shortly",
                            None, {"Retry-After": "5"})
+        leader = self._leader(req)
+        # (eventlet's server holds a response's chunks until 4 KB by default: each event
+        # must leave when it happens)
+        req.environ["eventlet.minimum_write_chunk_size"] = 0
+        if leader is not None:
+            upstream = _from_leader(req, leader, (3.0, KEEPALIVE_S + 10), "Last-Event-ID", stream=True)
+            if upstream.status_code != 200:
+                with upstream:
+                    return json_response(upstream.status_code, None, raw=upstream.content)
+
+            def relay() -> Any:
+                with service.changes.hold(), upstream:
+                    try:  # (whatever has arrived, as it arrives: chunked from eventlet or not)
+                        while data := upstream.raw.read1(1 << 16):
+                            yield data
+                    except OSError:  # (urllib3's errors too: the leader went, the client reconnects)
+                        return
+
+            resp = Response(status=200, app_iter=relay(), content_type="text/event-stream")
+            resp.headers["Cache-Control"] = "no-cache"
+            return resp
 
         def stream() -> Any:
             log_ = service.events
@@ -605,13 +650,17 @@ class RestApi(ControllerBase):
                     if not found and not log_.wait(after, min(left, KEEPALIVE_S)):
                         yield b": keepalive\n\n"
 
-        # (eventlet's server holds a response's chunks until 4 KB by default: each event
-        # must leave when it happens)
-        req.environ["eventlet.minimum_write_chunk_size"] = 0
         resp = Response(status=200, app_iter=stream(), content_type="text/event-stream")
         resp.headers["Cache-Control"] = "no-cache"
         resp.headers["X-Accel-Buffering"] = "no"
         return resp
+
+    def _leader(self, req: Any) -> str | None:
+        """The leader's URL when this instance follows one and the request did not come
+        from another instance already (never relayed twice)."""
+        if self.leader is None or req.headers.get(FORWARDED):
+            return None
+        return self.leader()
 
     @route("modelcast_topology", "/v1/topology", methods=["GET"])
     @endpoint()

@@ -20,6 +20,7 @@ from controller import ha as ha_module
 from controller.cluster import CREDENTIAL, Cluster
 from controller.election import Election
 from controller.ha import Ha
+from controller import rest
 from controller.rest import FORWARDED, ApiError
 from tests.support.controller_env import R1, S, TOKEN, Api, Env, make_env
 from tests.support.fake_etcd import FakeEtcd
@@ -204,3 +205,42 @@ def test_a_forwarded_request_reaching_a_follower_is_a_503_not_a_401():
     api = Api(b.env, forward=lambda req: b.ha.forward(req, 1.0))
     resp = api.call("PUT", f"/v1/groups/1/receivers/{R1}", raw=body, auth=False, headers=headers)
     assert resp.status_code == 503 and resp.headers["Retry-After"] == "1", resp.body
+
+
+def test_a_follower_answers_with_the_leaders_event_history_without_the_callers_token(recorders, monkeypatch):
+    """The leader acts (a group created there), so the history is its: a follower asked
+    for events, or for the event stream, relays the leader's -- never with the caller's
+    token, and never relaying a relayed request again."""
+    monkeypatch.setattr(rest, "KEEPALIVE_S", 0.1)  # (the test server's one thread notices the close soon)
+    etcd = FakeEtcd(min_ttl=TTL)
+    leader_api: list[Api] = []
+    server = Recorder(lambda env, start: leader_api[0].app(env, start))
+    recorders.append(server)
+    a = Node("a", etcd, server.url)
+    leader_api.append(Api(a.env, leader=a.ha.leader_url))
+    b = Node("b", etcd, "http://b:8080")
+    a.step(0.1)
+    b.step(0.1)
+    assert a.ha.leader_url() is None and b.ha.leader_url() == server.url
+    a.env.service.create_group({"model": "m", "source": S, "receivers": [R1]})
+    follower = Api(b.env, leader=b.ha.leader_url)
+    got = follower.json("GET", "/v1/events?since=0")
+    assert [e["kind"] for e in got["events"]] == [e["kind"] for e in a.env.service.events.since(0)]
+    assert "group_created" in [e["kind"] for e in got["events"]]
+    assert "group_created" not in [e["kind"] for e in b.env.service.events.since(0)]
+    assert all("Authorization" not in h and h[FORWARDED.title()] == "1" for h in server.seen)
+    # the stream, relayed as the leader sends it (its first events; then the client closes)
+    req = Request.blank("/v1/events/stream", headers={"Authorization": f"Bearer {TOKEN}"})
+    resp = req.get_response(follower.app)
+    assert resp.status_code == 200 and resp.content_type == "text/event-stream"
+    body = b""
+    chunks = iter(resp.app_iter)
+    while b"event: group_created" not in body:
+        body += next(chunks)
+    resp.app_iter.close()
+    assert b": modelcast events" in body and b.env.service.changes.held == 0
+    # a relayed request is served where it lands (no loop between two instances that
+    # each think the other leads)
+    asked = len(server.seen)
+    mine = follower.json("GET", "/v1/events?since=0", headers={FORWARDED: "1"})
+    assert len(server.seen) == asked and "group_created" not in [e["kind"] for e in mine["events"]]
