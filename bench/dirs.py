@@ -16,57 +16,37 @@ to the file.
 from __future__ import annotations
 
 import argparse
-import compileall
 import json
-import random
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any, Optional
 
-from bench.fixedcost import JOIN_WAIT, Timed, medians, parts
+from bench.fixedcost import compiled_agents, medians, parts, transfer
 from bench.machine import describe, machine
 from lab.bridge import BridgeLab
-from lab.models import file_digest, files_in_order, make_key_file, make_model_dir, tree_of
+from lab.models import files_in_order, make_key_file, make_model_dir
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-def _cli(*args: str) -> list[str]:
-    return [sys.executable, "-m", "hostagent.cli", *args]
 
 
 def _one(lab: BridgeLab, path: Path, outs: list[Path], key: Path, rate: float, timeout: float,
          cwd: Path = REPO) -> dict[str, Any]:
     """One transfer of ``path`` (file or directory) to every receiver host, by the agent
     found at ``cwd``; verified."""
-    group = f"232.{random.randint(1, 254)}.{random.randint(1, 254)}.{random.randint(1, 254)}:{random.randint(20000, 60000)}"
-    receivers = [Timed(lab, host, _cli("recv", "--group", group, "--source", lab.ip(0), "--out", str(out), "--json",
-                                       "--timeout", str(timeout), "--key-file", str(key)), cwd)
-                 for host, out in enumerate(outs, start=1)]
-    time.sleep(JOIN_WAIT)
-    sender = Timed(lab, 0, _cli("send", str(path), "--group", group, "--interface", lab.ip(0), "--receivers",
-                                str(len(outs)), "--rate", str(rate), "--json", "--timeout", str(timeout),
-                                "--key-file", str(key)), cwd)
-    sent = sender.join(timeout * 3)
-    got = [p.join(timeout * 3) for p in receivers]
+    sender, sent, with_procs, ok = transfer(lab, path, outs, key, rate, timeout, cwd)
+    got = [g for _, g in with_procs]
+    receivers = [p for p, _ in with_procs]
     s_err = sender.err
-    ok = bool(sent and sent["ok"] and all(g and g["ok"] for g in got))
-    if ok and path.is_dir():
-        want = tree_of(path)
-        ok = all(tree_of(out) == want for out in outs)
-    elif ok:
-        ok = all(file_digest(out) == sent["file_digest"] for out in outs)
     return {"kind": "directory" if path.is_dir() else "file", "ok": ok, "bytes": sent and sent["bytes"],
             "files": sent and sent.get("files"), "sender_s": sent and sent["seconds"],
             "receiver_goodput_mbit": [g and g["goodput_mbit"] for g in got],
             "datagrams_sent": sent and sent["datagrams_sent"], "bytes_sent": sent and sent["bytes_sent"],
             # the sender's spawn to the last process gone: start-up, digests, every copy in place
             "wall_s": round(max([sender.exit or 0.0] + [p.exit or 0.0 for p in receivers]) - sender.spawn, 3),
-            "parts": parts(sender, sent, list(zip(receivers, got)), sent["bytes"] * 8 / (rate * 1e6))
+            "parts": parts(sender, sent, with_procs, sent["bytes"] * 8 / (rate * 1e6))  # type: ignore[arg-type]
             if ok and sent and "clock" in sent else None,
             "error": None if ok else (s_err[-500:] if not sent else sent.get("error"))}
 
@@ -80,9 +60,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for entry_path in files_in_order(model):
             f.write(entry_path.read_bytes())
     key = make_key_file(work / "session.key")
-    agents = {"this": REPO} | ({"baseline": Path(args.baseline).resolve()} if args.baseline else {})
-    for root in agents.values():  # as installed: pip byte-compiles, a start compiles nothing
-        compileall.compile_dir(str(root / "hostagent"), quiet=1)
+    agents = compiled_agents(args.baseline)
     lab = BridgeLab(args.receivers + 1, mtu=args.mtu)
     lab.start()
     runs = []

@@ -106,10 +106,11 @@ def parts(sender: Timed, sent: dict[str, Any], receivers: list[tuple[Timed, dict
     return out
 
 
-def one(lab: BridgeLab, path: Path, outs: list[Path], key: Path, rate: float, timeout: float,
-        cwd: Path) -> dict[str, Any]:
-    """One transfer of ``path`` to every receiver host with the agent found at ``cwd``;
-    every copy verified; its parts."""
+def transfer(lab: BridgeLab, path: Path, outs: list[Path], key: Path, rate: float, timeout: float,
+             cwd: Path) -> tuple[Timed, Optional[dict[str, Any]], list[tuple[Timed, Optional[dict[str, Any]]]], bool]:
+    """One transfer of ``path`` (file or directory) to receiver hosts 1..len(outs) by the
+    agent found at ``cwd``: (sender, its summary, each receiver and its summary, whether
+    every copy was verified -- by the agents and again here)."""
     group = f"232.{random.randint(1, 254)}.{random.randint(1, 254)}.{random.randint(1, 254)}:{random.randint(20000, 60000)}"
     receivers = [Timed(lab, h, _cli("recv", "--group", group, "--source", lab.ip(0), "--out", str(out), "--json",
                                     "--timeout", str(timeout), "--key-file", str(key)), cwd)
@@ -126,6 +127,13 @@ def one(lab: BridgeLab, path: Path, outs: list[Path], key: Path, rate: float, ti
         ok = all(tree_of(out) == want for out in outs)
     elif ok:
         ok = all(file_digest(out) == sent["file_digest"] for out in outs)  # type: ignore[index]
+    return sender, sent, got, ok
+
+
+def one(lab: BridgeLab, path: Path, outs: list[Path], key: Path, rate: float, timeout: float,
+        cwd: Path) -> dict[str, Any]:
+    """``transfer`` and its parts."""
+    sender, sent, got, ok = transfer(lab, path, outs, key, rate, timeout, cwd)
     run: dict[str, Any] = {"ok": ok, "error": None if ok else ((sent or {}).get("error") or sender.err[-400:])}
     if ok and sent and "clock" in sent:
         line_s = sent["bytes"] * 8 / (rate * 1e6)
@@ -161,15 +169,22 @@ def medians(runs: list[dict[str, Any]]) -> dict[str, float]:
     return {k: round(statistics.median(f[k] for f in flats), 4) for k in flats[0]}
 
 
+def compiled_agents(baseline: Optional[str]) -> dict[str, Path]:
+    """The agents a run times, by name: this checkout's ("this") and, given, another's
+    ("baseline"); each byte-compiled first, as pip installs it, so that no start compiles."""
+    agents = {"this": REPO} | ({"baseline": Path(baseline).resolve()} if baseline else {})
+    for root in agents.values():
+        compileall.compile_dir(str(root / "hostagent"), quiet=1)
+    return agents
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="modelcast-bench-fixed-", dir=args.work))
     size = int(args.size_mb * 1024 * 1024)
     path = make_model_dir(work / "model", seed=21, files=40, big=3, big_size=size // 3) if args.dir \
         else make_model(work / "model.bin", size, seed=7).path
     key = make_key_file(work / "session.key")
-    agents = {"this": REPO} | ({"baseline": Path(args.baseline).resolve()} if args.baseline else {})
-    for root in agents.values():  # as installed: pip byte-compiles, a start compiles nothing
-        compileall.compile_dir(str(root / "hostagent"), quiet=1)
+    agents = compiled_agents(args.baseline)
     lab = BridgeLab(args.receivers + 1, mtu=args.mtu)
     lab.start()
     runs: list[dict[str, Any]] = []

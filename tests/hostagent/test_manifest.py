@@ -19,23 +19,28 @@ from lab.models import make_model, make_model_dir
 CHUNK = 64 * 1024
 
 
-def _digests(path: str, directory: str | None) -> tuple[tuple[bytes, bytes], bool, int]:
-    """(digests, hit, reads of the file it took)."""
-    source = FileSource(path)
-    reads = 0
+def _counted(source: FileSource | DirSource) -> list[int]:
+    """Count the source's reads from now on (in the one-element list returned)."""
+    reads = [0]
     real = source.read
 
     def counting(offset: int, length: int) -> bytes:
-        nonlocal reads
-        reads += 1
+        reads[0] += 1
         return real(offset, length)
 
     source.read = counting  # type: ignore[method-assign]
+    return reads
+
+
+def _digests(path: str, directory: str | None) -> tuple[tuple[bytes, bytes], bool, int]:
+    """(digests, hit, reads of the file it took)."""
+    source = FileSource(path)
+    reads = _counted(source)
     try:
         digests, hit = cached_digests(path, CHUNK, lambda: file_digests(source, CHUNK), directory)
     finally:
         source.close()
-    return digests, hit, reads
+    return digests, hit, reads[0]
 
 
 def test_second_send_of_an_unchanged_file_reads_nothing(tmp_path) -> None:
@@ -119,21 +124,13 @@ def _dir_digests(root: Path, cache: str, only: Optional[list[str]] = None) -> tu
     """(digests, hit, chunk reads) of a directory's content (``only``: those files, as a
     part of a model is sent)."""
     source = DirSource(str(root), only=only)
-    reads = 0
-    real = source.read
-
-    def counting(offset: int, length: int) -> bytes:
-        nonlocal reads
-        reads += 1
-        return real(offset, length)
-
-    source.read = counting  # type: ignore[method-assign]
+    reads = _counted(source)
     try:
         digests, hit = cached_digests(str(root), CHUNK, lambda: file_digests(source, CHUNK), cache,
                                       [e.path for e in source.space.entries])
     finally:
         source.close()
-    return digests, hit, reads
+    return digests, hit, reads[0]
 
 
 def test_a_directory_is_digested_once_while_each_of_its_files_is_unchanged(tmp_path) -> None:
