@@ -223,15 +223,14 @@ def _path_around(nbr: dict[int, dict[int, int]], src: int, dst: int,
         mine, other, far = sides[side], sides[1 - side], depth[1 - side]
         front = fronts[side]
         level = depth[side][front[0]] + 1
-        us: list[int] = []
-        vs: list[int] = []
+        hits, n = [], 0  # (u, its neighbours on the other side), how many in all
         theirs = other.keys()
         for u in front:
             common = nbr[u].keys() & theirs
             if common:
-                vs.extend(common)
-                us.extend(repeat(u, len(common)))
-        meet = _meeting(us, vs, (src, dst, salt), level, far, mine, hop, hint, side) if us else None
+                hits.append((u, common))
+                n += len(common)
+        meet = _meeting(hits, n, (src, dst, salt), level, far, mine, hop, hint, side) if n else None
         if meet is not None:
             mine[meet[0]] = meet[1]
             head = [meet[0]]
@@ -244,27 +243,26 @@ def _path_around(nbr: dict[int, dict[int, int]], src: int, dst: int,
         nxt: list[int] = []
         at, hops = depth[side], hop[side]
         for u in front:
-            new = [v for v in sorted(nbr[u]) if v not in mine]
-            if u == src or u == dst:  # (not across the link itself)
-                new = [v for v in new if v != src and v != dst]
-            mine.update(zip(new, repeat(u)))
-            at.update(zip(new, repeat(level)))
-            if hint is not None:
-                hops.update(zip(new, new if mine[u] is None else repeat(hops[u])))
-            nxt += new
+            for v in sorted(nbr[u]):
+                if v not in mine and not ((u == src and v == dst) or (u == dst and v == src)):
+                    mine[v] = u
+                    if hint is not None:  # (only a hint reads them)
+                        hops[v] = v if mine[u] is None else hops[u]
+                    at[v] = level
+                    nxt.append(v)
         fronts[side] = nxt
     return None
 
 
 _M32 = 0xFFFFFFFF
-_MANY = 16  # meeting candidates from which the hashes are taken as arrays
+_MANY = 64  # meeting candidates from which the hashes are taken as arrays (measured)
 
 
-def _meeting(us: list[int], vs: list[int], link: tuple[int, int, int], level: int, far: dict[int, int],
-             mine: dict[int, int | None], hop: tuple[dict, dict], hint: tuple[int, int] | None,
-             side: int) -> tuple[int, int] | None:
-    """The meeting (v on the far side, u on this one) of ``_path_around``'s candidates
-    (``us[i]`` next to ``vs[i]``) it takes: the shortest total, then (with ``hint``) the
+def _meeting(hits: list[tuple[int, set[int]]], n: int, link: tuple[int, int, int], level: int,
+             far: dict[int, int], mine: dict[int, int | None], hop: tuple[dict, dict],
+             hint: tuple[int, int] | None, side: int) -> tuple[int, int] | None:
+    """The meeting (v on the far side, u on this one) of ``_path_around``'s ``n``
+    candidates (each u of ``hits`` with each of its v) it takes: the shortest total, then (with ``hint``) the
     fewest changed ends, then the hash, then the lowest v and u; None when every candidate
     is the link itself or a node both sides hold. Among equally short detours a hash of
     the link and the meeting, not the lowest dpids: those put every detour of a fabric
@@ -273,21 +271,27 @@ def _meeting(us: list[int], vs: list[int], link: tuple[int, int, int], level: in
     fat-tree:34 link has up to 528) the hashes are array operations: the same low 32 bits
     as Python's integers, so the same choice."""
     src, dst, salt = link
-    if len(us) < _MANY or hint is not None:
+    if n < _MANY or hint is not None:
         best: tuple[int, int] | None = None
         low = 0
-        for u, v in zip(us, vs):
-            if v in mine or (u == src and v == dst) or (u == dst and v == src):
-                continue
-            miss = 0
-            if hint is not None:
-                a, b = (u, v) if side == 0 else (v, u)  # a on src's side, b on dst's
-                miss = 2 * ((hop[1][b] or a) != hint[1]) + ((hop[0][a] or b) != hint[0])
-            key = ((level + far[v]) * 4 + miss) << 24 | \
-                ((v * 0xC2B2AE3D ^ u * 0x27D4EB2F ^ salt) * 0x2C1B3C6D & _M32) >> 8
-            if best is None or key < low or (key == low and (v, u) < best):
-                low, best = key, (v, u)
+        for u, common in hits:
+            for v in common:
+                if v in mine or (u == src and v == dst) or (u == dst and v == src):
+                    continue
+                miss = 0
+                if hint is not None:
+                    a, b = (u, v) if side == 0 else (v, u)  # a on src's side, b on dst's
+                    miss = 2 * ((hop[1][b] or a) != hint[1]) + ((hop[0][a] or b) != hint[0])
+                key = ((level + far[v]) * 4 + miss) << 24 | \
+                    ((v * 0xC2B2AE3D ^ u * 0x27D4EB2F ^ salt) * 0x2C1B3C6D & _M32) >> 8
+                if best is None or key < low or (key == low and (v, u) < best):
+                    low, best = key, (v, u)
         return best
+    us: list[int] = []
+    vs: list[int] = []
+    for u, common in hits:
+        vs.extend(common)
+        us.extend(repeat(u, len(common)))
     u64 = np.uint64
     U = np.array(us, dtype=u64)
     V = np.array(vs, dtype=u64)
