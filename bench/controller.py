@@ -181,8 +181,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     graph = topo.graph()
     # the reference in slices between the groups (``build``): on a shared machine the CPU
     # available changes from second to second, and the ratio must not
-    gc.collect()
-    rss_before, _ = rss_mb()
+    rss_before, _ = rss_mb()  # (no collection first: it would change the build's timing)
     core, total_s, cpu_s, messages, send_cpu_s, ref_s, ref_cpu_s = build(
         topo, args.groups, args.receivers, args.seed, args.algorithm, True, not args.no_protection, True, graph)
     gc.collect()
