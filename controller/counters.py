@@ -76,6 +76,9 @@ class Counters:
         self._xids = itertools.count()
         self._cache: dict[tuple[int, int], Reading] = {}  # (dpid, gid) -> its last reading
         self._waiting: dict[tuple[int, int], tuple[_Ask, Reading, str]] = {}  # (dpid, xid) -> ...
+        # requests given up on (dpid, xid) -> when: their replies, if they still come, are
+        # dropped here -- a late flow-stats reply must never reach a table read in progress
+        self._late: dict[tuple[int, int], float] = {}
         self.requests = 0  # statistics requests sent (the cost of traces)
 
     def read(self, gid: int, dpids: Iterable[int]) -> dict[int, Reading]:
@@ -102,10 +105,14 @@ class Counters:
                     reading.error = "not connected"
         if ask.left > 0:
             ask.event.wait(self.timeout_s)
+        late_at = self._clock()
         for key, (a, reading, _) in list(self._waiting.items()):
             if a is ask:  # (no answer in time: forgotten, a late one is dropped)
                 del self._waiting[key]
+                self._late[key] = late_at
                 reading.error = reading.error or f"no answer within {self.timeout_s:g} s"
+        if len(self._late) > 1024:  # (a switch that never answers them: forget the oldest)
+            self._late = {k: t for k, t in self._late.items() if late_at - t <= 60.0}
         for dpid, reading in out.items():
             if reading.at == now:
                 self._cache[(dpid, gid)] = reading
@@ -118,7 +125,12 @@ class Counters:
         requests (the caller passes the others on)."""
         waiting = self._waiting.get((dpid, msg.xid))
         if waiting is None:
-            return False
+            if (dpid, msg.xid) in self._late:  # (given up on: dropped, never passed on)
+                if not msg.flags & ofp.OFPMPF_REPLY_MORE:
+                    del self._late[(dpid, msg.xid)]
+                return True
+            # group statistics are asked for by traces alone: one nobody waits for is dropped
+            return isinstance(msg, parser.OFPGroupStatsReply)
         ask, reading, kind = waiting
         if kind == "flows":
             for stat in msg.body:

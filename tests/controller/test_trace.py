@@ -6,8 +6,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from ryu.ofproto import ofproto_v1_3_parser as parser
+
 import topologies as T
 from controller import ofmsgs
+from controller.counters import Counters
 from tests.support.controller_env import R1, R2, S, TOKEN, Api, fabric_counters, make_env, valid
 
 
@@ -103,3 +106,22 @@ def test_a_switch_that_does_not_answer_is_named_and_bad_requests_are_400_or_404(
     for bad in ("receiver=nothing", "counters=maybe", "hop=1"):
         assert api.json("GET", f"/v1/groups/{g['id']}/trace?{bad}", status=400)["error"]
     assert api.json("GET", "/v1/groups/99/trace", status=404)["error"]
+
+
+def test_a_reply_that_comes_too_late_is_dropped_never_passed_on():
+    """A switch answers after the trace gave up: its flow-stats reply must not reach
+    whoever else reads that switch's tables (an audit would take it for its own)."""
+    env = make_env(token=TOKEN)
+    g, _ = env.service.create_group({"model": "m", "source": S, "receivers": [R1]})
+    sent: list = []
+    counters = Counters(lambda dpid, msg: sent.append((dpid, msg)) or True, timeout_s=0.01)
+    root = env.core.groups[g["id"]].tree.root
+    got = counters.read(g["id"], [root])
+    assert got[root].error == "no answer within 0.01 s" and len(sent) == 2
+    for dpid, msg in sent:  # (now the switch answers)
+        for part in env.fabric.request(dpid, msg):
+            part.xid = msg.xid
+            assert counters.reply(dpid, part) is True
+    other = env.fabric.request(root, parser.OFPFlowStatsRequest(ofmsgs.datapath(root)))[-1]
+    other.xid = 12345
+    assert counters.reply(root, other) is False  # (someone else's read: passed on)
