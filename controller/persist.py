@@ -210,7 +210,7 @@ class Persisted:
         self.core.no_ff.update(old.no_ff)  # (what the switches said of themselves still holds)
         self.core.events = old.events  # (the history goes on: its ids never restart)
         for table in (self.keys, self.transfers, self.offers, self.offer_index, self.declared,
-                      self._errors, self.acl.rules, self.owners, self.active):
+                      self._errors, self.acl.rules, self.owners, self.active, self._joined):
             table.clear()  # (in place: discovery holds ``declared``)
         self.pinned.clear()
         self.dirty = set()

@@ -611,7 +611,7 @@ class Service(Persisted, Offers):
             if receiver not in g.receivers:
                 raise UnknownReceiver(f"{receiver} is not a receiver of group {g.gid}")
         return trace_tree(self, g, [receiver] if receiver is not None else list(g.receivers),
-                               read, time.monotonic)
+                          read, time.monotonic)
 
     def _on_switches(self, g: Group, ip: str) -> bool:
         loc = self.core.view.hosts.get(ip)
