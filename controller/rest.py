@@ -165,7 +165,7 @@ def _only(req: Any, *names: str) -> None:
     unknown = sorted(set(req.GET) - set(names))
     if unknown:
         raise ApiError(400, f"unknown query parameter {unknown[0]!r}; this route takes "
-                       f"{', '.join(names) or 'none'}")
+                       f"{', '.join(names) or 'none'}", {"unknown": unknown})
 
 
 def _int_text(text: str, what: str, low: int, high: int) -> int:
@@ -292,10 +292,7 @@ def forwarded_principal(service: Service, req: Any) -> Principal | None:
 def _model_source(req: Any, also: tuple[str, ...] = ()) -> tuple[str | None, str | None]:
     """The ``model`` and ``source`` filters of a list request (groups, offers; ``also``:
     its other filters); any other query parameter is a 400, not silently ignored."""
-    unknown = sorted(set(req.GET) - {"model", "source", *also})
-    if unknown:
-        raise ApiError(400, f"unknown query parameter {unknown[0]!r}; use {', '.join(('model', *also))} and source",
-                       {"unknown": unknown})
+    _only(req, "model", "source", *also)
     source = req.GET.get("source")
     return req.GET.get("model"), parse_ip(source, "source") if source is not None else None
 
