@@ -56,6 +56,7 @@ from typing import Any, Optional
 
 import hostagent
 from bench import baselines as B
+from bench.chain import chain
 from bench.memory import in_turn, steady_memory
 from bench.machine import describe, machine
 from lab import loss as impair
@@ -68,6 +69,12 @@ METHODS = ("modelcast", "tcp", "uftp", "uftp-gcm", "modelcast-norecord", "modelc
 NO_RECORD = ("--resume-interval", "1e9")
 PURE_PYTHON = {"MODELCAST_PURE_PYTHON": "1"}  # the receivers' clean-stream path in Python, not C
 GB = 1e9
+FRAME_HEADERS = 14 + 20 + 8  # Ethernet, IPv4 and UDP headers of every datagram on the wire
+SENDER_COUNTS = ("datagrams_sent", "bytes_sent", "repair_bytes", "repair_bytes_unicast", "repair_bytes_multicast",
+                 "repairs_parity", "repairs_unicast", "repairs_multicast", "nacks", "rate_decreases",
+                 "lowest_rate_mbit", "stream_s", "completed_s", "loss_verdicts")
+RX_COUNTS = ("nacks", "nack_seqs", "repairs_received", "parity_received", "fec_recovered", "duplicates",
+             "datagrams_received")
 LANES_RATE = 10_000.0  # Mbit/s: the sender's --rate in the lanes scenario when the NIC is uncapped
 # the lanes scenario's receivers: (method suffix, environment)
 LANES_RECEIVERS: list[tuple[str, Optional[dict[str, str]]]] = [
@@ -102,7 +109,7 @@ class Run:
     def as_dict(self) -> dict[str, Any]:
         return {**asdict(self), "cpu_sender_per_gb": self.cpu_sender_per_gb,
                 "cpu_receiver_per_gb": self.cpu_receiver_per_gb,
-                "vs_line_rate": self.seconds / self.line_rate_s}
+                "vs_line_rate": self.seconds / self.line_rate_s if self.line_rate_s else None}
 
 
 def _agent(lab: BridgeLab, host: int, out: Path, *args: str, env: Optional[dict[str, str]] = None) -> subprocess.Popen:
@@ -147,6 +154,7 @@ def run_modelcast(lab: BridgeLab, model: ModelFile, receivers: list[int], rate: 
                                 "--out", str(out), "--json", "--timeout", str(timeout), "--key-file", key,
                                 *rx_extra, env=rx_env))
     time.sleep(0.5)  # joined before the stream starts
+    link0 = B.tx_bytes(lab, 0)
     t0 = time.monotonic()
     sender = _agent(lab, 0, work / "send", "send", str(model.path), "--group", addr, "--interface",
                     src, "--receivers", str(len(receivers)), "--rate", f"{rate:g}", "--json",
@@ -163,8 +171,10 @@ def run_modelcast(lab: BridgeLab, model: ModelFile, receivers: list[int], rate: 
     except subprocess.TimeoutExpired:
         sender.kill()
     ok = sender.returncode == 0 and len(done) == len(procs)
+    link = B.tx_bytes(lab, 0) - link0
     cpu_rx = sync_s = 0.0
     records = gro_batches = coalesced = 0
+    rx_counts = dict.fromkeys(RX_COUNTS, 0)
     native: set[Optional[bool]] = set()
     errors = []
     for h, (out, p) in procs.items():
@@ -181,6 +191,8 @@ def run_modelcast(lab: BridgeLab, model: ModelFile, receivers: list[int], rate: 
         coalesced += s.get("coalesced") or 0
         native.add(s.get("native_rx"))
         sync_s += s.get("record_sync_s") or 0.0
+        for k in RX_COUNTS:
+            rx_counts[k] += s.get(k) or 0
         out.unlink(missing_ok=True)
     s = _summary(work / "send")
     return Run("", "modelcast", len(receivers), max(done.values(), default=float("nan")), ok,
@@ -190,7 +202,12 @@ def run_modelcast(lab: BridgeLab, model: ModelFile, receivers: list[int], rate: 
                 "error": "; ".join(([f"sender: {s['error']}"] if s.get("error") else []) + errors) or None,
                 "resume_records": records, "record_sync_s": round(sync_s, 3),
                 "gro_batches": gro_batches, "coalesced_runs": coalesced,
-                "native_rx": native == {True}})  # every receiver's clean-stream path ran in C
+                "native_rx": native == {True},  # every receiver's clean-stream path ran in C
+                # the sender's NIC counter (a GSO batch counts its headers once) and what
+                # its datagrams take on a wire that carries them one by one
+                "sender_link_bytes": link,
+                "sender_wire_bytes": (s.get("bytes_sent") or 0) + FRAME_HEADERS * (s.get("datagrams_sent") or 0),
+                "sender": {k: s.get(k) for k in SENDER_COUNTS}, "receivers_total": rx_counts})
 
 
 def _from_baseline(res: B.RunResult) -> Run:
@@ -329,6 +346,236 @@ def lanes(args: argparse.Namespace, work: Path, say: Any) -> list[Run]:
     return runs
 
 
+# ------------------------------------------------------------------ the goal table (issue 47)
+
+
+@dataclass(frozen=True)
+class Case:
+    """One row of the goal table: a kernel-bridge lab, a file and the methods timed on it
+    in turn, run by run. Methods: ``modelcast`` (every receiver), ``modelcast@K`` (the
+    first K), ``uftp`` (UFTP 4.10 at its best: closed group, ``-Y none``, blocks filling
+    the MTU), ``chain`` (``bench.chain``), ``tcp-stream`` (one ``iperf3`` TCP stream to
+    the first receiver: the kernel's own limit)."""
+
+    key: str
+    title: str
+    size_mb: float
+    receivers: int
+    mtu: int
+    cap: float  # Mbit/s: the sender NIC's tbf cap and every paced method's rate; 0: no cap
+    methods: tuple[str, ...]
+    cap_all: bool = False  # every host's NIC capped, not only the sender's
+    loss: tuple[tuple[int, float], ...] = ()  # (receiver, % of datagrams dropped at random); 0: every receiver
+
+
+CASES: dict[str, Case] = {c.key: c for c in (
+    Case("a", "16 MB, 100 Mbit/s, 4 receivers", 16, 4, 1500, 100, ("modelcast", "modelcast@1", "uftp")),
+    Case("b", "96 MB, 1 Gbit/s, MTU 9000, 4 receivers", 96, 4, 9000, 1000, ("modelcast", "modelcast@1", "uftp")),
+    Case("c", "16 receivers each losing 1%, 100 Mbit/s, 32 MB", 32, 16, 9000, 100, ("modelcast", "uftp"),
+         loss=((0, 1.0),)),
+    Case("d", "8 receivers, 100 Mbit/s per host, 32 MB", 32, 8, 9000, 100, ("modelcast", "chain"), cap_all=True),
+    Case("e", "one of 4 receivers at 5% loss, 150 Mbit/s, 32 MB", 32, 4, 1500, 150, ("modelcast", "uftp"),
+         loss=((4, 5.0),)),
+    Case("f", "no cap, MTU 9000, 256 MB, 1 and 2 receivers", 256, 2, 9000, 0,
+         ("modelcast@1", "modelcast", "tcp-stream")),
+)}
+
+
+def tcp_stream(lab: BridgeLab, size: int, work: Path, port: int = 5201) -> Run:
+    """One kernel TCP stream of ``size`` bytes from host 0 to host 1 (``iperf3 -n``): what
+    the kernel moves between two namespaces with no file, hash or pacing in the way."""
+    work.mkdir(parents=True, exist_ok=True)
+    server = lab.popen(1, "iperf3", "-s", "-1", "-p", str(port), stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL)
+    time.sleep(0.3)
+    res = lab.run(0, "iperf3", "-c", lab.ip(1), "-p", str(port), "-n", str(size), "-J", check=False, timeout=120)
+    try:
+        server.wait(10)
+    except subprocess.TimeoutExpired:
+        server.kill()
+    try:
+        end = json.loads(res.stdout)["end"]
+        got = end["sum_received"]  # (the receiver's own count: its timer stops before the last bytes)
+        return Run("", "tcp-stream", 1, float(got["seconds"]), int(end["sum_sent"]["bytes"]) >= size, 0.0, size,
+                   detail={"gbit": got["bits_per_second"] / 1e9, "bytes": got["bytes"]})
+    except (ValueError, KeyError) as exc:
+        return Run("", "tcp-stream", 1, float("nan"), False, 0.0, size, detail={"error": f"iperf3: {exc}"})
+
+
+def _case_run(case: Case, method: str, lab: BridgeLab, model: ModelFile, work: Path, index: int,
+              timeout: float) -> Run:
+    """One run of ``method`` in ``case``'s lab."""
+    receivers = list(range(1, case.receivers + 1))
+    rate = case.cap or LANES_RATE
+    if method.startswith("modelcast"):
+        k = int(method.split("@")[1]) if "@" in method else case.receivers
+        res = run_modelcast(lab, model, receivers[:k], rate, work, timeout)
+        res.method = method
+        return res
+    if method == "uftp":
+        group = f"232.{202 + ord(case.key) - ord('a')}.{index // 250}.{index % 250 + 1}"
+        res = _from_baseline(B.uftp(lab, 0, receivers, model.path, work, group,
+                                    rate, timeout=timeout, mtu=case.mtu))
+        res.detail["sender_wire_bytes"] = res.detail["sender_link_bytes"]  # one frame per datagram
+        return res
+    if method == "chain":
+        return _from_baseline(chain(lab, None, 0, receivers, model.path, work, timeout=timeout))
+    if method == "tcp-stream":
+        return tcp_stream(lab, model.size, work)
+    raise ValueError(f"unknown method {method!r}")
+
+
+def run_case(case: Case, runs: int, work: Path, timeout: float, say: Any) -> list[Run]:
+    """Every method of ``case``, ``runs`` times in turn, on one lab; each run records the
+    datagrams the loss rules dropped during it."""
+    out: list[Run] = []
+    with BridgeLab(1 + case.receivers, mtu=case.mtu) as lab:
+        for h in (range(1 + case.receivers) if case.cap_all else [0]):
+            if case.cap:
+                impair.cap_rate(lab, h, case.cap, burst="2mb" if case.cap >= 500 else "512kb")
+        lossy: dict[int, float] = {}
+        for h, pct in case.loss:
+            lossy.update({r: pct for r in (range(1, case.receivers + 1) if h == 0 else [h])})
+        for h, pct in lossy.items():
+            lab.segment_towards(h)
+            lab.add_loss(h, "random", pct=pct)
+        model = make_model(work / f"goal-{case.key}.bin", int(case.size_mb * 1024 * 1024), seed=47)
+        line = model.size * 8 / (case.cap * 1e6) if case.cap else 0.0
+        for r in range(runs):
+            for method in in_turn(list(case.methods), r):
+                before = {h: lab.loss_dropped(h) for h in lossy}
+                res = _case_run(case, method, lab, model, work / f"goal-{case.key}-{method}-{r}",
+                                len(out), timeout)
+                res.scenario, res.line_rate_s = f"goal-{case.key}", line
+                res.detail["run"] = r
+                res.detail["dropped"] = {f"h{h}": lab.loss_dropped(h) - n for h, n in before.items()}
+                out.append(res)
+                say(f"case {case.key} {method} run {r}: {'ok' if res.ok else 'FAILED'} {res.seconds:.2f} s"
+                    + (f" = {res.seconds / line:.2f} x line rate" if line else "")
+                    + (f", sender wire {res.detail['sender_wire_bytes'] / model.size:.3f} x file"
+                       if res.detail.get("sender_wire_bytes") else ""))
+    return out
+
+
+def _per_run(runs: list[Run], case: str, num: str, den: Optional[str], value: Any) -> Optional[float]:
+    """Median over the runs of ``value(num run, den run)``, the two taken in the same run
+    number (a ratio to a reference timed beside it); ``den`` None: ``value(num run, None)``."""
+    got = []
+    for r in (x for x in runs if x.scenario == f"goal-{case}" and x.method == num and x.ok):
+        ref = None
+        if den is not None:
+            ref = next((x for x in runs if x.scenario == r.scenario and x.method == den and x.ok
+                        and x.detail.get("run") == r.detail.get("run")), None)
+            if ref is None:
+                continue
+        v = value(r, ref)
+        if v is not None:
+            got.append(v)
+    return statistics.median(got) if got else None
+
+
+def _clean_over_line(r: Run, _: Any) -> Optional[float]:
+    """The slowest clean receiver's time over the line time (case e: does one lossy receiver hold the others?)."""
+    lossy = set(r.detail.get("dropped") or {})
+    clean = [t for h, t in r.receiver_seconds.items() if h not in lossy]
+    return max(clean) / r.line_rate_s if clean else None
+
+
+def _repairs_per_loss(r: Run, _: Any) -> Optional[float]:
+    """Repair datagrams the sender sent (parity, unicast, multicast) per datagram the
+    receivers lost, summed over receivers."""
+    s, lost = r.detail.get("sender") or {}, sum((r.detail.get("dropped") or {}).values())
+    n = sum(s.get(k) or 0 for k in ("repairs_parity", "repairs_unicast", "repairs_multicast"))
+    return n / lost if lost else None
+
+
+def _wire(r: Run, _: Any) -> Optional[float]:
+    w = r.detail.get("sender_wire_bytes")
+    return w / r.file_bytes if w else None
+
+
+def goal_rows(runs: list[Run]) -> list[dict[str, Any]]:
+    """The goal table: per case its figures (medians over runs of per-run ratios), the
+    goal and whether it is met."""
+    t = lambda a, b: a.seconds / b.seconds  # noqa: E731
+    over_line = lambda a, _: a.seconds / a.line_rate_s  # noqa: E731
+    gbit = lambda a, _: a.detail.get("gbit") or a.file_bytes * 8 / a.seconds / 1e9  # noqa: E731
+    rows: list[dict[str, Any]] = []
+
+    def row(case: str, figure: str, value: Optional[float], goal: Optional[tuple[str, float]] = None,
+            fmt: str = ".2f") -> None:
+        met = None if goal is None or value is None else (value <= goal[1] if goal[0] == "<=" else value >= goal[1])
+        rows.append({"case": case, "title": CASES[case].title, "figure": figure,
+                     "value": None if value is None else round(value, 4), "fmt": fmt,
+                     "goal": None if goal is None else f"{goal[0]} {goal[1]:g}", "met": met})
+
+    row("a", "modelcast T(4) / UFTP T(4)", _per_run(runs, "a", "modelcast", "uftp", t), ("<=", 1.0))
+    row("a", "modelcast T(4) / line", _per_run(runs, "a", "modelcast", None, over_line))
+    row("a", "UFTP T(4) / line", _per_run(runs, "a", "uftp", None, over_line))
+    row("a", "modelcast T(4) / T(1)", _per_run(runs, "a", "modelcast", "modelcast@1", t))
+    # MTU 1500: every 1,500-byte frame carries its headers (Ethernet, IP, UDP, the agent's own): UFTP's beside it
+    row("a", "modelcast sender wire / file", _per_run(runs, "a", "modelcast", None, _wire), fmt=".3f")
+    row("a", "UFTP sender wire / file", _per_run(runs, "a", "uftp", None, _wire), fmt=".3f")
+    row("b", "modelcast T(4) / line", _per_run(runs, "b", "modelcast", None, over_line), ("<=", 1.15))
+    row("b", "modelcast T(4) / UFTP T(4)", _per_run(runs, "b", "modelcast", "uftp", t))
+    row("b", "modelcast T(4) / T(1)", _per_run(runs, "b", "modelcast", "modelcast@1", t))
+    row("b", "modelcast sender wire / file", _per_run(runs, "b", "modelcast", None, _wire), ("<=", 1.02), ".3f")
+    row("c", "modelcast sender wire / file", _per_run(runs, "c", "modelcast", None, _wire), ("<=", 1.08), ".3f")
+    row("c", "modelcast T(16) / UFTP T(16)", _per_run(runs, "c", "modelcast", "uftp", t), ("<=", 1.0))
+    row("c", "UFTP sender wire / file", _per_run(runs, "c", "uftp", None, _wire), fmt=".3f")
+    row("c", "modelcast T(16) / line", _per_run(runs, "c", "modelcast", None, over_line))
+    row("c", "repair datagrams per datagram lost", _per_run(runs, "c", "modelcast", None, _repairs_per_loss))
+    row("d", "modelcast T(8) / chain T(8)", _per_run(runs, "d", "modelcast", "chain", t), ("<=", 1.0))
+    row("d", "modelcast T(8) / line", _per_run(runs, "d", "modelcast", None, over_line))
+    row("d", "chain T(8) / line", _per_run(runs, "d", "chain", None, over_line))
+    row("d", "modelcast sender wire / file", _per_run(runs, "d", "modelcast", None, _wire), ("<=", 1.02), ".3f")
+    row("e", "modelcast T(4) / line", _per_run(runs, "e", "modelcast", None, over_line), ("<=", 1.2))
+    row("e", "modelcast T(4) / UFTP T(4)", _per_run(runs, "e", "modelcast", "uftp", t))
+    row("e", "modelcast's clean receivers / line", _per_run(runs, "e", "modelcast", None, _clean_over_line))
+    row("e", "repair datagrams per datagram lost", _per_run(runs, "e", "modelcast", None, _repairs_per_loss))
+    over_tcp = lambda a, b: gbit(a, None) / gbit(b, None)  # noqa: E731
+    row("f", "modelcast Gbit/s, 1 receiver / TCP stream's", _per_run(runs, "f", "modelcast@1", "tcp-stream", over_tcp),
+        (">=", 0.35))
+    row("f", "modelcast Gbit/s, 2 receivers / TCP stream's", _per_run(runs, "f", "modelcast", "tcp-stream", over_tcp))
+    row("f", "modelcast Gbit/s, 1 receiver", _per_run(runs, "f", "modelcast@1", None, gbit), fmt=".1f")
+    row("f", "modelcast Gbit/s, 2 receivers", _per_run(runs, "f", "modelcast", None, gbit), fmt=".1f")
+    row("f", "TCP stream Gbit/s", _per_run(runs, "f", "tcp-stream", None, gbit), fmt=".1f")
+    return [r for r in rows if r["value"] is not None]
+
+
+def goals_markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
+    out = [f"The agent's goal table (issue 47) — {describe(meta['machine'])}, {meta['date']}; "
+           f"kernel-bridge lab, medians over {meta['runs']} runs of ratios taken within one run", "",
+           "| case | figure | value | goal | met |", "|---|---|---|---|---|"]
+    for r in rows:
+        met = "" if r["met"] is None else ("yes" if r["met"] else "**no**")
+        out.append(f"| ({r['case']}) {r['title']} | {r['figure']} | {format(r['value'], r['fmt'])} | "
+                   f"{r['goal'] or ''} | {met} |")
+    return "\n".join(out) + "\n"
+
+
+def goals(args: argparse.Namespace, work: Path, say: Any) -> list[Run]:
+    """Every case of ``--cases``; with ``--smoke`` small files, at most 4 receivers, one run."""
+    runs: list[Run] = []
+    for key in args.cases:
+        case = CASES[key]
+        if args.smoke:
+            case = Case(case.key, case.title, 32 if case.key == "f" else 4, min(case.receivers, 4), case.mtu,
+                        case.cap, case.methods, case.cap_all, case.loss)
+        runs += run_case(case, args.runs, work, args.timeout, say)
+    return runs
+
+
+def write_goals(out: Path, runs: list[Run], meta: dict[str, Any]) -> str:
+    """agent-goals.json (every run, the table) and agent-goals.md in ``out``."""
+    rows = goal_rows(runs)
+    (out / "agent-goals.json").write_text(json.dumps(
+        {"meta": meta, "runs": [r.as_dict() for r in runs], "table": rows}, indent=1))
+    md = goals_markdown(rows, meta)
+    (out / "agent-goals.md").write_text(md)
+    return md
+
+
 def _median(values: list[Optional[float]]) -> Optional[float]:
     vals = [v for v in values if v is not None]
     return statistics.median(vals) if vals else None
@@ -421,28 +668,35 @@ def run(args: argparse.Namespace) -> int:
     try:
         # the model and every receiver's copy, twice over: what the largest transfer writes
         footprint = 2 * int(args.size_mb * (1 << 20)) * (1 + max(int(x) for x in args.receivers.split(",")))
+        if args.goals or args.goals_only:  # and the goal table's largest (case f: 256 MB to 2)
+            footprint = max(footprint, 2 * 256 * (1 << 20) * 3)
         with steady_memory(work, footprint) as steady:
             meta["memory"] = steady
             say(f"memory: a first write costs {steady['first_write_s_per_gb']} CPU-s/GB, a rewrite of "
                 f"just-freed pages {steady['rewrite_s_per_gb']}; {footprint >> 20} MB touched up front in "
                 f"{steady['warm_wall_s']} s, free page reporting "
                 f"{'off' if steady['reporting_was'] is not None else 'left as it is'}")
-            runs = speed(args, work, say)
-            if args.lanes:
+            runs = [] if args.goals_only else speed(args, work, say)
+            if args.lanes and not args.goals_only:
                 runs += lanes(args, work, say)
-            if args.asymmetry:
+            if args.asymmetry and not args.goals_only:
                 runs += asymmetry(args, work, say)
-            if args.stall:
+            if args.stall and not args.goals_only:
                 runs += stall(args, work, say)
+            goal_runs = goals(args, work, say) if args.goals or args.goals_only else []
     finally:
         subprocess.run(["rm", "-rf", str(work)], check=False)
+    if goal_runs:
+        print(write_goals(out, goal_runs, {**meta, "cases": "".join(args.cases), "smoke": args.smoke}))
+    if args.goals_only:
+        return exit_status(goal_runs, say)
     rows = medians(runs)
     (out / "agent.json").write_text(json.dumps(
         {"meta": meta, "runs": [r.as_dict() for r in runs], "medians": rows}, indent=1))
     md = markdown(rows, meta, runs)
     (out / "agent.md").write_text(md)
     print(md)
-    return exit_status(runs, say)
+    return exit_status(runs + goal_runs, say)
 
 
 def exit_status(runs: list[Run], say: Any) -> int:
@@ -454,7 +708,7 @@ def exit_status(runs: list[Run], say: Any) -> int:
     for r in runs:
         if r.ok:
             continue
-        if r.method.startswith("modelcast") or not r.scenario.endswith("lossy"):
+        if r.method.startswith("modelcast") or not (r.scenario.endswith("lossy") or r.detail.get("dropped")):
             status = 1
         else:
             missing = sorted(h for h, ok in (r.detail.get("verified") or {}).items() if not ok)
@@ -482,9 +736,16 @@ def main(argv: Optional[list[str]] = None) -> int:
                     help="also run one transfer over 1 and 2 lanes, N=1 (default on)")
     ap.add_argument("--lanes-cap", type=float, default=0.0,
                     help="sender NIC cap in the lanes scenario, Mbit/s (0: none; --rate %g)" % LANES_RATE)
+    ap.add_argument("--goals", action=argparse.BooleanOptionalAction, default=True,
+                    help="also run issue 47's goal table, each case against its reference (default on)")
+    ap.add_argument("--goals-only", action="store_true", help="only the goal table (agent-goals.md/.json)")
+    ap.add_argument("--cases", default="".join(CASES), help="the goal table's cases (default %(default)s)")
     ap.add_argument("--out", default="docs/bench")
     ap.add_argument("--smoke", action="store_true", help="8 MB, N=1,2, one run (what CI runs)")
     args = ap.parse_args(argv)
+    if set(args.cases) - set(CASES):
+        print(f"error: unknown case(s) {args.cases}; use letters of {''.join(CASES)}", file=sys.stderr)
+        return 2
     bad = set(args.methods.split(",")) - set(METHODS)
     if bad:
         print(f"error: unknown method(s) {', '.join(sorted(bad))}; use {', '.join(METHODS)}", file=sys.stderr)

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any, Optional
 
 from bench.baselines import RunResult, read_stats, tx_bytes, wait_all, wrapped
 from lab.models import file_digest
@@ -29,13 +30,15 @@ def chain_order(topo: Topology, receivers: list[str]) -> list[str]:
     return sorted(receivers, key=lambda r: (topo.host(r).dpid, topo.host(r).port))
 
 
-def chain(lab: NetnsHosts, topo: Topology, sender: str, receivers: list[str], path: Path,
+def chain(lab: NetnsHosts, topo: Optional[Topology], sender: Any, receivers: list[Any], path: Path,
           work: Path, timeout: float = 900) -> RunResult:
-    """One pipelined-chain distribution of ``path``; every copy's BLAKE3 checked."""
+    """One pipelined-chain distribution of ``path``; every copy's BLAKE3 checked. Without
+    a topology (one switch, as the kernel-bridge lab) the chain takes ``receivers`` in
+    their order."""
     work.mkdir(parents=True, exist_ok=True)
     want = file_digest(path)
-    order = chain_order(topo, receivers)
-    nodes: list[tuple[str, Path, subprocess.Popen]] = []
+    order = chain_order(topo, receivers) if topo is not None else list(receivers)
+    nodes: list[tuple[Any, Path, subprocess.Popen]] = []
     nxt: list[str] = []
     head: subprocess.Popen | None = None
     try:

@@ -120,6 +120,13 @@ class BridgeLab(NetnsHosts):
         self.loss_method[host] = loss.add(self.ns(host), self.veth(host), kind, port, pct=pct)
         return self.loss_method[host]
 
+    def segment_towards(self, host: int) -> None:
+        """Hand ``host`` UDP GSO super-packets as single datagrams: the bridge port towards
+        it segments them, as a switch forwards frames, so loss rules inside the host drop
+        datagrams (as a lossy link does), not a sender's whole batch of up to 44 at once."""
+        sh(["ethtool", "-K", self.veth(host), "tx-udp-segmentation", "off"],
+           what=f"host {host}: segment UDP GSO at the bridge")
+
     def loss_counters(self, host: int) -> str:
         """The loss rules with their counters (for failure messages)."""
         return loss.counters(self.ns(host), self.veth(host), self.loss_method.get(host, ""))
