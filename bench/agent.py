@@ -153,7 +153,7 @@ def run_modelcast(lab: BridgeLab, model: ModelFile, receivers: list[int], rate: 
         procs[h] = (out, _agent(lab, h, work / f"recv-{h}", "recv", "--group", addr, "--source", src,
                                 "--out", str(out), "--json", "--timeout", str(timeout), "--key-file", key,
                                 *rx_extra, env=rx_env))
-    time.sleep(0.5)  # joined before the stream starts
+    joined_s = wait_joined(lab, receivers, group, started=time.monotonic(), timeout=timeout)
     link0 = B.tx_bytes(lab, 0)
     t0 = time.monotonic()
     sender = _agent(lab, 0, work / "send", "send", str(model.path), "--group", addr, "--interface",
@@ -161,6 +161,7 @@ def run_modelcast(lab: BridgeLab, model: ModelFile, receivers: list[int], rate: 
                     "--timeout", str(timeout), "--key-file", key, *extra)
     done: dict[int, float] = {}
     deadline = t0 + timeout * 3
+    marks: dict[str, Any] = {"joined_s": round(joined_s, 3)}
     while len(done) < len(procs) and time.monotonic() < deadline:
         for h, (_, p) in procs.items():
             if h not in done and p.poll() is not None:
@@ -193,8 +194,10 @@ def run_modelcast(lab: BridgeLab, model: ModelFile, receivers: list[int], rate: 
         sync_s += s.get("record_sync_s") or 0.0
         for k in RX_COUNTS:
             rx_counts[k] += s.get(k) or 0
+        marks[f"h{h}"] = {k: round(v - t0, 3) for k, v in (s.get("clock") or {}).items()}
         out.unlink(missing_ok=True)
     s = _summary(work / "send")
+    marks["sender"] = {k: round(v - t0, 3) for k, v in (s.get("clock") or {}).items()}
     return Run("", "modelcast", len(receivers), max(done.values(), default=float("nan")), ok,
                0.0, model.size, s.get("cpu_s"), cpu_rx, {f"h{h}": t for h, t in sorted(done.items())},
                {"repair_pct": 100 * (s.get("repair_bytes") or 0) / max(1, model.size),
@@ -207,7 +210,29 @@ def run_modelcast(lab: BridgeLab, model: ModelFile, receivers: list[int], rate: 
                 # its datagrams take on a wire that carries them one by one
                 "sender_link_bytes": link,
                 "sender_wire_bytes": (s.get("bytes_sent") or 0) + FRAME_HEADERS * (s.get("datagrams_sent") or 0),
-                "sender": {k: s.get(k) for k in SENDER_COUNTS}, "receivers_total": rx_counts})
+                "sender": {k: s.get(k) for k in SENDER_COUNTS}, "receivers_total": rx_counts,
+                # the agents' own marks (SendResult.clock, ReceiveResult.clock), seconds from the sender's spawn
+                "marks": marks})
+
+
+def wait_joined(lab: BridgeLab, hosts: list[int], group: str, started: float, timeout: float,
+                settle: float = 0.5) -> float:
+    """Wait until every receiver host is a member of ``group`` (its kernel lists the
+    group on the host's interface: the receiver started and joined), and at least
+    ``settle`` seconds after ``started``; the seconds it took. The references are timed
+    likewise from ready receivers (UFTP's daemons, the chain's nodes), and a deployment
+    starts its receivers before the sender: the sender must not share the CPU with
+    receivers still starting."""
+    waiting = set(hosts)
+    while waiting and time.monotonic() - started < timeout:
+        waiting = {h for h in waiting if group not in lab.run(h, "ip", "maddr", "show", "dev", lab.host_iface(h),
+                                                                 check=False).stdout.split()}
+        if waiting:
+            time.sleep(0.02)
+    if waiting:
+        raise LabError(f"receivers {sorted(waiting)} did not join {group} within {timeout:g} s")
+    time.sleep(max(0.0, started + settle - time.monotonic()))
+    return time.monotonic() - started
 
 
 def _from_baseline(res: B.RunResult) -> Run:
