@@ -50,7 +50,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Optional
 
@@ -112,11 +112,13 @@ class Run:
                 "vs_line_rate": self.seconds / self.line_rate_s if self.line_rate_s else None}
 
 
-def _agent(lab: BridgeLab, host: int, out: Path, *args: str, env: Optional[dict[str, str]] = None) -> subprocess.Popen:
-    """``modelcast ARGS`` in a host; its --json line goes to OUT.json, its log to OUT.log."""
+def _agent(lab: BridgeLab, host: int, out: Path, *args: str, env: Optional[dict[str, str]] = None,
+           cwd: Optional[Path] = None) -> subprocess.Popen:
+    """``modelcast ARGS`` in a host, the agent found at ``cwd`` (default: this checkout's);
+    its --json line goes to OUT.json, its log to OUT.log."""
     with open(out.with_suffix(".json"), "w") as stdout, open(out.with_suffix(".log"), "w") as stderr:
         return lab.popen(host, sys.executable, "-m", "hostagent.cli", *args, stdout=stdout, stderr=stderr,
-                         env=None if env is None else {**os.environ, **env})
+                         env=None if env is None else {**os.environ, **env}, cwd=cwd)
 
 
 def _summary(out: Path) -> dict[str, Any]:
@@ -138,7 +140,7 @@ def _tail(out: Path) -> str:
 
 def run_modelcast(lab: BridgeLab, model: ModelFile, receivers: list[int], rate: float,
                   work: Path, timeout: float, extra: tuple[str, ...] = (), rx_extra: tuple[str, ...] = (),
-                  rx_env: Optional[dict[str, str]] = None) -> Run:
+                  rx_env: Optional[dict[str, str]] = None, cwd: Optional[Path] = None) -> Run:
     """The real CLI: receivers first (they wait for the stream), then the sender
     (``extra``: more sender options, ``rx_extra``: more receiver options, ``rx_env``:
     more of the receivers' environment)."""
@@ -152,13 +154,13 @@ def run_modelcast(lab: BridgeLab, model: ModelFile, receivers: list[int], rate: 
         out = work / f"rx{h}.bin"
         procs[h] = (out, _agent(lab, h, work / f"recv-{h}", "recv", "--group", addr, "--source", src,
                                 "--out", str(out), "--json", "--timeout", str(timeout), "--key-file", key,
-                                *rx_extra, env=rx_env))
+                                *rx_extra, env=rx_env, cwd=cwd))
     joined_s = wait_joined(lab, receivers, group, started=time.monotonic(), timeout=timeout)
     link0 = B.tx_bytes(lab, 0)
     t0 = time.monotonic()
     sender = _agent(lab, 0, work / "send", "send", str(model.path), "--group", addr, "--interface",
                     src, "--receivers", str(len(receivers)), "--rate", f"{rate:g}", "--json",
-                    "--timeout", str(timeout), "--key-file", key, *extra)
+                    "--timeout", str(timeout), "--key-file", key, *extra, cwd=cwd)
     done: dict[int, float] = {}
     deadline = t0 + timeout * 3
     marks: dict[str, Any] = {"joined_s": round(joined_s, 3)}
@@ -427,14 +429,19 @@ def tcp_stream(lab: BridgeLab, size: int, work: Path, port: int = 5201) -> Run:
         return Run("", "tcp-stream", 1, float("nan"), False, 0.0, size, detail={"error": f"iperf3: {exc}"})
 
 
+BASELINE = " (baseline)"  # a method's suffix when the agent is another checkout's (--baseline)
+
+
 def _case_run(case: Case, method: str, lab: BridgeLab, model: ModelFile, work: Path, index: int,
-              timeout: float) -> Run:
-    """One run of ``method`` in ``case``'s lab."""
+              timeout: float, baseline: Optional[Path] = None) -> Run:
+    """One run of ``method`` in ``case``'s lab (``... (baseline)``: the agent at ``baseline``)."""
     receivers = list(range(1, case.receivers + 1))
     rate = case.cap or LANES_RATE
     if method.startswith("modelcast"):
-        k = int(method.split("@")[1]) if "@" in method else case.receivers
-        res = run_modelcast(lab, model, receivers[:k], rate, work, timeout)
+        name = method.removesuffix(BASELINE)
+        k = int(name.split("@")[1]) if "@" in name else case.receivers
+        res = run_modelcast(lab, model, receivers[:k], rate, work, timeout,
+                            cwd=baseline if method.endswith(BASELINE) else None)
         res.method = method
         return res
     if method == "uftp":
@@ -450,9 +457,10 @@ def _case_run(case: Case, method: str, lab: BridgeLab, model: ModelFile, work: P
     raise ValueError(f"unknown method {method!r}")
 
 
-def run_case(case: Case, runs: int, work: Path, timeout: float, say: Any) -> list[Run]:
-    """Every method of ``case``, ``runs`` times in turn, on one lab; each run records the
-    datagrams the loss rules dropped during it."""
+def run_case(case: Case, runs: int, work: Path, timeout: float, say: Any, baseline: Optional[Path] = None) -> list[Run]:
+    """Every method of ``case``, ``runs`` times in turn, on one lab (with ``baseline``,
+    each modelcast method also by the agent there); each run records the datagrams the
+    loss rules dropped during it."""
     out: list[Run] = []
     with BridgeLab(1 + case.receivers, mtu=case.mtu) as lab:
         for h in (range(1 + case.receivers) if case.cap_all else [0]):
@@ -466,11 +474,13 @@ def run_case(case: Case, runs: int, work: Path, timeout: float, say: Any) -> lis
             lab.add_loss(h, "random", pct=pct)
         model = make_model(work / f"goal-{case.key}.bin", int(case.size_mb * 1024 * 1024), seed=47)
         line = model.size * 8 / (case.cap * 1e6) if case.cap else 0.0
+        methods = list(case.methods) + ([m + BASELINE for m in case.methods if m.startswith("modelcast")]
+                                        if baseline else [])
         for r in range(runs):
-            for method in in_turn(list(case.methods), r):
+            for method in in_turn(methods, r):
                 before = {h: lab.loss_dropped(h) for h in lossy}
-                res = _case_run(case, method, lab, model, work / f"goal-{case.key}-{method}-{r}",
-                                len(out), timeout)
+                res = _case_run(case, method, lab, model, work / f"goal-{case.key}-{method.replace(' ', '_')}-{r}",
+                                len(out), timeout, baseline)
                 res.scenario, res.line_rate_s = f"goal-{case.key}", line
                 res.detail["run"] = r
                 res.detail["dropped"] = {f"h{h}": lab.loss_dropped(h) - n for h, n in before.items()}
@@ -519,9 +529,15 @@ def _wire(r: Run, _: Any) -> Optional[float]:
     return w / r.file_bytes if w else None
 
 
-def goal_rows(runs: list[Run]) -> list[dict[str, Any]]:
+def goal_rows(runs: list[Run], baseline: bool = False) -> list[dict[str, Any]]:
     """The goal table: per case its figures (medians over runs of per-run ratios), the
-    goal and whether it is met."""
+    goal and whether it is met; ``baseline``: the baseline agent's runs against the same
+    references."""
+    if baseline:
+        runs = [replace(r, method=r.method.removesuffix(BASELINE)) for r in runs
+                if r.method.endswith(BASELINE) or not r.method.startswith("modelcast")]
+    else:
+        runs = [r for r in runs if not r.method.endswith(BASELINE)]
     t = lambda a, b: a.seconds / b.seconds  # noqa: E731
     over_line = lambda a, _: a.seconds / a.line_rate_s  # noqa: E731
     gbit = lambda a, _: a.detail.get("gbit") or a.file_bytes * 8 / a.seconds / 1e9  # noqa: E731
@@ -568,13 +584,19 @@ def goal_rows(runs: list[Run]) -> list[dict[str, Any]]:
     return [r for r in rows if r["value"] is not None]
 
 
-def goals_markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
+def goals_markdown(rows: list[dict[str, Any]], meta: dict[str, Any],
+                   base: Optional[list[dict[str, Any]]] = None) -> str:
+    """The table; with ``base`` (the baseline agent's rows) a column for it."""
+    before = {(r["case"], r["figure"]): r for r in base or []}
     out = [f"The agent's goal table (issue 47) — {describe(meta['machine'])}, {meta['date']}; "
            f"kernel-bridge lab, medians over {meta['runs']} runs of ratios taken within one run", "",
-           "| case | figure | value | goal | met |", "|---|---|---|---|---|"]
+           "| case | figure | value | " + ("baseline | " if base else "") + "goal | met |",
+           "|---|---|---|" + ("---|" if base else "") + "---|---|"]
     for r in rows:
         met = "" if r["met"] is None else ("yes" if r["met"] else "**no**")
-        out.append(f"| ({r['case']}) {r['title']} | {r['figure']} | {format(r['value'], r['fmt'])} | "
+        b = before.get((r["case"], r["figure"]))
+        cell = f"{format(b['value'], b['fmt'])} | " if b else ("- | " if base else "")
+        out.append(f"| ({r['case']}) {r['title']} | {r['figure']} | {format(r['value'], r['fmt'])} | {cell}"
                    f"{r['goal'] or ''} | {met} |")
     return "\n".join(out) + "\n"
 
@@ -587,16 +609,18 @@ def goals(args: argparse.Namespace, work: Path, say: Any) -> list[Run]:
         if args.smoke:
             case = Case(case.key, case.title, 32 if case.key == "f" else 4, min(case.receivers, 4), case.mtu,
                         case.cap, case.methods, case.cap_all, case.loss)
-        runs += run_case(case, args.runs, work, args.timeout, say)
+        runs += run_case(case, args.runs, work, args.timeout, say,
+                         Path(args.baseline).resolve() if args.baseline else None)
     return runs
 
 
 def write_goals(out: Path, runs: list[Run], meta: dict[str, Any]) -> str:
     """agent-goals.json (every run, the table) and agent-goals.md in ``out``."""
     rows = goal_rows(runs)
+    base = goal_rows(runs, baseline=True) if any(r.method.endswith(BASELINE) for r in runs) else None
     (out / "agent-goals.json").write_text(json.dumps(
-        {"meta": meta, "runs": [r.as_dict() for r in runs], "table": rows}, indent=1))
-    md = goals_markdown(rows, meta)
+        {"meta": meta, "runs": [r.as_dict() for r in runs], "table": rows, "baseline_table": base}, indent=1))
+    md = goals_markdown(rows, meta, base)
     (out / "agent-goals.md").write_text(md)
     return md
 
@@ -690,6 +714,8 @@ def run(args: argparse.Namespace) -> int:
     # start must not include compiling hostagent's sources (PYTHONDONTWRITEBYTECODE or
     # an editable install would otherwise add ~50 ms of CPU to every run).
     compileall.compile_dir(str(Path(hostagent.__file__).parent), quiet=1)
+    if args.baseline:
+        compileall.compile_dir(str(Path(args.baseline) / "hostagent"), quiet=1)
     try:
         # the model and every receiver's copy, twice over: what the largest transfer writes
         footprint = 2 * int(args.size_mb * (1 << 20)) * (1 + max(int(x) for x in args.receivers.split(",")))
@@ -765,6 +791,9 @@ def main(argv: Optional[list[str]] = None) -> int:
                     help="also run issue 47's goal table, each case against its reference (default on)")
     ap.add_argument("--goals-only", action="store_true", help="only the goal table (agent-goals.md/.json)")
     ap.add_argument("--cases", default="".join(CASES), help="the goal table's cases (default %(default)s)")
+    ap.add_argument("--baseline", default=None, metavar="CHECKOUT",
+                    help="the goal table also runs the agent of this checkout (another commit's work tree, its "
+                         "C extension built), in turn with this one")
     ap.add_argument("--out", default="docs/bench")
     ap.add_argument("--smoke", action="store_true", help="8 MB, N=1,2, one run (what CI runs)")
     args = ap.parse_args(argv)

@@ -559,6 +559,7 @@ class RepairPlanner:
 
 ANTICIPATE_CONFIDENCE = 0.75  # how sure the group must be to need a share before it is sent unasked
 _MIN_LOSS_SPAN = 32  # a loss figure over fewer datagrams says little
+_GROUP_WITNESSES = 2  # reports it takes before the silent are assumed to lose as the reporters do
 
 
 def group_loss_rates(peers: Iterable[PeerState], keep: float) -> list[float]:
@@ -570,7 +571,11 @@ def group_loss_rates(peers: Iterable[PeerState], keep: float) -> list[float]:
     because it lost something: each counts at a one-sigma lower bound, (L - sqrt(L)) / n,
     so one early loss in a short file does not make the whole group look lossy.
     Receivers with no usable report count at the median of those with one (the group's
-    typical loss; one heavy straggler does not set it). Empty: nobody reported."""
+    typical loss; one heavy straggler does not set it) once at least two reported: a
+    single report is one receiver's loss, not the group's (one lossy receiver among clean
+    ones is the only one to report, and taking its rate for everyone's sent parity to
+    all for the losses of one), and the silent count as losing nothing. Empty: nobody
+    reported."""
     known: list[float] = []
     unknown = 0
     for p in peers:
@@ -583,7 +588,7 @@ def group_loss_rates(peers: Iterable[PeerState], keep: float) -> list[float]:
         known.append(min(1.0, max(0.0, lost - math.sqrt(lost)) / p.loss_over))
     if not known:
         return []
-    typical = sorted(known)[len(known) // 2]
+    typical = sorted(known)[len(known) // 2] if len(known) >= _GROUP_WITNESSES else 0.0
     return known + [typical] * unknown
 
 

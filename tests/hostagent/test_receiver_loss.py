@@ -109,6 +109,36 @@ def test_one_lossy_receiver_among_64_reports_alone_and_the_rate_stays() -> None:
     assert verdicts["local"] > 0 and verdicts["group"] == 0
 
 
+def test_one_lossy_receiver_is_repaired_alone_and_the_others_get_nothing() -> None:
+    """One receiver of four drops 5% of what reaches it (issue 47's asymmetric case, with
+    the CLI's FEC blocks): it alone reports loss, so the sender must not take its rate
+    for the group's and multicast parity to everyone. The clean receivers get no repair
+    or parity at all, and the repairs sent stay near what the lossy one lost (each repair
+    it loses too costs one more)."""
+    from hostagent.api import SendOptions
+
+    data = payload(4 * MIB)
+    rng = random.Random(11)
+    dropped = []
+
+    def lossy(now: float, src: object, dst: object, datagram: bytes) -> bool:
+        if dst == ("rx", 3) and rng.random() < 0.05:
+            dropped.append(datagram[3])
+            return True
+        return False
+
+    sim = Sim(data, SenderConfig(rate_bps=150e6, expected_receivers=4, fec_k=SendOptions.fec_k), seed=2, loss=lossy)
+    _run(sim, 4)
+    assert_all_verified(sim, data)
+    for clean in sim.receivers[:3]:
+        assert clean.receiver.stats.parity_received == 0 and clean.receiver.stats.repairs_received == 0
+    stats = sim.sender.stats
+    repairs = stats.repairs_parity + stats.repairs_unicast + stats.repairs_multicast
+    lost_data = sum(1 for t in dropped if t in (wire.T_DATA, wire.T_REPAIR, wire.T_PARITY))
+    assert lost_data > 100
+    assert repairs <= 1.1 * lost_data, (repairs, lost_data)
+
+
 # --------------------------------------------------------------------------- 50% loss
 
 

@@ -222,6 +222,20 @@ def test_group_loss_rates_undo_the_ewma_start_and_fill_in_the_silent() -> None:
     assert all(0.015 < r <= 0.02 for r in rates)
 
 
+def test_one_report_is_one_receivers_loss_not_the_groups() -> None:
+    """One receiver reports 5% among three silent ones: the silent count as losing
+    nothing (not at the reporter's rate), so no parity goes to everyone unasked; a
+    second report makes the loss the group's again."""
+    keep = 1 - 1 / 1024
+    n = 4000
+    lossy = Peer(loss=0.05 * (1 - keep**n), loss_over=n)
+    one = group_loss_rates([lossy, Peer(), Peer(), Peer()], keep)
+    assert one[1:] == [0.0, 0.0, 0.0] and 0.04 < one[0] <= 0.05
+    assert expected_shares(one, 64, 200) == 0
+    two = group_loss_rates([lossy, lossy, Peer(), Peer()], keep)
+    assert all(0.04 < r <= 0.05 for r in two) and expected_shares(two, 64, 200) >= 1
+
+
 def test_a_window_after_loss_reports_sizes_every_streamed_block_for_the_group() -> None:
     """One receiver's NACK closes a window: every complete block streamed so far gets the
     shares the group's reported loss says two receivers will need, not just the block
