@@ -27,7 +27,6 @@ import time
 import dataclasses
 from dataclasses import asdict, dataclass, field, fields
 from typing import IO, Any, Callable, Optional, Union
-from urllib.parse import urlsplit
 
 from .common import Stats
 from .control import ControllerClient, ControllerError, describe_answer, group_endpoint, session_key
@@ -1208,6 +1207,8 @@ def _own_address(interface: str, toward: Optional[str] = None) -> str:
 
 def _url_host(url: str) -> str:
     """The (first) controller's host: the route towards it names this host's address."""
+    from urllib.parse import urlsplit
+
     host = urlsplit(url.split(",")[0].strip()).hostname
     if not host:
         raise TransferError(f"no host in controller URL {url!r}")

@@ -29,7 +29,6 @@ from .api import (
     SendOptions, SendProgress, SendStarted, TransferError, Unauthenticated, receive, send,
 )
 from . import treeview
-from .rounds import RoundSettings
 from .control import ControllerError
 from .events import ChunkCorrupt, ManifestReceived, ReceiverCompleted, ReceiverFailed, ReceiverJoined
 
@@ -297,6 +296,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import signal
     import threading
 
+    from .rounds import RoundSettings
     from .serve import RoundDone, RoundStarted, ServeOptions, Served, round_summary, serve
 
     if not args.controller:
@@ -646,7 +646,9 @@ def _stream_options(parser: argparse.ArgumentParser, timeout_help: str) -> None:
     parser.add_argument("--timeout", type=float, default=SendOptions.timeout, metavar="SECONDS", help=timeout_help)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: Optional[str] = None) -> argparse.ArgumentParser:
+    """The command line; ``only``: just that command's subparser (what running one command
+    needs: building all of them took ~5 ms of every agent's start on the bench's lab)."""
     parser = argparse.ArgumentParser(
         prog="modelcast", formatter_class=_Help,
         description="Reliable multicast of model files and directories: send/recv one transfer, serve/fetch "
@@ -657,167 +659,177 @@ def build_parser() -> argparse.ArgumentParser:
                         help="show the program's version number and exit")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    send = sub.add_parser(
-        "send", formatter_class=_Help, help="send a file or a model directory to the group",
-        description="Send a file, or every file under a directory in one session, to the group; exit 0 "
-                    "when every expected receiver verified it.",
-        epilog=_examples("modelcast send ./llama-3-70b/ --controller http://10.0.0.254:8080 "
-                         "--token-file /etc/modelcast/token --receivers 8 --rate 800"))
-    send.add_argument("path", help="a file, or a directory: every file under it in one session")
-    _transfer_options(send)
-    send.add_argument("--receivers", type=int, metavar="N", help="expected receivers: exit 0 once all verified")
-    send.add_argument("--receiver-ip", action="append", metavar="IP",
-                      help="register a receiver with the controller (repeatable)")
-    send.add_argument("--wait-timeout", type=float, default=SendOptions.wait_timeout, metavar="SECONDS",
-                      help="wait this long for the controller's tree and the expected receivers")
-    send.add_argument("--poll", type=float, default=SendOptions.poll, metavar="SECONDS",
-                      help="controller polling interval")
-    _stream_options(send, "repair time after the stream: receivers not verified by then fail as stragglers")
-    send.add_argument("--fec-overhead", type=float, default=SendOptions.fec_overhead, metavar="FRACTION",
-                      help="proactive parity per data datagram, e.g. 0.02 (needs --fec-k)")
-    send.add_argument("--payload-size", type=int, metavar="BYTES",
-                      help="data bytes per datagram (default: fill one frame of the route's MTU)")
-    send.add_argument("--ttl", type=int, default=SendOptions.ttl,
-                      help="multicast TTL: how many routers the datagrams may cross (1: the fabric's own "
-                           "switches only, which do not count)")
-    send.add_argument("--gso", action=argparse.BooleanOptionalAction, default=SendOptions.gso,
-                      help="batch paced datagrams with UDP GSO, ~120 KB per wake-up in 64 KB sends "
-                           "(--no-gso: one send per datagram)")
-    send.add_argument("--min-rate", type=float, default=SendOptions.min_rate_mbit, metavar="MBIT",
-                      help="loss that receivers report never takes the rate below this (default: 5%% of "
-                           "--rate); only drops at the sender's own link do")
-    send.add_argument("--congestion-quorum", type=float, default=SendOptions.congestion_quorum, metavar="FRACTION",
-                      help="loss is congestion (the rate is cut) only when more than this fraction of the "
-                           "receivers report it at once; fewer are repaired at the group's rate")
-    send.add_argument("--repair-share", type=float, default=SendOptions.repair_share, metavar="FRACTION",
-                      help="at most this fraction of the sends goes to repairs while the stream runs, so "
-                           "lagging receivers never starve it")
-    send.add_argument("--part", action="append", metavar="GLOB",
-                      help="send DIR in parts, each on its own group named by the part's id: files matching GLOB "
-                           "form one part (repeatable), every other file a part of its own; a part no receiver "
-                           "joined is not sent (see modelcast catalog)")
+    if only in (None, "send"):
+        send = sub.add_parser(
+            "send", formatter_class=_Help, help="send a file or a model directory to the group",
+            description="Send a file, or every file under a directory in one session, to the group; exit 0 "
+                        "when every expected receiver verified it.",
+            epilog=_examples("modelcast send ./llama-3-70b/ --controller http://10.0.0.254:8080 "
+                             "--token-file /etc/modelcast/token --receivers 8 --rate 800"))
+        send.add_argument("path", help="a file, or a directory: every file under it in one session")
+        _transfer_options(send)
+        send.add_argument("--receivers", type=int, metavar="N", help="expected receivers: exit 0 once all verified")
+        send.add_argument("--receiver-ip", action="append", metavar="IP",
+                          help="register a receiver with the controller (repeatable)")
+        send.add_argument("--wait-timeout", type=float, default=SendOptions.wait_timeout, metavar="SECONDS",
+                          help="wait this long for the controller's tree and the expected receivers")
+        send.add_argument("--poll", type=float, default=SendOptions.poll, metavar="SECONDS",
+                          help="controller polling interval")
+        _stream_options(send, "repair time after the stream: receivers not verified by then fail as stragglers")
+        send.add_argument("--fec-overhead", type=float, default=SendOptions.fec_overhead, metavar="FRACTION",
+                          help="proactive parity per data datagram, e.g. 0.02 (needs --fec-k)")
+        send.add_argument("--payload-size", type=int, metavar="BYTES",
+                          help="data bytes per datagram (default: fill one frame of the route's MTU)")
+        send.add_argument("--ttl", type=int, default=SendOptions.ttl,
+                          help="multicast TTL: how many routers the datagrams may cross (1: the fabric's own "
+                               "switches only, which do not count)")
+        send.add_argument("--gso", action=argparse.BooleanOptionalAction, default=SendOptions.gso,
+                          help="batch paced datagrams with UDP GSO, ~120 KB per wake-up in 64 KB sends "
+                               "(--no-gso: one send per datagram)")
+        send.add_argument("--min-rate", type=float, default=SendOptions.min_rate_mbit, metavar="MBIT",
+                          help="loss that receivers report never takes the rate below this (default: 5%% of "
+                               "--rate); only drops at the sender's own link do")
+        send.add_argument("--congestion-quorum", type=float, default=SendOptions.congestion_quorum, metavar="FRACTION",
+                          help="loss is congestion (the rate is cut) only when more than this fraction of the "
+                               "receivers report it at once; fewer are repaired at the group's rate")
+        send.add_argument("--repair-share", type=float, default=SendOptions.repair_share, metavar="FRACTION",
+                          help="at most this fraction of the sends goes to repairs while the stream runs, so "
+                               "lagging receivers never starve it")
+        send.add_argument("--part", action="append", metavar="GLOB",
+                          help="send DIR in parts, each on its own group named by the part's id: files matching GLOB "
+                               "form one part (repeatable), every other file a part of its own; a part no receiver "
+                               "joined is not sent (see modelcast catalog)")
 
-    recv = sub.add_parser(
-        "recv", formatter_class=_Help, help="receive a file or a model directory from the group",
-        description="Receive the group's file or directory into --out; exit 0 when every byte matched the "
-                    "sender's digests (and --on-complete, if given, exited 0).",
-        epilog=_examples("modelcast recv --controller http://10.0.0.254:8080 --token-file /etc/modelcast/token "
-                         "--expect blake3:5f1c... --source 10.0.0.1 --out /dev/shm/llama-3-70b"))
-    _transfer_options(recv)
-    recv.add_argument("--source", required=True, metavar="IP", help="the sender's IPv4 address (source-specific join)")
-    recv.add_argument("--out", required=True, metavar="PATH",
-                      help="where the file or directory goes (e.g. /dev/shm/model.bin): a file is written in "
-                           "place; a directory is assembled in .NAME.modelcast-tmp next to it and renamed once "
-                           "verified")
-    recv.add_argument("--expect", metavar="ID",
-                      help="accept only the content with this id (blake3:<hex>, printed by send); with "
-                           "--controller and no --model it also names the group")
-    recv.add_argument("--catalog", metavar="FILE",
-                      help="the model's catalog (modelcast catalog --write): with --expect MODEL_ID, receive the "
-                           "parts --include names, each held to its id, merged into OUT")
-    recv.add_argument("--include", action="append", metavar="GLOB",
-                      help="with --catalog: only the parts whose name or files match GLOB (repeatable)")
-    recv.add_argument("--timeout", type=float, default=ReceiveOptions.timeout, metavar="SECONDS",
-                      help="give up after this long without the sender")
-    recv.add_argument("--no-gro", action="store_true", help="do not ask the kernel for UDP GRO")
-    recv.add_argument("--resume-interval", type=float, default=ReceiveOptions.resume_interval, metavar="SECONDS",
-                      help="make the resume record durable at most this long after progress")
-    recv.add_argument("--on-complete", metavar="CMD", help="run CMD OUT after verification (its exit status is in "
-                                                           "the summary)")
+    if only in (None, "recv"):
+        recv = sub.add_parser(
+            "recv", formatter_class=_Help, help="receive a file or a model directory from the group",
+            description="Receive the group's file or directory into --out; exit 0 when every byte matched the "
+                        "sender's digests (and --on-complete, if given, exited 0).",
+            epilog=_examples("modelcast recv --controller http://10.0.0.254:8080 --token-file /etc/modelcast/token "
+                             "--expect blake3:5f1c... --source 10.0.0.1 --out /dev/shm/llama-3-70b"))
+        _transfer_options(recv)
+        recv.add_argument("--source", required=True, metavar="IP", help="the sender's IPv4 address (source-specific join)")
+        recv.add_argument("--out", required=True, metavar="PATH",
+                          help="where the file or directory goes (e.g. /dev/shm/model.bin): a file is written in "
+                               "place; a directory is assembled in .NAME.modelcast-tmp next to it and renamed once "
+                               "verified")
+        recv.add_argument("--expect", metavar="ID",
+                          help="accept only the content with this id (blake3:<hex>, printed by send); with "
+                               "--controller and no --model it also names the group")
+        recv.add_argument("--catalog", metavar="FILE",
+                          help="the model's catalog (modelcast catalog --write): with --expect MODEL_ID, receive the "
+                               "parts --include names, each held to its id, merged into OUT")
+        recv.add_argument("--include", action="append", metavar="GLOB",
+                          help="with --catalog: only the parts whose name or files match GLOB (repeatable)")
+        recv.add_argument("--timeout", type=float, default=ReceiveOptions.timeout, metavar="SECONDS",
+                          help="give up after this long without the sender")
+        recv.add_argument("--no-gro", action="store_true", help="do not ask the kernel for UDP GRO")
+        recv.add_argument("--resume-interval", type=float, default=ReceiveOptions.resume_interval, metavar="SECONDS",
+                          help="make the resume record durable at most this long after progress")
+        recv.add_argument("--on-complete", metavar="CMD", help="run CMD OUT after verification (its exit status is in "
+                                                               "the summary)")
 
-    srv = sub.add_parser(
-        "serve", formatter_class=_Help, help="serve models to whoever fetches them, in batched multicast rounds",
-        description="Offer each model under its content id and send it, in rounds, to the hosts that fetch it; "
-                    "SIGTERM or SIGINT withdraws the offers and exits 0.",
-        epilog=_examples("modelcast serve ./llama-3-70b/ --controller http://10.0.0.254:8080 "
-                         "--token-file /etc/modelcast/token --rate 800"))
-    srv.add_argument("paths", nargs="+", metavar="PATH",
-                     help="a model file or directory, or hf://ORG/NAME[@REVISION]: that snapshot of the local "
-                          "Hugging Face cache, offered under its name and commit (repeatable)")
-    srv.add_argument("--hf-cache", metavar="DIR",
-                     help="the Hugging Face cache hf:// names are found in (default: $HF_HUB_CACHE, else "
-                          "$HF_HOME/hub, else ~/.cache/huggingface/hub); read offline")
-    _controller_options(srv, True)
-    _host_options(srv)
-    _stream_options(srv, "a round's catch-up bound: receivers not verified this long after its stream fail")
-    srv.add_argument("--window-quiet", type=float, default=RoundSettings.quiet_s, metavar="SECONDS",
-                     help="a join window closes this long after its latest request")
-    srv.add_argument("--window-max", type=float, default=RoundSettings.max_wait_s, metavar="SECONDS",
-                     help="and at most this long (or a quarter of one transfer) after its first")
-    srv.add_argument("--window-hold", type=float, default=RoundSettings.hold_share, metavar="FRACTION",
-                     help="while the server is busy (a round runs or ended less than one transfer ago) a request "
-                          "waits this share of one transfer (within --window-max) for others: fewer, fuller rounds")
-    srv.add_argument("--admit-share", type=float, default=RoundSettings.admit_share, metavar="FRACTION",
-                     help="a request while at most this share of a round's stream is out joins it and is repaired; "
-                          "a later one takes the rest and the next round's start")
-    srv.add_argument("--insecure", action="store_true", help="run without MAC keys (see send --insecure)")
-    _output_options(srv, "one JSON line per model served and per round")
+    if only in (None, "serve"):
+        from .rounds import RoundSettings  # (serve's alone: not loaded by every send and recv)
 
-    fch = sub.add_parser(
-        "fetch", formatter_class=_Help, help="fetch a model by its id or Hugging Face name from whoever serves it",
-        description="Ask the controller who offers MODEL_ID, join that server's group and receive the model "
-                    "into --out (resuming across rounds); exit 0 only when verified. An hf://ORG/NAME[@REVISION] "
-                    "name is received into the Hugging Face cache instead (blobs, then the snapshot, then the "
-                    "ref), where loaders find it offline.",
-        epilog=_examples("modelcast fetch blake3:5f1c... --controller http://10.0.0.254:8080 "
-                         "--token-file /etc/modelcast/token --out /dev/shm/llama-3-70b"))
-    fch.add_argument("model_id", metavar="MODEL_ID",
-                     help="the content id (blake3:<hex>) the server printed, or hf://ORG/NAME[@REVISION] (a branch, "
-                          "tag or commit; default main)")
-    _controller_options(fch, True)
-    _host_options(fch)
-    fch.add_argument("--out", metavar="PATH", help="output file or directory (written as recv --out does); "
-                                                   "with a content id")
-    fch.add_argument("--hf-cache", metavar="DIR",
-                     help="with an hf:// name: the Hugging Face cache it goes into (default: $HF_HUB_CACHE, else "
-                          "$HF_HOME/hub, else ~/.cache/huggingface/hub)")
-    fch.add_argument("--timeout", type=float, default=ReceiveOptions.timeout, metavar="SECONDS",
-                     help="per attempt: give up after this long without the server")
-    fch.add_argument("--patience", type=float, default=300.0, metavar="SECONDS",
-                     help="keep asking (waiting for an offer, resuming after each round) this long in all")
-    fch.add_argument("--no-gro", action="store_true", help="do not ask the kernel for UDP GRO")
-    fch.add_argument("--on-complete", metavar="CMD", help="run CMD OUT after verification")
-    fch.add_argument("--insecure", action="store_true", help="run without MAC keys (see recv --insecure)")
-    _output_options(fch, "print one JSON summary object on stdout", metrics=False)
+        srv = sub.add_parser(
+            "serve", formatter_class=_Help, help="serve models to whoever fetches them, in batched multicast rounds",
+            description="Offer each model under its content id and send it, in rounds, to the hosts that fetch it; "
+                        "SIGTERM or SIGINT withdraws the offers and exits 0.",
+            epilog=_examples("modelcast serve ./llama-3-70b/ --controller http://10.0.0.254:8080 "
+                             "--token-file /etc/modelcast/token --rate 800"))
+        srv.add_argument("paths", nargs="+", metavar="PATH",
+                         help="a model file or directory, or hf://ORG/NAME[@REVISION]: that snapshot of the local "
+                              "Hugging Face cache, offered under its name and commit (repeatable)")
+        srv.add_argument("--hf-cache", metavar="DIR",
+                         help="the Hugging Face cache hf:// names are found in (default: $HF_HUB_CACHE, else "
+                              "$HF_HOME/hub, else ~/.cache/huggingface/hub); read offline")
+        _controller_options(srv, True)
+        _host_options(srv)
+        _stream_options(srv, "a round's catch-up bound: receivers not verified this long after its stream fail")
+        srv.add_argument("--window-quiet", type=float, default=RoundSettings.quiet_s, metavar="SECONDS",
+                         help="a join window closes this long after its latest request")
+        srv.add_argument("--window-max", type=float, default=RoundSettings.max_wait_s, metavar="SECONDS",
+                         help="and at most this long (or a quarter of one transfer) after its first")
+        srv.add_argument("--window-hold", type=float, default=RoundSettings.hold_share, metavar="FRACTION",
+                         help="while the server is busy (a round runs or ended less than one transfer ago) a request "
+                              "waits this share of one transfer (within --window-max) for others: fewer, fuller rounds")
+        srv.add_argument("--admit-share", type=float, default=RoundSettings.admit_share, metavar="FRACTION",
+                         help="a request while at most this share of a round's stream is out joins it and is repaired; "
+                              "a later one takes the rest and the next round's start")
+        srv.add_argument("--insecure", action="store_true", help="run without MAC keys (see send --insecure)")
+        _output_options(srv, "one JSON line per model served and per round")
 
-    cat = sub.add_parser(
-        "catalog", formatter_class=_Help, help="publish a model directory in parts, or check a catalog and pick parts",
-        description="With DIR: split it into parts, write the catalog (--write) and print the model id and each "
-                    "part's id. With --check: verify a catalog against its model id and list the parts to take.",
-        epilog=_examples("modelcast catalog ./mixtral/ --part 'experts/0/*' --part 'experts/1/*' "
-                         "--write mixtral.catalog"))
-    cat.add_argument("path", nargs="?", help="the model directory to split into parts")
-    cat.add_argument("--part", action="append", metavar="GLOB",
-                     help="files matching GLOB form one part (repeatable); every other file is a part of its own")
-    cat.add_argument("--chunk-size", type=int, default=SendOptions.chunk_size, metavar="BYTES",
-                     help="the chunk size the parts will be sent with (part ids depend on it)")
-    cat.add_argument("--write", metavar="FILE", help="write the catalog (whose digest is the model id) to FILE")
-    cat.add_argument("--check", metavar="FILE", help="check this catalog against --expect and list the parts")
-    cat.add_argument("--expect", metavar="MODEL_ID", help="the model id (blake3:<hex>) the catalog must hash to")
-    cat.add_argument("--include", action="append", metavar="GLOB",
-                     help="with --check: only the parts whose name or files match GLOB (repeatable)")
-    cat.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    if only in (None, "fetch"):
+        fch = sub.add_parser(
+            "fetch", formatter_class=_Help, help="fetch a model by its id or Hugging Face name from whoever serves it",
+            description="Ask the controller who offers MODEL_ID, join that server's group and receive the model "
+                        "into --out (resuming across rounds); exit 0 only when verified. An hf://ORG/NAME[@REVISION] "
+                        "name is received into the Hugging Face cache instead (blobs, then the snapshot, then the "
+                        "ref), where loaders find it offline.",
+            epilog=_examples("modelcast fetch blake3:5f1c... --controller http://10.0.0.254:8080 "
+                             "--token-file /etc/modelcast/token --out /dev/shm/llama-3-70b"))
+        fch.add_argument("model_id", metavar="MODEL_ID",
+                         help="the content id (blake3:<hex>) the server printed, or hf://ORG/NAME[@REVISION] (a branch, "
+                              "tag or commit; default main)")
+        _controller_options(fch, True)
+        _host_options(fch)
+        fch.add_argument("--out", metavar="PATH", help="output file or directory (written as recv --out does); "
+                                                       "with a content id")
+        fch.add_argument("--hf-cache", metavar="DIR",
+                         help="with an hf:// name: the Hugging Face cache it goes into (default: $HF_HUB_CACHE, else "
+                              "$HF_HOME/hub, else ~/.cache/huggingface/hub)")
+        fch.add_argument("--timeout", type=float, default=ReceiveOptions.timeout, metavar="SECONDS",
+                         help="per attempt: give up after this long without the server")
+        fch.add_argument("--patience", type=float, default=300.0, metavar="SECONDS",
+                         help="keep asking (waiting for an offer, resuming after each round) this long in all")
+        fch.add_argument("--no-gro", action="store_true", help="do not ask the kernel for UDP GRO")
+        fch.add_argument("--on-complete", metavar="CMD", help="run CMD OUT after verification")
+        fch.add_argument("--insecure", action="store_true", help="run without MAC keys (see recv --insecure)")
+        _output_options(fch, "print one JSON summary object on stdout", metrics=False)
 
-    ls = sub.add_parser(
-        "ls", formatter_class=_Help, help="list the controller's groups, their receivers' states, and offers",
-        description="The controller's groups (model, source, address, state, each receiver's state, the "
-                    "announced session) and the models offered by modelcast serve.",
-        epilog=_examples("modelcast ls --controller http://10.0.0.254:8080 --token-file /etc/modelcast/token"))
-    _controller_options(ls, True)
-    ls.add_argument("--model", help="only the groups and offers of this model")
-    ls.add_argument("--source", metavar="IP", help="only the groups and offers of this source")
-    ls.add_argument("--json", action="store_true", help='print {"groups": [...], "offers": [...]} (no keys)')
+    if only in (None, "catalog"):
+        cat = sub.add_parser(
+            "catalog", formatter_class=_Help, help="publish a model directory in parts, or check a catalog and pick parts",
+            description="With DIR: split it into parts, write the catalog (--write) and print the model id and each "
+                        "part's id. With --check: verify a catalog against its model id and list the parts to take.",
+            epilog=_examples("modelcast catalog ./mixtral/ --part 'experts/0/*' --part 'experts/1/*' "
+                             "--write mixtral.catalog"))
+        cat.add_argument("path", nargs="?", help="the model directory to split into parts")
+        cat.add_argument("--part", action="append", metavar="GLOB",
+                         help="files matching GLOB form one part (repeatable); every other file is a part of its own")
+        cat.add_argument("--chunk-size", type=int, default=SendOptions.chunk_size, metavar="BYTES",
+                         help="the chunk size the parts will be sent with (part ids depend on it)")
+        cat.add_argument("--write", metavar="FILE", help="write the catalog (whose digest is the model id) to FILE")
+        cat.add_argument("--check", metavar="FILE", help="check this catalog against --expect and list the parts")
+        cat.add_argument("--expect", metavar="MODEL_ID", help="the model id (blake3:<hex>) the catalog must hash to")
+        cat.add_argument("--include", action="append", metavar="GLOB",
+                         help="with --check: only the parts whose name or files match GLOB (repeatable)")
+        cat.add_argument("--json", action="store_true", help="print one JSON object on stdout")
 
-    key = sub.add_parser(
-        "keygen", formatter_class=_Help, help="write a new shared secret for --key-file",
-        description="Write 32 random bytes, as hex, to PATH (mode 0600): the --key-file of a sender and its "
-                    "receivers on a network without a controller.",
-        epilog=_examples("modelcast keygen /etc/modelcast/secret"))
-    key.add_argument("path", metavar="PATH", help="the key file to create")
-    key.add_argument("--force", action="store_true", help="replace PATH if it exists")
-    key.add_argument("--quiet", action="store_true", help="print nothing but errors")
-    key.set_defaults(json=False)
-    treeview.add_parser(sub, _Help, _controller_options, _examples)
+    if only in (None, "ls"):
+        ls = sub.add_parser(
+            "ls", formatter_class=_Help, help="list the controller's groups, their receivers' states, and offers",
+            description="The controller's groups (model, source, address, state, each receiver's state, the "
+                        "announced session) and the models offered by modelcast serve.",
+            epilog=_examples("modelcast ls --controller http://10.0.0.254:8080 --token-file /etc/modelcast/token"))
+        _controller_options(ls, True)
+        ls.add_argument("--model", help="only the groups and offers of this model")
+        ls.add_argument("--source", metavar="IP", help="only the groups and offers of this source")
+        ls.add_argument("--json", action="store_true", help='print {"groups": [...], "offers": [...]} (no keys)')
+
+    if only in (None, "keygen"):
+        key = sub.add_parser(
+            "keygen", formatter_class=_Help, help="write a new shared secret for --key-file",
+            description="Write 32 random bytes, as hex, to PATH (mode 0600): the --key-file of a sender and its "
+                        "receivers on a network without a controller.",
+            epilog=_examples("modelcast keygen /etc/modelcast/secret"))
+        key.add_argument("path", metavar="PATH", help="the key file to create")
+        key.add_argument("--force", action="store_true", help="replace PATH if it exists")
+        key.add_argument("--quiet", action="store_true", help="print nothing but errors")
+        key.set_defaults(json=False)
+    if only in (None, "trace"):
+        treeview.add_parser(sub, _Help, _controller_options, _examples)
     return parser
 
 
@@ -845,7 +857,8 @@ COMMANDS = {"send": cmd_send, "recv": cmd_recv, "serve": cmd_serve, "fetch": cmd
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    args = build_parser().parse_args(argv)
+    given = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser(given[0] if given and given[0] in COMMANDS else None).parse_args(given)
     try:
         return COMMANDS[args.command](args)
     except (CliError, TransferError, ControllerError, ValueError) as exc:

@@ -15,7 +15,6 @@ import os
 import socket
 import time
 from typing import TYPE_CHECKING, Any, Callable, Optional
-from urllib.parse import urlencode
 
 from .wire import KEY_LEN, derive_key
 
@@ -162,7 +161,7 @@ class ControllerClient:
     def list_groups(self, model: Optional[str] = None, source: Optional[str] = None) -> list[dict]:
         """GET /v1/groups: every group, or those of ``model`` and/or ``source``."""
         query = {k: v for k, v in (("model", model), ("source", source)) if v is not None}
-        return self._call("GET", "/v1/groups" + ("?" + urlencode(query) if query else "")) or []
+        return self._call("GET", "/v1/groups" + _query(query)) or []
 
     def delete_group(self, group_id: int) -> None:
         self._call("DELETE", f"/v1/groups/{group_id}")
@@ -181,7 +180,7 @@ class ControllerClient:
         """GET /v1/offers: who serves ``model``, or the model named ``name`` (at
         ``revision``: a commit or a branch the server holds); every offer without these."""
         query = {k: v for k, v in (("model", model), ("name", name), ("revision", revision)) if v is not None}
-        return self._call("GET", "/v1/offers" + ("?" + urlencode(query) if query else "")) or []
+        return self._call("GET", "/v1/offers" + _query(query)) or []
 
     def withdraw(self, offer_id: int) -> None:
         self._call("DELETE", f"/v1/offers/{offer_id}")
@@ -417,6 +416,16 @@ def describe_answer(answer: Any, limit: int = 400) -> str:
         text = str(answer)
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
+
+
+def _query(params: dict[str, str]) -> str:
+    """``?k=v&...`` for a URL, empty without parameters (urllib.parse loads here: a send
+    or recv without a controller never needs it)."""
+    if not params:
+        return ""
+    from urllib.parse import urlencode
+
+    return "?" + urlencode(params)
 
 
 def installed_receivers(group: dict) -> int:

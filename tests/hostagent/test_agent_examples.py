@@ -54,3 +54,16 @@ def test_an_agent_example_parses_and_would_run(example: AgentExample) -> None:
             assert args.model or args.expect, f"{example}\n  a controller receiver needs --model or --expect"
     assert getattr(args, "token", None) is None, \
         f"{example}\n  puts the token in argv, where ps shows it: use --token-file or $MODELCAST_TOKEN"
+
+
+def test_a_command_started_alone_reads_every_example_as_the_whole_cli_does(capsys: pytest.CaptureFixture) -> None:
+    """``modelcast COMMAND`` builds only that command's options (a shorter start for every
+    agent): each example parses to exactly what the whole command line makes of it, and
+    ``modelcast --help`` still lists every command."""
+    for example in EXAMPLES:
+        assert build_parser(example.argv[0]).parse_args(example.argv) == parse(example), str(example)
+    with pytest.raises(SystemExit):
+        build_parser(None).parse_args(["--help"])
+    listed = capsys.readouterr().out
+    assert all(f"    {name} " in listed for name in ("send", "recv", "serve", "fetch", "catalog", "ls", "keygen",
+                                                       "trace")), listed
