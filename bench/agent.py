@@ -3,7 +3,8 @@
     python -m bench.agent [--size-mb 256] [--rate-cap 1000] [--mtu 9000] [--receivers 1,4]
                           [--runs 3] [--methods modelcast,tcp,uftp,uftp-gcm] [--out docs/bench]
                           [--no-asymmetry] [--no-stall] [--no-lanes] [--lanes-cap 0] [--smoke]
-                          [--work DIR]
+                          [--work DIR] [--no-goals | --goals-only] [--cases abcdef]
+                          [--baseline CHECKOUT]
 
 A kernel-bridge lab (Linux bridge, one netns per host: the agent, not the switch, is
 what is measured), the sender's NIC capped with ``tc tbf`` at ``--rate-cap``:
@@ -23,6 +24,15 @@ what is measured), the sender's NIC capped with ``tc tbf`` at ``--rate-cap``:
   9000, the NIC uncapped: where one Python process per side is the limit, how much
   sooner do two lanes finish? Once with the C receive path and once with a receiver
   without it (a slower receiver).
+
+- **goals**: issue 47's table, six cases on labs of their own (``Case``, ``CASES``), each
+  against a reference timed in the same run: (a) 16 MB, 100 Mbit/s, 4 receivers, UFTP;
+  (b) 96 MB, 1 Gbit/s jumbo, 4 receivers, the line; (c) 16 receivers each losing 1%,
+  the sender's wire bytes and UFTP; (d) 8 receivers, every host at 100 Mbit/s, the
+  pipelined TCP chain; (e) one of 4 receivers at 5% loss, 150 Mbit/s, the line; (f) no
+  cap, 256 MB to 1 and 2 receivers, one kernel TCP stream. Writes ``agent-goals.md`` and
+  ``agent-goals.json``; ``--baseline CHECKOUT`` runs that checkout's agent in turn with
+  this one (before/after in one run).
 
 Method ``modelcast-norecord`` is modelcast with the receivers' resume records off during
 the transfer (``--resume-interval`` beyond its length): next to ``modelcast`` in the same
@@ -547,7 +557,7 @@ def goal_rows(runs: list[Run], baseline: bool = False) -> list[dict[str, Any]]:
             fmt: str = ".2f") -> None:
         met = None if goal is None or value is None else (value <= goal[1] if goal[0] == "<=" else value >= goal[1])
         rows.append({"case": case, "title": CASES[case].title, "figure": figure,
-                     "value": None if value is None else round(value, 4), "fmt": fmt,
+                     "value": None if value is None else round(value, 4), "fmt": ".3f" if goal else fmt,
                      "goal": None if goal is None else f"{goal[0]} {goal[1]:g}", "met": met})
 
     row("a", "modelcast T(4) / UFTP T(4)", _per_run(runs, "a", "modelcast", "uftp", t), ("<=", 1.0))
@@ -588,8 +598,9 @@ def goals_markdown(rows: list[dict[str, Any]], meta: dict[str, Any],
                    base: Optional[list[dict[str, Any]]] = None) -> str:
     """The table; with ``base`` (the baseline agent's rows) a column for it."""
     before = {(r["case"], r["figure"]): r for r in base or []}
-    out = [f"The agent's goal table (issue 47) — {describe(meta['machine'])}, {meta['date']}; "
-           f"kernel-bridge lab, medians over {meta['runs']} runs of ratios taken within one run", "",
+    out = [f"The agent's goal table (issue 47) — {describe(meta['machine'])} at the start, "
+           f"{meta.get('load_end', '-')} at the end, {meta['date']}; kernel-bridge lab, medians over "
+           f"{meta['runs']} runs of ratios taken within one run", "",
            "| case | figure | value | " + ("baseline | " if base else "") + "goal | met |",
            "|---|---|---|" + ("---|" if base else "") + "---|---|"]
     for r in rows:
@@ -738,7 +749,8 @@ def run(args: argparse.Namespace) -> int:
     finally:
         subprocess.run(["rm", "-rf", str(work)], check=False)
     if goal_runs:
-        print(write_goals(out, goal_runs, {**meta, "cases": "".join(args.cases), "smoke": args.smoke}))
+        print(write_goals(out, goal_runs, {**meta, "cases": "".join(args.cases), "smoke": args.smoke,
+                                           "load_end": round(os.getloadavg()[0], 2)}))
     if args.goals_only:
         return exit_status(goal_runs, say)
     rows = medians(runs)
