@@ -253,6 +253,58 @@ def test_late_joiner_at_half_way_catches_up() -> None:
         assert rec.receiver.stats.nacks_sent == 0  # nobody else paid for it
 
 
+def _stream_with_late_joiner(sim: Sim, data: bytes, receivers: int) -> tuple[float, object]:
+    """``receivers`` from the start and one more half-way through the stream; run to the
+    end; (when the stream ended, the late receiver)."""
+    for _ in range(receivers):
+        sim.add_receiver()
+    total = sim.sender.layout.total_seq
+    while sim.sender._next_seq < total // 2 and sim.now < 30:
+        sim.run(until=sim.now + 0.001)
+    late = sim.add_receiver()
+    while sim.sender._next_seq < total and sim.now < 30:
+        sim.run(until=sim.now + 0.001)
+    stream_end = sim.now
+    sim.run(until=60)
+    assert_all_verified(sim, data)
+    return stream_end, late
+
+
+def test_the_stream_stops_repeating_a_manifest_every_expected_receiver_has() -> None:
+    """Four expected receivers, a manifest of one page: once each said HELLO (the answer
+    to a page) the stream carries a page once per manifest_interval, for late joiners,
+    instead of every 64 datagrams; a fifth receiver nobody expected, joining half-way,
+    still gets one and verifies."""
+    data = payload(8 * 1024 * KIB)
+    sim = Sim(data, SenderConfig(rate_bps=150e6, expected_receivers=4), seed=5)
+    assert len(sim.sender.pages) == 1
+    stream_end, late = _stream_with_late_joiner(sim, data, 4)
+    stats = sim.sender.stats
+    assert stats.manifests_sent <= 3 + stream_end / sim.sender.config.manifest_interval, stats.manifests_sent
+    assert stats.data_sent > 60 * sim.sender.config.manifest_every  # (it would have been 90 pages)
+    assert [type(e) for e in late.events].count(ManifestReceived) == 1
+
+
+def test_a_receiver_that_lost_the_first_pages_gets_the_next_one_within_the_stream() -> None:
+    """One of four expected receivers loses every manifest page for the first 50 ms: until
+    it said HELLO the pages keep coming every 64 datagrams, so it joins a few ms later, not
+    a manifest_interval later, and verifies."""
+    data = payload(8 * 1024 * KIB)
+    blind = ("rx", 2)
+    sim = Sim(data, SenderConfig(rate_bps=150e6, expected_receivers=4), seed=6,
+              loss=lambda now, src, dst, d: dst == blind and now < 0.05 and d[3] == wire.T_MANIFEST)
+    for _ in range(4):
+        sim.add_receiver()
+    joined_at = None
+    while sim.now < 1.0 and joined_at is None:
+        sim.run(until=sim.now + 0.001)
+        if any(isinstance(e, ManifestReceived) for e in sim.receivers[2].events):
+            joined_at = sim.now
+    assert joined_at is not None and 0.05 <= joined_at < 0.05 + sim.sender.config.manifest_interval / 5
+    sim.run(until=60)
+    assert_all_verified(sim, data)
+
+
 def test_restarted_receiver_resumes_from_saved_state() -> None:
     data = payload(512 * KIB)
     sim = Sim(data, sender_config(expected_receivers=3))
