@@ -37,8 +37,9 @@ from bench.machine import machine
 from controller import ofmsgs
 from controller.core import MulticastCore, tune_gc
 from controller.hosts import HostDiscovery
-from controller.lldpauth import LldpSigner
+from controller.lldpauth import LldpSigner, reprobe_pause
 from controller.reconnect import Reconnect
+from controller.settings import Settings
 from controller.topoview import TopologyView
 from lab.fakeof import FakeFabric
 from topologies import parse
@@ -116,7 +117,7 @@ def discover(topology: str) -> dict[str, Any]:
     frame made and checked, ``controller.lldpauth``, then the link added and its
     source-table entries), then every host is learned from its first frame
     (``controller.hosts``). The controller's CPU time per step until its view is the
-    whole fabric; Ryu's own pacing comes on top (``ryu_lldp_reprobe_s``)."""
+    whole fabric; the re-probing's pace comes on top (``lldp_round_s``)."""
     topo = parse(topology)
     core = MulticastCore(TopologyView())
     session, hosts = Reconnect(core), HostDiscovery(core)
@@ -146,13 +147,22 @@ def discover(topology: str) -> dict[str, Any]:
     return {"discovery_cpu_s": round(c3 - c0, 3), "switches_cpu_s": round(c1 - c0, 3),
             "links_cpu_s": round(c2 - c1, 3), "hosts_cpu_s": round(c3 - c2, 3), **sent,
             "lldp_frames": 2 * len(topo.links), "switch_ports": ports,
-            # Ryu probes a new port at once, then each port again one by one with a guard
-            # between frames: a round over every port takes this long
-            "ryu_lldp_reprobe_s": round(max(ports * _ryu_lldp()[0], _ryu_lldp()[1]), 1)}
+            # Ryu probes a new port at once, then each port again one by one with a pause
+            # between frames: a round over every port takes this long, with the pause the
+            # controller sets (--lldp-rate's default) and with Ryu's own
+            "lldp_round_s": _lldp_round(ports, reprobe_pause(Settings().lldp_rate)),
+            "ryu_stock_lldp_round_s": _lldp_round(ports, _ryu_lldp()[0])}
+
+
+def _lldp_round(ports: int, pause: float) -> float:
+    """Seconds a re-probe round over ``ports`` takes (each port at most every Ryu's
+    period per port)."""
+    return round(max(ports * pause, _ryu_lldp()[1]), 1)
 
 
 def _ryu_lldp() -> tuple[float, float]:
-    """Ryu's pause between two re-probes and its period per port (``ryu.topology.switches``)."""
+    """Ryu's own pause between two re-probes and its period per port
+    (``ryu.topology.switches``; this process does not install ours)."""
     import controller.compat  # noqa: F401  (before Ryu's apps are imported)
     from ryu.topology import switches
 

@@ -56,7 +56,7 @@ app_manager.require_app("ryu.topology.switches", api_style=True)
 log = logging.getLogger("modelcast.app")
 
 webserver.install()  # our limits on REST connections, before Ryu's manager starts the server
-lldpauth.install()  # links only from discovery frames we signed, before any switch connects
+lldpauth.install(settings.current.lldp_rate)  # links only from discovery frames we signed, before any switch connects
 
 
 def open_store(conf: settings.Settings) -> EtcdStore:

@@ -137,14 +137,26 @@ class LldpSigner:
 SIGNER: LldpSigner | None = None  # the running controller's (install)
 
 
-def install(clock: Callable[[], float] = time.monotonic) -> LldpSigner:
+def reprobe_pause(rate: float) -> float:
+    """The pause after each discovery frame when Ryu probes the ports again (one by one),
+    for at most ``rate`` frames a second: Ryu's own 0.05 s made a round over a
+    1,445-switch fabric's 49,130 ports 41 minutes, and a link that stops carrying the
+    frames while its ports stay up is dropped only after several rounds."""
+    if not rate > 0:
+        raise ValueError(f"an LLDP rate must be > 0 frames/s, not {rate}")
+    return 1.0 / rate
+
+
+def install(rate: float = 1000.0, clock: Callable[[], float] = time.monotonic) -> LldpSigner:
     """Sign Ryu's discovery frames and check the ones that come back: Ryu's
     ``LLDPPacket`` builds and parses through ``SIGNER``, and each port's frame is made
-    again (with the current time) each time Ryu sends it. Before any switch connects."""
+    again (with the current time) each time Ryu sends it; its probing paced to ``rate``
+    frames a second (``reprobe_pause``). Before any switch connects."""
     global SIGNER
     from ryu.lib import addrconv
     from ryu.topology import switches
 
+    switches.Switches.LLDP_SEND_GUARD = reprobe_pause(rate)
     signer = SIGNER = LldpSigner(os.urandom(32))
 
     def lldp_packet(dpid: int, port_no: int, dl_addr: Any, ttl: int) -> bytes:

@@ -53,6 +53,11 @@ def parse(argv: list[str]) -> tuple[settings.Settings, list[str]]:
     ap.add_argument("--host-timeout", type=int, default=os.environ.get("MODELCAST_HOST_TIMEOUT"),
                     help="seconds a host may stay silent before it is probed, and forgotten "
                     "if it does not answer 3 probes in 3 s (env MODELCAST_HOST_TIMEOUT; default 300)")
+    ap.add_argument("--lldp-rate", type=int, metavar="FPS",
+                    help="discovery frames per second at most when every port is probed again "
+                    "(default 1000): a round over all ports takes ports/FPS s (at least 0.9 s), "
+                    "and a link that stops carrying them while its ports stay up is dropped after "
+                    "about six rounds")
     ap.add_argument("--flap-damping", type=int, metavar="N",
                     help="a link that goes down N times within 60 s is held out of new trees and detours "
                     "for 30 s, doubled at each further hold (0 disables; default 3)")
@@ -159,7 +164,7 @@ def parse(argv: list[str]) -> tuple[settings.Settings, list[str]]:
                           ("etcd_cert", "etcd_cert"), ("etcd_key", "etcd_key"), ("etcd_user", "etcd_user"),
                           ("quota_offers", "quota_offers"), ("quota_groups", "quota_groups"),
                           ("quota_receivers", "quota_receivers"), ("group_idle", "group_idle_s"),
-                          ("flap_damping", "flap_damping")):
+                          ("flap_damping", "flap_damping"), ("lldp_rate", "lldp_rate")):
         if getattr(ours, option) is not None:  # given on the command line: overrides the env
             setattr(conf, field, getattr(ours, option))
     if ours.no_protection:
@@ -192,6 +197,8 @@ def parse(argv: list[str]) -> tuple[settings.Settings, list[str]]:
         ap.error(f"--udp-port must be 1..65535, not {conf.udp_port}")
     if not 1 <= conf.host_timeout_s <= 65535:  # an OpenFlow idle timeout is 16 bits
         ap.error(f"--host-timeout must be 1..65535 s, not {conf.host_timeout_s}")
+    if not 1 <= conf.lldp_rate <= 100_000:
+        ap.error(f"--lldp-rate must be 1..100000 frames/s, not {conf.lldp_rate}")
     if not 0 <= conf.flap_damping <= 100:
         ap.error(f"--flap-damping must be 0..100 downs, not {conf.flap_damping}")
     if not conf.audit_interval_s >= 0:

@@ -30,11 +30,12 @@ def test_what_a_switch_lost_meanwhile_is_put_back() -> None:
 
 def test_start_up_discovers_the_whole_fabric_and_says_what_ryus_probing_adds() -> None:
     """fat-tree:4: 20 switches, 32 links seen from both ends (64 signed frames), 16 hosts;
-    Ryu then probes its 80 ports one by one, 0.05 s apart."""
+    then its 80 ports are probed again one by one: at --lldp-rate's 1000 frames/s a round
+    is Ryu's period per port (0.9 s); at Ryu's own 0.05 s apart it was 4 s."""
     from bench.controller_restart import discover
 
     out = discover("fat-tree:4")
     assert out["lldp_frames"] == 64 and out["switch_ports"] == 80
-    assert out["ryu_lldp_reprobe_s"] == 4.0
+    assert out["lldp_round_s"] == 0.9 and out["ryu_stock_lldp_round_s"] == 4.0
     assert out["link_messages"] > 0 and out["host_messages"] >= 16
     assert out["discovery_cpu_s"] >= out["links_cpu_s"] > 0

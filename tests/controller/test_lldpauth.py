@@ -147,3 +147,44 @@ def _check_installed(signer, now: list[float]) -> None:
         send.ryu_send = ryu_send
     assert [again.parse(frame, now[0]) for frame in sent] == [(7, 3), (7, 3)]
     assert sent[0] != sent[1]  # a fresh time each
+
+
+def test_ryus_probe_round_over_many_ports_is_paced_by_the_rate_not_ryus_pause():
+    """Ryu's own re-probe loop after ``install(rate)``: 400 ports due at once are probed
+    in about 0.4 s at 1000 frames/s (Ryu's own 0.05 s pause: 20 s; over fat-tree:34's
+    49,130 ports 41 minutes, and a link that stops carrying the frames is dropped only
+    after several rounds)."""
+    import time
+
+    from controller import lldpauth
+    from ryu.topology import switches
+
+    lldpauth.install(1000)
+    assert switches.Switches.LLDP_SEND_GUARD == 0.001
+    sent: list[int] = []
+
+    class Loop:  # what Ryu's lldp_loop reads of its Switches app
+        is_active = True
+        LLDP_SEND_GUARD = switches.Switches.LLDP_SEND_GUARD
+        LLDP_SEND_PERIOD_PER_PORT = switches.Switches.LLDP_SEND_PERIOD_PER_PORT
+        lldp_event = type("Event", (), {"clear": lambda self: None, "wait": lambda self, timeout=None: None})()
+
+        def __init__(self) -> None:
+            self.ports = {}
+            for i in range(400):
+                data = switches.PortData(False, b"")
+                data.timestamp = time.time() - 10  # every port due again
+                self.ports[i] = data
+
+        def send_lldp_packet(self, port: int) -> None:
+            sent.append(port)
+            if len(sent) == len(self.ports):
+                self.is_active = False
+
+    start = time.monotonic()
+    switches.Switches.lldp_loop(Loop())
+    took = time.monotonic() - start
+    assert sorted(sent) == list(range(400))
+    assert took < 4.0, f"a round over 400 ports took {took:.1f} s"
+    with pytest.raises(ValueError, match="LLDP rate"):
+        lldpauth.reprobe_pause(0)

@@ -42,6 +42,7 @@ def run(*args: str, timeout: float = 30) -> subprocess.CompletedProcess:
     (["--ofp-tcp-listen-port", "x"], "Invalid Integer value"),
     (["--punt-rate", "-5"], "--punt-rate must be 0.."),
     (["--punt-port-rate", "-1"], "--punt-port-rate must be 0.."),
+    (["--lldp-rate", "0"], "--lldp-rate must be 1..100000 frames/s"),
     (["--fabric", "mesh:3"], "--fabric: unknown topology family 'mesh'"),
     (["--fabric", "file:/nonexistent-dir/fabric.yaml"], "--fabric: cannot read topology file"),
     (["--fabric", "linear:1"], "--fabric: linear:1 has no links between switches"),
