@@ -26,9 +26,9 @@ import threading
 import time
 import dataclasses
 from dataclasses import asdict, dataclass, field, fields
-from typing import IO, Any, Callable, Optional, Union
+from typing import IO, TYPE_CHECKING, Any, Callable, Optional, Union
 
-from .common import Stats
+from .common import RESUME_INTERVAL, Stats
 from .control import ControllerClient, ControllerError, describe_answer, group_endpoint, session_key
 from .events import (
     Failed, FileComplete, ManifestReceived, ReceiverCompleted, ReceiverEvent, ReceiverFailed, SenderEvent,
@@ -42,7 +42,8 @@ from .net import (
     PROBE_GROUP, AddressUnknown, FileSink, FileSource, gso_burst_bytes, gso_segments, own_address, parse_group,
     parse_ipv4, path_mtu, receiver_sockets, run, sender_socket,
 )
-from .receiver import Receiver, ReceiverConfig
+if TYPE_CHECKING:
+    from .receiver import Receiver
 from .sender import Sender, SenderConfig, build_manifest_pages, check_chunk_count, file_digests
 from .wire import DATA_HEADER_LEN, MAC_LEN, Manifest, derive_key
 
@@ -130,7 +131,7 @@ class ReceiveOptions(_Common):
     gro: bool = True  # ask the kernel for UDP GRO
     # A crash loses at most this long of progress: the resume record (data fdatasynced
     # first) is written at most this long after chunks verify.
-    resume_interval: float = ReceiverConfig.state_save_interval
+    resume_interval: float = RESUME_INTERVAL
     on_complete: Optional[str] = None  # command run as `CMD OUT_PATH` after verification
     # Accept only the model with this content id (``blake3:<hex>``, printed by send): any
     # other manifest is refused, whoever MAC'd it. With a controller it also names the
@@ -849,6 +850,8 @@ def _receive(out: str, opts: ReceiveOptions, group: tuple[str, int], source_ip: 
             client, gid, answer = joined
             expect = _await_announced(client, gid, answer, key, opts.timeout, opts.expect, emit)
             _require_key(expect.key, opts, emit, "the controller gave no session key (no --token?)")
+        from .receiver import Receiver, ReceiverConfig  # (here: a send never loads the receiver)
+
         config = ReceiverConfig(key=expect.key, session_id=expect.session, file_digest=expect.file_digest,
                                 idle_timeout=opts.timeout, state_save_interval=opts.resume_interval,
                                 content_id=tree.parse_content_id(opts.expect) if opts.expect else None,

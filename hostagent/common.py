@@ -11,6 +11,10 @@ from typing import Hashable, Protocol, Union
 
 from .wire import MIN_CHUNK_SIZE  # noqa: F401 -- the sender's minimum is what receivers accept
 
+# A receiver's resume record is saved at most this long (seconds) after progress:
+# ReceiverConfig.state_save_interval and recv --resume-interval's default.
+RESUME_INTERVAL = 0.25
+
 Addr = Hashable  # whatever the transport uses for a peer (a (host, port) tuple in net.py)
 GROUP = "group"  # destination meaning "the multicast group"
 Dest = Union[str, Addr]

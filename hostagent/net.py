@@ -22,13 +22,15 @@ import struct
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Optional, Union
+from typing import TYPE_CHECKING, Callable, Optional, Union
 
 import hostagent.native as native
 from .common import GROUP
 from .wire import MAX_DATAGRAM
-from .receiver import Receiver
 from .sender import Sender
+
+if TYPE_CHECKING:
+    from .receiver import Receiver  # (not loaded by a send: an endpoint that is no Sender is a Receiver)
 
 IP_ADD_SOURCE_MEMBERSHIP = getattr(socket, "IP_ADD_SOURCE_MEMBERSHIP", 39)  # Linux value
 SO_RCVBUFFORCE = getattr(socket, "SO_RCVBUFFORCE", 33)
@@ -689,7 +691,7 @@ class DatagramReader:
 
 # ----------------------------------------------------------------------------- loop
 
-Endpoint = Union[Sender, Receiver]
+Endpoint = Union[Sender, "Receiver"]
 
 # epoll's timeout has millisecond resolution (Python rounds up): shorter waits sleep
 # with nanosleep instead, or a sub-millisecond pacing interval would stretch to 1 ms.
@@ -793,12 +795,12 @@ def run(
     stats = LoopStats()
     writer = DatagramWriter(send_sock, group, gso, stats)
     selector = selectors.DefaultSelector()
-    holds = isinstance(endpoint, Receiver)  # (a receiver coalesces its reads and holds between them)
+    holds = not isinstance(endpoint, Sender)  # (a receiver coalesces its reads and holds between them)
     for sock in recv_socks:
         selector.register(sock, selectors.EVENT_READ, DatagramReader(sock, gro, stats, coalesce=holds))
     # The receiver takes a GRO super-packet whole (its batch path); the sender gets the
     # few datagrams receivers send it one by one.
-    deliver = endpoint.receive_batch if isinstance(endpoint, Receiver) else _per_datagram(endpoint.receive_datagram)
+    deliver = _per_datagram(endpoint.receive_datagram) if isinstance(endpoint, Sender) else endpoint.receive_batch
     last_send = -1e18
     # A receiver's hold (RX_HOLD) runs from its last read with data, at the arrival rate
     # seen -- a decaying maximum, so that a pause in the stream does not lengthen the

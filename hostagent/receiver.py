@@ -63,7 +63,7 @@ import hostagent.fastrun as fastrun
 import hostagent.fec as fec
 import hostagent.tree as tree
 import hostagent.wire as wire
-from .common import Addr, ChunkSink, Layout, Stats, read_view, write_parts
+from .common import RESUME_INTERVAL, Addr, ChunkSink, Layout, Stats, read_view, write_parts
 from .events import ChunkCorrupt, Failed, FileComplete, ManifestReceived, ReceiverEvent
 from .pacing import LOSS_HORIZON
 from .rangeset import RangeSet
@@ -130,7 +130,7 @@ class ReceiverConfig:
     # The resume record is saved at most this long after progress (newly verified chunks),
     # so a crash loses at most this much of the transfer. The sink makes the data durable
     # before the record that claims it (FileSink: fdatasync, off the receive loop).
-    state_save_interval: float = 0.25
+    state_save_interval: float = RESUME_INTERVAL
     # Chunks a resume record claims are re-hashed before they count (a crash may have
     # left them torn, the disk may have lost them): this many bytes per call of
     # handle_timer, interleaved with receiving, instead of one pass before joining.

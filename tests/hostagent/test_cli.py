@@ -94,6 +94,19 @@ class _Tty(io.StringIO):
         return True
 
 
+def test_a_send_starts_without_the_code_only_others_need() -> None:
+    """Every agent's start is on a transfer's clock (a sender's start is most of a small
+    transfer's fixed cost): ``modelcast send``'s imports and command line leave out the
+    receiver, serve's rounds and the controller's URL handling, which it never uses."""
+    import subprocess
+
+    probe = ("import sys, hostagent.cli as c; c.build_parser('send'); "
+             "print(' '.join(m for m in ('hostagent.receiver', 'hostagent.rounds', 'hostagent.serve', "
+             "'urllib.parse', 'requests') if m in sys.modules))")
+    loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.split()
+    assert loaded == []
+
+
 def test_progress_is_a_bar_on_a_terminal_and_a_line_a_second_elsewhere(monkeypatch) -> None:
     args = build_parser().parse_args(["recv", "--group", "232.1.1.1:5000", "--source", LOOPBACK, "--out", "x"])
     tty = _Tty()
