@@ -324,12 +324,17 @@ class Planner:
             g = self.groups[gid]
             want = g.tree.entries if g.tree is not None else {}
             placed = self.placed[gid]
+            if only is not None and not any(d in want or d in placed for d in only):
+                continue  # (nothing of it there: a switch synced whole looks at its groups alone)
             if placed:  # (``within``: a reroute's changed switches; else every one it or the tree has)
                 if live is None:
                     live = switches & installed.keys()
-                at = within.get(gid) if within else None
-                dpids = (at if at is not None else want.keys() | placed.keys()) & live
-                changed, have = self._changed(gid, dpids if only is None else dpids & only, placed, want,
+                if only is not None:
+                    dpids = {d for d in only if (d in want or d in placed) and d in live}
+                else:
+                    at = within.get(gid) if within else None
+                    dpids = (at if at is not None else want.keys() | placed.keys()) & live
+                changed, have = self._changed(gid, dpids, placed, want,
                                               g.tree.parent if g.tree is not None else None)
                 if changed:  # (leaves first already)
                     plan.groups.add(gid)
