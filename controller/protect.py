@@ -15,7 +15,7 @@ kept while they work. The design in full: docs/architecture.md, "Protection".
 from __future__ import annotations
 
 from functools import lru_cache
-from itertools import repeat
+from itertools import chain
 from typing import NamedTuple
 
 import numpy as np
@@ -287,13 +287,9 @@ def _meeting(hits: list[tuple[int, set[int]]], n: int, link: tuple[int, int, int
                 if best is None or key < low or (key == low and (v, u) < best):
                     low, best = key, (v, u)
         return best
-    us: list[int] = []
-    vs: list[int] = []
-    for u, common in hits:
-        vs.extend(common)
-        us.extend(repeat(u, len(common)))
     u64 = np.uint64
-    U = np.array(us, dtype=u64)
+    vs = list(chain.from_iterable(common for _, common in hits))
+    U = np.repeat(np.array([u for u, _ in hits], dtype=u64), [len(common) for _, common in hits])
     V = np.array(vs, dtype=u64)
     ok = ~(((U == src) & (V == dst)) | ((U == dst) & (V == src)))
     both = mine.keys() & far.keys()
