@@ -224,9 +224,9 @@ def _path_around(nbr: dict[int, dict[int, int]], src: int, dst: int,
         front = fronts[side]
         level = depth[side][front[0]] + 1
         hits, n = [], 0  # (u, its neighbours on the other side), how many in all
-        theirs = other.keys()
+        meets = set(other).intersection  # (a set's intersection with a dict: the cheapest here)
         for u in front:
-            common = nbr[u].keys() & theirs
+            common = meets(nbr[u])
             if common:
                 hits.append((u, common))
                 n += len(common)
