@@ -102,9 +102,16 @@ def test_a_send_starts_without_the_code_only_others_need() -> None:
 
     probe = ("import sys, hostagent.cli as c; c.build_parser('send'); "
              "print(' '.join(m for m in ('hostagent.receiver', 'hostagent.rounds', 'hostagent.serve', "
-             "'urllib.parse', 'requests') if m in sys.modules))")
+             "'urllib.parse', 'requests', 'shutil') if m in sys.modules))")
     loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.split()
     assert loaded == []
+    # ... and its help still fills the terminal it is shown on ($COLUMNS, as shutil reads it)
+    shown = {columns: subprocess.run([sys.executable, "-m", "hostagent.cli", "send", "--help"], capture_output=True,
+                                     text=True, check=True, env={**os.environ, "COLUMNS": str(columns)}).stdout
+             for columns in (60, 160)}
+    assert len(shown[160].splitlines()) < 0.7 * len(shown[60].splitlines())
+    option_lines = [line for line in shown[160].splitlines() if line.startswith("  --")]
+    assert max(map(len, option_lines)) > 100
 
 
 def test_progress_is_a_bar_on_a_terminal_and_a_line_a_second_elsewhere(monkeypatch) -> None:
