@@ -402,7 +402,15 @@ def _fsync_tree(root: str) -> None:
 
 
 def _rmtree(path: str, ignore_errors: bool = False) -> None:
-    """``shutil.rmtree``, loaded when first needed (an agent's start-up counts)."""
+    """``shutil.rmtree``, loaded when first needed: an empty directory (a verified file's
+    temporary once the file is renamed out, the common case) goes by one rmdir, without
+    loading shutil and its compression modules at the end of every receive (~4 ms
+    before the receiver's exit)."""
+    try:
+        os.rmdir(path)
+        return
+    except OSError:
+        pass  # (not empty, or not there: rmtree says which, or ignores it)
     import shutil
 
     shutil.rmtree(path, ignore_errors=ignore_errors)

@@ -114,6 +114,38 @@ def test_a_send_starts_without_the_code_only_others_need() -> None:
     assert max(map(len, option_lines)) > 100
 
 
+def test_a_receive_ends_without_loading_anything_and_leaves_only_the_file(tmp_path: Path) -> None:
+    """The last receiver's exit ends a transfer's clock: after its copy is verified the
+    receiver renames it into place and removes its emptied temporary directory without
+    loading more code (shutil and its compression modules were ~4 ms there), and leaves
+    nothing but the file."""
+    import subprocess
+    import time
+
+    from tests.support.agents import cli, cli_argv, loopback_group
+
+    group, port = loopback_group()
+    model = make_model(tmp_path / "model.bin", 3_000_000, seed=5)
+    key = tmp_path / "secret"
+    key.write_text("k" * 32)
+    out = tmp_path / "out" / "copy.bin"
+    out.parent.mkdir()
+    rx = subprocess.Popen([sys.executable, "-X", "importtime", *cli_argv(
+        "recv", "--group", f"{group}:{port}", "--source", LOOPBACK, "--interface", LOOPBACK, "--out", str(out),
+        "--key-file", str(key), "--json", "--timeout", "20")[1:]], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True)
+    time.sleep(0.5)
+    tx = cli("send", str(model.path), "--group", f"{group}:{port}", "--interface", LOOPBACK, "--ttl", "0",
+             "--key-file", str(key), "--receivers", "1", "--rate", "200", "--json", "--quiet")
+    assert tx.wait(60) == 0, tx.communicate()[1]
+    got, imports = rx.communicate(timeout=60)
+    assert rx.returncode == 0 and json.loads(got.strip().splitlines()[-1])["ok"], imports[-2000:]
+    assert out.read_bytes() == model.path.read_bytes()
+    assert [p.name for p in out.parent.iterdir()] == ["copy.bin"]
+    loaded = [line.rsplit("|", 1)[-1].strip() for line in imports.splitlines() if line.startswith("import time:")]
+    assert "shutil" not in loaded, loaded[-10:]
+
+
 def test_progress_is_a_bar_on_a_terminal_and_a_line_a_second_elsewhere(monkeypatch) -> None:
     args = build_parser().parse_args(["recv", "--group", "232.1.1.1:5000", "--source", LOOPBACK, "--out", "x"])
     tty = _Tty()
