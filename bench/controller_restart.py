@@ -161,12 +161,14 @@ def _lldp_round(ports: int, pause: float) -> float:
 
 
 def _ryu_lldp() -> tuple[float, float]:
-    """Ryu's own pause between two re-probes and its period per port
-    (``ryu.topology.switches``; this process does not install ours)."""
+    """Ryu's own pause between two re-probes (also where ``lldpauth.install`` ran in this
+    process) and its period per port (``ryu.topology.switches``)."""
     import controller.compat  # noqa: F401  (before Ryu's apps are imported)
+    from controller import lldpauth
     from ryu.topology import switches
 
-    return switches.Switches.LLDP_SEND_GUARD, switches.Switches.LLDP_SEND_PERIOD_PER_PORT
+    pause = lldpauth.RYU_PAUSE if lldpauth.RYU_PAUSE is not None else switches.Switches.LLDP_SEND_GUARD
+    return pause, switches.Switches.LLDP_SEND_PERIOD_PER_PORT
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:

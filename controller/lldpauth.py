@@ -137,6 +137,9 @@ class LldpSigner:
 SIGNER: LldpSigner | None = None  # the running controller's (install)
 
 
+RYU_PAUSE: float | None = None  # Ryu's own pause between two re-probe frames, once ``install`` replaced it
+
+
 def reprobe_pause(rate: float) -> float:
     """The pause after each discovery frame when Ryu probes the ports again (one by one),
     for at most ``rate`` frames a second: Ryu's own 0.05 s made a round over a
@@ -156,6 +159,9 @@ def install(rate: float = 1000.0, clock: Callable[[], float] = time.monotonic) -
     from ryu.lib import addrconv
     from ryu.topology import switches
 
+    global RYU_PAUSE
+    if RYU_PAUSE is None:  # (Ryu's own, before the first install replaces it)
+        RYU_PAUSE = switches.Switches.LLDP_SEND_GUARD
     switches.Switches.LLDP_SEND_GUARD = reprobe_pause(rate)
     signer = SIGNER = LldpSigner(os.urandom(32))
 

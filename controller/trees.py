@@ -333,14 +333,11 @@ class PathCache:
 
     def _bfs(self, root: int) -> tuple[dict[int, int], dict[int, Preds]]:
         """(distance, predecessors on some shortest path, a sorted tuple) of every switch
-        reachable from ``root``, in breadth-first order (a layer in node-number order): a
-        layer at a time as array operations on the neighbour arrays (``_neighbours``), the
-        predecessors then read off in one pass (a switch's neighbours one hop nearer, in
-        dpid order). Equal predecessor tuples are one object (``_shared``): most switches
-        have the same predecessors from most roots (on fat-tree:34 a core's aggregation
-        switches in every other pod), and one list per switch per root was half of the
-        controller's memory. Node by node in Python, this search was a sixth of building
-        1,000 trees on fat-tree:34 (3.1 ms a source switch; 1.3 ms so)."""
+        reachable from ``root``, breadth-first (a layer in node-number order), a layer at
+        a time on the neighbour arrays: node by node in Python it was a sixth of building
+        1,000 trees on fat-tree:34 (3.1 ms a source switch; 1.3 ms so). Equal predecessor
+        tuples are one object (``_shared``): most switches have the same ones from most
+        roots, and a list per switch per root was half of the controller's memory."""
         around, _ = self._neighbours()
         r = self.node_ids.get(root)
         if r is None or r >= len(around):  # (a switch newer than the arrays)
@@ -363,9 +360,9 @@ class PathCache:
             at[nb] = hop
             frontier = np.flatnonzero(at == hop)  # (each once, in number order)
             found.append(frontier)
-        dpids = self._dpid_array
         if not found:
             return {root: 0}, {root: ()}
+        dpids = self._dpid_array
         nodes = np.concatenate(found)
         hops = at[nodes]
         near = around[nodes]
@@ -620,25 +617,17 @@ def _spt(root: int, targets: set[int], preds: dict[int, Preds], dist: dict[int, 
 def _settle(todo: list[int], cost: dict[int, int], choice: dict[int, int | None],
             preds: dict[int, Preds], dist: dict[int, int], load: LinkLoad) -> None:
     """Least-loaded path choices for the switches of ``todo`` (targets not in ``cost``)
-    and those of their ancestors not in ``cost`` (a kept tree stops the walk up) that
-    could be chosen, resolved nearest to the root first: ``cost`` and ``choice`` get
-    them. A switch's unkept predecessor is looked into only when the load into the
-    switch from it alone (a path's cost is never less than its last link's load) is
-    below the best kept predecessor's, or equal to it with a lower dpid: after a
-    failure most lost switches have a kept neighbour one hop up, and the ancestors of
-    every other neighbour were most of a reroute's search."""
+    and their ancestors not in ``cost`` (a kept tree stops the walk up) that could be
+    chosen, nearest to the root first: ``cost`` and ``choice`` get them. An unkept
+    predecessor is looked into only when its link's load alone (a path costs at least
+    that) beats the best kept predecessor's, or ties it with a lower dpid."""
     seen = set(todo)
     seen.update(cost)
     into = load.into
     for n in todo:  # grows while iterated
         ps = preds[n]
         into_n = into.get(n, _NO_LOAD)
-        best: tuple[int, int] | None = None  # (load, dpid) of the best kept predecessor
-        for p in ps:
-            if p in cost:
-                c = (into_n.get(p, 0), p)
-                if best is None or c < best:
-                    best = c
+        best = min(((into_n.get(p, 0), p) for p in ps if p in cost), default=None)  # (load, dpid) kept
         for p in ps:
             if p not in seen and (best is None or (into_n.get(p, 0), p) < best):
                 seen.add(p)
@@ -659,7 +648,6 @@ def _settle(todo: list[int], cost: dict[int, int], choice: dict[int, int | None]
                 if bp is None or c < bc:
                     bc, bp = c, p
         cost[n], choice[n] = bc, bp
-
 
 
 def regraft(view: TopologyView, old: Tree, receivers: set[str] | frozenset[str] | None, load: LinkLoad,
@@ -761,8 +749,6 @@ def regraft(view: TopologyView, old: Tree, receivers: set[str] | frozenset[str] 
                 ends=old.ends, attach=old.attach, members=old.members), changed
 
 
-
-
 def _children(links: dict[int, int | None]) -> dict[int | None, list[int]]:
     """Parent -> children of a child -> parent map."""
     kids: dict[int | None, list[int]] = {}
@@ -775,7 +761,6 @@ def _children(links: dict[int, int | None]) -> dict[int | None, list[int]]:
 
 
 _FAR = 1 << 60  # the cost of "no predecessor" (padding): never the least
-
 
 
 def _spt_vector(root: int, targets: set[int], cache: PathCache, link_load: LinkLoad
@@ -818,8 +803,6 @@ def _spt_vector(root: int, targets: set[int], cache: PathCache, link_load: LinkL
     deepest = [n for kids in below for n in kids]
     deepest.append(root)
     return parent, np.concatenate(used) if used else np.zeros(0, dtype=np.intp), deepest
-
-
 
 
 def _steiner(graph: nx.Graph, root: int, targets: set[int],
@@ -879,8 +862,6 @@ def _outs(parent: dict[int, int | None], nbr: dict[int, dict[int, int]],
     return outs
 
 
-
-
 def crossing(parents: dict[int, dict[int, int | None]], below: dict[int, list[int]]
                  ) -> dict[int, list[DirectedLink]]:
     """Group id -> the links (parent, child) of ``below`` (child -> its parents) that the
@@ -898,8 +879,6 @@ def crossing(parents: dict[int, dict[int, int | None]], below: dict[int, list[in
                 else:
                     found[gid] = [(p, c)]
     return found
-
-
 
 
 def _fill_entries(view: TopologyView, tree: Tree, source_port: int, receivers: Iterable,
