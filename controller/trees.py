@@ -15,8 +15,7 @@ from bisect import bisect_left
 from collections import Counter
 from dataclasses import dataclass, field
 from heapq import heapify, heappop, heappush
-from itertools import repeat
-from operator import add, itemgetter
+from operator import itemgetter
 from typing import Callable, Iterable, Iterator, NamedTuple
 
 import networkx as nx
