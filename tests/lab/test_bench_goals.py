@@ -3,23 +3,16 @@ lab at smoke size (small files, at most 4 receivers, one run), every copy of our
 verified, each figure a ratio to a reference timed in the same run, and the table says
 which goals are met."""
 
-import json
-import subprocess
-import sys
-
 import pytest
 
-from tests.support.lab import need_lab
+from tests.support.lab import bench_json, need_lab
 
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(300)]
 
 
 def test_goal_table_smoke(tmp_path):
     need_lab(ovs=False)
-    proc = subprocess.run([sys.executable, "-m", "bench.agent", "--goals-only", "--smoke", "--out", str(tmp_path)],
-                          capture_output=True, text=True, timeout=240)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    data = json.loads((tmp_path / "agent-goals.json").read_text())
+    data = bench_json("bench.agent", tmp_path, "agent-goals.json", "--goals-only", "--smoke", timeout=240)
     runs = data["runs"]
     assert {(r["scenario"], r["method"]) for r in runs} == {
         ("goal-a", "modelcast"), ("goal-a", "modelcast@1"), ("goal-a", "uftp"),

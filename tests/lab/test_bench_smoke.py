@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from tests.support.lab import need_lab
+from tests.support.lab import bench_json, need_lab
 
 # Each runs a benchmark in a subprocess allowed 600 s: the test gets that and its checks.
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(900)]
@@ -18,10 +18,7 @@ METHODS = {"tcp", "uftp", "modelcast", "bittorrent", "chain"}
 
 def test_benchmark_smoke(tmp_path):
     need_lab()
-    proc = subprocess.run([sys.executable, "-m", "bench.distribution", "--smoke", "--out", str(tmp_path)],
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    data = json.loads((tmp_path / "results.json").read_text())
+    data = bench_json("bench.distribution", tmp_path, "results.json", "--smoke", timeout=600)
     runs = {r["method"]: r for r in data["runs"]}
     assert set(runs) == METHODS and len(data["runs"]) == 5
     for r in data["runs"]:
@@ -71,10 +68,7 @@ def test_agent_benchmark_smoke(tmp_path):
     kernel-bridge lab: every method's copies verified, times and CPU per GB reported for
     each side, the stall really dropped packets."""
     need_lab(ovs=False)
-    proc = subprocess.run([sys.executable, "-m", "bench.agent", "--smoke", "--no-goals", "--out", str(tmp_path)],
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    data = json.loads((tmp_path / "agent.json").read_text())
+    data = bench_json("bench.agent", tmp_path, "agent.json", "--smoke", "--no-goals", timeout=600)
     runs = data["runs"]
     # ours must deliver every copy everywhere; a baseline only where no loss is injected
     # (UFTP may leave out a receiver under 5% loss: a result about UFTP, kept in the table)

@@ -6,10 +6,14 @@ pass quietly)."""
 from __future__ import annotations
 
 import importlib
+import json
 import os
+import subprocess
+import sys
 from contextlib import contextmanager
+from pathlib import Path
 from types import ModuleType
-from typing import Iterator, NoReturn
+from typing import Any, Iterator, NoReturn
 
 import pytest
 
@@ -56,3 +60,12 @@ def bridge_lab(hosts: int, mtu: int = 1500) -> Iterator[BridgeLab]:
     finally:
         lab.stop()
         assert lab.leftovers() == [], "lab objects left behind"
+
+
+def bench_json(module: str, out: Path, result: str, *args: str, timeout: float) -> dict[str, Any]:
+    """Run ``python -m MODULE ... --out OUT`` (a benchmark at smoke size), require exit 0
+    (its output's tail in the failure), and return the JSON file ``result`` it wrote."""
+    proc = subprocess.run([sys.executable, "-m", module, *args, "--out", str(out)],
+                          capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return json.loads((out / result).read_text())
