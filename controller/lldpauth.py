@@ -155,11 +155,10 @@ def install(rate: float = 1000.0, clock: Callable[[], float] = time.monotonic) -
     ``LLDPPacket`` builds and parses through ``SIGNER``, and each port's frame is made
     again (with the current time) each time Ryu sends it; its probing paced to ``rate``
     frames a second (``reprobe_pause``). Before any switch connects."""
-    global SIGNER
+    global SIGNER, RYU_PAUSE
     from ryu.lib import addrconv
     from ryu.topology import switches
 
-    global RYU_PAUSE
     if RYU_PAUSE is None:  # (Ryu's own, before the first install replaces it)
         RYU_PAUSE = switches.Switches.LLDP_SEND_GUARD
     switches.Switches.LLDP_SEND_GUARD = reprobe_pause(rate)
